@@ -1,0 +1,146 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// committer commits processed offsets to Kafka for one generation. Workers
+// mark a partition's next offset only after the database transaction that
+// processed the messages below it committed; the committer sends the latest
+// mark of every partition in one OffsetCommit request, so a busy partition
+// costs at most one commit per batch and usually fewer.
+//
+// Commits go through the generation (its id and member id), so the broker
+// rejects them once this member has been fenced out of the group: a zombie
+// cannot move offsets of partitions it no longer owns.
+//
+// The Kafka offset is only a copy of the processed position stored in
+// Postgres; a lost or rejected commit costs a redelivery that the stored
+// position skips, never a duplicate effect.
+type committer struct {
+	c   *Consumer
+	gen *kafka.Generation
+
+	mu      sync.Mutex
+	pending map[string]map[int]int64
+	wake    chan struct{}
+}
+
+func newCommitter(c *Consumer, gen *kafka.Generation) *committer {
+	return &committer{c: c, gen: gen, pending: map[string]map[int]int64{}, wake: make(chan struct{}, 1)}
+}
+
+// mark records that every message of topic/partition below next is
+// durably processed.
+func (m *committer) mark(topic string, partition int, next int64) {
+	m.mu.Lock()
+	ps := m.pending[topic]
+	if ps == nil {
+		ps = map[int]int64{}
+		m.pending[topic] = ps
+	}
+	if next > ps[partition] {
+		ps[partition] = next
+	}
+	m.mu.Unlock()
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run commits marks as they come until stop is done and all workers have
+// returned, then commits what is left and returns.
+func (m *committer) run(stop context.Context, workers *sync.WaitGroup) {
+	workersDone := make(chan struct{})
+	go func() { workers.Wait(); close(workersDone) }()
+	retryTick := time.NewTicker(time.Second)
+	defer retryTick.Stop()
+	for {
+		select {
+		case <-m.wake:
+			m.flush(stop)
+		case <-retryTick.C:
+			m.flush(stop)
+		case <-workersDone:
+			m.flush(stop)
+			return
+		}
+	}
+}
+
+func (m *committer) flush(ctx context.Context) {
+	m.mu.Lock()
+	if len(m.pending) == 0 {
+		m.mu.Unlock()
+		return
+	}
+	batch := m.pending
+	m.pending = map[string]map[int]int64{}
+	m.mu.Unlock()
+
+	err := m.gen.CommitOffsets(batch)
+	if len(m.c.hooks.committed) > 0 {
+		list := flatten(batch)
+		for _, h := range m.c.hooks.committed {
+			h.OnOffsetsCommitted(ctx, list, err)
+		}
+	}
+	if err == nil {
+		return
+	}
+	if fenced(err) {
+		// The generation is over for this member: the new owner of each
+		// partition starts from the stored position, so nothing is lost by
+		// dropping these marks.
+		m.c.log.Info("kafka offset commit rejected: this member's generation has ended", slog.Int("generation", int(m.gen.ID)), slog.String("error", err.Error()))
+		return
+	}
+	m.c.log.Warn("kafka offset commit failed; retrying within a second", slog.String("error", err.Error()))
+	// Put the marks back without waking the loop: the retry ticker paces
+	// the next attempt, so a broker that refuses commits is not hammered.
+	m.mu.Lock()
+	for topic, ps := range batch {
+		for p, off := range ps {
+			if m.pending[topic] == nil {
+				m.pending[topic] = map[int]int64{}
+			}
+			if off > m.pending[topic][p] {
+				m.pending[topic][p] = off
+			}
+		}
+	}
+	m.mu.Unlock()
+}
+
+// fenced reports errors that mean this member can no longer commit in this
+// generation.
+func fenced(err error) bool {
+	return errors.Is(err, kafka.IllegalGeneration) ||
+		errors.Is(err, kafka.UnknownMemberId) ||
+		errors.Is(err, kafka.RebalanceInProgress) ||
+		errors.Is(err, kafka.FencedInstanceID)
+}
+
+func flatten(m map[string]map[int]int64) []TopicPartitionOffset {
+	var out []TopicPartitionOffset
+	for topic, ps := range m {
+		for p, off := range ps {
+			out = append(out, TopicPartitionOffset{Topic: topic, Partition: p, Offset: off})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Topic != out[j].Topic {
+			return out[i].Topic < out[j].Topic
+		}
+		return out[i].Partition < out[j].Partition
+	})
+	return out
+}

@@ -1,0 +1,310 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kafkaonce/kafkaonce/internal/schema"
+)
+
+// Defaults for Config fields left at their zero value.
+const (
+	DefaultMaxBatch                 = 1000
+	DefaultMaxWait                  = 5 * time.Millisecond
+	DefaultSchema                   = schema.DefaultName
+	DefaultShutdownTimeout          = 10 * time.Second
+	DefaultStatementTimeout         = 30 * time.Second
+	DefaultLockTimeout              = 10 * time.Second
+	DefaultIdleInTransactionTimeout = 60 * time.Second
+	DefaultSessionTimeout           = 30 * time.Second
+	DefaultRebalanceTimeout         = 30 * time.Second
+	DefaultHeartbeatInterval        = 3 * time.Second
+	DefaultFetchMaxBytes            = 1 << 20
+	DefaultRetryInitialInterval     = 100 * time.Millisecond
+	DefaultRetryMaxInterval         = 5 * time.Second
+
+	// MaxMaxBatch bounds MaxBatch: a batch is one transaction, and its
+	// messages are held in memory until it commits.
+	MaxMaxBatch = 10000
+	// MaxNameLen bounds Name and GroupID.
+	MaxNameLen = 200
+)
+
+// LeaveUnset, given as a session timeout, leaves the server's or role's
+// setting in force instead of setting one.
+const LeaveUnset time.Duration = -1
+
+// StartOffset says where a partition starts when neither Kafka nor Postgres
+// has a position for it.
+type StartOffset int
+
+const (
+	// StartEarliest starts at the oldest message still in the log: nothing
+	// already produced is missed. The default.
+	StartEarliest StartOffset = iota
+	// StartLatest starts at the next message produced.
+	StartLatest
+)
+
+// Config configures a Consumer. Only Name, Brokers, Topics and Handler are
+// required; every other field has a default, named in its doc.
+type Config struct {
+	// Name identifies the consumer in processed_messages and
+	// consumer_offsets: it is the dedupe scope. Two workers with the same
+	// Name share claims (a message id applied by one is skipped by the
+	// other); workers with different names apply every message once each.
+	// Never rename a running consumer: the new name starts with no claims
+	// and no positions. Required; at most MaxNameLen bytes of printable
+	// UTF-8.
+	Name string
+
+	// Brokers are the bootstrap addresses ("host:port") of the Kafka
+	// cluster. Required.
+	Brokers []string
+
+	// Topics are consumed by the group. Required.
+	Topics []string
+
+	// GroupID is the Kafka consumer group. Defaults to Name.
+	GroupID string
+
+	// Handler applies each message inside the consumer's transaction.
+	// Required.
+	Handler Handler
+
+	// MessageID derives each message's id (the dedupe key). Defaults to
+	// IDFromHeader(DefaultMessageIDHeader).
+	MessageID MessageIDFunc
+
+	// MaxBatch is the most messages of one partition handled in one
+	// transaction. Larger batches amortise the transaction's round trips;
+	// smaller ones hold row locks for less time. Defaults to
+	// DefaultMaxBatch; at most MaxMaxBatch.
+	MaxBatch int
+
+	// MaxWait is how long a worker waits for more messages to fill a batch
+	// once it has one. Defaults to DefaultMaxWait; at most 10s.
+	MaxWait time.Duration
+
+	// Dialer opens every Kafka connection the consumer makes (group
+	// coordinator, fetches, offset lookups): set its TLS and SASLMechanism
+	// fields for secured clusters. Defaults to kafka-go's default dialer
+	// (plaintext).
+	Dialer *kafka.Dialer
+
+	// StartOffset is where a partition with no committed offset and no
+	// stored position starts. Defaults to StartEarliest.
+	StartOffset StartOffset
+
+	// FetchMaxBytes is the most bytes one fetch request asks the broker for.
+	// Bounds memory together with MaxBatch. Defaults to DefaultFetchMaxBytes.
+	FetchMaxBytes int
+
+	// Schema is the Postgres schema holding kafkaonce's tables (see
+	// Migrate). Defaults to DefaultSchema.
+	Schema string
+
+	// Logger receives the consumer's logs, with the keys consumer, topic,
+	// partition, offset, message_id and attempt. Payloads and connection
+	// strings are never logged. Defaults to slog.Default().
+	Logger *slog.Logger
+
+	// ShutdownTimeout bounds how long a worker may take, once its partition
+	// is revoked or Run's context is cancelled, to finish the batch it is
+	// in. A batch still running then is rolled back (its messages will be
+	// redelivered). Keep it below RebalanceTimeout, or a rebalance waits on
+	// this member. Defaults to DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+
+	// StatementTimeout, LockTimeout and IdleInTransactionTimeout are set
+	// (SET LOCAL) in every transaction the consumer runs, so that a hung
+	// statement, a lock wait or a client that died mid-transaction cannot
+	// hold a message's claim, and so its partition, forever. Defaults:
+	// DefaultStatementTimeout, DefaultLockTimeout,
+	// DefaultIdleInTransactionTimeout. LeaveUnset keeps the server's value.
+	StatementTimeout         time.Duration
+	LockTimeout              time.Duration
+	IdleInTransactionTimeout time.Duration
+
+	// SessionTimeout, RebalanceTimeout and HeartbeatInterval tune the
+	// consumer group protocol. A member that stops heartbeating for
+	// SessionTimeout loses its partitions, and its later offset commits are
+	// rejected by the broker; its in-flight transaction may still commit,
+	// which the message claims make harmless. Defaults:
+	// DefaultSessionTimeout, DefaultRebalanceTimeout,
+	// DefaultHeartbeatInterval.
+	SessionTimeout    time.Duration
+	RebalanceTimeout  time.Duration
+	HeartbeatInterval time.Duration
+
+	// RetryInitialInterval and RetryMaxInterval shape the waits between
+	// retries of a failed batch: exponential from the initial interval,
+	// capped at the maximum, with full jitter. Defaults:
+	// DefaultRetryInitialInterval, DefaultRetryMaxInterval.
+	RetryInitialInterval time.Duration
+	RetryMaxInterval     time.Duration
+
+	// Hooks observe the consumer; see Hook. Defaults to none.
+	Hooks []Hook
+}
+
+// withDefaults returns a copy of c with zero fields set to their defaults.
+// Slices are copied so that the caller changing its Config after New has no
+// effect.
+func (c *Config) withDefaults() Config {
+	out := *c
+	out.Brokers = slices.Clone(c.Brokers)
+	out.Topics = slices.Clone(c.Topics)
+	out.Hooks = slices.Clone(c.Hooks)
+	setDefault(&out.GroupID, c.Name)
+	if out.MessageID == nil {
+		out.MessageID = IDFromHeader(DefaultMessageIDHeader)
+	}
+	setDefault(&out.MaxBatch, DefaultMaxBatch)
+	setDefault(&out.MaxWait, DefaultMaxWait)
+	setDefault(&out.FetchMaxBytes, DefaultFetchMaxBytes)
+	setDefault(&out.Schema, DefaultSchema)
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	setDefault(&out.ShutdownTimeout, DefaultShutdownTimeout)
+	setDefault(&out.StatementTimeout, DefaultStatementTimeout)
+	setDefault(&out.LockTimeout, DefaultLockTimeout)
+	setDefault(&out.IdleInTransactionTimeout, DefaultIdleInTransactionTimeout)
+	setDefault(&out.SessionTimeout, DefaultSessionTimeout)
+	setDefault(&out.RebalanceTimeout, DefaultRebalanceTimeout)
+	setDefault(&out.HeartbeatInterval, DefaultHeartbeatInterval)
+	setDefault(&out.RetryInitialInterval, DefaultRetryInitialInterval)
+	setDefault(&out.RetryMaxInterval, DefaultRetryMaxInterval)
+	return out
+}
+
+func setDefault[T comparable](field *T, def T) {
+	var zero T
+	if *field == zero {
+		*field = def
+	}
+}
+
+// validate checks a Config that went through withDefaults and returns every
+// problem found, each naming the field, the rule and a fix.
+func (c *Config) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("consumer: "+format, args...))
+	}
+	if err := validateName(c.Name); err != nil {
+		bad("Name %v; it names the dedupe scope, e.g. \"ledger\"", err)
+	}
+	if c.GroupID != c.Name {
+		if err := validateName(c.GroupID); err != nil {
+			bad("GroupID %v (or leave it empty to use Name)", err)
+		}
+	}
+	if len(c.Brokers) == 0 {
+		bad(`Brokers must list at least one broker address, e.g. []string{"localhost:9092"}`)
+	}
+	for i, b := range c.Brokers {
+		if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
+			bad("Brokers[%d] must be host:port (got %q)", i, b)
+		}
+	}
+	if len(c.Topics) == 0 {
+		bad(`Topics must name at least one topic, e.g. []string{"transfers"}`)
+	}
+	seen := map[string]bool{}
+	for i, t := range c.Topics {
+		if err := validateTopic(t); err != nil {
+			bad("Topics[%d] %v", i, err)
+		}
+		if seen[t] {
+			bad("Topics[%d] repeats %q; name each topic once", i, t)
+		}
+		seen[t] = true
+	}
+	if c.Handler == nil {
+		bad("Handler must be set: it applies each message, e.g. consumer.HandlerFunc(func(ctx, tx, msg) error { ... })")
+	}
+	if c.MaxBatch < 1 || c.MaxBatch > MaxMaxBatch {
+		bad("MaxBatch must be between 1 and %d (got %d)", MaxMaxBatch, c.MaxBatch)
+	}
+	if c.MaxWait < 0 || c.MaxWait > 10*time.Second {
+		bad("MaxWait must be between 0 and 10s (got %v)", c.MaxWait)
+	}
+	if c.StartOffset != StartEarliest && c.StartOffset != StartLatest {
+		bad("StartOffset must be StartEarliest or StartLatest (got %d)", c.StartOffset)
+	}
+	if c.FetchMaxBytes < 1024 || c.FetchMaxBytes > 256<<20 {
+		bad("FetchMaxBytes must be between 1 KiB and 256 MiB (got %d)", c.FetchMaxBytes)
+	}
+	if err := schema.ValidateName(c.Schema); err != nil {
+		bad("Schema %v", err)
+	}
+	if c.ShutdownTimeout < 0 {
+		bad("ShutdownTimeout must not be negative (got %v)", c.ShutdownTimeout)
+	}
+	for _, st := range []struct {
+		name string
+		d    time.Duration
+	}{{"StatementTimeout", c.StatementTimeout}, {"LockTimeout", c.LockTimeout}, {"IdleInTransactionTimeout", c.IdleInTransactionTimeout}} {
+		if st.d != LeaveUnset && st.d < time.Millisecond {
+			bad("%s must be at least 1ms, or consumer.LeaveUnset to keep the server's setting (got %v)", st.name, st.d)
+		}
+	}
+	if c.SessionTimeout < time.Second {
+		bad("SessionTimeout must be at least 1s (got %v)", c.SessionTimeout)
+	}
+	if c.RebalanceTimeout < time.Second {
+		bad("RebalanceTimeout must be at least 1s (got %v)", c.RebalanceTimeout)
+	}
+	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval*3 > c.SessionTimeout {
+		bad("HeartbeatInterval must be positive and at most a third of SessionTimeout (%v), so a member heartbeats a few times per session (got %v)", c.SessionTimeout, c.HeartbeatInterval)
+	}
+	if c.RetryInitialInterval <= 0 || c.RetryMaxInterval < c.RetryInitialInterval {
+		bad("RetryInitialInterval must be positive and at most RetryMaxInterval (got %v and %v)", c.RetryInitialInterval, c.RetryMaxInterval)
+	}
+	return errors.Join(errs...)
+}
+
+func validateName(s string) error {
+	switch {
+	case s == "":
+		return errors.New("must be set")
+	case len(s) > MaxNameLen:
+		return fmt.Errorf("must be at most %d bytes (got %d)", MaxNameLen, len(s))
+	case !utf8.ValidString(s):
+		return errors.New("must be valid UTF-8")
+	case strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0:
+		return fmt.Errorf("must be printable, without control characters or spaces other than ' ' (got %q)", s)
+	case strings.TrimSpace(s) != s:
+		return fmt.Errorf("must not start or end with spaces (got %q)", s)
+	}
+	return nil
+}
+
+// validateTopic applies Kafka's rules for topic names.
+func validateTopic(t string) error {
+	switch {
+	case t == "":
+		return errors.New("must not be empty")
+	case t == "." || t == "..":
+		return fmt.Errorf("must not be %q", t)
+	case len(t) > 249:
+		return fmt.Errorf("must be at most 249 characters (got %d)", len(t))
+	}
+	for _, r := range t {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return fmt.Errorf("must use only letters, digits, '.', '_' and '-' (got %q)", t)
+		}
+	}
+	return nil
+}

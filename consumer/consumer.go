@@ -1,0 +1,220 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/retry"
+	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/offsets"
+)
+
+// DB is where the consumer runs its transactions. *pgxpool.Pool implements
+// it. It must be safe for concurrent use: every assigned partition has a
+// worker that begins its own transactions, so size the pool for at least one
+// connection per partition this process may own, plus your own use.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Consumer is an idempotent Kafka consumer: see the package documentation.
+// Create one with New, then call Run.
+type Consumer struct {
+	db      DB
+	cfg     Config
+	log     *slog.Logger
+	hooks   hooks
+	claims  *dedupe.Store
+	offsets *offsets.Store
+	retry   retry.Policy
+	// sessionSQL sets the session timeouts at the start of every
+	// transaction; empty when all are LeaveUnset.
+	sessionSQL  string
+	sessionArgs []any
+	running     atomic.Bool
+}
+
+// New validates cfg and returns a Consumer. It does not connect to Kafka or
+// Postgres; Run does. The error lists every invalid field, each with the rule
+// and a fix.
+func New(db DB, cfg *Config) (*Consumer, error) {
+	if db == nil {
+		return nil, errors.New("consumer: db must not be nil: pass a *pgxpool.Pool")
+	}
+	if cfg == nil {
+		return nil, errors.New("consumer: cfg must not be nil: pass a *consumer.Config with at least Name, Brokers, Topics and Handler")
+	}
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	hs, err := sortHooks(c.Hooks)
+	if err != nil {
+		return nil, err
+	}
+	claims, err := dedupe.NewStore(c.Schema)
+	if err != nil {
+		return nil, err
+	}
+	positions, err := offsets.NewStore(c.Schema)
+	if err != nil {
+		return nil, err
+	}
+	sql, args := sessionSettings(&c)
+	return &Consumer{
+		db:          db,
+		cfg:         c,
+		log:         c.Logger.With(slog.String("consumer", c.Name)),
+		hooks:       hs,
+		claims:      claims,
+		offsets:     positions,
+		retry:       retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
+		sessionSQL:  sql,
+		sessionArgs: args,
+	}, nil
+}
+
+// sessionSettings builds the statement that applies the configured timeouts
+// to the current transaction only (set_config(..., true) is SET LOCAL), so
+// the pool's connections go back to the application unchanged.
+func sessionSettings(c *Config) (string, []any) {
+	var sets []string
+	var args []any
+	for _, s := range []struct {
+		name string
+		d    interface{ Milliseconds() int64 }
+		skip bool
+	}{
+		{"statement_timeout", c.StatementTimeout, c.StatementTimeout == LeaveUnset},
+		{"lock_timeout", c.LockTimeout, c.LockTimeout == LeaveUnset},
+		{"idle_in_transaction_session_timeout", c.IdleInTransactionTimeout, c.IdleInTransactionTimeout == LeaveUnset},
+	} {
+		if s.skip {
+			continue
+		}
+		args = append(args, strconv.FormatInt(s.d.Milliseconds(), 10))
+		sets = append(sets, fmt.Sprintf("set_config('%s', $%d, true)", s.name, len(args)))
+	}
+	if len(sets) == 0 {
+		return "", nil
+	}
+	sql := "SELECT "
+	for i, s := range sets {
+		if i > 0 {
+			sql += ", "
+		}
+		sql += s
+	}
+	return sql, args
+}
+
+// Migrate creates or upgrades kafkaonce's tables in schemaName
+// (DefaultSchema when empty) and returns the schema version. Call it at
+// start-up before Run, or run `kafkaonce migrate`. Any number of processes
+// may call it at once; running it again changes nothing.
+func Migrate(ctx context.Context, db DB, schemaName string) (int, error) {
+	if schemaName == "" {
+		schemaName = DefaultSchema
+	}
+	return schema.Migrate(ctx, db, schemaName)
+}
+
+// Run joins the consumer group and processes messages until ctx is
+// cancelled, then drains: each worker finishes the batch it is in (within
+// Config.ShutdownTimeout), the offsets of what committed are committed to
+// Kafka, and the member leaves the group. Run then returns nil.
+//
+// Run returns an error at once when the schema is not migrated or Postgres
+// cannot be reached. Kafka being unreachable is not an error: Run keeps
+// trying to join the group and logs why it cannot. A message that cannot be
+// processed stops its partition (see PartitionError), not Run.
+//
+// Run may be called once per Consumer.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("consumer: Run was already called on this Consumer; create a new one with New")
+	}
+	if err := c.checkSchema(ctx); err != nil {
+		return err
+	}
+	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+		ID:                c.cfg.GroupID,
+		Brokers:           c.cfg.Brokers,
+		Dialer:            c.cfg.Dialer,
+		Topics:            c.cfg.Topics,
+		SessionTimeout:    c.cfg.SessionTimeout,
+		RebalanceTimeout:  c.cfg.RebalanceTimeout,
+		HeartbeatInterval: c.cfg.HeartbeatInterval,
+		JoinGroupBackoff:  c.cfg.RetryMaxInterval,
+		StartOffset:       c.startSentinel(),
+		Logger:            kafkaLogger(c.log, slog.LevelDebug),
+		ErrorLogger:       kafkaLogger(c.log, slog.LevelWarn),
+	})
+	if err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
+	c.log.Info("consumer starting", slog.String("group", c.cfg.GroupID), slog.Any("topics", c.cfg.Topics))
+	var generations sync.WaitGroup
+	for {
+		gen, err := group.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
+				break
+			}
+			c.log.Warn("consumer group: waiting for a generation", slog.String("error", err.Error()))
+			continue
+		}
+		c.startGeneration(ctx, gen, &generations)
+	}
+	// Close ends the current generation, waits until every worker has
+	// finished its batch and the last offsets are committed, then leaves the
+	// group so the partitions move to other members at once.
+	if err := group.Close(); err != nil {
+		c.log.Warn("consumer group: close", slog.String("error", err.Error()))
+	}
+	generations.Wait()
+	c.log.Info("consumer stopped")
+	return nil
+}
+
+func (c *Consumer) checkSchema(ctx context.Context) error {
+	tx, err := c.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("consumer: connect to Postgres: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := schema.RequireLatest(ctx, tx, c.cfg.Schema); err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
+	return nil
+}
+
+func (c *Consumer) startSentinel() int64 {
+	if c.cfg.StartOffset == StartLatest {
+		return kafka.LastOffset
+	}
+	return kafka.FirstOffset
+}
+
+// kafkaLogger routes kafka-go's printf logging into slog at one level.
+func kafkaLogger(l *slog.Logger, level slog.Level) kafka.Logger {
+	l = l.With(slog.String("component", "kafka-go"))
+	return kafka.LoggerFunc(func(msg string, args ...any) {
+		if l.Enabled(context.Background(), level) {
+			l.Log(context.Background(), level, fmt.Sprintf(msg, args...))
+		}
+	})
+}
+
+// levelKafkaChatter is below Debug: kafka-go logs every fetch at its info
+// level, which would drown a debug log.
+const levelKafkaChatter = slog.LevelDebug - 4

@@ -1,0 +1,300 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// env is one test's world: its own schema, topic and group.
+type env struct {
+	t      *testing.T
+	db     *testenv.DB
+	kafka  *testenv.Kafka
+	topic  string
+	parts  int
+	group  string
+	name   string
+	events *recorder
+}
+
+func setup(t *testing.T, partitions int) *env {
+	t.Helper()
+	db := testenv.NewDB(t, testenv.MaxConns(16))
+	k := testenv.NewKafka(t)
+	e := &env{t: t, db: db, kafka: k, topic: k.Topic(t, partitions), parts: partitions, group: k.Group(t), name: "ledger", events: &recorder{}}
+	// The effect table has no unique key on purpose: a double application
+	// shows up as two rows instead of an error.
+	db.Exec(t, `CREATE TABLE `+db.Table("effects")+` (message_id text NOT NULL, topic text NOT NULL, partition int NOT NULL, kafka_offset bigint NOT NULL, value text NOT NULL)`)
+	return e
+}
+
+// applyHandler records each message as one row in effects.
+func (e *env) applyHandler() consumer.Handler {
+	sql := `INSERT INTO ` + e.db.Table("effects") + ` (message_id, topic, partition, kafka_offset, value) VALUES ($1, $2, $3, $4, $5)`
+	return consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, sql, m.ID, m.Topic, m.Partition, m.Offset, string(m.Value))
+		return err
+	})
+}
+
+// config returns a config for the test's topic with fast group timings.
+func (e *env) config(h consumer.Handler) *consumer.Config {
+	return &consumer.Config{
+		Name:                 e.name,
+		GroupID:              e.group,
+		Brokers:              e.kafka.Brokers,
+		Topics:               []string{e.topic},
+		Handler:              h,
+		Schema:               e.db.Schema,
+		MaxBatch:             100,
+		Logger:               testLogger(e.t),
+		SessionTimeout:       6 * time.Second,
+		HeartbeatInterval:    500 * time.Millisecond,
+		RebalanceTimeout:     10 * time.Second,
+		ShutdownTimeout:      5 * time.Second,
+		RetryInitialInterval: 10 * time.Millisecond,
+		RetryMaxInterval:     200 * time.Millisecond,
+		Hooks:                []consumer.Hook{e.events},
+	}
+}
+
+// msg builds a message with a message-id header for a partition.
+func msg(partition int, id, value string) kafka.Message {
+	return kafka.Message{Partition: partition, Key: []byte(id), Value: []byte(value),
+		Headers: []kafka.Header{{Key: consumer.DefaultMessageIDHeader, Value: []byte(id)}}}
+}
+
+// produceIDs writes n messages spread over the partitions, ids "<prefix>-i".
+func (e *env) produceIDs(prefix string, n int) []string {
+	ids := make([]string, n)
+	msgs := make([]kafka.Message, n)
+	for i := range n {
+		ids[i] = prefix + "-" + strconv.Itoa(i)
+		msgs[i] = msg(i%e.parts, ids[i], "v-"+ids[i])
+	}
+	e.kafka.Produce(e.t, e.topic, msgs...)
+	return ids
+}
+
+// running is a consumer running in the background.
+type running struct {
+	t      *testing.T
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (e *env) start(cfg *consumer.Config) *running {
+	e.t.Helper()
+	c, err := consumer.New(e.db.Pool, cfg)
+	require.NoError(e.t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{t: e.t, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- c.Run(ctx) }()
+	e.t.Cleanup(func() { r.stop() })
+	return r
+}
+
+// stop cancels Run and requires it to return nil promptly.
+func (r *running) stop() {
+	r.t.Helper()
+	if r.done == nil {
+		return
+	}
+	r.cancel()
+	select {
+	case err := <-r.done:
+		require.NoError(r.t, err)
+	case <-time.After(30 * time.Second):
+		r.t.Fatal("Run did not return within 30s of cancel")
+	}
+	r.done = nil
+}
+
+func (e *env) effects() int64 {
+	return e.db.Int(e.t, `SELECT count(*) FROM `+e.db.Table("effects"))
+}
+
+func (e *env) distinctEffects() int64 {
+	return e.db.Int(e.t, `SELECT count(DISTINCT message_id) FROM `+e.db.Table("effects"))
+}
+
+// waitEffects waits until the effects table holds n distinct ids.
+func (e *env) waitEffects(n int, timeout time.Duration) {
+	e.t.Helper()
+	waitFor(e.t, timeout, fmt.Sprintf("%d distinct effects", n), func() bool { return e.distinctEffects() >= int64(n) })
+}
+
+// requireExactlyOnce asserts one effect row per id, for exactly ids.
+func (e *env) requireExactlyOnce(ids []string) {
+	e.t.Helper()
+	rows, err := e.db.Pool.Query(context.Background(), `SELECT message_id, count(*) FROM `+e.db.Table("effects")+` GROUP BY 1`)
+	require.NoError(e.t, err)
+	got := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		require.NoError(e.t, rows.Scan(&id, &n))
+		got[id] = n
+	}
+	require.NoError(e.t, rows.Err())
+	for _, id := range ids {
+		require.Equalf(e.t, 1, got[id], "effects of message %s", id)
+		delete(got, id)
+	}
+	require.Empty(e.t, got, "effects of messages that were never produced")
+}
+
+// waitCommitted waits until the group's committed offsets reach want.
+func (e *env) waitCommitted(want map[int]int64, timeout time.Duration) {
+	e.t.Helper()
+	var got map[int]int64
+	waitFor(e.t, timeout, "committed offsets", func() bool {
+		got = e.kafka.CommittedOffsets(e.t, e.group, e.topic, e.parts)
+		for p, off := range want {
+			if got[p] != off {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func (e *env) storedPositions() map[int]int64 {
+	rows, err := e.db.Pool.Query(context.Background(), `SELECT partition, next_offset FROM `+e.db.Table("consumer_offsets")+` WHERE consumer = $1 AND topic = $2`, e.name, e.topic)
+	require.NoError(e.t, err)
+	out := map[int]int64{}
+	for rows.Next() {
+		var p int
+		var off int64
+		require.NoError(e.t, rows.Scan(&p, &off))
+		out[p] = off
+	}
+	require.NoError(e.t, rows.Err())
+	return out
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// recorder is a hook that keeps what the consumer reported.
+type recorder struct {
+	mu sync.Mutex
+	recorded
+}
+
+// recorded is what a recorder saw.
+type recorded struct {
+	applied   int
+	skipped   map[consumer.SkipReason]int
+	conflicts []*consumer.FingerprintConflictError
+	stopped   []*consumer.PartitionError
+	assigned  []consumer.PartitionAssignment
+	commits   int
+	commitErr []error
+}
+
+func (r *recorder) OnMessageApplied(context.Context, *consumer.Message) {
+	r.mu.Lock()
+	r.applied++
+	r.mu.Unlock()
+}
+
+func (r *recorder) OnMessageSkipped(_ context.Context, _ *consumer.Message, reason consumer.SkipReason) {
+	r.mu.Lock()
+	if r.skipped == nil {
+		r.skipped = map[consumer.SkipReason]int{}
+	}
+	r.skipped[reason]++
+	r.mu.Unlock()
+}
+
+func (r *recorder) OnFingerprintConflict(_ context.Context, err *consumer.FingerprintConflictError) {
+	r.mu.Lock()
+	r.conflicts = append(r.conflicts, err)
+	r.mu.Unlock()
+}
+
+func (r *recorder) OnPartitionStopped(_ context.Context, err *consumer.PartitionError) {
+	r.mu.Lock()
+	r.stopped = append(r.stopped, err)
+	r.mu.Unlock()
+}
+
+func (r *recorder) OnPartitionAssigned(_ context.Context, a consumer.PartitionAssignment) {
+	r.mu.Lock()
+	r.assigned = append(r.assigned, a)
+	r.mu.Unlock()
+}
+
+func (r *recorder) OnOffsetsCommitted(_ context.Context, _ []consumer.TopicPartitionOffset, err error) {
+	r.mu.Lock()
+	r.commits++
+	if err != nil {
+		r.commitErr = append(r.commitErr, err)
+	}
+	r.mu.Unlock()
+}
+
+func (r *recorder) snapshot() recorded {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := recorded{applied: r.applied, skipped: map[consumer.SkipReason]int{}, commits: r.commits}
+	for k, v := range r.skipped {
+		out.skipped[k] = v
+	}
+	out.conflicts = append(out.conflicts, r.conflicts...)
+	out.stopped = append(out.stopped, r.stopped...)
+	out.assigned = append(out.assigned, r.assigned...)
+	return out
+}
+
+func (r *recorder) stoppedWith(target error) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.stopped {
+		if errors.Is(s, target) {
+			return true
+		}
+	}
+	return false
+}
+
+// testLogger writes to the test log when -v is given, else discards.
+func testLogger(t *testing.T) *slog.Logger {
+	if testing.Verbose() && os.Getenv("KAFKAONCE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}

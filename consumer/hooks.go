@@ -1,0 +1,180 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// A Hook observes the consumer: metrics, tracing, alerting. A hook is any
+// value that implements one or more of the Hook* interfaces below; pass
+// hooks in Config.Hooks. New rejects a value that implements none of them.
+//
+// Hooks are called synchronously from the partition's worker goroutine, so
+// they must be quick and must not block: a slow hook slows its partition.
+// Hooks of different partitions are called concurrently.
+type Hook any
+
+// HookPartitionAssigned is called when this member starts processing a
+// partition, after it decided where to start.
+type HookPartitionAssigned interface {
+	OnPartitionAssigned(ctx context.Context, a PartitionAssignment)
+}
+
+// PartitionAssignment describes where a partition's processing starts.
+type PartitionAssignment struct {
+	Topic     string
+	Partition int
+	// KafkaOffset is the group's committed offset, or -1 when there is none.
+	KafkaOffset int64
+	// StoredPosition is the processed position in Postgres, or -1 when
+	// there is none.
+	StoredPosition int64
+	// LogStart and LogEnd are the first offset still in the log and the
+	// offset the next produced message will get.
+	LogStart, LogEnd int64
+	// Start is the offset processing starts at (-2: the log start, -1: the
+	// log end, when nothing is committed or stored).
+	Start int64
+}
+
+// HookPartitionStopped is called when a partition stops because of a
+// message that cannot be processed (err wraps a *MessageError or another
+// cause; see PartitionError).
+type HookPartitionStopped interface {
+	OnPartitionStopped(ctx context.Context, err *PartitionError)
+}
+
+// HookBatchStart is called before each transaction of a batch.
+type HookBatchStart interface {
+	OnBatchStart(ctx context.Context, b BatchInfo)
+}
+
+// HookBatchEnd is called after each transaction of a batch: committed
+// (r.Err nil) or not.
+type HookBatchEnd interface {
+	OnBatchEnd(ctx context.Context, b BatchInfo, r BatchResult)
+}
+
+// BatchInfo describes the messages of one batch transaction.
+type BatchInfo struct {
+	Topic     string
+	Partition int
+	// FirstOffset and LastOffset bound the batch; Size counts its messages.
+	FirstOffset, LastOffset int64
+	Size                    int
+	// Attempt counts the transactions run for the first message of the
+	// batch, from 1.
+	Attempt int
+}
+
+// BatchResult is the outcome of one batch transaction.
+type BatchResult struct {
+	// Applied and Skipped count messages whose handler ran and messages
+	// skipped as duplicates; both are 0 unless the transaction committed.
+	Applied, Skipped int
+	Duration         time.Duration
+	// Err is nil when the transaction committed.
+	Err error
+}
+
+// HookMessageApplied is called for every message whose effects committed,
+// after the commit.
+type HookMessageApplied interface {
+	OnMessageApplied(ctx context.Context, msg *Message)
+}
+
+// HookMessageSkipped is called for every message that was not handled
+// because its id was already claimed with the same content, after the
+// transaction that found it committed.
+type HookMessageSkipped interface {
+	OnMessageSkipped(ctx context.Context, msg *Message, reason SkipReason)
+}
+
+// SkipReason says why a message was skipped.
+type SkipReason string
+
+const (
+	// SkipAlreadyClaimed: an earlier transaction claimed the id (a
+	// redelivery, a rewind, a producer duplicate, or another member).
+	SkipAlreadyClaimed SkipReason = "already_claimed"
+	// SkipDuplicateInBatch: an earlier message of the same batch had the
+	// same id and content.
+	SkipDuplicateInBatch SkipReason = "duplicate_in_batch"
+)
+
+// HookFingerprintConflict is called when a message's id was already used
+// for different content.
+type HookFingerprintConflict interface {
+	OnFingerprintConflict(ctx context.Context, err *FingerprintConflictError)
+}
+
+// HookOffsetsCommitted is called after each offset commit to Kafka, with the
+// committed offsets (the next offset to read, per partition) and the
+// commit's error.
+type HookOffsetsCommitted interface {
+	OnOffsetsCommitted(ctx context.Context, offsets []TopicPartitionOffset, err error)
+}
+
+// TopicPartitionOffset is the next offset to read in one partition.
+type TopicPartitionOffset struct {
+	Topic     string
+	Partition int
+	Offset    int64
+}
+
+// hooks holds Config.Hooks sorted by interface, so the loop calls only what
+// exists.
+type hooks struct {
+	assigned  []HookPartitionAssigned
+	stopped   []HookPartitionStopped
+	start     []HookBatchStart
+	end       []HookBatchEnd
+	applied   []HookMessageApplied
+	skipped   []HookMessageSkipped
+	conflict  []HookFingerprintConflict
+	committed []HookOffsetsCommitted
+}
+
+func sortHooks(hs []Hook) (hooks, error) {
+	var out hooks
+	for i, h := range hs {
+		n := 0
+		if v, ok := h.(HookPartitionAssigned); ok {
+			out.assigned = append(out.assigned, v)
+			n++
+		}
+		if v, ok := h.(HookPartitionStopped); ok {
+			out.stopped = append(out.stopped, v)
+			n++
+		}
+		if v, ok := h.(HookBatchStart); ok {
+			out.start = append(out.start, v)
+			n++
+		}
+		if v, ok := h.(HookBatchEnd); ok {
+			out.end = append(out.end, v)
+			n++
+		}
+		if v, ok := h.(HookMessageApplied); ok {
+			out.applied = append(out.applied, v)
+			n++
+		}
+		if v, ok := h.(HookMessageSkipped); ok {
+			out.skipped = append(out.skipped, v)
+			n++
+		}
+		if v, ok := h.(HookFingerprintConflict); ok {
+			out.conflict = append(out.conflict, v)
+			n++
+		}
+		if v, ok := h.(HookOffsetsCommitted); ok {
+			out.committed = append(out.committed, v)
+			n++
+		}
+		if n == 0 {
+			return hooks{}, fmt.Errorf("consumer: Hooks[%d] (%T) implements no hook interface; see the Hook* interfaces in package consumer", i, h)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,236 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kafkaonce/kafkaonce/internal/kafkafetch"
+	"github.com/kafkaonce/kafkaonce/internal/retry"
+)
+
+// ErrMessagesDeleted: the partition's log no longer holds messages this
+// consumer has not processed yet (retention or a DeleteRecords call removed
+// them). They cannot be processed any more, and skipping them silently
+// would hide the loss, so the partition stops until an operator moves its
+// stored position past them.
+var ErrMessagesDeleted = errors.New("messages were deleted from the log before they were processed")
+
+// worker processes one assigned partition for one generation.
+type worker struct {
+	c           *Consumer
+	committer   *committer
+	topic       string
+	partition   int
+	kafkaOffset int64 // committed offset at assignment, or a kafka-go sentinel
+
+	// next is the offset after the last message processed (or the start
+	// offset); it is where fetching resumes after a fetch error.
+	next int64
+
+	// Buffers reused from batch to batch.
+	raw   []kafka.Message
+	items []item
+	batch batchState
+}
+
+// run processes the partition until stop is done. A partition that cannot
+// go on (a message it must not skip) is reported and then parked until the
+// generation ends: returning early would end the generation for every
+// partition of this member.
+func (w *worker) run(stop, work context.Context) {
+	err := w.consume(stop, work)
+	if err == nil || errors.Is(err, context.Canceled) && stop.Err() != nil {
+		return
+	}
+	var perr *PartitionError
+	if !errors.As(err, &perr) {
+		perr = &PartitionError{Topic: w.topic, Partition: w.partition, Err: err}
+	}
+	w.report(stop, perr)
+	<-stop.Done()
+}
+
+func (w *worker) report(ctx context.Context, perr *PartitionError) {
+	attrs := []any{slog.String("topic", w.topic), slog.Int("partition", w.partition), slog.String("error", perr.Err.Error())}
+	var merr *MessageError
+	if errors.As(perr, &merr) {
+		attrs = append(attrs, slog.Int64("offset", merr.Offset), slog.String("message_id", merr.MessageID))
+	}
+	var conflict *FingerprintConflictError
+	if errors.As(perr, &conflict) {
+		attrs = append(attrs, slog.Int64("offset", conflict.Offset), slog.String("message_id", conflict.MessageID))
+		for _, h := range w.c.hooks.conflict {
+			h.OnFingerprintConflict(ctx, conflict)
+		}
+	}
+	w.c.log.Error("partition stopped: nothing after this message is processed until it is resolved", attrs...)
+	for _, h := range w.c.hooks.stopped {
+		h.OnPartitionStopped(ctx, perr)
+	}
+}
+
+func (w *worker) logAttrs(extra ...any) []any {
+	return append([]any{slog.String("topic", w.topic), slog.Int("partition", w.partition)}, extra...)
+}
+
+func (w *worker) consume(stop, work context.Context) error {
+	start, err := w.assign(stop, work)
+	if err != nil {
+		return err
+	}
+	w.next = start
+	backoff := w.c.retry.New()
+	for stop.Err() == nil {
+		err := w.fetchAndProcess(stop, work)
+		if err == nil || stop.Err() != nil {
+			return err
+		}
+		var perr *PartitionError
+		if errors.As(err, &perr) {
+			return err
+		}
+		if errors.Is(err, kafka.OffsetOutOfRange) {
+			if lost := w.checkDeleted(stop); lost != nil {
+				return lost
+			}
+		}
+		w.c.log.Warn("fetch failed; reopening the partition", w.logAttrs(slog.Int64("offset", w.next), slog.String("error", err.Error()))...)
+		if retry.Sleep(stop, backoff.Next()) != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// fetchAndProcess reads batches from w.next until stop is done or a fetch
+// fails.
+func (w *worker) fetchAndProcess(stop, work context.Context) error {
+	f, err := kafkafetch.Open(kafkafetch.Config{
+		Brokers:   w.c.cfg.Brokers,
+		Dialer:    w.c.cfg.Dialer,
+		Topic:     w.topic,
+		Partition: w.partition,
+		Start:     w.next,
+		MaxBatch:  w.c.cfg.MaxBatch,
+		Linger:    w.c.cfg.MaxWait,
+		MaxBytes:  w.c.cfg.FetchMaxBytes,
+		Logger:    kafkaLogger(w.c.log, levelKafkaChatter),
+		ErrLog:    kafkaLogger(w.c.log, slog.LevelDebug),
+	})
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for {
+		w.raw, err = f.Next(stop, w.raw)
+		if stop.Err() != nil {
+			// Revoked or shutting down: start no new batch. Messages
+			// fetched but not processed are fetched again by the next owner.
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := w.processBatch(stop, work, w.raw); err != nil {
+			return err
+		}
+	}
+}
+
+// assign decides where to start, from the group's committed offset, the
+// stored position and the log's bounds. Errors reaching Postgres or Kafka
+// are retried until stop.
+func (w *worker) assign(stop, work context.Context) (int64, error) {
+	var (
+		pos              int64
+		hasPos           bool
+		logStart, logEnd int64
+	)
+	backoff := w.c.retry.New()
+	for {
+		var err error
+		pos, hasPos, err = w.loadPosition(work)
+		if err == nil {
+			logStart, logEnd, err = kafkafetch.Bounds(stop, w.c.cfg.Dialer, w.c.cfg.Brokers, w.topic, w.partition)
+		}
+		if err == nil {
+			break
+		}
+		if stop.Err() != nil {
+			return 0, context.Canceled
+		}
+		w.c.log.Warn("partition assignment: cannot read positions; retrying", w.logAttrs(slog.String("error", err.Error()))...)
+		if retry.Sleep(stop, backoff.Next()) != nil {
+			return 0, context.Canceled
+		}
+	}
+
+	a := PartitionAssignment{Topic: w.topic, Partition: w.partition, KafkaOffset: -1, StoredPosition: -1, LogStart: logStart, LogEnd: logEnd}
+	if w.kafkaOffset >= 0 {
+		a.KafkaOffset = w.kafkaOffset
+	}
+	start := w.kafkaOffset // may be kafka.FirstOffset or kafka.LastOffset
+	if hasPos {
+		a.StoredPosition = pos
+		switch {
+		case start < 0 || start < pos:
+			if start >= 0 {
+				w.c.log.Info("group offset is behind the stored position (rewound, or the last offset commit was lost); starting at the stored position, skipping messages already processed",
+					w.logAttrs(slog.Int64("kafka_offset", start), slog.Int64("stored_position", pos), slog.Int64("skipped", pos-start))...)
+			}
+			start = pos
+			// Bring the group's offset up to date so that lag tools agree.
+			w.committer.mark(w.topic, w.partition, pos)
+		case start > pos:
+			w.c.log.Warn("group offset is ahead of the stored position (moved forward by an operator, or the database was restored from a backup); messages between them will not be processed by this consumer",
+				w.logAttrs(slog.Int64("kafka_offset", start), slog.Int64("stored_position", pos))...)
+		}
+	}
+	a.Start = start
+	for _, h := range w.c.hooks.assigned {
+		h.OnPartitionAssigned(stop, a)
+	}
+	if start > logEnd {
+		which := "stored position"
+		if !hasPos || start != pos {
+			which = "group's committed offset"
+		}
+		return 0, &PartitionError{Topic: w.topic, Partition: w.partition, Err: fmt.Errorf(
+			"%w: the %s is %d but the log ends at %d, so the topic was probably deleted and re-created or truncated; processing would skip its new messages. Once you have checked, reset the position (offsets.Store.Reset) to where processing should resume",
+			ErrPositionAheadOfLog, which, start, logEnd)}
+	}
+	if start >= 0 && start < logStart {
+		return 0, w.deletedError(start, logStart)
+	}
+	w.c.log.Info("partition assigned", w.logAttrs(slog.Int64("offset", start), slog.Int64("log_end", logEnd))...)
+	return start, nil
+}
+
+func (w *worker) loadPosition(ctx context.Context) (int64, bool, error) {
+	tx, err := w.c.db.Begin(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	return w.c.offsets.Load(ctx, tx, w.c.cfg.Name, w.topic, w.partition)
+}
+
+// checkDeleted tells, after an out-of-range fetch, whether messages from
+// w.next on were deleted before we processed them.
+func (w *worker) checkDeleted(ctx context.Context) error {
+	logStart, _, err := kafkafetch.Bounds(ctx, w.c.cfg.Dialer, w.c.cfg.Brokers, w.topic, w.partition)
+	if err != nil || w.next < 0 || w.next >= logStart {
+		return nil
+	}
+	return w.deletedError(w.next, logStart)
+}
+
+func (w *worker) deletedError(from, logStart int64) error {
+	return &PartitionError{Topic: w.topic, Partition: w.partition, Err: fmt.Errorf(
+		"%w: offsets %d to %d are gone (the log now starts at %d), most likely removed by retention while this consumer was behind; to accept the loss and go on, reset the stored position (offsets.Store.Reset) and the group offset to %d",
+		ErrMessagesDeleted, from, logStart-1, logStart, logStart)}
+}

@@ -1,0 +1,161 @@
+package dedupe
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkaonce/kafkaonce/internal/schema"
+)
+
+// Status is what became of a claimed message.
+type Status string
+
+const (
+	// StatusApplied: the handler ran and its effects committed with the claim.
+	StatusApplied Status = "applied"
+	// StatusDeadLettered: the message failed and was set aside.
+	StatusDeadLettered Status = "dead_lettered"
+	// StatusInvalid: the message could not be processed at all (for example
+	// its id could not be read).
+	StatusInvalid Status = "invalid"
+)
+
+// Claim is one message id to claim, with where the message came from.
+type Claim struct {
+	MessageID   string
+	Fingerprint Fingerprint
+	Offset      int64
+}
+
+// Record is a row of processed_messages.
+type Record struct {
+	Consumer    string
+	MessageID   string
+	Fingerprint Fingerprint
+	Topic       string
+	Partition   int
+	Offset      int64
+	Status      Status
+	Attempts    int
+	ProcessedAt time.Time
+}
+
+// Store reads and writes processed_messages in one schema.
+type Store struct {
+	table     string
+	claimSQL  string
+	lookupSQL string
+}
+
+// NewStore returns a Store for the tables in schemaName.
+func NewStore(schemaName string) (*Store, error) {
+	if err := schema.ValidateName(schemaName); err != nil {
+		return nil, fmt.Errorf("dedupe: schema name %w", err)
+	}
+	t := schema.Table(schemaName, "processed_messages")
+	return &Store{
+		table: t,
+		// Rows are inserted in message-id order so that two transactions
+		// claiming overlapping ids take their row locks in the same order
+		// and cannot deadlock each other. RETURNING the offset (not the id)
+		// lets the caller map results back without comparing strings.
+		claimSQL: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, topic, partition, kafka_offset, status)
+SELECT $1, c.message_id, c.fingerprint, $2, $3, c.kafka_offset, 'applied'
+FROM unnest($4::text[], $5::bytea[], $6::bigint[]) AS c(message_id, fingerprint, kafka_offset)
+ORDER BY c.message_id
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING kafka_offset`,
+		lookupSQL: `SELECT message_id, fingerprint, topic, partition, kafka_offset, status, attempts, processed_at
+FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
+	}, nil
+}
+
+// Table is the quoted, schema-qualified table name.
+func (s *Store) Table() string { return s.table }
+
+// QueueClaim adds the claim of a batch to b. When b's results are read,
+// claimed[i] is set for every claims[i] that this transaction inserted; the
+// others were already present (claimed by an earlier or concurrent
+// transaction that committed). claims must be in ascending offset order, as
+// a partition's messages are, with distinct message ids; claimed must have
+// len(claims).
+//
+// Queueing instead of executing lets the caller send the claim in the same
+// round trip as other statements.
+func (s *Store) QueueClaim(b *pgx.Batch, consumer, topic string, partition int, claims []Claim, claimed []bool) {
+	ids := make([]string, len(claims))
+	fps := make([][]byte, len(claims))
+	offsets := make([]int64, len(claims))
+	for i := range claims {
+		ids[i] = claims[i].MessageID
+		fps[i] = claims[i].Fingerprint[:]
+		offsets[i] = claims[i].Offset
+	}
+	b.Queue(s.claimSQL, consumer, topic, partition, ids, fps, offsets).Query(func(rows pgx.Rows) error {
+		var off int64
+		_, err := pgx.ForEachRow(rows, []any{&off}, func() error {
+			i := indexOfOffset(claims, off)
+			if i < 0 {
+				return fmt.Errorf("dedupe: claim returned offset %d that was not in the batch", off)
+			}
+			claimed[i] = true
+			return nil
+		})
+		return err
+	})
+}
+
+// Claim runs QueueClaim's statement on its own and returns which claims were
+// inserted.
+func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer, topic string, partition int, claims []Claim) ([]bool, error) {
+	claimed := make([]bool, len(claims))
+	b := &pgx.Batch{}
+	s.QueueClaim(b, consumer, topic, partition, claims, claimed)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("dedupe: claim: %w", err)
+	}
+	return claimed, nil
+}
+
+// Lookup returns the stored rows for the given ids of a consumer, by id.
+// Ids without a row are absent from the map.
+func (s *Store) Lookup(ctx context.Context, q schema.Querier, consumer string, ids []string) (map[string]Record, error) {
+	rows, err := q.Query(ctx, s.lookupSQL, consumer, ids)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: lookup: %w", err)
+	}
+	out := make(map[string]Record, len(ids))
+	var r Record
+	var fp []byte
+	_, err = pgx.ForEachRow(rows, []any{&r.MessageID, &fp, &r.Topic, &r.Partition, &r.Offset, &r.Status, &r.Attempts, &r.ProcessedAt}, func() error {
+		r.Consumer = consumer
+		copy(r.Fingerprint[:], fp)
+		out[r.MessageID] = r
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: lookup: %w", err)
+	}
+	return out, nil
+}
+
+// indexOfOffset finds off in claims, which are in ascending offset order as
+// a partition's batch is.
+func indexOfOffset(claims []Claim, off int64) int {
+	lo, hi := 0, len(claims)
+	for lo < hi {
+		mid := (lo + hi) / 2
+		switch {
+		case claims[mid].Offset == off:
+			return mid
+		case claims[mid].Offset < off:
+			lo = mid + 1
+		default:
+			hi = mid
+		}
+	}
+	return -1
+}

@@ -1,0 +1,117 @@
+package devenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/testcontainers/testcontainers-go"
+	"github.com/testcontainers/testcontainers-go/wait"
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// Kafka is a reachable Kafka-protocol broker.
+type Kafka struct {
+	// Brokers are the bootstrap addresses.
+	Brokers []string
+	// Source says where the broker came from: "KAFKA_BROKERS", "docker" or
+	// "in-process".
+	Source string
+	// Fake is the in-process cluster when Source is "in-process", so tests
+	// can intercept requests.
+	Fake  *kfake.Cluster
+	close func() error
+}
+
+// Close stops the broker if this package started it.
+func (k *Kafka) Close() error {
+	if k.close == nil {
+		return nil
+	}
+	return k.close()
+}
+
+// StartKafka returns KAFKA_BROKERS's brokers, or starts one: a container when
+// useDocker is true and Docker answers, else the in-process broker.
+func StartKafka(ctx context.Context, useDocker bool) (*Kafka, error) {
+	if env := os.Getenv("KAFKA_BROKERS"); env != "" {
+		return &Kafka{Brokers: SplitBrokers(env), Source: "KAFKA_BROKERS"}, nil
+	}
+	if useDocker && DockerAvailable() {
+		return kafkaDocker(ctx)
+	}
+	return StartFakeKafka()
+}
+
+// StartFakeKafka starts an in-process Kafka-protocol broker on a loopback
+// port. It speaks the wire protocol over TCP, so kafka-go talks to it exactly
+// as it would to a real broker, consumer groups included.
+func StartFakeKafka(opts ...kfake.Opt) (*Kafka, error) {
+	base := []kfake.Opt{
+		kfake.NumBrokers(1),
+		kfake.ListenFn(loopbackListen),
+	}
+	c, err := kfake.NewCluster(append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("devenv: start in-process Kafka: %w", err)
+	}
+	return &Kafka{Brokers: c.ListenAddrs(), Source: "in-process", Fake: c, close: func() error { c.Close(); return nil }}, nil
+}
+
+func kafkaDocker(ctx context.Context) (*Kafka, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	// The advertised listener must name the address clients dial, so the host
+	// port is chosen before the container starts and mapped one to one.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	// apache/kafka 3.9 runs KRaft by default and accepts the JoinGroup v1
+	// that kafka-go's consumer group sends (4.0.0 does not).
+	c, err := testcontainers.GenericContainer(ctx, testcontainers.GenericContainerRequest{
+		ContainerRequest: testcontainers.ContainerRequest{
+			Image:        "apache/kafka:3.9.1",
+			ExposedPorts: []string{fmt.Sprintf("127.0.0.1:%d:9092/tcp", port)},
+			Env: map[string]string{
+				"KAFKA_NODE_ID":                                  "1",
+				"KAFKA_PROCESS_ROLES":                            "broker,controller",
+				"KAFKA_LISTENERS":                                "PLAINTEXT://:9092,CONTROLLER://:9093",
+				"KAFKA_ADVERTISED_LISTENERS":                     fmt.Sprintf("PLAINTEXT://127.0.0.1:%d", port),
+				"KAFKA_CONTROLLER_LISTENER_NAMES":                "CONTROLLER",
+				"KAFKA_LISTENER_SECURITY_PROTOCOL_MAP":           "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+				"KAFKA_CONTROLLER_QUORUM_VOTERS":                 "1@localhost:9093",
+				"KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR":         "1",
+				"KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+				"KAFKA_TRANSACTION_STATE_LOG_MIN_ISR":            "1",
+				"KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS":         "0",
+			},
+			WaitingFor: wait.ForLog("Kafka Server started").WithStartupTimeout(2 * time.Minute),
+		},
+		Started: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("devenv: start Kafka container: %w", err)
+	}
+	return &Kafka{
+		Brokers: []string{fmt.Sprintf("127.0.0.1:%d", port)},
+		Source:  "docker",
+		close:   func() error { return c.Terminate(context.Background()) },
+	}, nil
+}
+
+// SplitBrokers parses a comma-separated broker list, ignoring blanks.
+func SplitBrokers(s string) []string {
+	var out []string
+	for _, b := range strings.Split(s, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	return out
+}

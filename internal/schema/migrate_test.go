@@ -1,0 +1,140 @@
+package schema_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func TestMigrateIsIdempotent(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewEmptyDB(t)
+	ctx := context.Background()
+
+	v, err := schema.Migrate(ctx, db.Pool, db.Schema)
+	require.NoError(t, err)
+	require.Equal(t, schema.LatestVersion(), v)
+	require.NoError(t, schema.RequireLatest(ctx, db.Pool, db.Schema))
+
+	tablesBefore := tableList(t, db)
+	require.Contains(t, tablesBefore, "processed_messages")
+	require.Contains(t, tablesBefore, "consumer_offsets")
+
+	v, err = schema.Migrate(ctx, db.Pool, db.Schema)
+	require.NoError(t, err)
+	require.Equal(t, schema.LatestVersion(), v)
+	require.Equal(t, tablesBefore, tableList(t, db))
+	require.EqualValues(t, schema.LatestVersion(), db.Int(t, `SELECT count(*) FROM `+db.Table("schema_migrations")))
+}
+
+func TestMigrateConcurrentStartups(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewEmptyDB(t, testenv.MaxConns(10))
+	// A schema that does not exist yet: concurrent CREATE SCHEMA is the
+	// classic race the advisory lock must prevent.
+	name := db.Schema + "_fresh"
+	t.Cleanup(func() { db.Exec(t, `DROP SCHEMA IF EXISTS `+name+` CASCADE`) })
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := schema.Migrate(context.Background(), db.Pool, name)
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, schema.LatestVersion(), db.Int(t, `SELECT count(*) FROM `+schema.Table(name, "schema_migrations")))
+}
+
+func TestRequireLatestExplainsWhatToDo(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewEmptyDB(t)
+	ctx := context.Background()
+
+	err := schema.RequireLatest(ctx, db.Pool, db.Schema)
+	require.ErrorContains(t, err, "version 0")
+	require.ErrorContains(t, err, "Migrate")
+
+	_, err = schema.Migrate(ctx, db.Pool, db.Schema)
+	require.NoError(t, err)
+	db.Exec(t, `INSERT INTO `+db.Table("schema_migrations")+` (version, name) VALUES (9999, 'from_the_future')`)
+	require.ErrorContains(t, schema.RequireLatest(ctx, db.Pool, db.Schema), "upgrade kafkaonce")
+	_, err = schema.Migrate(ctx, db.Pool, db.Schema)
+	require.ErrorContains(t, err, "upgrade kafkaonce")
+}
+
+func TestValidateName(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		ok   bool
+	}{
+		{"kafkaonce", true},
+		{"_private", true},
+		{"ledger_v2", true},
+		{"", false},
+		{"2fast", false},
+		{"Upper", false},
+		{"has-dash", false},
+		{"has space", false},
+		{`quo"te`, false},
+		{"semi;colon", false},
+		{"pg_catalog", false},
+		{strings.Repeat("a", 63), true},
+		{strings.Repeat("a", 64), false},
+		{"naïve", false},
+	} {
+		err := schema.ValidateName(tc.name)
+		if tc.ok {
+			require.NoError(t, err, "name %q", tc.name)
+		} else {
+			require.Error(t, err, "name %q", tc.name)
+		}
+	}
+}
+
+func FuzzValidateNameQuotesSafely(f *testing.F) {
+	for _, s := range []string{"kafkaonce", `a"b`, "a;DROP TABLE x", "\x00", "ü"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		if schema.ValidateName(name) != nil {
+			return
+		}
+		// Every accepted name is a plain identifier: quoting changes nothing
+		// but the surrounding quotes.
+		q := schema.Table(name, "t")
+		if q != `"`+name+`"."t"` {
+			t.Fatalf("accepted name %q quoted as %s", name, q)
+		}
+	})
+}
+
+func tableList(t *testing.T, db *testenv.DB) []string {
+	t.Helper()
+	rows, err := db.Pool.Query(context.Background(), `SELECT table_name FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1`, db.Schema)
+	require.NoError(t, err)
+	var out []string
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		out = append(out, s)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}

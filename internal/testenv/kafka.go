@@ -1,0 +1,146 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
+)
+
+var kafkaShared struct {
+	sync.Once
+	k   *devenv.Kafka
+	err error
+}
+
+// Kafka is the test binary's broker.
+type Kafka struct {
+	*devenv.Kafka
+}
+
+// NewKafka returns the test binary's broker, starting it on first use.
+func NewKafka(tb testing.TB) *Kafka {
+	tb.Helper()
+	kafkaShared.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		kafkaShared.k, kafkaShared.err = devenv.StartKafka(ctx, true)
+		if kafkaShared.err == nil {
+			atExit(func() { _ = kafkaShared.k.Close() })
+		}
+	})
+	if kafkaShared.err != nil {
+		tb.Fatalf("testenv: %v", kafkaShared.err)
+	}
+	return &Kafka{kafkaShared.k}
+}
+
+// Topic creates a topic with the given number of partitions, unique to the
+// test, and waits until every partition has a leader.
+func (k *Kafka) Topic(tb testing.TB, partitions int) string {
+	tb.Helper()
+	topic := Name(tb, "topic")
+	if err := CreateTopic(context.Background(), k.Brokers, topic, partitions); err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+	return topic
+}
+
+// Group returns a consumer group id unique to the test.
+func (k *Kafka) Group(tb testing.TB) string { return Name(tb, "group") }
+
+// CreateTopic creates a topic through the cluster's controller and waits
+// until all of its partitions have leaders.
+func CreateTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
+	conn, err := kafka.DialContext(ctx, "tcp", brokers[0])
+	if err != nil {
+		return fmt.Errorf("dial %s: %w", brokers[0], err)
+	}
+	defer conn.Close()
+	controller, err := conn.Controller()
+	if err != nil {
+		return fmt.Errorf("find controller: %w", err)
+	}
+	cc, err := kafka.DialContext(ctx, "tcp", net.JoinHostPort(controller.Host, strconv.Itoa(controller.Port)))
+	if err != nil {
+		return fmt.Errorf("dial controller: %w", err)
+	}
+	defer cc.Close()
+	if err := cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}); err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+		return fmt.Errorf("create topic %s: %w", topic, err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		parts, err := conn.ReadPartitions(topic)
+		ready := err == nil && len(parts) == partitions
+		for _, p := range parts {
+			ready = ready && p.Leader.Host != ""
+		}
+		if ready {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("topic %s: partitions have no leader after 30s (last error: %v)", topic, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Produce writes messages to topic, each to the partition its Partition
+// field names, and fails the test if the broker does not acknowledge all.
+func (k *Kafka) Produce(tb testing.TB, topic string, msgs ...kafka.Message) {
+	tb.Helper()
+	w := k.Writer(topic)
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		tb.Fatalf("testenv: produce to %s: %v", topic, err)
+	}
+}
+
+// Writer returns a kafka-go writer that honours each message's Partition.
+func (k *Kafka) Writer(topic string) *kafka.Writer {
+	return &kafka.Writer{
+		Addr:         kafka.TCP(k.Brokers...),
+		Topic:        topic,
+		Balancer:     kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition }),
+		BatchTimeout: time.Millisecond,
+		BatchSize:    1000,
+		RequiredAcks: kafka.RequireAll,
+	}
+}
+
+// CommittedOffsets returns the group's committed offset for each partition
+// of topic (-1 where none is committed).
+func (k *Kafka) CommittedOffsets(tb testing.TB, group, topic string, partitions int) map[int]int64 {
+	tb.Helper()
+	client := &kafka.Client{Addr: kafka.TCP(k.Brokers...), Timeout: 10 * time.Second}
+	ps := make([]int, partitions)
+	for i := range ps {
+		ps[i] = i
+	}
+	resp, err := client.OffsetFetch(context.Background(), &kafka.OffsetFetchRequest{
+		GroupID: group,
+		Topics:  map[string][]int{topic: ps},
+	})
+	if err != nil {
+		tb.Fatalf("testenv: fetch committed offsets: %v", err)
+	}
+	if resp.Error != nil {
+		tb.Fatalf("testenv: fetch committed offsets: %v", resp.Error)
+	}
+	out := map[int]int64{}
+	for _, p := range resp.Topics[topic] {
+		out[p.Partition] = p.CommittedOffset
+	}
+	return out
+}

@@ -1,0 +1,128 @@
+package testenv
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/internal/schema"
+)
+
+var pg struct {
+	sync.Once
+	server *devenv.Postgres
+	admin  *pgxpool.Pool
+	err    error
+}
+
+// PostgresServer returns the test binary's Postgres server, starting it on
+// first use.
+func PostgresServer(tb testing.TB) *devenv.Postgres {
+	tb.Helper()
+	pg.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		pg.server, pg.err = devenv.StartPostgres(ctx, devenv.DockerFirst)
+		if pg.err != nil {
+			return
+		}
+		pg.admin, pg.err = pgxpool.New(ctx, pg.server.URL)
+		if pg.err != nil {
+			_ = pg.server.Close()
+			return
+		}
+		atExit(func() {
+			pg.admin.Close()
+			_ = pg.server.Close()
+		})
+	})
+	if pg.err != nil {
+		tb.Fatalf("testenv: %v", pg.err)
+	}
+	return pg.server
+}
+
+// DB is one test's slice of the Postgres server: its own schema, holding
+// kafkaonce's tables (unless created with NewEmptyDB) and the test's own.
+type DB struct {
+	// Pool connects with search_path set to the empty string, so any SQL that
+	// forgets to qualify a table name fails in tests instead of finding a
+	// table by accident.
+	Pool *pgxpool.Pool
+	// Schema is the test's schema, created empty or migrated.
+	Schema string
+	// URL is the server's connection string (no search_path override).
+	URL string
+}
+
+// DBOption adjusts the test pool.
+type DBOption func(*pgxpool.Config)
+
+// MaxConns sets the pool size (default 8).
+func MaxConns(n int32) DBOption { return func(c *pgxpool.Config) { c.MaxConns = n } }
+
+// NewDB returns a pool and a fresh schema migrated to the latest version.
+// The schema is dropped when the test ends.
+func NewDB(tb testing.TB, opts ...DBOption) *DB {
+	tb.Helper()
+	db := NewEmptyDB(tb, opts...)
+	if _, err := schema.Migrate(context.Background(), db.Pool, db.Schema); err != nil {
+		tb.Fatalf("testenv: migrate: %v", err)
+	}
+	return db
+}
+
+// NewEmptyDB is NewDB without kafkaonce's tables.
+func NewEmptyDB(tb testing.TB, opts ...DBOption) *DB {
+	tb.Helper()
+	server := PostgresServer(tb)
+	ctx := context.Background()
+	name := Name(tb, "t")
+	if _, err := pg.admin.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{name}.Sanitize()); err != nil {
+		tb.Fatalf("testenv: create schema: %v", err)
+	}
+	cfg, err := pgxpool.ParseConfig(server.URL)
+	if err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	cfg.MaxConns = 8
+	for _, o := range opts {
+		o(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+	tb.Cleanup(func() {
+		pool.Close()
+		_, _ = pg.admin.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`)
+	})
+	return &DB{Pool: pool, Schema: name, URL: server.URL}
+}
+
+// Table returns the quoted name of a table in the test's schema.
+func (d *DB) Table(name string) string { return schema.Table(d.Schema, name) }
+
+// Exec runs SQL or fails the test.
+func (d *DB) Exec(tb testing.TB, sql string, args ...any) {
+	tb.Helper()
+	if _, err := d.Pool.Exec(context.Background(), sql, args...); err != nil {
+		tb.Fatalf("testenv: %s: %v", sql, err)
+	}
+}
+
+// Int returns the single integer a query yields, or fails the test.
+func (d *DB) Int(tb testing.TB, sql string, args ...any) int64 {
+	tb.Helper()
+	var n int64
+	if err := d.Pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		tb.Fatalf("testenv: %s: %v", sql, err)
+	}
+	return n
+}

@@ -1,0 +1,98 @@
+// Package testenv is the test harness of kafkaonce's own tests: one Postgres
+// server and one Kafka broker per test binary (see internal/devenv for where
+// they come from), and for each test its own schema, topics and consumer
+// group, so tests run in parallel without seeing each other.
+//
+// Every package that uses it has
+//
+//	func TestMain(m *testing.M) { testenv.Main(m) }
+//
+// which stops what was started and then checks for leaked goroutines.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+var cleanups struct {
+	sync.Mutex
+	fns []func()
+}
+
+// atExit registers fn to run when Main finishes, after all tests.
+func atExit(fn func()) {
+	cleanups.Lock()
+	defer cleanups.Unlock()
+	cleanups.fns = append(cleanups.fns, fn)
+}
+
+// Main runs the tests, stops the servers the tests started and fails when
+// goroutines outlive the tests.
+func Main(m *testing.M) {
+	code := m.Run()
+	cleanups.Lock()
+	for i := len(cleanups.fns) - 1; i >= 0; i-- {
+		cleanups.fns[i]()
+	}
+	cleanups.Unlock()
+	if code == 0 {
+		if err := goleak.Find(leakOptions()...); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func leakOptions() []goleak.Option {
+	return []goleak.Option{
+		// pgx closes idle connections from a background goroutine that ends
+		// a moment after Pool.Close returns.
+		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+		// kafka-go's default transport keeps idle broker connections in a
+		// package-level pool shared by every Writer and Client.
+		goleak.IgnoreAnyFunction("github.com/segmentio/kafka-go.(*connGroup).grabConnOrConnect.func1"),
+		goleak.IgnoreAnyFunction("github.com/segmentio/kafka-go.(*conn).run"),
+		goleak.IgnoreAnyFunction("github.com/segmentio/kafka-go.(*connPool).discover"),
+		goleak.IgnoreAnyFunction("internal/poll.runtime_pollWait"),
+	}
+}
+
+// Name returns a name unique to this test run, built from the test's name
+// and usable as a Postgres identifier, topic or group: lower case letters,
+// digits and underscores, at most 63 bytes.
+func Name(tb testing.TB, prefix string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(tb.Name()) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	base := b.String()
+	if len(base) > 40 {
+		base = base[len(base)-40:]
+	}
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:])
+	return prefix + "_" + strings.Trim(base, "_") + "_" + hex.EncodeToString(suffix[:])
+}
+
+// Context returns a context that ends with the test, bounded by d.
+func Context(tb testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	tb.Cleanup(cancel)
+	return ctx
+}

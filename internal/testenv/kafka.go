@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 )
@@ -108,22 +110,41 @@ func (k *Kafka) Produce(tb testing.TB, topic string, msgs ...kafka.Message) {
 }
 
 // Writer returns a kafka-go writer that honours each message's Partition.
-func (k *Kafka) Writer(topic string) *kafka.Writer {
-	return &kafka.Writer{
+// It has a transport of its own: kafka-go's shared default transport caches
+// cluster metadata and would not know a topic created a moment ago. Close
+// the writer to release the transport's connections.
+func (k *Kafka) Writer(topic string) *Writer {
+	tr := &kafka.Transport{MetadataTTL: time.Second}
+	return &Writer{Writer: &kafka.Writer{
 		Addr:         kafka.TCP(k.Brokers...),
 		Topic:        topic,
 		Balancer:     kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition }),
 		BatchTimeout: time.Millisecond,
 		BatchSize:    1000,
 		RequiredAcks: kafka.RequireAll,
-	}
+		Transport:    tr,
+	}, transport: tr}
+}
+
+// Writer is a kafka-go writer with its own transport.
+type Writer struct {
+	*kafka.Writer
+	transport *kafka.Transport
+}
+
+// Close flushes the writer and closes its connections.
+func (w *Writer) Close() error {
+	err := w.Writer.Close()
+	w.transport.CloseIdleConnections()
+	return err
 }
 
 // CommittedOffsets returns the group's committed offset for each partition
 // of topic (-1 where none is committed).
 func (k *Kafka) CommittedOffsets(tb testing.TB, group, topic string, partitions int) map[int]int64 {
 	tb.Helper()
-	client := &kafka.Client{Addr: kafka.TCP(k.Brokers...), Timeout: 10 * time.Second}
+	client := k.client()
+	defer client.Transport.(*kafka.Transport).CloseIdleConnections()
 	ps := make([]int, partitions)
 	for i := range ps {
 		ps[i] = i
@@ -135,12 +156,76 @@ func (k *Kafka) CommittedOffsets(tb testing.TB, group, topic string, partitions 
 	if err != nil {
 		tb.Fatalf("testenv: fetch committed offsets: %v", err)
 	}
+	out := map[int]int64{}
+	if errors.Is(resp.Error, kafka.GroupIdNotFound) {
+		return out // no member has joined yet: nothing committed
+	}
 	if resp.Error != nil {
 		tb.Fatalf("testenv: fetch committed offsets: %v", resp.Error)
 	}
-	out := map[int]int64{}
 	for _, p := range resp.Topics[topic] {
 		out[p.Partition] = p.CommittedOffset
 	}
 	return out
+}
+
+// CommitGroupOffsets sets a group's committed offsets the way an operator's
+// "reset offsets" does: outside any generation, so only while the group has
+// no active members.
+func (k *Kafka) CommitGroupOffsets(tb testing.TB, group, topic string, offsets map[int]int64) {
+	tb.Helper()
+	client := k.client()
+	defer client.Transport.(*kafka.Transport).CloseIdleConnections()
+	var commits []kafka.OffsetCommit
+	for p, off := range offsets {
+		commits = append(commits, kafka.OffsetCommit{Partition: p, Offset: off})
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := client.OffsetCommit(context.Background(), &kafka.OffsetCommitRequest{
+			GroupID: group, GenerationID: -1, Topics: map[string][]kafka.OffsetCommit{topic: commits},
+		})
+		if err == nil {
+			for _, p := range resp.Topics[topic] {
+				if p.Error != nil {
+					err = p.Error
+				}
+			}
+		}
+		if err == nil {
+			return
+		}
+		// A group whose last member just left may still be rebalancing.
+		if time.Now().After(deadline) {
+			tb.Fatalf("testenv: commit offsets of group %s: %v", group, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// DeleteRecordsBefore deletes the messages of topic/partition below offset,
+// as retention would.
+func (k *Kafka) DeleteRecordsBefore(tb testing.TB, topic string, partition int, offset int64) {
+	tb.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
+	if err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	os := kadm.Offsets{}
+	os.Add(kadm.Offset{Topic: topic, Partition: int32(partition), At: offset})
+	resp, err := adm.DeleteRecords(context.Background(), os)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		tb.Fatalf("testenv: delete records of %s/%d below %d: %v", topic, partition, offset, err)
+	}
+}
+
+// client returns a kafka-go client with a transport of its own (fresh
+// metadata); close its idle connections when done.
+func (k *Kafka) client() *kafka.Client {
+	return &kafka.Client{Addr: kafka.TCP(k.Brokers...), Timeout: 10 * time.Second, Transport: &kafka.Transport{MetadataTTL: time.Second}}
 }

@@ -2,6 +2,8 @@ package testenv
 
 import (
 	"context"
+	"net"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -125,4 +127,44 @@ func (d *DB) Int(tb testing.TB, sql string, args ...any) int64 {
 		tb.Fatalf("testenv: %s: %v", sql, err)
 	}
 	return n
+}
+
+// PoolVia returns a pool to the test's database that connects through
+// hostport (a fault-injecting proxy) instead of the server's own address.
+// Closed when the test ends.
+func (d *DB) PoolVia(tb testing.TB, hostport string, opts ...DBOption) *pgxpool.Pool {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(d.URL)
+	if err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+	cfg.ConnConfig.Host = host
+	p, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Port = uint16(p)
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	cfg.MaxConns = 8
+	for _, o := range opts {
+		o(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+// ServerAddr is the "host:port" of the Postgres server.
+func (d *DB) ServerAddr(tb testing.TB) string {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(d.URL)
+	if err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+	return net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
 }

@@ -1,0 +1,267 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/faultproxy"
+)
+
+// batchErrors is a hook collecting the errors of failed batch transactions.
+type batchErrors struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func (b *batchErrors) OnBatchEnd(_ context.Context, _ consumer.BatchInfo, r consumer.BatchResult) {
+	if r.Err != nil {
+		b.mu.Lock()
+		b.errs = append(b.errs, r.Err)
+		b.mu.Unlock()
+	}
+}
+
+func (b *batchErrors) containing(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, err := range b.errs {
+		if strings.Contains(err.Error(), s) {
+			n++
+		}
+	}
+	return n
+}
+
+func TestCommitReplyLostAppliesOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	proxy, err := faultproxy.Start(e.db.ServerAddr(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	pool := e.db.PoolVia(t, proxy.Addr())
+
+	ids := e.produceIDs("c", 50)
+	// The first COMMIT reaches the server, which commits; the connection is
+	// cut before the reply gets back. The consumer must neither commit the
+	// Kafka offset on a guess nor apply the batch a second time.
+	proxy.DropAfterCommits(1)
+	errs := &batchErrors{}
+	cfg := e.config(e.applyHandler())
+	cfg.Hooks = append(cfg.Hooks, errs)
+	c, err := consumer.New(pool, cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+
+	e.waitCommitted(map[int]int64{0: 50}, 30*time.Second)
+	cancel()
+	require.NoError(t, <-done)
+
+	require.EqualValues(t, 1, proxy.Dropped(), "the fault was injected")
+	require.Equal(t, 1, errs.containing("commit outcome unknown"), "the lost reply was seen as an unknown outcome")
+	e.requireExactlyOnce(ids)
+	require.Equal(t, 50, e.events.snapshot().applied+e.events.snapshot().skipped[consumer.SkipAlreadyClaimed])
+	require.Equal(t, map[int]int64{0: 50}, e.storedPositions())
+}
+
+func TestTransientFailureRetriesOnlyTheFailingMessage(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ids := e.produceIDs("t", 30)
+	var calls sync.Map // message id -> *atomic.Int32
+	var failures atomic.Int32
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		n, _ := calls.LoadOrStore(m.ID, new(atomic.Int32))
+		if m.ID == "t-10" && failures.Load() < 3 {
+			failures.Add(1)
+			return errors.New("partner API unavailable")
+		}
+		n.(*atomic.Int32).Add(1)
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	r := e.start(e.config(h))
+	e.waitEffects(len(ids), 30*time.Second)
+	e.waitCommitted(map[int]int64{0: 30}, 15*time.Second)
+	r.stop()
+
+	e.requireExactlyOnce(ids)
+	require.EqualValues(t, 3, failures.Load())
+	// The messages before t-10 ran in the first transaction (rolled back)
+	// and once more in the prefix transaction; t-10 then ran alone until it
+	// succeeded; the ones after it ran once.
+	for i, id := range ids {
+		v, _ := calls.Load(id)
+		got := v.(*atomic.Int32).Load()
+		switch {
+		case i < 10:
+			require.EqualValues(t, 2, got, "handler runs of %s", id)
+		default:
+			require.EqualValues(t, 1, got, "successful handler runs of %s", id)
+		}
+	}
+}
+
+func TestHandlerThatCommitsOrPanicsStopsThePartition(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 2)
+	e.kafka.Produce(t, e.topic,
+		msg(0, "ok0", "ok"), msg(0, "commits", "x"), msg(0, "after0", "ok"),
+		msg(1, "ok1", "ok"), msg(1, "panics", "x"), msg(1, "after1", "ok"),
+	)
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := e.applyHandler().Handle(ctx, tx, m); err != nil {
+			return err
+		}
+		switch m.ID {
+		case "commits":
+			_ = tx.Commit(ctx) // refused; the handler even ignores the error
+		case "panics":
+			var m map[string]int
+			m["boom"]++
+		}
+		return nil
+	})
+	r := e.start(e.config(h))
+	waitFor(t, 30*time.Second, "both partitions stopped", func() bool { return len(e.events.snapshot().stopped) == 2 })
+	r.stop()
+
+	e.requireExactlyOnce([]string{"ok0", "ok1"})
+	require.True(t, e.events.stoppedWith(consumer.ErrTxControlledByConsumer))
+	require.True(t, e.events.stoppedWith(consumer.ErrHandlerPanicked))
+	for _, s := range e.events.snapshot().stopped {
+		if errors.Is(s, consumer.ErrHandlerPanicked) {
+			require.Contains(t, s.Error(), "assignment to entry in nil map")
+			require.Contains(t, s.Error(), "failures_test.go", "the stack is kept")
+		}
+	}
+}
+
+func TestSessionTimeoutsAreSetForTheTransactionOnly(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	e.produceIDs("s", 1)
+	got := make(chan [3]string, 1)
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		var s [3]string
+		err := tx.QueryRow(ctx, `SELECT current_setting('statement_timeout'), current_setting('lock_timeout'), current_setting('idle_in_transaction_session_timeout')`).Scan(&s[0], &s[1], &s[2])
+		got <- s
+		return err
+	})
+	cfg := e.config(h)
+	cfg.StatementTimeout = 1500 * time.Millisecond
+	cfg.LockTimeout = 700 * time.Millisecond
+	cfg.IdleInTransactionTimeout = 20 * time.Second
+	r := e.start(cfg)
+	require.Equal(t, [3]string{"1500ms", "700ms", "20s"}, <-got)
+	r.stop()
+
+	var outside string
+	require.NoError(t, e.db.Pool.QueryRow(context.Background(), `SELECT current_setting('statement_timeout')`).Scan(&outside))
+	require.Equal(t, "0", outside, "connections go back to the pool unchanged")
+}
+
+func TestShutdownFinishesTheBatchInFlight(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	e.produceIDs("d", 5)
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		once.Do(func() { close(entered); <-release })
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	r := e.start(e.config(h))
+	<-entered
+	go func() {
+		time.Sleep(300 * time.Millisecond) // Run's context is cancelled meanwhile
+		close(release)
+	}()
+	r.stop()
+
+	e.requireExactlyOnce([]string{"d-0", "d-1", "d-2", "d-3", "d-4"})
+	require.Equal(t, map[int]int64{0: 5}, e.storedPositions())
+	require.Equal(t, map[int]int64{0: 5}, e.kafka.CommittedOffsets(t, e.group, e.topic, 1), "the drained batch's offset was committed on the way out")
+}
+
+func TestShutdownTimeoutAbortsAHungBatch(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	e.produceIDs("h", 3)
+	entered := make(chan struct{})
+	var once sync.Once
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := e.applyHandler().Handle(ctx, tx, m); err != nil {
+			return err
+		}
+		once.Do(func() { close(entered) })
+		<-ctx.Done() // a handler waiting on something that never comes
+		return ctx.Err()
+	})
+	cfg := e.config(h)
+	cfg.ShutdownTimeout = 300 * time.Millisecond
+	r := e.start(cfg)
+	<-entered
+	began := time.Now()
+	r.stop()
+	require.Less(t, time.Since(began), 10*time.Second)
+
+	require.Zero(t, e.effects(), "the aborted batch rolled back")
+	require.Empty(t, e.storedPositions())
+}
+
+func TestStoredPositionBeyondTheLogStopsThePartition(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 2)
+	e.produceIDs("a", 10)
+	// As if the topic had been deleted and re-created: the stored position
+	// of partition 1 is far beyond the new log's end.
+	e.db.Exec(t, `INSERT INTO `+e.db.Table("consumer_offsets")+` (consumer, topic, partition, next_offset) VALUES ($1, $2, 1, 1000)`, e.name, e.topic)
+
+	r := e.start(e.config(e.applyHandler()))
+	e.waitEffects(5, 30*time.Second)
+	waitFor(t, 30*time.Second, "partition 1 stopped", func() bool { return len(e.events.snapshot().stopped) == 1 })
+	r.stop()
+
+	s := e.events.snapshot().stopped[0]
+	require.Equal(t, 1, s.Partition)
+	require.ErrorIs(t, s, consumer.ErrPositionAheadOfLog)
+	require.Contains(t, s.Error(), "stored position is 1000 but the log ends at 5")
+	require.EqualValues(t, 5, e.effects(), "partition 0 went on; partition 1 applied nothing")
+}
+
+func TestMessagesDeletedBeforeProcessingStopThePartition(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	e.produceIDs("k", 10)
+	r := e.start(e.config(e.applyHandler()))
+	e.waitEffects(10, 30*time.Second)
+	e.waitCommitted(map[int]int64{0: 10}, 15*time.Second)
+	r.stop()
+
+	// While the consumer is down, 10 more arrive and retention removes all
+	// but the last 3 of them.
+	more := e.produceIDs("k2", 10)
+	e.kafka.DeleteRecordsBefore(t, e.topic, 0, 17)
+
+	r = e.start(e.config(e.applyHandler()))
+	waitFor(t, 30*time.Second, "the partition stopped", func() bool { return len(e.events.snapshot().stopped) == 1 })
+	r.stop()
+
+	s := e.events.snapshot().stopped[0]
+	require.ErrorIs(t, s, consumer.ErrMessagesDeleted)
+	require.Contains(t, s.Error(), "offsets 10 to 16 are gone")
+	require.EqualValues(t, 10, e.effects(), "nothing after the gap was applied behind the operator's back")
+	_ = more
+}

@@ -1,0 +1,218 @@
+// Package faultproxy is a TCP proxy for tests that breaks connections on
+// purpose: all at once, or a Postgres connection right after it forwarded a
+// COMMIT, so the server commits and the client never hears of it.
+package faultproxy
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+)
+
+// Proxy forwards connections from a loopback port to a target address.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+
+	dropCommits atomic.Int64
+	commits     atomic.Int64
+	dropped     atomic.Int64
+}
+
+// Start listens on 127.0.0.1 at a free port and forwards to target.
+func Start(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr is the proxy's "host:port".
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// DropAfterCommits makes the proxy cut the next n connections that send a
+// COMMIT, right after forwarding it to the server and before any reply
+// reaches the client.
+func (p *Proxy) DropAfterCommits(n int) { p.dropCommits.Store(int64(n)) }
+
+// Commits counts the COMMITs forwarded.
+func (p *Proxy) Commits() int64 { return p.commits.Load() }
+
+// Dropped counts connections cut after a COMMIT.
+func (p *Proxy) Dropped() int64 { return p.dropped.Load() }
+
+// CutAll closes every open connection at once.
+func (p *Proxy) CutAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.Close()
+	}
+}
+
+// Close stops accepting, cuts every connection and waits for the proxy's
+// goroutines.
+func (p *Proxy) Close() error {
+	err := p.ln.Close()
+	p.CutAll()
+	p.wg.Wait()
+	return err
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		p.track(client, server)
+		p.wg.Add(2)
+		go func() {
+			defer p.wg.Done()
+			p.clientToServer(client, server)
+			p.closePair(client, server)
+		}()
+		go func() {
+			defer p.wg.Done()
+			_, _ = io.Copy(client, server)
+			p.closePair(client, server)
+		}()
+	}
+}
+
+func (p *Proxy) track(cs ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range cs {
+		p.conns[c] = struct{}{}
+	}
+}
+
+func (p *Proxy) closePair(a, b net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, a)
+	delete(p.conns, b)
+	p.mu.Unlock()
+	a.Close()
+	b.Close()
+}
+
+// Frontend startup codes that precede the real startup message.
+const (
+	sslRequest    = 80877103
+	gssencRequest = 80877104
+)
+
+// clientToServer forwards the client's messages one at a time, watching for
+// COMMIT: a simple Query "commit", or an extended-protocol Parse of it,
+// which takes effect at the next Sync.
+func (p *Proxy) clientToServer(client, server net.Conn) {
+	// Startup: untyped messages (length, then payload).
+	for {
+		msg, err := readUntyped(client)
+		if err != nil {
+			return
+		}
+		if _, err := server.Write(msg); err != nil {
+			return
+		}
+		code := binary.BigEndian.Uint32(msg[4:8])
+		if code != sslRequest && code != gssencRequest {
+			break
+		}
+	}
+	pendingCommit := false
+	for {
+		msg, err := readTyped(client)
+		if err != nil {
+			return
+		}
+		typ, body := msg[0], msg[5:]
+		fires := false
+		switch typ {
+		case 'Q':
+			fires = isCommit(body)
+		case 'P':
+			// Parse: statement name, then query text.
+			if i := bytes.IndexByte(body, 0); i >= 0 && isCommit(body[i+1:]) {
+				pendingCommit = true
+			}
+		case 'S':
+			fires, pendingCommit = pendingCommit, false
+		}
+		if _, err := server.Write(msg); err != nil {
+			return
+		}
+		if fires {
+			p.commits.Add(1)
+			if p.dropCommits.Add(-1) >= 0 {
+				p.dropped.Add(1)
+				// Closing the client side first guarantees the reply is
+				// lost; the server already has the COMMIT in its socket
+				// buffer and executes it before it notices the hang-up.
+				client.Close()
+				if tcp, ok := server.(*net.TCPConn); ok {
+					_ = tcp.CloseWrite()
+				}
+				return
+			}
+			p.dropCommits.Add(1)
+		}
+	}
+}
+
+func isCommit(query []byte) bool {
+	q := bytes.TrimRight(query, "\x00")
+	q = bytes.TrimSpace(bytes.TrimRight(bytes.TrimSpace(q), ";"))
+	return bytes.EqualFold(q, []byte("commit")) || bytes.EqualFold(q, []byte("end")) || bytes.EqualFold(q, []byte("commit transaction"))
+}
+
+const maxMessage = 64 << 20
+
+func readUntyped(r io.Reader) ([]byte, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n < 8 || n > maxMessage {
+		return nil, errors.New("faultproxy: bad startup message length")
+	}
+	msg := make([]byte, n)
+	copy(msg, hdr[:])
+	_, err := io.ReadFull(r, msg[4:])
+	return msg, err
+}
+
+func readTyped(r io.Reader) ([]byte, error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n < 4 || n > maxMessage {
+		return nil, errors.New("faultproxy: bad message length")
+	}
+	msg := make([]byte, 1+n)
+	copy(msg, hdr[:])
+	_, err := io.ReadFull(r, msg[5:])
+	return msg, err
+}

@@ -272,4 +272,3 @@ func (e *env) effectValue(id string) string {
 	require.NoError(e.t, e.db.Pool.QueryRow(context.Background(), `SELECT value FROM `+e.db.Table("effects")+` WHERE message_id = $1`, id).Scan(&v))
 	return v
 }
-

@@ -1,0 +1,125 @@
+package consumer_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+)
+
+// unusedPool is a real pool that is never dialled: New does not connect.
+func unusedPool(t *testing.T) *pgxpool.Pool {
+	p, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return p
+}
+
+func validConfig() *consumer.Config {
+	return &consumer.Config{
+		Name:    "ledger",
+		Brokers: []string{"localhost:9092"},
+		Topics:  []string{"transfers"},
+		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil }),
+	}
+}
+
+func TestNewAcceptsTheMinimalConfig(t *testing.T) {
+	t.Parallel()
+	c, err := consumer.New(unusedPool(t), validConfig())
+	require.NoError(t, err)
+	require.NotNil(t, c)
+}
+
+func TestNewRejectsBadConfigNamingTheField(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		mutate func(*consumer.Config)
+		want   []string // each must appear in the error
+	}{
+		{"no name", func(c *consumer.Config) { c.Name = "" }, []string{"Name must be set", "dedupe scope"}},
+		{"name with newline", func(c *consumer.Config) { c.Name = "led\nger" }, []string{"Name must be printable"}},
+		{"name too long", func(c *consumer.Config) { c.Name = strings.Repeat("n", 201) }, []string{"Name must be at most 200 bytes"}},
+		{"name not utf8", func(c *consumer.Config) { c.Name = "\xff" }, []string{"Name must be valid UTF-8"}},
+		{"bad group", func(c *consumer.Config) { c.GroupID = " padded " }, []string{"GroupID must not start or end with spaces"}},
+		{"no brokers", func(c *consumer.Config) { c.Brokers = nil }, []string{"Brokers must list at least one broker", "localhost:9092"}},
+		{"broker without port", func(c *consumer.Config) { c.Brokers = []string{"kafka"} }, []string{`Brokers[0] must be host:port (got "kafka")`}},
+		{"no topics", func(c *consumer.Config) { c.Topics = nil }, []string{"Topics must name at least one topic"}},
+		{"bad topic", func(c *consumer.Config) { c.Topics = []string{"a b"} }, []string{"Topics[0] must use only letters"}},
+		{"repeated topic", func(c *consumer.Config) { c.Topics = []string{"t", "t"} }, []string{`Topics[1] repeats "t"`}},
+		{"no handler", func(c *consumer.Config) { c.Handler = nil }, []string{"Handler must be set"}},
+		{"batch too big", func(c *consumer.Config) { c.MaxBatch = 20000 }, []string{"MaxBatch must be between 1 and 10000 (got 20000)"}},
+		{"negative batch", func(c *consumer.Config) { c.MaxBatch = -1 }, []string{"MaxBatch must be between 1 and 10000 (got -1)"}},
+		{"negative wait", func(c *consumer.Config) { c.MaxWait = -time.Second }, []string{"MaxWait must be between 0 and 10s"}},
+		{"bad start", func(c *consumer.Config) { c.StartOffset = 7 }, []string{"StartOffset must be StartEarliest or StartLatest"}},
+		{"bad schema", func(c *consumer.Config) { c.Schema = `x"; DROP TABLE y; --` }, []string{"Schema must match"}},
+		{"tiny fetch", func(c *consumer.Config) { c.FetchMaxBytes = 10 }, []string{"FetchMaxBytes must be between"}},
+		{"bad statement timeout", func(c *consumer.Config) { c.StatementTimeout = time.Microsecond }, []string{"StatementTimeout must be at least 1ms", "LeaveUnset"}},
+		{"bad lock timeout", func(c *consumer.Config) { c.LockTimeout = -5 * time.Second }, []string{"LockTimeout must be at least 1ms"}},
+		{"session too short", func(c *consumer.Config) { c.SessionTimeout = time.Millisecond }, []string{"SessionTimeout must be at least 1s"}},
+		{"heartbeat too slow", func(c *consumer.Config) { c.HeartbeatInterval = 20 * time.Second }, []string{"HeartbeatInterval must be positive and at most a third of SessionTimeout"}},
+		{"retry inverted", func(c *consumer.Config) { c.RetryInitialInterval = time.Minute }, []string{"RetryInitialInterval must be positive and at most RetryMaxInterval"}},
+		{"hook of no kind", func(c *consumer.Config) { c.Hooks = []consumer.Hook{42} }, []string{"Hooks[0] (int) implements no hook interface"}},
+		{"negative shutdown", func(c *consumer.Config) { c.ShutdownTimeout = -time.Second }, []string{"ShutdownTimeout must not be negative"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := validConfig()
+			tc.mutate(cfg)
+			c, err := consumer.New(unusedPool(t), cfg)
+			require.Error(t, err)
+			require.Nil(t, c)
+			for _, w := range tc.want {
+				require.Contains(t, err.Error(), w)
+			}
+			require.True(t, strings.HasPrefix(err.Error(), "consumer: "), err.Error())
+		})
+	}
+}
+
+func TestNewReportsEveryProblemAtOnce(t *testing.T) {
+	t.Parallel()
+	_, err := consumer.New(unusedPool(t), &consumer.Config{})
+	require.Error(t, err)
+	for _, field := range []string{"Name", "Brokers", "Topics", "Handler"} {
+		require.Contains(t, err.Error(), field+" must")
+	}
+}
+
+func TestNewRejectsNilArguments(t *testing.T) {
+	t.Parallel()
+	_, err := consumer.New(nil, validConfig())
+	require.ErrorContains(t, err, "db must not be nil")
+	_, err = consumer.New(unusedPool(t), nil)
+	require.ErrorContains(t, err, "cfg must not be nil")
+}
+
+func TestNewCopiesTheConfig(t *testing.T) {
+	t.Parallel()
+	cfg := validConfig()
+	_, err := consumer.New(unusedPool(t), cfg)
+	require.NoError(t, err)
+	require.Zero(t, cfg.MaxBatch, "New must not write defaults into the caller's Config")
+	require.Empty(t, cfg.GroupID)
+}
+
+func TestRunRefusesAnUnmigratedSchema(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	cfg := e.config(e.applyHandler())
+	cfg.Schema = "never_migrated_schema"
+	c, err := consumer.New(e.db.Pool, cfg)
+	require.NoError(t, err)
+	err = c.Run(context.Background())
+	require.ErrorContains(t, err, `schema "never_migrated_schema" is at version 0`)
+	require.ErrorContains(t, err, "consumer.Migrate")
+	require.ErrorContains(t, c.Run(context.Background()), "Run was already called")
+}

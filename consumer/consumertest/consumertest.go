@@ -1,0 +1,142 @@
+// Package consumertest helps test a consumer.Handler against a real
+// Postgres database, without Kafka: build a synthetic message, run the
+// handler in a transaction that is rolled back when the test ends, and look
+// at its effects inside that transaction.
+//
+//	func TestTransferHandler(t *testing.T) {
+//		tx := consumertest.Tx(t, pool)
+//		msg := consumertest.NewMessage([]byte(`{"from":"a","to":"b","amount":5}`), consumertest.WithID("t-1"))
+//		if err := consumertest.Handle(ctx, t, tx, handler, msg); err != nil {
+//			t.Fatal(err)
+//		}
+//		// query tx to check the balances
+//	}
+//
+// Handle runs the handler the way the consumer does: with a transaction the
+// handler cannot commit or roll back, and with a panic turned into an error
+// wrapping consumer.ErrHandlerPanicked. It does not claim the message id:
+// deduplication is the consumer's job and is tested in kafkaonce itself.
+package consumertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/txguard"
+)
+
+// Defaults of NewMessage.
+const (
+	DefaultTopic = "test-topic"
+	DefaultID    = "test-message-1"
+)
+
+// Option adjusts a synthetic message.
+type Option func(*consumer.Message)
+
+// WithID sets the message id, and the DefaultMessageIDHeader header to it,
+// as a producer following the default convention would.
+func WithID(id string) Option {
+	return func(m *consumer.Message) {
+		m.ID = id
+		m.Headers = append(m.Headers, consumer.Header{Key: consumer.DefaultMessageIDHeader, Value: []byte(id)})
+	}
+}
+
+// WithKey sets the message key.
+func WithKey(key []byte) Option { return func(m *consumer.Message) { m.Key = key } }
+
+// WithHeader adds a header.
+func WithHeader(key string, value []byte) Option {
+	return func(m *consumer.Message) { m.Headers = append(m.Headers, consumer.Header{Key: key, Value: value}) }
+}
+
+// WithPosition sets where the message sits in the log.
+func WithPosition(topic string, partition int, offset int64) Option {
+	return func(m *consumer.Message) { m.Topic, m.Partition, m.Offset = topic, partition, offset }
+}
+
+// NewMessage returns a message with the given value, at DefaultTopic
+// partition 0 offset 0, with id DefaultID unless an option sets another.
+func NewMessage(value []byte, opts ...Option) *consumer.Message {
+	m := &consumer.Message{Topic: DefaultTopic, Value: value, Time: time.Now()}
+	for _, o := range opts {
+		o(m)
+	}
+	if m.ID == "" {
+		WithID(DefaultID)(m)
+	}
+	return m
+}
+
+// Tx begins a transaction on db that is rolled back when the test ends, so
+// nothing a test does in it is ever committed.
+func Tx(tb testing.TB, db consumer.DB) pgx.Tx {
+	tb.Helper()
+	tx, err := db.Begin(context.Background())
+	if err != nil {
+		tb.Fatalf("consumertest: begin: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := tx.Rollback(context.Background()); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+			tb.Errorf("consumertest: rollback: %v", err)
+		}
+	})
+	return tx
+}
+
+// Handle runs h for msg inside tx, as the consumer would, and returns the
+// handler's error. The handler runs in a savepoint: when it fails, its
+// writes are undone (as the consumer's rollback would) and tx stays usable,
+// so a test can check that a failing message left no trace.
+//
+// A handler that commits or rolls back the transaction gets
+// consumer.ErrTxControlledByConsumer, and Handle returns that error even if
+// the handler then returns nil: the consumer would treat the message as
+// failed.
+func Handle(ctx context.Context, tb testing.TB, tx pgx.Tx, h consumer.Handler, msg *consumer.Message) error {
+	tb.Helper()
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		tb.Fatalf("consumertest: savepoint: %v", err)
+	}
+	guarded := txguard.Wrap(sp)
+	herr := call(ctx, h, guarded, msg)
+	if herr == nil && guarded.Misused() {
+		herr = consumer.ErrTxControlledByConsumer
+	}
+	if herr != nil {
+		if err := sp.Rollback(ctx); err != nil {
+			tb.Fatalf("consumertest: roll back to savepoint after the handler failed with %v: %v", herr, err)
+		}
+		return herr
+	}
+	if _, err := sp.Exec(ctx, "SELECT 1"); err != nil {
+		// The handler swallowed an error and left the transaction aborted:
+		// the consumer's COMMIT would fail the same way.
+		if rerr := sp.Rollback(ctx); rerr != nil {
+			tb.Fatalf("consumertest: roll back to savepoint: %v", rerr)
+		}
+		return fmt.Errorf("consumertest: the handler returned nil but its transaction cannot continue (did it ignore a SQL error?): %w", err)
+	}
+	if err := sp.Commit(ctx); err != nil {
+		tb.Fatalf("consumertest: release savepoint: %v", err)
+	}
+	return nil
+}
+
+func call(ctx context.Context, h consumer.Handler, tx pgx.Tx, msg *consumer.Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v\n%s", consumer.ErrHandlerPanicked, r, debug.Stack())
+		}
+	}()
+	return h.Handle(ctx, tx, msg)
+}

@@ -1,0 +1,96 @@
+package consumertest_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/consumer/consumertest"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func TestHandleAppliesInARolledBackTransaction(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewEmptyDB(t)
+	db.Exec(t, `CREATE TABLE `+db.Table("notes")+` (id text PRIMARY KEY, body text)`)
+	insert := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+db.Table("notes")+` VALUES ($1, $2)`, m.ID, string(m.Value))
+		return err
+	})
+
+	t.Run("inner", func(t *testing.T) {
+		tx := consumertest.Tx(t, db.Pool)
+		require.NoError(t, consumertest.Handle(context.Background(), t, tx, insert, consumertest.NewMessage([]byte("hello"), consumertest.WithID("n-1"))))
+		var body string
+		require.NoError(t, tx.QueryRow(context.Background(), `SELECT body FROM `+db.Table("notes")+` WHERE id = 'n-1'`).Scan(&body))
+		require.Equal(t, "hello", body)
+	})
+	require.Zero(t, db.Int(t, `SELECT count(*) FROM `+db.Table("notes")), "nothing was committed")
+}
+
+func TestHandleUndoesAFailedHandlerAndKeepsTheTransactionUsable(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewEmptyDB(t)
+	db.Exec(t, `CREATE TABLE `+db.Table("notes")+` (id text PRIMARY KEY)`)
+	failing := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+db.Table("notes")+` VALUES ($1)`, m.ID); err != nil {
+			return err
+		}
+		return errors.New("partner down")
+	})
+	tx := consumertest.Tx(t, db.Pool)
+	err := consumertest.Handle(context.Background(), t, tx, failing, consumertest.NewMessage(nil))
+	require.EqualError(t, err, "partner down")
+	var n int
+	require.NoError(t, tx.QueryRow(context.Background(), `SELECT count(*) FROM `+db.Table("notes")).Scan(&n))
+	require.Zero(t, n, "the failed handler's insert was undone")
+}
+
+func TestHandleReportsMisuseLikeTheConsumer(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewEmptyDB(t)
+	tx := consumertest.Tx(t, db.Pool)
+	ctx := context.Background()
+
+	commits := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
+		_ = tx.Commit(ctx)
+		return nil
+	})
+	require.ErrorIs(t, consumertest.Handle(ctx, t, tx, commits, consumertest.NewMessage(nil)), consumer.ErrTxControlledByConsumer)
+
+	panics := consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { panic("boom") })
+	err := consumertest.Handle(ctx, t, tx, panics, consumertest.NewMessage(nil))
+	require.ErrorIs(t, err, consumer.ErrHandlerPanicked)
+	require.ErrorContains(t, err, "boom")
+
+	swallows := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
+		_, _ = tx.Exec(ctx, `SELECT * FROM no_such_table`)
+		return nil
+	})
+	require.ErrorContains(t, consumertest.Handle(ctx, t, tx, swallows, consumertest.NewMessage(nil)), "did it ignore a SQL error?")
+	_, err = tx.Exec(ctx, `SELECT 1`)
+	require.NoError(t, err, "the test's transaction is still usable")
+}
+
+func TestNewMessageDefaultsAndOptions(t *testing.T) {
+	t.Parallel()
+	m := consumertest.NewMessage([]byte("v"))
+	require.Equal(t, consumertest.DefaultID, m.ID)
+	id, err := consumer.IDFromHeader("")(m)
+	require.NoError(t, err)
+	require.Equal(t, m.ID, id, "the id header agrees with ID, as the default MessageID reads it")
+
+	m = consumertest.NewMessage([]byte("v"), consumertest.WithID("x"), consumertest.WithKey([]byte("k")),
+		consumertest.WithHeader("trace", []byte("t")), consumertest.WithPosition("orders", 2, 99))
+	require.Equal(t, "x", m.ID)
+	require.Equal(t, "orders/2/99", m.Position())
+	v, ok := m.Header("trace")
+	require.True(t, ok)
+	require.Equal(t, "t", string(v))
+}

@@ -1,0 +1,60 @@
+// Package consumer runs Kafka consumers whose effects must happen once.
+//
+// Kafka delivers messages at least once: after a crash, a rebalance, a lost
+// offset commit or a rewind, a message arrives again, and producers that
+// retry write the same message twice. A Consumer turns that into an
+// exactly-once effect in Postgres. For every batch of a partition it runs ONE
+// transaction that
+//
+//  1. claims each message's id in processed_messages (an insert that finds
+//     ids claimed before, by this or any other member);
+//  2. calls the Handler, with that transaction, for each newly claimed
+//     message, in offset order;
+//  3. records the partition's processed position in consumer_offsets;
+//  4. commits.
+//
+// Only after the commit is the offset committed to Kafka. A crash at any
+// point leaves either nothing (the batch is delivered again and applied) or
+// everything (the next delivery finds the claims and is skipped). The
+// guarantee is about effects written with the handler's transaction; see
+// docs/guarantee.md in the repository for exactly what is and is not
+// promised.
+//
+// # Writing a handler
+//
+// A Handler gets the transaction and the message. It writes its effects with
+// the transaction and returns nil, or returns an error to roll the message
+// back and have it retried. It must not commit, keep the transaction or the
+// message, or cause effects outside Postgres directly (see Handler).
+//
+// # Message ids
+//
+// Deduplication is by message id, derived with Config.MessageID: a header
+// (the default, DefaultMessageIDHeader), a JSON field, the content hash, the
+// log position, or your own function. The id should be chosen once per
+// logical message at the producer. The same id arriving with different
+// content is reported as a FingerprintConflictError, never skipped
+// silently; an id that cannot be read stops its partition with
+// ErrInvalidMessageID rather than retrying forever.
+//
+// # Partitions and ordering
+//
+// Each partition assigned to this member has its own worker: partitions are
+// processed in parallel, each in offset order, one transaction per batch of
+// up to Config.MaxBatch messages. Scale out by running more processes with
+// the same Config.GroupID; the partition count bounds the parallelism.
+//
+// # Rewinds and replays
+//
+// The processed position stored in Postgres only moves forward. When a
+// partition is assigned, processing starts at the larger of the group's
+// committed offset and the stored position, so rewinding the consumer group
+// (to replay a topic, say) applies nothing twice, even after old
+// processed_messages rows were pruned.
+//
+// # Observability
+//
+// Logs go to Config.Logger with the keys consumer, topic, partition, offset,
+// message_id and attempt. Hooks (see Hook) see batches, messages, conflicts,
+// stopped partitions and offset commits, for metrics and tracing.
+package consumer

@@ -1,0 +1,79 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+)
+
+type Transfer struct {
+	ID     string `json:"id"`
+	From   string `json:"from"`
+	To     string `json:"to"`
+	Amount int64  `json:"amount"`
+}
+
+// A ledger worker: each transfer moves money between two accounts, once,
+// however often Kafka delivers it.
+func Example() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := consumer.Migrate(ctx, pool, ""); err != nil {
+		log.Fatal(err)
+	}
+
+	c, err := consumer.New(pool, &consumer.Config{
+		Name:      "ledger",
+		Brokers:   []string{"localhost:9092"},
+		Topics:    []string{"transfers"},
+		MessageID: consumer.IDFromJSONField("id"),
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			var t Transfer
+			if err := json.Unmarshal(m.Value, &t); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `UPDATE app.accounts SET balance = balance - $2 WHERE id = $1`, t.From, t.Amount); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `UPDATE app.accounts SET balance = balance + $2 WHERE id = $1`, t.To, t.Amount)
+			return err
+		}),
+	})
+	if err != nil {
+		log.Fatal(err) // e.g. "consumer: Topics must name at least one topic, ..."
+	}
+	if err := c.Run(ctx); err != nil { // blocks; on Ctrl-C drains and returns nil
+		log.Fatal(err)
+	}
+}
+
+func ExampleIDFromJSONField() {
+	id := consumer.IDFromJSONField("meta.event_id")
+	got, err := id(&consumer.Message{Value: []byte(`{"meta":{"event_id":"01J9ZK3V8W"},"amount":5}`)})
+	fmt.Println(got, err)
+	_, err = id(&consumer.Message{Value: []byte(`{"amount":5}`)})
+	fmt.Println(err)
+	// Output:
+	// 01J9ZK3V8W <nil>
+	// JSON field "meta.event_id" is missing
+}
+
+func ExampleIDFromPosition() {
+	id, _ := consumer.IDFromPosition()(&consumer.Message{Topic: "orders", Partition: 2, Offset: 1041})
+	fmt.Println(id)
+	// Output: orders/2/1041
+}

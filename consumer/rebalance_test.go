@@ -1,0 +1,167 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+)
+
+// childSpec tells a child test process which consumer to run.
+type childSpec struct {
+	DatabaseURL string
+	Schema      string
+	Brokers     []string
+	Topic       string
+	Group       string
+	Name        string
+}
+
+const childEnv = "KAFKAONCE_TEST_CHILD_CONSUMER"
+
+// TestChildConsumerProcess is not a test: it is the consumer process that
+// TestKilledBetweenDatabaseCommitAndOffsetCommit starts and kills.
+func TestChildConsumerProcess(t *testing.T) {
+	raw := os.Getenv(childEnv)
+	if raw == "" {
+		t.Skip("runs only as a child of TestKilledBetweenDatabaseCommitAndOffsetCommit")
+	}
+	var spec childSpec
+	require.NoError(t, json.Unmarshal([]byte(raw), &spec))
+	pool, err := pgxpool.New(context.Background(), spec.DatabaseURL)
+	require.NoError(t, err)
+	effects := `INSERT INTO ` + pgx.Identifier{spec.Schema, "effects"}.Sanitize() + ` (message_id, topic, partition, kafka_offset, value) VALUES ($1, $2, $3, $4, $5)`
+	c, err := consumer.New(pool, &consumer.Config{
+		Name: spec.Name, GroupID: spec.Group, Brokers: spec.Brokers, Topics: []string{spec.Topic}, Schema: spec.Schema,
+		MaxBatch: 20, SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			_, err := tx.Exec(ctx, effects, m.ID, m.Topic, m.Partition, m.Offset, string(m.Value))
+			return err
+		}),
+		Hooks: []consumer.Hook{killAfterFirstCommit{}},
+	})
+	require.NoError(t, err)
+	_ = c.Run(context.Background())
+	t.Fatal("the child consumer should have been killed")
+}
+
+// killAfterFirstCommit kills the process right after the first batch's
+// database commit, before its offset reaches the Kafka committer.
+type killAfterFirstCommit struct{}
+
+func (killAfterFirstCommit) OnBatchEnd(_ context.Context, _ consumer.BatchInfo, r consumer.BatchResult) {
+	if r.Err == nil {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	}
+}
+
+func TestKilledBetweenDatabaseCommitAndOffsetCommit(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 2)
+	ids := e.produceIDs("k", 200)
+
+	spec, err := json.Marshal(childSpec{DatabaseURL: e.db.URL, Schema: e.db.Schema, Brokers: e.kafka.Brokers, Topic: e.topic, Group: e.group, Name: e.name})
+	require.NoError(t, err)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestChildConsumerProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), childEnv+"="+string(spec))
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err, "child output:\n%s", out)
+	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	require.True(t, ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL, "child was not killed: %v\n%s", err, out)
+
+	// The child died with at least one batch durable in Postgres and its
+	// offset never committed to Kafka.
+	stored := e.storedPositions()
+	committed := e.kafka.CommittedOffsets(t, e.group, e.topic, 2)
+	var ahead int
+	var durable int64
+	for p, pos := range stored {
+		durable += pos
+		if pos > committed[p] {
+			ahead++
+		}
+	}
+	require.Positive(t, ahead, "a partition's stored position is ahead of its committed offset (stored %v, committed %v)", stored, committed)
+	require.Equal(t, durable, e.effects(), "the stored positions account for exactly the durable effects")
+
+	// A new process takes over and finishes the topic.
+	r := e.start(e.config(e.applyHandler()))
+	e.waitEffects(len(ids), 60*time.Second)
+	e.waitCommitted(map[int]int64{0: 100, 1: 100}, 30*time.Second)
+	r.stop()
+	e.requireExactlyOnce(ids)
+	require.Equal(t, map[int]int64{0: 100, 1: 100}, e.storedPositions())
+}
+
+func TestMemberJoinsAndLeavesWhileBatchesAreInFlight(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 6)
+	const total = 3000
+	slow := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		time.Sleep(500 * time.Microsecond) // keep batches in flight across rebalances
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+
+	// Produce in the background for the whole test.
+	var produced atomic.Int64
+	prodDone := make(chan struct{})
+	go func() {
+		defer close(prodDone)
+		w := e.kafka.Writer(e.topic)
+		defer w.Close()
+		for i := 0; i < total; i += 100 {
+			var msgs []kafka.Message
+			for j := i; j < i+100; j++ {
+				msgs = append(msgs, msg(j%6, "j-"+strconv.Itoa(j), "v"))
+			}
+			if err := w.WriteMessages(context.Background(), msgs...); err != nil {
+				panic(fmt.Sprintf("produce: %v", err))
+			}
+			produced.Add(100)
+			time.Sleep(30 * time.Millisecond)
+		}
+	}()
+
+	a := e.config(slow)
+	a.MaxBatch = 50
+	ra := e.start(a)
+	e.waitEffects(300, 60*time.Second)
+
+	joiner := &recorder{}
+	b := e.config(slow)
+	b.MaxBatch = 50
+	b.Hooks = []consumer.Hook{joiner}
+	rb := e.start(b)
+	waitFor(t, 60*time.Second, "the second member to apply messages", func() bool { return joiner.snapshot().applied >= 100 })
+	rb.stop() // leaves the group with the rest still flowing
+
+	<-prodDone
+	e.waitEffects(total, 90*time.Second)
+	offsets := map[int]int64{}
+	for p := 0; p < 6; p++ {
+		offsets[p] = total / 6
+	}
+	e.waitCommitted(offsets, 30*time.Second)
+	ra.stop()
+
+	ids := make([]string, total)
+	for i := range ids {
+		ids[i] = "j-" + strconv.Itoa(i)
+	}
+	e.requireExactlyOnce(ids)
+	require.Equal(t, total, e.events.snapshot().applied+joiner.snapshot().applied)
+	t.Logf("first member applied %d, the member that came and went applied %d", e.events.snapshot().applied, joiner.snapshot().applied)
+}

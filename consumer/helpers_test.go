@@ -24,7 +24,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 // env is one test's world: its own schema, topic and group.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	db     *testenv.DB
 	kafka  *testenv.Kafka
 	topic  string
@@ -34,7 +34,7 @@ type env struct {
 	events *recorder
 }
 
-func setup(t *testing.T, partitions int) *env {
+func setup(t testing.TB, partitions int) *env {
 	t.Helper()
 	db := testenv.NewDB(t, testenv.MaxConns(16))
 	k := testenv.NewKafka(t)
@@ -95,7 +95,7 @@ func (e *env) produceIDs(prefix string, n int) []string {
 
 // running is a consumer running in the background.
 type running struct {
-	t      *testing.T
+	t      testing.TB
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -190,7 +190,7 @@ func (e *env) storedPositions() map[int]int64 {
 	return out
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
@@ -285,14 +285,14 @@ func (r *recorder) stoppedWith(target error) bool {
 }
 
 // testLogger writes to the test log when -v is given, else discards.
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	if testing.Verbose() && os.Getenv("KAFKAONCE_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(string(p))

@@ -47,4 +47,3 @@ func CreateTopic(ctx context.Context, brokers []string, topic string, partitions
 		time.Sleep(50 * time.Millisecond)
 	}
 }
-

@@ -1,0 +1,93 @@
+package consumer_test
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+)
+
+// BenchmarkThroughput measures messages per second through one partition,
+// per-message (MaxBatch 1: one transaction and one offset commit per
+// message, the loop people write by hand) against batched (MaxBatch 1000),
+// with a one-row UPDATE as the effect and with a handler that does nothing
+// (the framework's own cost), in the same run:
+//
+//	go test ./consumer -run '^$' -bench Throughput -benchtime 20000x
+//
+// The clock runs from the first batch to the last message applied, so group
+// join and producing are not counted.
+func BenchmarkThroughput(b *testing.B) {
+	for _, mode := range []struct {
+		name   string
+		batch  int
+		effect bool
+	}{{"per-message/update", 1, true}, {"batched/update", 1000, true}, {"per-message/noop", 1, false}, {"batched/noop", 1000, false}} {
+		b.Run(mode.name, func(b *testing.B) {
+			b.StopTimer()
+			e := setup(b, 1)
+			e.db.Exec(b, `CREATE TABLE `+e.db.Table("counters")+` (id int PRIMARY KEY, n bigint NOT NULL)`)
+			e.db.Exec(b, `INSERT INTO `+e.db.Table("counters")+` VALUES (1, 0)`)
+			update := `UPDATE ` + e.db.Table("counters") + ` SET n = n + 1 WHERE id = 1`
+			var updates atomic.Int64
+			h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
+				if !mode.effect {
+					return nil
+				}
+				updates.Add(1)
+				_, err := tx.Exec(ctx, update)
+				return err
+			})
+
+			w := e.kafka.Writer(e.topic)
+			msgs := make([]kafka.Message, 0, 1000)
+			for i := 0; i < b.N; i++ {
+				id := "b-" + strconv.Itoa(i)
+				msgs = append(msgs, msg(0, id, "payload-of-a-hundred-bytes-"+id))
+				if len(msgs) == cap(msgs) || i == b.N-1 {
+					if err := w.WriteMessages(context.Background(), msgs...); err != nil {
+						b.Fatal(err)
+					}
+					msgs = msgs[:0]
+				}
+			}
+			w.Close()
+
+			clock := &benchClock{}
+			cfg := e.config(h)
+			cfg.MaxBatch = mode.batch
+			cfg.Hooks = []consumer.Hook{clock}
+			r := e.start(cfg)
+			waitFor(b, 10*time.Minute, "all messages applied", func() bool { return clock.applied.Load() >= int64(b.N) })
+			elapsed := time.Duration(clock.last.Load() - clock.first.Load())
+			r.stop()
+			if n := e.db.Int(b, `SELECT n FROM `+e.db.Table("counters")); n != updates.Load() || mode.effect && n != int64(b.N) {
+				b.Fatalf("counter is %d after %d messages", n, b.N)
+			}
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
+			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(b.N), "ns/msg")
+		})
+	}
+}
+
+// benchClock records when the first batch started and the last message was
+// applied.
+type benchClock struct {
+	first, last atomic.Int64
+	applied     atomic.Int64
+}
+
+func (c *benchClock) OnBatchStart(context.Context, consumer.BatchInfo) {
+	c.first.CompareAndSwap(0, time.Now().UnixNano())
+}
+
+func (c *benchClock) OnMessageApplied(context.Context, *consumer.Message) {
+	c.applied.Add(1)
+	c.last.Store(time.Now().UnixNano())
+}

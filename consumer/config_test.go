@@ -123,3 +123,12 @@ func TestRunRefusesAnUnmigratedSchema(t *testing.T) {
 	require.ErrorContains(t, err, "consumer.Migrate")
 	require.ErrorContains(t, c.Run(context.Background()), "Run was already called")
 }
+
+func TestRunWithACancelledContextReturnsNil(t *testing.T) {
+	t.Parallel()
+	c, err := consumer.New(unusedPool(t), validConfig())
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.NoError(t, c.Run(ctx))
+}

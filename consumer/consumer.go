@@ -144,6 +144,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return errors.New("consumer: Run was already called on this Consumer; create a new one with New")
 	}
 	if err := c.checkSchema(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // cancelled before it started: nothing to drain
+		}
 		return err
 	}
 	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{

@@ -91,12 +91,15 @@ func (w *worker) processBatch(stop, work context.Context, raw []kafka.Message) e
 func (w *worker) apply(stop, work context.Context, items []item) error {
 	backoff := w.c.retry.New()
 	attempt := 1
-	alone := false       // items[0] failed before and runs by itself
-	limit := 0           // when > 0, the next transaction covers items[:limit]
-	var known *txOutcome // a permanent failure of the message after the prefix
+	alone := false // items[0] failed before and runs by itself
+	limit := 0     // when > 0, the next transaction covers items[:limit]
+	// permanent remembers a permanent failure found behind a prefix, so that
+	// the failing message is not run again once the prefix has committed.
+	var permanent *txOutcome
+	var permanentAt int64
 	for len(items) > 0 {
-		if alone && known != nil {
-			return w.stopAt(known)
+		if alone && permanent != nil && items[0].msg.Offset == permanentAt {
+			return w.stopAt(permanent)
 		}
 		n := len(items)
 		switch {
@@ -109,8 +112,13 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 		if out.err == nil {
 			w.afterCommit(work, items[:n])
 			items = items[n:]
-			alone, limit = limit > 0, 0
-			attempt = 1
+			// After a prefix, the message that failed behind it is next and
+			// runs alone; it has already failed once.
+			alone, attempt = limit > 0, 1
+			if alone {
+				attempt = 2
+			}
+			limit = 0
 			backoff.Reset()
 			continue
 		}
@@ -122,9 +130,9 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 		}
 		if out.failedAt > 0 {
 			// Commit the messages before the failing one first.
-			limit, known = out.failedAt, nil
+			limit = out.failedAt
 			if out.class == classPermanent {
-				known = &out
+				permanent, permanentAt = &out, items[out.failedAt].msg.Offset
 			}
 			continue
 		}
@@ -132,7 +140,7 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 			if out.class == classPermanent {
 				return w.stopAt(&out)
 			}
-			alone = true
+			alone, limit = true, 0
 		}
 		w.c.log.Warn("batch failed; retrying", w.logAttrs(
 			slog.Int64("offset", items[0].msg.Offset), slog.String("message_id", out.messageID(items)),

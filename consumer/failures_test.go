@@ -265,3 +265,32 @@ func TestMessagesDeletedBeforeProcessingStopThePartition(t *testing.T) {
 	require.EqualValues(t, 10, e.effects(), "nothing after the gap was applied behind the operator's back")
 	_ = more
 }
+
+func TestPermanentFailureBehindAFlakyPrefixStopsAtTheRightMessage(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ids := e.produceIDs("f", 10)
+	// f-0 fails once (transiently) but only when f-6 has been seen to panic:
+	// the prefix transaction [f-0..f-5] then fails at its first message.
+	var panicked, flaked atomic.Bool
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		switch {
+		case m.ID == "f-6":
+			panicked.Store(true)
+			panic("poison")
+		case m.ID == "f-0" && panicked.Load() && !flaked.Swap(true):
+			return errors.New("flaky")
+		}
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	r := e.start(e.config(h))
+	waitFor(t, 30*time.Second, "the partition stopped", func() bool { return len(e.events.snapshot().stopped) == 1 })
+	r.stop()
+
+	require.True(t, flaked.Load(), "the flaky prefix happened")
+	e.requireExactlyOnce(ids[:6])
+	var merr *consumer.MessageError
+	require.ErrorAs(t, e.events.snapshot().stopped[0], &merr)
+	require.Equal(t, "f-6", merr.MessageID, "the stop names the poison message, not the flaky one")
+	require.ErrorIs(t, merr, consumer.ErrHandlerPanicked)
+}

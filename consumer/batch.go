@@ -3,49 +3,35 @@ package consumer
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"runtime/debug"
-	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
-	"github.com/kafkaonce/kafkaonce/internal/txguard"
 )
+
+// errInterrupted is returned when the partition was revoked or the consumer
+// is shutting down while a message waited for a retry: the message is left
+// to the next owner.
+var errInterrupted = errors.New("consumer: interrupted by revocation or shutdown")
 
 // item is a message of the batch being processed, with what is derived from
 // it before the transaction.
 type item struct {
 	msg Message
 	fp  dedupe.Fingerprint
-}
-
-// fate is what a transaction did with one message.
-type fate uint8
-
-const (
-	fateApplied fate = iota
-	fateSkipped
-	fateSkippedInBatch
-)
-
-// batchState holds per-transaction buffers, reused across batches.
-type batchState struct {
-	claims  []dedupe.Claim
-	claimed []bool
-	fates   []fate
+	// idErr is set when no valid id could be derived; the message is set
+	// aside as invalid.
+	idErr error
 }
 
 // processBatch converts a fetched batch, derives its message ids and
-// applies the messages up to the first one without a valid id; that one
-// stops the partition.
+// applies it. Under StopPartition, a message without a valid id ends the
+// batch and stops the partition once the messages before it are applied.
 func (w *worker) processBatch(stop, work context.Context, raw []kafka.Message) error {
 	items := w.items[:0]
-	var idErr error
+	var stopErr error
 	for i := range raw {
 		items = append(items, item{msg: Message{
 			Topic:     raw[i].Topic,
@@ -59,66 +45,104 @@ func (w *worker) processBatch(stop, work context.Context, raw []kafka.Message) e
 		it := &items[len(items)-1]
 		id, err := messageID(w.c.cfg.MessageID, &it.msg)
 		if err != nil {
-			items = items[:len(items)-1]
-			idErr = err
-			break
+			if w.c.cfg.OnPermanentFailure == StopPartition {
+				items = items[:len(items)-1]
+				stopErr = &PartitionError{Topic: w.topic, Partition: w.partition, Err: err}
+				break
+			}
+			it.idErr = err
+			continue
 		}
 		it.msg.ID = id
 		it.fp = dedupe.FingerprintOf(it.msg.Key, it.msg.Value)
 	}
 	w.items = items
+
+	// After a run that did not get past this point, go one message at a
+	// time, counting attempts, until past the suspect batch.
+	for len(items) > 0 && items[0].msg.Offset < w.carefulUntil {
+		if err := w.runAlone(stop, work, items[:1], nil); err != nil {
+			return err
+		}
+		items = items[1:]
+	}
 	if err := w.apply(stop, work, items); err != nil {
 		return err
 	}
-	if idErr != nil && work.Err() == nil {
-		return &PartitionError{Topic: w.topic, Partition: w.partition, Err: idErr}
+	return stopErr
+}
+
+// plan says what one transaction does with a run of items.
+type plan struct {
+	// n: the transaction covers items[:n].
+	n int
+	// savepointFrom: handlers of items[savepointFrom:] run inside a
+	// savepoint, so that after a failure earlier in the batch a failing
+	// message can be set aside without losing its neighbours.
+	savepointFrom int
+	// deadLetter: messages to set aside without running the handler, by
+	// index.
+	deadLetter map[int]*failure
+	// after is a failure of the message right after items[:n], to resolve
+	// once they are committed.
+	after *failure
+	// clearAttempts: remove attempt rows of the committed messages.
+	clearAttempts bool
+}
+
+// newPlan covers all of items in one plain transaction, setting aside those
+// without a valid id.
+func (w *worker) newPlan(items []item) plan {
+	p := plan{n: len(items), savepointFrom: len(items)}
+	for i := range items {
+		if items[i].idErr != nil {
+			if p.deadLetter == nil {
+				p.deadLetter = map[int]*failure{}
+			}
+			p.deadLetter[i] = invalidIDFailure(items[i].idErr)
+		}
 	}
-	return nil
+	if len(items) > 0 && w.attemptsUpTo >= items[0].msg.Offset {
+		p.clearAttempts = true
+	}
+	return p
 }
 
 // apply commits items in order, in as few transactions as it can.
 //
 // One transaction covers the whole batch. When message k fails, that
-// transaction rolls back; the messages before k are committed in a
-// transaction of their own (they did nothing wrong), then k is retried
-// alone, with backoff, and the rest follow as a batch once k succeeds. So a
-// failure neither re-applies nor drops its neighbours, and the partition
-// stays in order.
+// transaction rolls back, and:
 //
-// Failures of the infrastructure (connection lost, COMMIT outcome unknown,
-// serialisation failures, deadlocks) retry the same transaction after a
-// backoff. A permanent failure stops the partition at its message.
+//   - if the failure is permanent, the batch runs again with k set aside
+//     (dead-lettered in the same transaction) and every handler after k in a
+//     savepoint, so further poison messages are set aside without rolling
+//     back their neighbours;
+//   - if it may pass, the messages before k are committed in a transaction
+//     of their own, then k is retried alone (runAlone), then the rest follow
+//     as a batch.
+//
+// So a failure neither re-applies nor drops its neighbours, and the
+// partition stays in order. Failures of the infrastructure (connection lost,
+// COMMIT outcome unknown, serialisation failures, deadlocks) run the same
+// transaction again after a backoff.
 func (w *worker) apply(stop, work context.Context, items []item) error {
 	backoff := w.c.retry.New()
 	attempt := 1
-	alone := false // items[0] failed before and runs by itself
-	limit := 0     // when > 0, the next transaction covers items[:limit]
-	// permanent remembers a permanent failure found behind a prefix, so that
-	// the failing message is not run again once the prefix has committed.
-	var permanent *txOutcome
-	var permanentAt int64
+	p := w.newPlan(items)
 	for len(items) > 0 {
-		if alone && permanent != nil && items[0].msg.Offset == permanentAt {
-			return w.stopAt(permanent)
+		out := w.runTx(work, items, &p, attempt)
+		if out.committed > 0 {
+			w.afterCommit(work, items[:out.committed], &p)
+			items = items[out.committed:]
 		}
-		n := len(items)
-		switch {
-		case alone:
-			n = 1
-		case limit > 0:
-			n = limit
-		}
-		out := w.runTx(work, items[:n], attempt)
 		if out.err == nil {
-			w.afterCommit(work, items[:n])
-			items = items[n:]
-			// After a prefix, the message that failed behind it is next and
-			// runs alone; it has already failed once.
-			alone, attempt = limit > 0, 1
-			if alone {
-				attempt = 2
+			if p.after != nil {
+				if err := w.resolve(stop, work, items[:1], p.after); err != nil {
+					return err
+				}
+				items = items[1:]
 			}
-			limit = 0
+			p, attempt = w.newPlan(items), 1
 			backoff.Reset()
 			continue
 		}
@@ -128,264 +152,114 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 			// the partition finds the truth in the claims.
 			return work.Err()
 		}
-		if out.failedAt > 0 {
-			// Commit the messages before the failing one first.
-			limit = out.failedAt
-			if out.class == classPermanent {
-				permanent, permanentAt = &out, items[out.failedAt].msg.Offset
+		if out.failedAt < 0 {
+			w.c.log.Warn("batch failed; retrying", w.logAttrs(slog.Int64("offset", items[0].msg.Offset),
+				slog.Int("attempt", attempt), slog.String("class", classInfra.String()), slog.String("error", out.err.Error()))...)
+			attempt++
+			if retry.Sleep(stop, backoff.Next()) != nil {
+				return errInterrupted
 			}
 			continue
 		}
-		if out.failedAt == 0 {
-			if out.class == classPermanent {
-				return w.stopAt(&out)
+		w.reportFailure(work, &items[out.failedAt].msg, out.fail)
+		if out.committed > 0 {
+			// A savepoint transaction was cut short at the failing message,
+			// which is now items[0].
+			if err := w.resolve(stop, work, items[:1], out.fail); err != nil {
+				return err
 			}
-			alone, limit = true, 0
+			items = items[1:]
+			p, attempt = w.newPlan(items), 1
+			backoff.Reset()
+			continue
 		}
-		w.c.log.Warn("batch failed; retrying", w.logAttrs(
-			slog.Int64("offset", items[0].msg.Offset), slog.String("message_id", out.messageID(items)),
-			slog.Int("attempt", attempt), slog.String("class", out.class.String()), slog.String("error", out.err.Error()))...)
-		attempt++
-		if retry.Sleep(stop, backoff.Next()) != nil {
-			// Revoked or shutting down: leave the message to the next owner.
-			return nil
+		k := out.failedAt
+		switch {
+		case out.fail.class == classPermanent && w.c.cfg.OnPermanentFailure == DeadLetter:
+			if p.deadLetter == nil {
+				p.deadLetter = map[int]*failure{}
+			}
+			p.deadLetter[k] = out.fail
+			p.savepointFrom = min(p.savepointFrom, k+1)
+		case k == 0:
+			if err := w.resolve(stop, work, items[:1], out.fail); err != nil {
+				return err
+			}
+			items = items[1:]
+			p, attempt = w.newPlan(items), 1
+		default:
+			p.n, p.after = k, out.fail
 		}
 	}
 	return nil
 }
 
-func (w *worker) stopAt(out *txOutcome) error {
-	return &PartitionError{Topic: w.topic, Partition: w.partition, Err: out.err}
+// resolve deals with a message whose attempt failed: set aside at once when
+// the failure is permanent, else retried alone.
+func (w *worker) resolve(stop, work context.Context, one []item, f *failure) error {
+	if f.class == classPermanent {
+		return w.setAside(stop, work, one, f)
+	}
+	return w.runAlone(stop, work, one, f)
 }
 
-// txOutcome is the result of one batch transaction: all of it committed
-// (err nil), or none of it.
-type txOutcome struct {
-	err error
-	// failedAt is the index of the message that failed, or -1 when the
-	// transaction as a whole failed (infrastructure).
-	failedAt int
-	class    errClass
-}
-
-func (o *txOutcome) messageID(items []item) string {
-	if o.failedAt >= 0 && o.failedAt < len(items) {
-		return items[o.failedAt].msg.ID
+// reportFailure logs a failed attempt and calls the failure hooks.
+func (w *worker) reportFailure(ctx context.Context, msg *Message, f *failure) {
+	w.c.log.Warn("message failed", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
+		slog.Int("attempt", f.attempts), slog.String("class", f.class.String()), slog.String("error", f.err.Error()))...)
+	for _, h := range w.c.hooks.failed {
+		h.OnMessageFailed(ctx, msg, Failure{Err: f.err, Class: f.kind, Attempt: f.attempts, Permanent: f.class == classPermanent})
 	}
-	return items[0].msg.ID
-}
-
-// runTx runs one transaction over items, between the batch hooks.
-func (w *worker) runTx(ctx context.Context, items []item, attempt int) txOutcome {
-	info := BatchInfo{Topic: w.topic, Partition: w.partition, FirstOffset: items[0].msg.Offset,
-		LastOffset: items[len(items)-1].msg.Offset, Size: len(items), Attempt: attempt}
-	for _, h := range w.c.hooks.start {
-		h.OnBatchStart(ctx, info)
-	}
-	began := time.Now()
-	out := w.tx(ctx, items)
-	if len(w.c.hooks.end) > 0 {
-		r := BatchResult{Duration: time.Since(began), Err: out.err}
-		if out.err == nil {
-			for _, f := range w.batch.fates[:len(items)] {
-				if f == fateApplied {
-					r.Applied++
-				} else {
-					r.Skipped++
-				}
-			}
-		}
-		for _, h := range w.c.hooks.end {
-			h.OnBatchEnd(ctx, info, r)
-		}
-	}
-	return out
-}
-
-// tx claims the ids of items, runs the handler for each newly claimed one,
-// advances the stored position past the last item and commits.
-func (w *worker) tx(ctx context.Context, items []item) (out txOutcome) {
-	out.failedAt = -1
-	st := &w.batch
-	st.claims = st.claims[:0]
-	for i := range items {
-		st.claims = append(st.claims, dedupe.Claim{MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Offset: items[i].msg.Offset})
-	}
-	st.claimed = resize(st.claimed, len(items))
-	st.fates = resize(st.fates, len(items))
-
-	tx, err := w.c.db.Begin(ctx)
-	if err != nil {
-		return infra(fmt.Errorf("begin: %w", err))
-	}
-	committed := false
-	defer func() {
-		if !committed {
-			// Rollback on a broken connection fails too; pgx then closes the
-			// connection and the pool replaces it.
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
-
-	b := &pgx.Batch{}
-	if w.c.sessionSQL != "" {
-		b.Queue(w.c.sessionSQL, w.c.sessionArgs...)
-	}
-	w.c.claims.QueueClaim(b, w.c.cfg.Name, w.topic, w.partition, st.claims, st.claimed)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return infra(fmt.Errorf("claim: %w", err))
-	}
-
-	if res := w.resolveUnclaimed(ctx, tx, items); res.err != nil {
-		return res
-	}
-
-	gtx := txguard.Wrap(tx)
-	for i := range items {
-		if st.fates[i] != fateApplied {
-			continue
-		}
-		err := w.callHandler(ctx, gtx, &items[i].msg)
-		if err == nil && gtx.Misused() {
-			err = ErrTxControlledByConsumer
-		}
-		if err != nil {
-			merr := &MessageError{Topic: w.topic, Partition: w.partition, Offset: items[i].msg.Offset, MessageID: items[i].msg.ID, Err: err}
-			cls := classify(err)
-			if cls == classInfra {
-				// A deadlock or a lost connection inside the handler is not
-				// the message's fault: the whole batch runs again.
-				return txOutcome{failedAt: -1, class: cls, err: merr}
-			}
-			return txOutcome{failedAt: i, class: cls, err: merr}
-		}
-	}
-
-	if err := w.c.offsets.Advance(ctx, tx, w.c.cfg.Name, w.topic, w.partition, items[len(items)-1].msg.Offset+1); err != nil {
-		return infra(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		committed = true // nothing left to roll back: the connection is gone or the server ended the transaction
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
-			// The server answered: the transaction did not commit.
-			return infra(fmt.Errorf("commit: %w", err))
-		}
-		// No answer: the COMMIT may or may not have been applied. Never
-		// guess (pgconn.SafeToRetry says nothing about a COMMIT that was
-		// sent): leave the Kafka offset alone and run the batch again on a
-		// new connection, where the claims tell which it was.
-		w.c.log.Warn("COMMIT outcome unknown; the batch will run again and its claims decide", w.logAttrs(
-			slog.Int64("offset", items[0].msg.Offset), slog.String("error", err.Error()))...)
-		return infra(fmt.Errorf("commit outcome unknown: %w", err))
-	}
-	committed = true
-	return out
-}
-
-// resolveUnclaimed sorts the messages whose claim found an existing row into
-// duplicates (same fingerprint: skip) and conflicts (different fingerprint:
-// fail the message).
-func (w *worker) resolveUnclaimed(ctx context.Context, tx pgx.Tx, items []item) txOutcome {
-	st := &w.batch
-	var ids []string
-	for i := range items {
-		if st.claimed[i] {
-			st.fates[i] = fateApplied
-		} else {
-			ids = append(ids, items[i].msg.ID)
-		}
-	}
-	if len(ids) == 0 {
-		return txOutcome{failedAt: -1}
-	}
-	// A new statement sees rows committed by other transactions since the
-	// claim (READ COMMITTED), and rows this transaction just inserted for an
-	// earlier copy in the same batch.
-	existing, err := w.c.claims.Lookup(ctx, tx, w.c.cfg.Name, ids)
-	if err != nil {
-		return infra(err)
-	}
-	for i := range items {
-		if st.claimed[i] {
-			continue
-		}
-		rec, ok := existing[items[i].msg.ID]
-		if !ok {
-			// Deleted between the claim and the lookup (pruning): run again.
-			return infra(fmt.Errorf("claim of message id %q vanished during the batch", items[i].msg.ID))
-		}
-		inBatch := rec.Topic == w.topic && rec.Partition == w.partition && w.claimedHere(items, rec.Offset)
-		if rec.Fingerprint != items[i].fp {
-			if inBatch {
-				rec.Status = "" // the first copy is not stored yet
-			}
-			return txOutcome{failedAt: i, class: classPermanent, err: &FingerprintConflictError{
-				Topic: w.topic, Partition: w.partition, Offset: items[i].msg.Offset, MessageID: items[i].msg.ID,
-				Fingerprint: items[i].fp, Existing: rec}}
-		}
-		st.fates[i] = fateSkipped
-		if inBatch {
-			st.fates[i] = fateSkippedInBatch
-		}
-	}
-	return txOutcome{failedAt: -1}
-}
-
-// claimedHere reports whether this transaction claimed the message at off.
-func (w *worker) claimedHere(items []item, off int64) bool {
-	for i := range items {
-		if items[i].msg.Offset == off {
-			return w.batch.claimed[i]
-		}
-	}
-	return false
-}
-
-// callHandler runs the handler, turning a panic into an error that keeps
-// the stack: one bad message must not crash every partition of the process.
-func (w *worker) callHandler(ctx context.Context, tx pgx.Tx, msg *Message) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v\n%s", ErrHandlerPanicked, r, debug.Stack())
-		}
-	}()
-	return w.c.cfg.Handler.Handle(ctx, tx, msg)
 }
 
 // afterCommit reports the committed messages and hands their offset to the
 // Kafka committer. This is the only path to an offset commit, and it runs
 // only after the database commit succeeded.
-func (w *worker) afterCommit(ctx context.Context, items []item) {
+func (w *worker) afterCommit(ctx context.Context, items []item, p *plan) {
+	st := &w.batch
+	for _, cf := range st.conflicts {
+		w.c.log.Error("message id reused for different content; the message was set aside", w.logAttrs(
+			slog.Int64("offset", cf.Offset), slog.String("message_id", cf.MessageID), slog.String("error", cf.Error()))...)
+		for _, h := range w.c.hooks.conflict {
+			h.OnFingerprintConflict(ctx, cf)
+		}
+	}
+	for _, i := range st.failedInTx {
+		w.reportFailure(ctx, &items[i].msg, st.fails[i])
+	}
+	deadLettered := false
 	for i := range items {
-		switch w.batch.fates[i] {
+		switch st.fates[i] {
 		case fateApplied:
 			for _, h := range w.c.hooks.applied {
 				h.OnMessageApplied(ctx, &items[i].msg)
 			}
-		case fateSkipped:
-			for _, h := range w.c.hooks.skipped {
-				h.OnMessageSkipped(ctx, &items[i].msg, SkipAlreadyClaimed)
+		case fateSkipped, fateSkippedInBatch:
+			reason := SkipAlreadyClaimed
+			if st.fates[i] == fateSkippedInBatch {
+				reason = SkipDuplicateInBatch
 			}
-		case fateSkippedInBatch:
 			for _, h := range w.c.hooks.skipped {
-				h.OnMessageSkipped(ctx, &items[i].msg, SkipDuplicateInBatch)
+				h.OnMessageSkipped(ctx, &items[i].msg, reason)
+			}
+		case fateDeadLettered:
+			deadLettered = true
+			f := st.fails[i]
+			w.c.log.Error("message set aside in dead_letters", w.logAttrs(slog.Int64("offset", items[i].msg.Offset),
+				slog.String("message_id", items[i].msg.ID), slog.String("class", string(f.kind)), slog.Int("attempt", f.attempts),
+				slog.String("error", f.err.Error()))...)
+			for _, h := range w.c.hooks.dead {
+				h.OnMessageDeadLettered(ctx, &items[i].msg, DeadLettered{Class: f.kind, Err: f.err, Attempts: f.attempts})
 			}
 		}
 	}
-	w.next = items[len(items)-1].msg.Offset + 1
-	w.committer.mark(w.topic, w.partition, w.next)
-}
-
-func infra(err error) txOutcome {
-	return txOutcome{failedAt: -1, class: classInfra, err: err}
-}
-
-func resize[T any](s []T, n int) []T {
-	if cap(s) < n {
-		return make([]T, n)
+	last := items[len(items)-1].msg.Offset
+	if p.clearAttempts && last >= w.attemptsUpTo {
+		w.attemptsUpTo = -1
 	}
-	s = s[:n]
-	clear(s)
-	return s
+	if deadLettered {
+		w.c.wakePublisher()
+	}
+	w.next = last + 1
+	w.committer.mark(w.topic, w.partition, w.next)
 }

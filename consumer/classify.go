@@ -1,11 +1,15 @@
 package consumer
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kafkaonce/kafkaonce/deadletter"
 )
 
 // errClass says how a failure is retried.
@@ -13,13 +17,13 @@ type errClass uint8
 
 const (
 	// classTransient: the handler failed for a reason that may pass; the
-	// message is retried alone with backoff.
+	// message is retried alone with backoff, up to MaxAttempts.
 	classTransient errClass = iota
-	// classPermanent: retrying cannot help; the partition stops at the
-	// message.
+	// classPermanent: retrying cannot help; the message is set aside at once.
 	classPermanent
 	// classInfra: the database or the connection failed, not the message;
-	// the whole transaction runs again after a backoff.
+	// the whole transaction runs again after a backoff, without counting an
+	// attempt.
 	classInfra
 )
 
@@ -34,16 +38,65 @@ func (c errClass) String() string {
 	}
 }
 
-// classify sorts a handler's error.
-func classify(err error) errClass {
+// failure is what went wrong with one message.
+type failure struct {
+	class errClass
+	// kind is the dead-letter class the failure leads to if the message is
+	// set aside because of it.
+	kind deadletter.Class
+	err  error
+	// attempts made so far, and when the first and the last failed.
+	attempts    int
+	first, last time.Time
+}
+
+func newFailure(class errClass, kind deadletter.Class, err error) *failure {
+	now := time.Now()
+	return &failure{class: class, kind: kind, err: err, attempts: 1, first: now, last: now}
+}
+
+// classifyHandlerError sorts the error a handler returned.
+func classifyHandlerError(err error) *failure {
+	var perm *permanentError
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
 	switch {
-	case errors.Is(err, ErrTxControlledByConsumer), errors.Is(err, ErrHandlerPanicked):
-		return classPermanent
+	case errors.As(err, &perm):
+		return newFailure(classPermanent, deadletter.ClassPermanent, err)
+	case errors.Is(err, ErrHandlerPanicked):
+		return newFailure(classPermanent, deadletter.ClassPanic, err)
+	case errors.Is(err, ErrTxControlledByConsumer):
+		return newFailure(classPermanent, deadletter.ClassTxMisuse, err)
+	case errors.As(err, &syntax), errors.As(err, &typ):
+		return newFailure(classPermanent, deadletter.ClassUndecodable, err)
+	case isPermanentSQLError(err):
+		return newFailure(classPermanent, deadletter.ClassData, err)
 	case isInfraError(err):
-		return classInfra
+		return newFailure(classInfra, "", err)
 	default:
-		return classTransient
+		return newFailure(classTransient, deadletter.ClassRetriesExhausted, err)
 	}
+}
+
+// isPermanentSQLError reports errors Postgres will raise again for the same
+// data: data exceptions (class 22: invalid text, out-of-range numbers,
+// untranslatable characters), integrity violations (class 23) other than a
+// missing foreign-key parent, which may simply not have arrived yet, and
+// program limits (54000: a value or row too large).
+func isPermanentSQLError(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
+		return false
+	}
+	switch {
+	case pgErr.Code == "23503": // foreign_key_violation
+		return false
+	case pgErr.Code[:2] == "22", pgErr.Code[:2] == "23":
+		return true
+	case pgErr.Code[:2] == "54":
+		return true
+	}
+	return false
 }
 
 // isInfraError reports failures of the database or the connection to it
@@ -61,10 +114,10 @@ func isInfraError(err error) bool {
 			"57P03": // cannot_connect_now
 			return true
 		}
-		return pgErr.Code[:2] == "08" // connection_exception
+		return len(pgErr.Code) == 5 && pgErr.Code[:2] == "08" // connection_exception
 	}
 	var netErr net.Error
 	return errors.As(err, &netErr) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, net.ErrClosed) || pgconn.Timeout(err)
+		errors.Is(err, net.ErrClosed) || pgconn.SafeToRetry(err)
 }

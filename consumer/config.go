@@ -31,6 +31,9 @@ const (
 	DefaultFetchMaxBytes            = 1 << 20
 	DefaultRetryInitialInterval     = 100 * time.Millisecond
 	DefaultRetryMaxInterval         = 5 * time.Second
+	DefaultMaxAttempts              = 5
+	DefaultRetryMaxElapsed          = 10 * time.Minute
+	DefaultHandlerTimeout           = 30 * time.Second
 
 	// MaxMaxBatch bounds MaxBatch: a batch is one transaction, and its
 	// messages are held in memory until it commits.
@@ -53,6 +56,21 @@ const (
 	StartEarliest StartOffset = iota
 	// StartLatest starts at the next message produced.
 	StartLatest
+)
+
+// FailurePolicy says what happens to a message that cannot be applied: one
+// whose handler failed permanently or ran out of attempts, whose id is
+// invalid, or whose id was already used for different content.
+type FailurePolicy int
+
+const (
+	// DeadLetter sets the message aside in the dead_letters table, in the
+	// same transaction that moves the partition past it, and goes on. The
+	// default: one poison message must not stop a partition.
+	DeadLetter FailurePolicy = iota
+	// StopPartition stops the partition at the message (see PartitionError)
+	// for workers where skipping a message is worse than stopping.
+	StopPartition
 )
 
 // Config configures a Consumer. Only Name, Brokers, Topics and Handler are
@@ -146,12 +164,57 @@ type Config struct {
 	RebalanceTimeout  time.Duration
 	HeartbeatInterval time.Duration
 
-	// RetryInitialInterval and RetryMaxInterval shape the waits between
-	// retries of a failed batch: exponential from the initial interval,
-	// capped at the maximum, with full jitter. Defaults:
-	// DefaultRetryInitialInterval, DefaultRetryMaxInterval.
+	// MaxAttempts is how many times the handler may fail on one message
+	// with an error that could pass (a timeout, a partner that is down)
+	// before the message is set aside by OnPermanentFailure. Attempts are
+	// counted in Postgres before each retry runs, so they survive restarts:
+	// a message that crashes the process every time is set aside too.
+	// Failures of the database itself (lost connections, serialisation
+	// failures, deadlocks) are retried without limit and do not count.
+	//
+	// Retry in one layer only: if the handler already retries a call
+	// internally, keep this low, or the attempts multiply. Defaults to
+	// DefaultMaxAttempts; 1 means no retries.
+	MaxAttempts int
+
+	// RetryInitialInterval and RetryMaxInterval shape the wait before each
+	// retry: random between zero and min(RetryMaxInterval,
+	// RetryInitialInterval·2^n) ("full jitter", so that many workers failing
+	// together do not retry together). Waits end at once on shutdown or
+	// revocation. Defaults: DefaultRetryInitialInterval,
+	// DefaultRetryMaxInterval.
 	RetryInitialInterval time.Duration
 	RetryMaxInterval     time.Duration
+
+	// RetryMaxElapsed bounds the time from a message's first attempt to the
+	// start of its last one: a message still failing after it is set aside
+	// even if attempts remain. It guards against a large MaxAttempts
+	// retrying for hours by accident. (backoff libraries often default to
+	// 15 minutes here; ours is explicit.) Defaults to DefaultRetryMaxElapsed.
+	RetryMaxElapsed time.Duration
+
+	// HandlerTimeout bounds one handler call. When it passes, the handler's
+	// context is cancelled (pgx then interrupts a running statement); a
+	// handler that still has not returned 2 seconds later is abandoned with
+	// its goroutine, its connection is closed (Postgres rolls the
+	// transaction back and releases its locks), and the attempt counts as a
+	// failure, so a hung handler cannot stall the partition or the group.
+	// Defaults to DefaultHandlerTimeout.
+	HandlerTimeout time.Duration
+
+	// OnPermanentFailure decides the fate of a message that cannot be
+	// applied. Either way nothing is lost and the error is logged and
+	// reported to hooks. Defaults to DeadLetter.
+	OnPermanentFailure FailurePolicy
+
+	// DeadLetterTopic, when set, is a Kafka topic to which every dead letter
+	// is also published, with headers naming its source (see
+	// HeaderSourceTopic and the other Header* constants) and the message-id
+	// header. Publishing is at-least-once: letters are published from the
+	// dead_letters table after they commit, and marked published after the
+	// broker acknowledged them, so a crash in between publishes a letter
+	// twice. Defaults to none (the table only).
+	DeadLetterTopic string
 
 	// Hooks observe the consumer; see Hook. Defaults to none.
 	Hooks []Hook
@@ -185,6 +248,9 @@ func (c *Config) withDefaults() Config {
 	setDefault(&out.HeartbeatInterval, DefaultHeartbeatInterval)
 	setDefault(&out.RetryInitialInterval, DefaultRetryInitialInterval)
 	setDefault(&out.RetryMaxInterval, DefaultRetryMaxInterval)
+	setDefault(&out.MaxAttempts, DefaultMaxAttempts)
+	setDefault(&out.RetryMaxElapsed, DefaultRetryMaxElapsed)
+	setDefault(&out.HandlerTimeout, DefaultHandlerTimeout)
 	return out
 }
 
@@ -271,6 +337,28 @@ func (c *Config) validate() error {
 	}
 	if c.RetryInitialInterval <= 0 || c.RetryMaxInterval < c.RetryInitialInterval {
 		bad("RetryInitialInterval must be positive and at most RetryMaxInterval (got %v and %v)", c.RetryInitialInterval, c.RetryMaxInterval)
+	}
+	if c.MaxAttempts < 1 || c.MaxAttempts > 1000 {
+		bad("MaxAttempts must be between 1 and 1000 (got %d)", c.MaxAttempts)
+	}
+	if c.RetryMaxElapsed < 0 {
+		bad("RetryMaxElapsed must not be negative (got %v)", c.RetryMaxElapsed)
+	}
+	if c.HandlerTimeout < 10*time.Millisecond {
+		bad("HandlerTimeout must be at least 10ms (got %v)", c.HandlerTimeout)
+	}
+	if c.OnPermanentFailure != DeadLetter && c.OnPermanentFailure != StopPartition {
+		bad("OnPermanentFailure must be DeadLetter or StopPartition (got %d)", c.OnPermanentFailure)
+	}
+	if c.DeadLetterTopic != "" {
+		if err := validateTopic(c.DeadLetterTopic); err != nil {
+			bad("DeadLetterTopic %v", err)
+		}
+		for _, t := range c.Topics {
+			if t == c.DeadLetterTopic {
+				bad("DeadLetterTopic must not be one of Topics (%q): the consumer would read its own dead letters", t)
+			}
+		}
 	}
 	return errors.Join(errs...)
 }

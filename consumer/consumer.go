@@ -12,7 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/attempts"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/offsets"
@@ -32,10 +34,14 @@ type Consumer struct {
 	db      DB
 	cfg     Config
 	log     *slog.Logger
-	hooks   hooks
-	claims  *dedupe.Store
-	offsets *offsets.Store
-	retry   retry.Policy
+	hooks    hooks
+	claims   *dedupe.Store
+	offsets  *offsets.Store
+	letters  *deadletter.Store
+	attempts *attempts.Store
+	retry    retry.Policy
+	// publish wakes the dead-letter topic publisher (nil without one).
+	publish chan struct{}
 	// sessionSQL sets the session timeouts at the start of every
 	// transaction; empty when all are LeaveUnset.
 	sessionSQL  string
@@ -69,18 +75,32 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
+	letters, err := deadletter.NewStore(c.Schema)
+	if err != nil {
+		return nil, err
+	}
+	tries, err := attempts.NewStore(c.Schema)
+	if err != nil {
+		return nil, err
+	}
 	sql, args := sessionSettings(&c)
-	return &Consumer{
+	out := &Consumer{
 		db:          db,
 		cfg:         c,
 		log:         c.Logger.With(slog.String("consumer", c.Name)),
 		hooks:       hs,
 		claims:      claims,
 		offsets:     positions,
+		letters:     letters,
+		attempts:    tries,
 		retry:       retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
 		sessionSQL:  sql,
 		sessionArgs: args,
-	}, nil
+	}
+	if c.DeadLetterTopic != "" {
+		out.publish = make(chan struct{}, 1)
+	}
+	return out, nil
 }
 
 // sessionSettings builds the statement that applies the configured timeouts
@@ -166,6 +186,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return fmt.Errorf("consumer: %w", err)
 	}
 	c.log.Info("consumer starting", slog.String("group", c.cfg.GroupID), slog.Any("topics", c.cfg.Topics))
+	if c.publish != nil {
+		// The publisher outlives the workers' drain, so that letters written
+		// while draining are published too.
+		pubCtx, stopPub := context.WithCancel(context.WithoutCancel(ctx))
+		pubDone := make(chan struct{})
+		go func() { defer close(pubDone); c.runPublisher(pubCtx) }()
+		defer func() { stopPub(); <-pubDone }()
+	}
 	var generations sync.WaitGroup
 	for {
 		gen, err := group.Next(ctx)
@@ -221,3 +249,15 @@ func kafkaLogger(l *slog.Logger, level slog.Level) kafka.Logger {
 // levelKafkaChatter is below Debug: kafka-go logs every fetch at its info
 // level, which would drown a debug log.
 const levelKafkaChatter = slog.LevelDebug - 4
+
+// wakePublisher tells the dead-letter topic publisher that letters were
+// written.
+func (c *Consumer) wakePublisher() {
+	if c.publish == nil {
+		return
+	}
+	select {
+	case c.publish <- struct{}{}:
+	default:
+	}
+}

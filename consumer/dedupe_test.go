@@ -174,7 +174,7 @@ func (b *barrier) met() bool {
 	return b.ok
 }
 
-func TestSameIDWithDifferentContentIsReportedNotSkipped(t *testing.T) {
+func TestSameIDWithDifferentContentStopsThePartitionUnderStopPartition(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 2)
 	// Partition 0: both versions in one batch. Partition 1: the second
@@ -183,7 +183,9 @@ func TestSameIDWithDifferentContentIsReportedNotSkipped(t *testing.T) {
 		msg(0, "p0-before", "ok"), msg(0, "dup0", "amount=10"), msg(0, "dup0", "amount=99"), msg(0, "p0-after", "ok"),
 		msg(1, "dup1", "amount=10"),
 	)
-	r := e.start(e.config(e.applyHandler()))
+	cfg := e.config(e.applyHandler())
+	cfg.OnPermanentFailure = consumer.StopPartition
+	r := e.start(cfg)
 	e.waitEffects(3, 30*time.Second)
 	e.kafka.Produce(t, e.topic, msg(1, "dup1", "amount=77"), msg(1, "p1-after", "ok"))
 
@@ -215,7 +217,7 @@ func TestSameIDWithDifferentContentIsReportedNotSkipped(t *testing.T) {
 	require.Equal(t, map[int]int64{0: 2, 1: 1}, e.storedPositions(), "nothing past a conflict is recorded as processed")
 }
 
-func TestInvalidMessageIDsStopThePartitionWithAClearError(t *testing.T) {
+func TestInvalidMessageIDsStopThePartitionUnderStopPartition(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name   string
@@ -242,7 +244,9 @@ func TestInvalidMessageIDsStopThePartitionWithAClearError(t *testing.T) {
 	}
 	e.kafka.Produce(t, e.topic, msgs...)
 
-	r := e.start(e.config(e.applyHandler()))
+	cfg := e.config(e.applyHandler())
+	cfg.OnPermanentFailure = consumer.StopPartition
+	r := e.start(cfg)
 	waitFor(t, 30*time.Second, "every partition stopped", func() bool { return len(e.events.snapshot().stopped) == len(cases) })
 	r.stop()
 

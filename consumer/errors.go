@@ -100,3 +100,35 @@ func (e *PartitionError) Error() string {
 }
 
 func (e *PartitionError) Unwrap() error { return e.Err }
+
+var (
+	// ErrTxAborted: the handler returned nil, but a statement in its
+	// transaction had failed, so the transaction was aborted and could not
+	// have committed. A handler that ignores a SQL error is a bug; the
+	// message is treated as failed (and retried) rather than skipped.
+	ErrTxAborted = errors.New("the handler returned nil but its transaction is aborted: a SQL error was ignored")
+
+	// ErrHandlerTimeout: the handler ran longer than Config.HandlerTimeout.
+	ErrHandlerTimeout = errors.New("the handler exceeded HandlerTimeout")
+)
+
+// Permanent marks err as a failure that retrying cannot fix (a payload that
+// does not decode, a request the partner rejects as invalid): the message is
+// set aside by Config.OnPermanentFailure at once, without retries.
+//
+//	if err := json.Unmarshal(msg.Value, &t); err != nil {
+//		return consumer.Permanent(err)
+//	}
+//
+// Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }

@@ -51,13 +51,13 @@ func TestCommitReplyLostAppliesOnce(t *testing.T) {
 	pool := e.db.PoolVia(t, proxy.Addr())
 
 	ids := e.produceIDs("c", 50)
-	// The first COMMIT reaches the server, which commits; the connection is
-	// cut before the reply gets back. The consumer must neither commit the
-	// Kafka offset on a guess nor apply the batch a second time.
-	proxy.DropAfterCommits(1)
+	// The first batch's COMMIT reaches the server, which commits; the
+	// connection is cut before the reply gets back. The consumer must
+	// neither commit the Kafka offset on a guess nor apply the batch a
+	// second time.
 	errs := &batchErrors{}
 	cfg := e.config(e.applyHandler())
-	cfg.Hooks = append(cfg.Hooks, errs)
+	cfg.Hooks = append(cfg.Hooks, errs, armOnFirstBatch{proxy: proxy, once: &sync.Once{}})
 	c, err := consumer.New(pool, cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -73,6 +73,17 @@ func TestCommitReplyLostAppliesOnce(t *testing.T) {
 	e.requireExactlyOnce(ids)
 	require.Equal(t, 50, e.events.snapshot().applied+e.events.snapshot().skipped[consumer.SkipAlreadyClaimed])
 	require.Equal(t, map[int]int64{0: 50}, e.storedPositions())
+}
+
+// armOnFirstBatch makes the proxy drop the reply to the next COMMIT once the
+// first batch starts: that COMMIT is the batch's.
+type armOnFirstBatch struct {
+	proxy *faultproxy.Proxy
+	once  *sync.Once
+}
+
+func (a armOnFirstBatch) OnBatchStart(context.Context, consumer.BatchInfo) {
+	a.once.Do(func() { a.proxy.DropAfterCommits(1) })
 }
 
 func TestTransientFailureRetriesOnlyTheFailingMessage(t *testing.T) {
@@ -112,7 +123,7 @@ func TestTransientFailureRetriesOnlyTheFailingMessage(t *testing.T) {
 	}
 }
 
-func TestHandlerThatCommitsOrPanicsStopsThePartition(t *testing.T) {
+func TestHandlerThatCommitsOrPanicsStopsThePartitionUnderStopPartition(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 2)
 	e.kafka.Produce(t, e.topic,
@@ -132,7 +143,9 @@ func TestHandlerThatCommitsOrPanicsStopsThePartition(t *testing.T) {
 		}
 		return nil
 	})
-	r := e.start(e.config(h))
+	cfg := e.config(h)
+	cfg.OnPermanentFailure = consumer.StopPartition
+	r := e.start(cfg)
 	waitFor(t, 30*time.Second, "both partitions stopped", func() bool { return len(e.events.snapshot().stopped) == 2 })
 	r.stop()
 
@@ -283,7 +296,9 @@ func TestPermanentFailureBehindAFlakyPrefixStopsAtTheRightMessage(t *testing.T) 
 		}
 		return e.applyHandler().Handle(ctx, tx, m)
 	})
-	r := e.start(e.config(h))
+	cfg := e.config(h)
+	cfg.OnPermanentFailure = consumer.StopPartition
+	r := e.start(cfg)
 	waitFor(t, 30*time.Second, "the partition stopped", func() bool { return len(e.events.snapshot().stopped) == 1 })
 	r.stop()
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/kafkaonce/kafkaonce/deadletter"
 )
 
 // A Hook observes the consumer: metrics, tracing, alerting. A hook is any
@@ -33,8 +35,7 @@ type PartitionAssignment struct {
 	// LogStart and LogEnd are the first offset still in the log and the
 	// offset the next produced message will get.
 	LogStart, LogEnd int64
-	// Start is the offset processing starts at (-2: the log start, -1: the
-	// log end, when nothing is committed or stored).
+	// Start is the offset processing starts at.
 	Start int64
 }
 
@@ -103,6 +104,40 @@ const (
 	SkipDuplicateInBatch SkipReason = "duplicate_in_batch"
 )
 
+// HookMessageFailed is called for every failed attempt at a message: the
+// handler returned an error (or panicked, or timed out), or the message
+// could not be handled at all (an invalid id, a fingerprint conflict).
+// Failures of the database itself, which are retried without counting, are
+// not reported here but in HookBatchEnd.
+type HookMessageFailed interface {
+	OnMessageFailed(ctx context.Context, msg *Message, f Failure)
+}
+
+// Failure describes one failed attempt.
+type Failure struct {
+	Err error
+	// Class is the dead-letter class the failure leads to if the message is
+	// set aside.
+	Class deadletter.Class
+	// Attempt counts the attempts at the message so far, from 1.
+	Attempt int
+	// Permanent is true when the message will not be retried.
+	Permanent bool
+}
+
+// HookMessageDeadLettered is called for every message set aside in the
+// dead_letters table, after the transaction that did it committed.
+type HookMessageDeadLettered interface {
+	OnMessageDeadLettered(ctx context.Context, msg *Message, l DeadLettered)
+}
+
+// DeadLettered summarises a message set aside.
+type DeadLettered struct {
+	Class    deadletter.Class
+	Err      error
+	Attempts int
+}
+
 // HookFingerprintConflict is called when a message's id was already used
 // for different content.
 type HookFingerprintConflict interface {
@@ -134,6 +169,8 @@ type hooks struct {
 	skipped   []HookMessageSkipped
 	conflict  []HookFingerprintConflict
 	committed []HookOffsetsCommitted
+	failed    []HookMessageFailed
+	dead      []HookMessageDeadLettered
 }
 
 func sortHooks(hs []Hook) (hooks, error) {
@@ -170,6 +207,14 @@ func sortHooks(hs []Hook) (hooks, error) {
 		}
 		if v, ok := h.(HookOffsetsCommitted); ok {
 			out.committed = append(out.committed, v)
+			n++
+		}
+		if v, ok := h.(HookMessageFailed); ok {
+			out.failed = append(out.failed, v)
+			n++
+		}
+		if v, ok := h.(HookMessageDeadLettered); ok {
+			out.dead = append(out.dead, v)
 			n++
 		}
 		if n == 0 {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -28,6 +29,10 @@ type childSpec struct {
 	Topic       string
 	Group       string
 	Name        string
+	// KillOn names a message id whose handler kills the process; when
+	// empty, the process is killed right after its first batch commits.
+	KillOn      string
+	MaxAttempts int
 }
 
 const childEnv = "KAFKAONCE_TEST_CHILD_CONSUMER"
@@ -44,14 +49,22 @@ func TestChildConsumerProcess(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), spec.DatabaseURL)
 	require.NoError(t, err)
 	effects := `INSERT INTO ` + pgx.Identifier{spec.Schema, "effects"}.Sanitize() + ` (message_id, topic, partition, kafka_offset, value) VALUES ($1, $2, $3, $4, $5)`
+	var hooks []consumer.Hook
+	if spec.KillOn == "" {
+		hooks = append(hooks, killAfterFirstCommit{})
+	}
 	c, err := consumer.New(pool, &consumer.Config{
 		Name: spec.Name, GroupID: spec.Group, Brokers: spec.Brokers, Topics: []string{spec.Topic}, Schema: spec.Schema,
-		MaxBatch: 20, SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
+		MaxBatch: 20, SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond, MaxAttempts: spec.MaxAttempts,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if m.ID == spec.KillOn {
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {}
+			}
 			_, err := tx.Exec(ctx, effects, m.ID, m.Topic, m.Partition, m.Offset, string(m.Value))
 			return err
 		}),
-		Hooks: []consumer.Hook{killAfterFirstCommit{}},
+		Hooks: hooks,
 	})
 	require.NoError(t, err)
 	_ = c.Run(context.Background())
@@ -73,14 +86,7 @@ func TestKilledBetweenDatabaseCommitAndOffsetCommit(t *testing.T) {
 	e := setup(t, 2)
 	ids := e.produceIDs("k", 200)
 
-	spec, err := json.Marshal(childSpec{DatabaseURL: e.db.URL, Schema: e.db.Schema, Brokers: e.kafka.Brokers, Topic: e.topic, Group: e.group, Name: e.name})
-	require.NoError(t, err)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestChildConsumerProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childEnv+"="+string(spec))
-	out, err := cmd.CombinedOutput()
-	require.Error(t, err, "child output:\n%s", out)
-	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
-	require.True(t, ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL, "child was not killed: %v\n%s", err, out)
+	e.runChildUntilKilled(childSpec{DatabaseURL: e.db.URL, Schema: e.db.Schema, Brokers: e.kafka.Brokers, Topic: e.topic, Group: e.group, Name: e.name}, time.Minute)
 
 	// The child died with at least one batch durable in Postgres and its
 	// offset never committed to Kafka.
@@ -104,6 +110,51 @@ func TestKilledBetweenDatabaseCommitAndOffsetCommit(t *testing.T) {
 	r.stop()
 	e.requireExactlyOnce(ids)
 	require.Equal(t, map[int]int64{0: 100, 1: 100}, e.storedPositions())
+}
+
+// runChildUntilKilled runs a child consumer process and requires that it was
+// killed with SIGKILL within timeout.
+func (e *env) runChildUntilKilled(spec childSpec, timeout time.Duration) {
+	e.t.Helper()
+	killed, out := e.runChild(spec, timeout)
+	require.True(e.t, killed, "the child was not killed:\n%s", out)
+}
+
+// runChild runs a child consumer process until it dies, until done reports
+// true (then it is sent SIGTERM), or for at most timeout, and reports whether
+// it died of SIGKILL.
+func (e *env) runChild(spec childSpec, timeout time.Duration, done ...func() bool) (killed bool, output string) {
+	e.t.Helper()
+	raw, err := json.Marshal(spec)
+	require.NoError(e.t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestChildConsumerProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(e.t, cmd.Start())
+	exited := make(chan struct{})
+	go func() {
+		for _, d := range done {
+			for {
+				select {
+				case <-exited:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				if d() {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	_ = cmd.Wait()
+	close(exited)
+	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL, out.String()
 }
 
 func TestMemberJoinsAndLeavesWhileBatchesAreInFlight(t *testing.T) {

@@ -30,6 +30,13 @@ type worker struct {
 	// next is the offset after the last message processed (or the start
 	// offset); it is where fetching resumes after a fetch error.
 	next int64
+	// carefulUntil: messages below this offset are processed one at a
+	// time, counting attempts, because the previous run did not get past
+	// them (see runAlone).
+	carefulUntil int64
+	// attemptsUpTo is the highest offset that may have a message_attempts
+	// row, or -1.
+	attemptsUpTo int64
 
 	// Buffers reused from batch to batch.
 	raw   []kafka.Message
@@ -43,7 +50,7 @@ type worker struct {
 // partition of this member.
 func (w *worker) run(stop, work context.Context) {
 	err := w.consume(stop, work)
-	if err == nil || errors.Is(err, context.Canceled) && stop.Err() != nil {
+	if err == nil || stop.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, errInterrupted)) {
 		return
 	}
 	var perr *PartitionError
@@ -87,6 +94,9 @@ func (w *worker) consume(stop, work context.Context) error {
 	for stop.Err() == nil {
 		err := w.fetchAndProcess(stop, work)
 		if err == nil || stop.Err() != nil {
+			if errors.Is(err, errInterrupted) {
+				return nil
+			}
 			return err
 		}
 		var perr *PartitionError
@@ -142,31 +152,23 @@ func (w *worker) fetchAndProcess(stop, work context.Context) error {
 }
 
 // assign decides where to start, from the group's committed offset, the
-// stored position and the log's bounds. Errors reaching Postgres or Kafka
-// are retried until stop.
+// stored position and the log's bounds, and whether to start carefully.
+// Errors reaching Postgres or Kafka are retried until stop.
 func (w *worker) assign(stop, work context.Context) (int64, error) {
 	var (
 		pos              int64
 		hasPos           bool
 		logStart, logEnd int64
 	)
-	backoff := w.c.retry.New()
-	for {
-		var err error
-		pos, hasPos, err = w.loadPosition(work)
-		if err == nil {
-			logStart, logEnd, err = kafkafetch.Bounds(stop, w.c.cfg.Dialer, w.c.cfg.Brokers, w.topic, w.partition)
+	err := w.retryUntil(stop, "read positions", func() (err error) {
+		if pos, hasPos, err = w.loadPosition(work); err != nil {
+			return err
 		}
-		if err == nil {
-			break
-		}
-		if stop.Err() != nil {
-			return 0, context.Canceled
-		}
-		w.c.log.Warn("partition assignment: cannot read positions; retrying", w.logAttrs(slog.String("error", err.Error()))...)
-		if retry.Sleep(stop, backoff.Next()) != nil {
-			return 0, context.Canceled
-		}
+		logStart, logEnd, err = kafkafetch.Bounds(stop, w.c.cfg.Dialer, w.c.cfg.Brokers, w.topic, w.partition)
+		return err
+	})
+	if err != nil {
+		return 0, err
 	}
 
 	a := PartitionAssignment{Topic: w.topic, Partition: w.partition, KafkaOffset: -1, StoredPosition: -1, LogStart: logStart, LogEnd: logEnd}
@@ -190,6 +192,12 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 				w.logAttrs(slog.Int64("kafka_offset", start), slog.Int64("stored_position", pos))...)
 		}
 	}
+	switch start {
+	case kafka.FirstOffset:
+		start = logStart
+	case kafka.LastOffset:
+		start = logEnd
+	}
 	a.Start = start
 	for _, h := range w.c.hooks.assigned {
 		h.OnPartitionAssigned(stop, a)
@@ -203,11 +211,49 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 			"%w: the %s is %d but the log ends at %d, so the topic was probably deleted and re-created or truncated; processing would skip its new messages. Once you have checked, reset the position (offsets.Store.Reset) to where processing should resume",
 			ErrPositionAheadOfLog, which, start, logEnd)}
 	}
-	if start >= 0 && start < logStart {
+	if start < logStart {
 		return 0, w.deletedError(start, logStart)
+	}
+
+	var starts int
+	var inProgress bool
+	err = w.retryUntil(stop, "record the start", func() (err error) {
+		starts, inProgress, w.attemptsUpTo, err = w.c.attempts.Assigned(work, w.c.db, w.c.cfg.Name, w.topic, w.partition, start)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	if starts >= 2 || inProgress {
+		// The previous run did not get past this offset: it may have died on
+		// a message of its first batch. Go one message at a time, counting
+		// attempts, so a message that kills the process is found and set
+		// aside after MaxAttempts.
+		w.carefulUntil = start + int64(w.c.cfg.MaxBatch)
+		w.c.log.Warn("the previous run of this partition did not get past this offset; processing the next messages one at a time, counting attempts",
+			w.logAttrs(slog.Int64("offset", start), slog.Int("starts", starts))...)
 	}
 	w.c.log.Info("partition assigned", w.logAttrs(slog.Int64("offset", start), slog.Int64("log_end", logEnd))...)
 	return start, nil
+}
+
+// retryUntil runs fn until it succeeds, backing off between failures, or
+// until stop (then it returns errInterrupted).
+func (w *worker) retryUntil(stop context.Context, what string, fn func() error) error {
+	backoff := w.c.retry.New()
+	for {
+		err := fn()
+		if err == nil {
+			return nil
+		}
+		if stop.Err() != nil {
+			return errInterrupted
+		}
+		w.c.log.Warn("partition assignment: cannot "+what+"; retrying", w.logAttrs(slog.String("error", err.Error()))...)
+		if retry.Sleep(stop, backoff.Next()) != nil {
+			return errInterrupted
+		}
+	}
 }
 
 func (w *worker) loadPosition(ctx context.Context) (int64, bool, error) {

@@ -28,6 +28,10 @@ type Claim struct {
 	MessageID   string
 	Fingerprint Fingerprint
 	Offset      int64
+	// Status is StatusApplied when empty.
+	Status Status
+	// Attempts is 1 when zero.
+	Attempts int
 }
 
 // Record is a row of processed_messages.
@@ -48,6 +52,7 @@ type Store struct {
 	table     string
 	claimSQL  string
 	lookupSQL string
+	statusSQL string
 }
 
 // NewStore returns a Store for the tables in schemaName.
@@ -62,14 +67,17 @@ func NewStore(schemaName string) (*Store, error) {
 		// claiming overlapping ids take their row locks in the same order
 		// and cannot deadlock each other. RETURNING the offset (not the id)
 		// lets the caller map results back without comparing strings.
-		claimSQL: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, topic, partition, kafka_offset, status)
-SELECT $1, c.message_id, c.fingerprint, $2, $3, c.kafka_offset, 'applied'
-FROM unnest($4::text[], $5::bytea[], $6::bigint[]) AS c(message_id, fingerprint, kafka_offset)
-ORDER BY c.message_id
+		claimSQL: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, topic, partition, kafka_offset, status, attempts)
+SELECT $1, c.message_id, c.fingerprint, $2, $3, c.kafka_offset, c.status, c.attempts
+FROM unnest($4::text[], $5::bytea[], $6::bigint[], $7::text[], $8::int[]) AS c(message_id, fingerprint, kafka_offset, status, attempts)
+ORDER BY c.message_id, c.kafka_offset
 ON CONFLICT (consumer, message_id) DO NOTHING
 RETURNING kafka_offset`,
 		lookupSQL: `SELECT message_id, fingerprint, topic, partition, kafka_offset, status, attempts, processed_at
 FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
+		statusSQL: `UPDATE ` + t + ` AS p SET status = $3, attempts = u.attempts
+FROM unnest($2::text[], $4::int[]) AS u(message_id, attempts)
+WHERE p.consumer = $1 AND p.message_id = u.message_id`,
 	}, nil
 }
 
@@ -89,12 +97,19 @@ func (s *Store) QueueClaim(b *pgx.Batch, consumer, topic string, partition int, 
 	ids := make([]string, len(claims))
 	fps := make([][]byte, len(claims))
 	offsets := make([]int64, len(claims))
+	statuses := make([]string, len(claims))
+	attempts := make([]int32, len(claims))
 	for i := range claims {
 		ids[i] = claims[i].MessageID
 		fps[i] = claims[i].Fingerprint[:]
 		offsets[i] = claims[i].Offset
+		statuses[i] = string(StatusApplied)
+		if claims[i].Status != "" {
+			statuses[i] = string(claims[i].Status)
+		}
+		attempts[i] = int32(max(claims[i].Attempts, 1))
 	}
-	b.Queue(s.claimSQL, consumer, topic, partition, ids, fps, offsets).Query(func(rows pgx.Rows) error {
+	b.Queue(s.claimSQL, consumer, topic, partition, ids, fps, offsets, statuses, attempts).Query(func(rows pgx.Rows) error {
 		var off int64
 		_, err := pgx.ForEachRow(rows, []any{&off}, func() error {
 			i := indexOfOffset(claims, off)
@@ -106,6 +121,19 @@ func (s *Store) QueueClaim(b *pgx.Batch, consumer, topic string, partition int, 
 		})
 		return err
 	})
+}
+
+// QueueSetStatus adds to b the change of status of claims this transaction
+// made, for messages that failed after they were claimed. attempts[i] goes
+// with ids[i].
+func (s *Store) QueueSetStatus(b *pgx.Batch, consumer string, ids []string, attempts []int32, status Status) {
+	b.Queue(s.statusSQL, consumer, ids, string(status), attempts)
+}
+
+// QueueUnclaim adds to b the removal of claims this transaction made for
+// messages it will not process after all (the tail of a batch cut short).
+func (s *Store) QueueUnclaim(b *pgx.Batch, consumer string, ids []string) {
+	b.Queue(`DELETE FROM `+s.table+` WHERE consumer = $1 AND message_id = ANY($2::text[])`, consumer, ids)
 }
 
 // Claim runs QueueClaim's statement on its own and returns which claims were
@@ -158,4 +186,32 @@ func indexOfOffset(claims []Claim, off int64) int {
 		}
 	}
 	return -1
+}
+
+// Reclaim claims a message id again, for a redrive of a message that was set
+// aside: a row of the id that is not applied and has the same fingerprint
+// becomes applied; a missing row is inserted as applied. When the id is
+// already applied, or claimed for different content, nothing changes and
+// Reclaim returns false with the existing row.
+func (s *Store) Reclaim(ctx context.Context, tx pgx.Tx, consumer, topic string, partition int, c Claim) (bool, Record, error) {
+	tag, err := tx.Exec(ctx, `UPDATE `+s.table+` SET status = 'applied', processed_at = now()
+WHERE consumer = $1 AND message_id = $2 AND status <> 'applied' AND fingerprint = $3`, consumer, c.MessageID, c.Fingerprint[:])
+	if err != nil {
+		return false, Record{}, fmt.Errorf("dedupe: reclaim: %w", err)
+	}
+	if tag.RowsAffected() == 1 {
+		return true, Record{}, nil
+	}
+	claimed, err := s.Claim(ctx, tx, consumer, topic, partition, []Claim{c})
+	if err != nil {
+		return false, Record{}, err
+	}
+	if claimed[0] {
+		return true, Record{}, nil
+	}
+	existing, err := s.Lookup(ctx, tx, consumer, []string{c.MessageID})
+	if err != nil {
+		return false, Record{}, err
+	}
+	return false, existing[c.MessageID], nil
 }

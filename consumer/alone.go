@@ -1,0 +1,177 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/internal/attempts"
+	"github.com/kafkaonce/kafkaonce/internal/retry"
+)
+
+// runAlone processes one message in transactions of its own until it is
+// applied (or skipped), set aside, or the partition must stop. Before each
+// attempt it records the attempt in Postgres and commits, so attempts that
+// end with the process dying are counted too: a message that crashes the
+// process every time is set aside after MaxAttempts, across restarts.
+//
+// prior is the failure that sent the message here (nil in careful mode,
+// where the message has not failed yet in this process).
+func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure) error {
+	it := &one[0]
+	if it.idErr != nil {
+		return w.setAside(stop, work, one, invalidIDFailure(it.idErr))
+	}
+	if prior != nil && w.c.cfg.MaxAttempts <= 1 {
+		return w.setAside(stop, work, one, exhausted(prior))
+	}
+	key := attempts.Key{Consumer: w.c.cfg.Name, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset}
+	backoff := w.c.retry.New()
+	last := prior
+	initial := 1
+	if prior != nil {
+		initial = 2 // the failed batch was the first attempt, and it was not recorded
+	}
+	count := true
+	var rec attempts.Record
+	for {
+		if count {
+			if last != nil && retry.Sleep(stop, backoff.Next()) != nil {
+				return errInterrupted
+			}
+			var err error
+			if rec, err = w.recordAttempt(stop, work, key, it.msg.ID, initial); err != nil {
+				return err
+			}
+			initial = 1
+			if w.exhausted(rec) {
+				return w.setAside(stop, work, one, exhaustedFrom(rec, last, w.c.cfg.MaxAttempts))
+			}
+		}
+		p := w.newPlan(one)
+		out := w.runTx(work, one, &p, rec.Attempts)
+		if out.err == nil {
+			w.afterCommit(work, one, &p)
+			return nil
+		}
+		if work.Err() != nil {
+			return work.Err()
+		}
+		if out.failedAt < 0 {
+			// The database failed, not the message: try again without
+			// counting an attempt.
+			count = false
+			w.c.log.Warn("transaction failed; retrying", w.logAttrs(slog.Int64("offset", it.msg.Offset),
+				slog.String("class", classInfra.String()), slog.String("error", out.err.Error()))...)
+			if retry.Sleep(stop, backoff.Next()) != nil {
+				return errInterrupted
+			}
+			continue
+		}
+		f := out.fail
+		f.attempts, f.first = rec.Attempts, rec.FirstAttemptAt
+		w.reportFailure(work, &it.msg, f)
+		if f.class == classPermanent {
+			return w.setAside(stop, work, one, f)
+		}
+		if err := w.c.attempts.Fail(work, w.c.db, key, string(f.kind), f.err.Error()); err != nil {
+			w.c.log.Warn("could not record the failure of an attempt", w.logAttrs(slog.Int64("offset", it.msg.Offset), slog.String("error", err.Error()))...)
+		}
+		last, count = f, true
+		if rec.Attempts >= w.c.cfg.MaxAttempts || w.elapsedOut(rec) {
+			return w.setAside(stop, work, one, exhausted(f))
+		}
+	}
+}
+
+// recordAttempt records the start of an attempt, retrying database
+// failures until stop.
+func (w *worker) recordAttempt(stop, work context.Context, key attempts.Key, id string, initial int) (attempts.Record, error) {
+	backoff := w.c.retry.New()
+	for {
+		rec, err := w.c.attempts.Begin(work, w.c.db, key, id, initial)
+		if err == nil {
+			w.attemptsUpTo = max(w.attemptsUpTo, key.Offset)
+			return rec, nil
+		}
+		if work.Err() != nil {
+			return rec, work.Err()
+		}
+		w.c.log.Warn("could not record an attempt; retrying", w.logAttrs(slog.Int64("offset", key.Offset), slog.String("error", err.Error()))...)
+		if retry.Sleep(stop, backoff.Next()) != nil {
+			return rec, errInterrupted
+		}
+	}
+}
+
+// exhausted reports whether the attempt just recorded is one too many.
+func (w *worker) exhausted(rec attempts.Record) bool {
+	return rec.Attempts > w.c.cfg.MaxAttempts || rec.Attempts > 1 && w.elapsedOut(rec)
+}
+
+func (w *worker) elapsedOut(rec attempts.Record) bool {
+	return w.c.cfg.RetryMaxElapsed > 0 && time.Since(rec.FirstAttemptAt) > w.c.cfg.RetryMaxElapsed
+}
+
+// exhausted turns the last failure of a message that ran out of attempts
+// into the failure it is set aside with.
+func exhausted(last *failure) *failure {
+	f := *last
+	f.class = classPermanent
+	if f.kind == "" {
+		f.kind = deadletter.ClassRetriesExhausted
+	}
+	f.last = time.Now()
+	return &f
+}
+
+// exhaustedFrom builds the failure of a message found out of attempts when
+// an attempt was about to start: from the last failure seen in this
+// process, else from what the attempt rows say. Attempts that left no error
+// behind ended with the process (or its connection) dying.
+func exhaustedFrom(rec attempts.Record, last *failure, maxAttempts int) *failure {
+	made := rec.Attempts - 1
+	if last != nil {
+		f := exhausted(last)
+		f.attempts, f.first = made, rec.FirstAttemptAt
+		return f
+	}
+	f := newFailure(classPermanent, deadletter.ClassRetriesExhausted, errors.New(rec.LastError))
+	if !rec.PreviousErrored {
+		f.kind = deadletter.ClassCrashed
+		f.err = fmt.Errorf("%d attempts (MaxAttempts %d) ended without a result: the process, or its connection to Postgres, died while the handler ran", made, maxAttempts)
+		if rec.LastError != "" {
+			f.err = fmt.Errorf("%w; an earlier attempt failed with: %s", f.err, rec.LastError)
+		}
+	}
+	f.attempts, f.first = made, rec.FirstAttemptAt
+	return f
+}
+
+// setAside dead-letters one message in a transaction of its own (or stops
+// the partition under StopPartition).
+func (w *worker) setAside(stop, work context.Context, one []item, f *failure) error {
+	if w.c.cfg.OnPermanentFailure == StopPartition {
+		return &PartitionError{Topic: w.topic, Partition: w.partition, Err: f.err}
+	}
+	backoff := w.c.retry.New()
+	for {
+		p := w.newPlan(one)
+		p.deadLetter = map[int]*failure{0: f}
+		out := w.runTx(work, one, &p, f.attempts)
+		if out.err == nil {
+			w.afterCommit(work, one, &p)
+			return nil
+		}
+		if work.Err() != nil {
+			return work.Err()
+		}
+		w.c.log.Warn("could not write a dead letter; retrying", w.logAttrs(slog.Int64("offset", one[0].msg.Offset), slog.String("error", out.err.Error()))...)
+		if retry.Sleep(stop, backoff.Next()) != nil {
+			return errInterrupted
+		}
+	}
+}

@@ -1,0 +1,401 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/deadletter"
+)
+
+// letters returns the test consumer's dead letters by message id (or by
+// "offset:<n>" for letters without an id).
+func (e *env) letters() map[string]deadletter.Letter {
+	e.t.Helper()
+	s, err := deadletter.NewStore(e.db.Schema)
+	require.NoError(e.t, err)
+	ls, err := s.List(context.Background(), e.db.Pool, deadletter.Filter{Consumer: e.name, Limit: 10000})
+	require.NoError(e.t, err)
+	out := map[string]deadletter.Letter{}
+	for _, l := range ls {
+		k := l.MessageID
+		if k == "" {
+			k = "offset:" + strconv.FormatInt(l.Offset, 10)
+		}
+		out[k] = l
+	}
+	return out
+}
+
+func (e *env) claimStatus(id string) string {
+	var s string
+	require.NoError(e.t, e.db.Pool.QueryRow(context.Background(), `SELECT status FROM `+e.db.Table("processed_messages")+` WHERE consumer = $1 AND message_id = $2`, e.name, id).Scan(&s))
+	return s
+}
+
+func TestEveryFailureClassIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
+	t.Parallel()
+	type poison struct {
+		id    string
+		class deadletter.Class
+		want  string // in the letter's error text
+	}
+	cases := []poison{
+		{"permanent", deadletter.ClassPermanent, "partner rejected the transfer"},
+		{"panic", deadletter.ClassPanic, "index out of range"},
+		{"undecodable", deadletter.ClassUndecodable, "cannot unmarshal number"},
+		{"bad-bytes", deadletter.ClassData, "22021"},
+		{"too-long", deadletter.ClassData, "54000"},
+		{"commits", deadletter.ClassTxMisuse, "committed or rolled back by the consumer"},
+		{"flaky", deadletter.ClassRetriesExhausted, "partner timeout"},
+		{"swallows", deadletter.ClassRetriesExhausted, "transaction is aborted"},
+	}
+	e := setup(t, len(cases)+2)
+	var msgs []kafka.Message
+	for p, c := range cases {
+		msgs = append(msgs, msg(p, c.id+"-before", `{}`), msg(p, c.id, `{"n":1}`), msg(p, c.id+"-after", `{}`))
+	}
+	// Partition 6: a message with no id. Partition 7: an id reused for
+	// different content.
+	invalidPart, conflictPart := len(cases), len(cases)+1
+	msgs = append(msgs, msg(invalidPart, "noid-before", `{}`),
+		kafka.Message{Partition: invalidPart, Key: []byte("k"), Value: []byte("no id here"), Headers: []kafka.Header{{Key: "trace", Value: []byte("t-1")}}},
+		msg(invalidPart, "noid-after", `{}`))
+	msgs = append(msgs, msg(conflictPart, "dup", `{"amount":10}`), msg(conflictPart, "dup", `{"amount":99}`), msg(conflictPart, "dup-after", `{}`))
+	e.kafka.Produce(t, e.topic, msgs...)
+
+	var flakyCalls atomic.Int32
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := e.applyHandler().Handle(ctx, tx, m); err != nil {
+			return err
+		}
+		switch m.ID {
+		case "permanent":
+			return consumer.Permanent(errors.New("partner rejected the transfer"))
+		case "panic":
+			var a []int
+			_ = a[3]
+		case "undecodable":
+			var v struct{ N string }
+			return json.Unmarshal(m.Value, &v) // a number where a string belongs
+		case "bad-bytes":
+			_, err := tx.Exec(ctx, `SELECT convert_from('\xff'::bytea, 'UTF8')`)
+			return err
+		case "too-long":
+			_, err := tx.Exec(ctx, `SELECT repeat('x', 1 << 30)`)
+			return err
+		case "commits":
+			return tx.Commit(ctx)
+		case "flaky":
+			flakyCalls.Add(1)
+			return errors.New("partner timeout")
+		case "swallows":
+			_, _ = tx.Exec(ctx, `SELECT 1/0`) // error ignored
+		}
+		return nil
+	})
+	cfg := e.config(h)
+	cfg.MaxAttempts = 3
+	cfg.RetryInitialInterval = time.Millisecond
+	cfg.RetryMaxInterval = 5 * time.Millisecond
+	r := e.start(cfg)
+	committed := map[int]int64{}
+	for p := range cases {
+		committed[p] = 3
+	}
+	committed[invalidPart], committed[conflictPart] = 3, 3
+	e.waitCommitted(committed, 60*time.Second)
+	r.stop()
+
+	var good []string
+	for _, c := range cases {
+		good = append(good, c.id+"-before", c.id+"-after")
+	}
+	good = append(good, "noid-before", "noid-after", "dup", "dup-after")
+	e.requireExactlyOnce(good)
+	require.Equal(t, `{"amount":10}`, e.effectValue("dup"))
+
+	letters := e.letters()
+	require.Len(t, letters, len(cases)+2)
+	for p, c := range cases {
+		l := letters[c.id]
+		require.Equal(t, c.class, l.Class, c.id)
+		require.Contains(t, l.Error, c.want, c.id)
+		require.Equal(t, e.topic, l.Topic)
+		require.Equal(t, p, l.Partition, c.id)
+		require.EqualValues(t, 1, l.Offset, c.id)
+		require.Equal(t, `{"n":1}`, string(l.Value), c.id)
+		require.Equal(t, c.id, string(l.Key), c.id)
+		require.Equal(t, []deadletter.Header{{Key: consumer.DefaultMessageIDHeader, Value: []byte(c.id)}}, l.Headers, c.id)
+		require.False(t, l.FirstFailedAt.IsZero(), c.id)
+		require.False(t, l.LastFailedAt.Before(l.FirstFailedAt), c.id)
+		require.Equal(t, "dead_lettered", e.claimStatus(c.id), c.id)
+		if c.class == deadletter.ClassRetriesExhausted {
+			require.Equal(t, 3, l.Attempts, c.id)
+		} else {
+			require.Equal(t, 1, l.Attempts, "%s: permanent failures are not retried", c.id)
+		}
+	}
+	require.EqualValues(t, 3, flakyCalls.Load(), "MaxAttempts handler calls, no more")
+
+	invalid := letters["offset:1"]
+	require.Equal(t, deadletter.ClassInvalidID, invalid.Class)
+	require.Equal(t, invalidPart, invalid.Partition)
+	require.Empty(t, invalid.MessageID)
+	require.Equal(t, "no id here", string(invalid.Value))
+	require.Equal(t, []deadletter.Header{{Key: "trace", Value: []byte("t-1")}}, invalid.Headers)
+	require.Contains(t, invalid.Error, `no "message-id" header`)
+
+	conflict := letters["dup"]
+	require.Equal(t, deadletter.ClassConflict, conflict.Class)
+	require.EqualValues(t, 1, conflict.Offset)
+	require.Equal(t, `{"amount":99}`, string(conflict.Value))
+	require.Len(t, e.events.snapshot().conflicts, 1, "the conflict was reported to the hook")
+
+	require.Empty(t, e.events.snapshot().stopped, "no partition stopped")
+	positions := e.storedPositions()
+	for p := 0; p < e.parts; p++ {
+		require.EqualValues(t, 3, positions[p])
+	}
+	require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("message_attempts")), "attempt rows are cleared with the message")
+}
+
+func TestBackoffWaitEndsOnShutdown(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	e.produceIDs("a", 3)
+	var calls atomic.Int32
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "a-1" {
+			calls.Add(1)
+			return errors.New("still down")
+		}
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	cfg := e.config(h)
+	cfg.RetryInitialInterval = time.Hour // the first retry waits up to an hour
+	cfg.RetryMaxInterval = time.Hour
+	r := e.start(cfg)
+	e.waitEffects(1, 30*time.Second)
+	waitFor(t, 10*time.Second, "the first failure", func() bool { return calls.Load() == 1 })
+	time.Sleep(200 * time.Millisecond)
+	began := time.Now()
+	r.stop()
+	require.Less(t, time.Since(began), 5*time.Second, "a backoff wait must end at shutdown")
+	e.requireExactlyOnce([]string{"a-0"})
+	require.Empty(t, e.letters(), "an interrupted retry sets nothing aside")
+	require.EqualValues(t, 1, calls.Load())
+}
+
+func TestAttemptsSurviveARestart(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	e.produceIDs("s", 3)
+	var calls atomic.Int32
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "s-1" {
+			calls.Add(1)
+			return fmt.Errorf("down (call %d)", calls.Load())
+		}
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	cfg := e.config(h)
+	cfg.MaxAttempts = 5
+	cfg.RetryInitialInterval = time.Millisecond
+	cfg.RetryMaxInterval = 20 * time.Millisecond
+	gate := newFailGate(3)
+	cfg.Hooks = append(cfg.Hooks, gate)
+	r := e.start(cfg)
+	<-gate.reached // the third attempt failed
+	r.stop()
+	require.EqualValues(t, 3, calls.Load())
+	require.Empty(t, e.letters())
+
+	// A new process picks up the count where the old one left it.
+	cfg.Hooks = []consumer.Hook{e.events}
+	r = e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 3}, 30*time.Second)
+	r.stop()
+	require.EqualValues(t, 5, calls.Load(), "MaxAttempts in total across both processes")
+	l := e.letters()["s-1"]
+	require.Equal(t, deadletter.ClassRetriesExhausted, l.Class)
+	require.Equal(t, 5, l.Attempts)
+	require.Contains(t, l.Error, "down (call 5)")
+	e.requireExactlyOnce([]string{"s-0", "s-2"})
+}
+
+// failGate signals once a message's failed attempts reach stopAt, and holds
+// the worker there until the test has stopped the consumer.
+type failGate struct {
+	stopAt  int
+	reached chan struct{}
+	once    atomic.Bool
+}
+
+func newFailGate(stopAt int) *failGate { return &failGate{stopAt: stopAt, reached: make(chan struct{})} }
+
+func (g *failGate) OnMessageFailed(ctx context.Context, _ *consumer.Message, f consumer.Failure) {
+	if f.Attempt >= g.stopAt && g.once.CompareAndSwap(false, true) {
+		close(g.reached)
+		<-ctx.Done() // no further attempt in this process
+	}
+}
+
+func TestInfrastructureFailuresDoNotCountAsAttempts(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ids := e.produceIDs("i", 5)
+	var failures atomic.Int32
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "i-2" {
+			switch failures.Add(1) {
+			case 1:
+				// A real serialization failure would come from a concurrent
+				// SERIALIZABLE transaction; pgx reports it as this error.
+				_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'could not serialize access' USING ERRCODE = '40001'; END $$`)
+				return err
+			case 2:
+				_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01'; END $$`)
+				return err
+			case 3:
+				// The connection dies under the handler.
+				_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+				return err
+			}
+		}
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	cfg := e.config(h)
+	cfg.MaxAttempts = 1 // any counted failure would dead-letter i-2
+	r := e.start(cfg)
+	e.waitEffects(len(ids), 30*time.Second)
+	r.stop()
+	e.requireExactlyOnce(ids)
+	require.Empty(t, e.letters())
+	require.EqualValues(t, 4, failures.Load())
+}
+
+func TestPoisonFloodKeepsThePartitionMoving(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 2)
+	const total = 1000
+	var msgs []kafka.Message
+	var good []string
+	for i := range total {
+		id := "p-" + strconv.Itoa(i)
+		msgs = append(msgs, msg(i%2, id, "v"))
+		if i%10 != 7 {
+			good = append(good, id)
+		}
+	}
+	e.kafka.Produce(t, e.topic, msgs...)
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		n, _ := strconv.Atoi(m.ID[2:])
+		if n%10 == 7 {
+			return consumer.Permanent(fmt.Errorf("poison %d", n))
+		}
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	r := e.start(e.config(h))
+	e.waitCommitted(map[int]int64{0: total / 2, 1: total / 2}, 60*time.Second)
+	r.stop()
+
+	e.requireExactlyOnce(good)
+	letters := e.letters()
+	require.Len(t, letters, total/10)
+	var ids []string
+	for id, l := range letters {
+		require.Equal(t, deadletter.ClassPermanent, l.Class)
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	require.Equal(t, "p-107", ids[0])
+}
+
+func TestHungHandlerIsCutOff(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ids := e.produceIDs("h", 4)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // let the abandoned goroutines end before the leak check
+	var calls atomic.Int32
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := e.applyHandler().Handle(ctx, tx, m); err != nil {
+			return err
+		}
+		if m.ID == "h-1" {
+			if calls.Add(1) == 1 {
+				<-ctx.Done() // a handler that at least notices its context
+				return ctx.Err()
+			}
+			<-release // one that ignores it entirely
+		}
+		return nil
+	})
+	cfg := e.config(h)
+	cfg.HandlerTimeout = 300 * time.Millisecond
+	cfg.MaxAttempts = 2
+	cfg.RetryInitialInterval = time.Millisecond
+	r := e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 4}, 30*time.Second)
+	r.stop()
+
+	e.requireExactlyOnce([]string{ids[0], ids[2], ids[3]})
+	l := e.letters()["h-1"]
+	require.Equal(t, deadletter.ClassRetriesExhausted, l.Class)
+	require.Contains(t, l.Error, "HandlerTimeout")
+	require.Contains(t, l.Error, "abandoned")
+	require.Equal(t, 2, l.Attempts)
+	require.Zero(t, e.db.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%' AND query LIKE '%effects%'`),
+		"the hung handler's transaction was ended on the server")
+}
+
+func TestMessageThatKillsTheProcessIsSetAsideAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ids := e.produceIDs("c", 10)
+	const poison = "c-4"
+	spec := childSpec{DatabaseURL: e.db.URL, Schema: e.db.Schema, Brokers: e.kafka.Brokers, Topic: e.topic, Name: e.name,
+		KillOn: poison, MaxAttempts: 3}
+
+	// Restart the worker each time it dies, as a supervisor would. A new
+	// group each time spares the wait for the dead member's session to
+	// expire; the stored position and the attempt counts live in Postgres.
+	kills := 0
+	for run := 0; run < 10 && len(e.letters()) == 0; run++ {
+		spec.Group = fmt.Sprintf("%s_%d", e.group, run)
+		killed, out := e.runChild(spec, 30*time.Second, func() bool { return len(e.letters()) > 0 })
+		if !killed {
+			require.NotEmpty(t, e.letters(), "the child ended without being killed and without setting the poison aside:\n%s", out)
+			break
+		}
+		kills++
+		// Order is kept meanwhile: nothing after the poison is applied
+		// while it is unresolved.
+		require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("effects")+` WHERE kafka_offset > 4`))
+	}
+	// The run that set the poison aside goes on with the rest.
+	r := e.start(e.config(e.applyHandler()))
+	waitFor(t, 30*time.Second, "the rest applied", func() bool { return e.storedPositions()[0] == 10 })
+	r.stop()
+
+	e.requireExactlyOnce(append(append([]string{}, ids[:4]...), ids[5:]...))
+	l := e.letters()[poison]
+	require.Equal(t, deadletter.ClassCrashed, l.Class)
+	require.Equal(t, 3, l.Attempts)
+	require.Contains(t, l.Error, "ended without a result")
+	// One kill in the first batch (no attempt counted there), then one per
+	// counted attempt.
+	require.Equal(t, 4, kills)
+}

@@ -1,0 +1,432 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/txguard"
+)
+
+// handlerCutoffGrace is how long a handler whose context was cancelled for
+// exceeding HandlerTimeout may take to return before it is abandoned.
+const handlerCutoffGrace = 2 * time.Second
+
+// fate is what a transaction did with one message.
+type fate uint8
+
+const (
+	fateApplied fate = iota
+	fateSkipped
+	fateSkippedInBatch
+	fateDeadLettered
+)
+
+// batchState holds per-transaction scratch space, reused across
+// transactions. It belongs to the goroutine running the transaction until
+// runTx returns.
+type batchState struct {
+	claims     []dedupe.Claim
+	claimItem  []int // claims[j] is for items[claimItem[j]]
+	claimedBy  []bool
+	claimed    []bool
+	fates      []fate
+	fails      []*failure // why fateDeadLettered messages were set aside
+	conflicts  []*FingerprintConflictError
+	failedInTx []int // messages that failed inside a savepoint and were set aside
+}
+
+func (st *batchState) reset(n int) {
+	st.claims, st.claimItem = st.claims[:0], st.claimItem[:0]
+	st.claimed = resize(st.claimed, n)
+	st.fates = resize(st.fates, n)
+	st.fails = resize(st.fails, n)
+	st.conflicts, st.failedInTx = st.conflicts[:0], st.failedInTx[:0]
+}
+
+// txOutcome is the result of one transaction.
+type txOutcome struct {
+	// committed counts the items committed: all of the plan on success, a
+	// prefix when a savepoint transaction was cut short, else 0.
+	committed int
+	// err is nil when the whole plan committed.
+	err error
+	// failedAt is the index of the message that failed, or -1 when the
+	// transaction failed as a whole (infrastructure).
+	failedAt int
+	fail     *failure
+}
+
+func infra(err error) txOutcome {
+	return txOutcome{failedAt: -1, err: err, fail: newFailure(classInfra, "", err)}
+}
+
+// txRun is shared between runTx and the goroutine running the transaction,
+// for the handler watchdog.
+type txRun struct {
+	handlerSince atomic.Int64 // unix nanoseconds the running handler call started; 0 between calls
+	current      atomic.Int32 // index of the message being handled
+	timedOut     atomic.Bool
+	conn         atomic.Value // net.Conn of the transaction
+}
+
+// runTx runs one transaction over items per p, between the batch hooks, on
+// a goroutine of its own so that a handler that hangs, ignoring its context,
+// can be cut off: after HandlerTimeout its context is cancelled, and if it
+// has not returned handlerCutoffGrace later, its connection is closed (the
+// server rolls the transaction back) and it is abandoned.
+func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int) txOutcome {
+	items = items[:p.n]
+	info := BatchInfo{Topic: w.topic, Partition: w.partition, FirstOffset: items[0].msg.Offset,
+		LastOffset: items[len(items)-1].msg.Offset, Size: len(items), Attempt: attempt}
+	for _, h := range w.c.hooks.start {
+		h.OnBatchStart(work, info)
+	}
+	began := time.Now()
+	hctx, cancel := context.WithCancel(work)
+	defer cancel()
+	run := &txRun{}
+	st := &w.batch
+	done := make(chan txOutcome, 1)
+	go func() { done <- w.tx(hctx, work, items, p, st, run) }()
+	out, abandoned := w.await(done, cancel, run, items)
+	if abandoned {
+		// The abandoned goroutine still owns the scratch space and the batch
+		// buffer; give the worker new ones.
+		w.batch, w.items = batchState{}, nil
+	}
+	if len(w.c.hooks.end) > 0 {
+		r := BatchResult{Duration: time.Since(began), Err: out.err}
+		if !abandoned {
+			for _, f := range st.fates[:out.committed] {
+				if f == fateApplied {
+					r.Applied++
+				} else if f != fateDeadLettered {
+					r.Skipped++
+				}
+			}
+		}
+		for _, h := range w.c.hooks.end {
+			h.OnBatchEnd(work, info, r)
+		}
+	}
+	return out
+}
+
+// await waits for the transaction, watching the handler's running time.
+func (w *worker) await(done <-chan txOutcome, cancel context.CancelFunc, run *txRun, items []item) (txOutcome, bool) {
+	limit := w.c.cfg.HandlerTimeout
+	tick := time.NewTicker(min(limit/4, time.Second))
+	defer tick.Stop()
+	var cutoff <-chan time.Time
+	for {
+		select {
+		case out := <-done:
+			return out, false
+		case <-tick.C:
+			since := run.handlerSince.Load()
+			if cutoff == nil && since != 0 && time.Since(time.Unix(0, since)) > limit {
+				run.timedOut.Store(true)
+				cancel()
+				cutoff = time.After(handlerCutoffGrace)
+			}
+		case <-cutoff:
+			if c, ok := run.conn.Load().(net.Conn); ok {
+				_ = c.Close()
+			}
+			i := int(run.current.Load())
+			msg := &items[i].msg
+			err := &MessageError{Topic: w.topic, Partition: w.partition, Offset: msg.Offset, MessageID: msg.ID,
+				Err: fmt.Errorf("%w (%v) and did not return within %v after its context was cancelled; it was abandoned and its connection closed", ErrHandlerTimeout, limit, handlerCutoffGrace)}
+			w.c.log.Error("handler hung; abandoned it", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID))...)
+			return txOutcome{failedAt: i, err: err, fail: newFailure(classTransient, deadletter.ClassRetriesExhausted, err)}, true
+		}
+	}
+}
+
+// tx runs one transaction: claim the ids, sort out duplicates and conflicts,
+// run the handler for each newly claimed message, set aside what p says and
+// what fails permanently inside a savepoint, write dead letters, advance the
+// stored position, commit. The handler gets hctx; everything else runs on
+// ctx, so a handler cut off by the watchdog does not take the transaction's
+// own statements with it.
+func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchState, run *txRun) (out txOutcome) {
+	out.failedAt = -1
+	n := len(items)
+	st.reset(n)
+	for i := range items {
+		f := p.deadLetter[i]
+		if items[i].idErr != nil {
+			st.fates[i], st.fails[i] = fateDeadLettered, f
+			continue
+		}
+		c := dedupe.Claim{MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Offset: items[i].msg.Offset}
+		if f != nil {
+			c.Status, c.Attempts = dedupe.StatusDeadLettered, f.attempts
+		}
+		st.claims = append(st.claims, c)
+		st.claimItem = append(st.claimItem, i)
+	}
+	st.claimedBy = resize(st.claimedBy, len(st.claims))
+
+	tx, err := w.c.db.Begin(ctx)
+	if err != nil {
+		return infra(fmt.Errorf("begin: %w", err))
+	}
+	run.conn.Store(tx.Conn().PgConn().Conn())
+	committed := false
+	defer func() {
+		if !committed {
+			// Rollback on a broken connection fails too; pgx then closes the
+			// connection and the pool replaces it.
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+
+	b := &pgx.Batch{}
+	if w.c.sessionSQL != "" {
+		b.Queue(w.c.sessionSQL, w.c.sessionArgs...)
+	}
+	if len(st.claims) > 0 {
+		w.c.claims.QueueClaim(b, w.c.cfg.Name, w.topic, w.partition, st.claims, st.claimedBy)
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return infra(fmt.Errorf("claim: %w", err))
+	}
+	for j, i := range st.claimItem {
+		st.claimed[i] = st.claimedBy[j]
+		if st.claimed[i] && p.deadLetter[i] != nil {
+			st.fates[i], st.fails[i] = fateDeadLettered, p.deadLetter[i]
+		}
+	}
+	if res := w.resolveUnclaimed(ctx, tx, items, st); res.err != nil {
+		return res
+	}
+
+	gtx := txguard.Wrap(tx)
+	cut := -1
+	var dlIDs []string
+	var dlAttempts []int32
+	for i := range items {
+		if st.fates[i] != fateApplied {
+			continue
+		}
+		inSavepoint := i >= p.savepointFrom
+		if inSavepoint {
+			if _, err := tx.Exec(ctx, "SAVEPOINT kafkaonce_message"); err != nil {
+				return infra(err)
+			}
+		}
+		run.current.Store(int32(i))
+		run.handlerSince.Store(time.Now().UnixNano())
+		err := w.callHandler(hctx, gtx, &items[i].msg)
+		run.handlerSince.Store(0)
+		switch {
+		case run.timedOut.Load():
+			err = fmt.Errorf("%w (%v)", ErrHandlerTimeout, w.c.cfg.HandlerTimeout)
+		case err == nil && gtx.Misused():
+			err = ErrTxControlledByConsumer
+		case err == nil && tx.Conn().PgConn().TxStatus() == 'E':
+			err = ErrTxAborted
+		}
+		if err == nil {
+			if inSavepoint {
+				if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT kafkaonce_message"); err != nil {
+					return infra(err)
+				}
+			}
+			continue
+		}
+		merr := &MessageError{Topic: w.topic, Partition: w.partition, Offset: items[i].msg.Offset, MessageID: items[i].msg.ID, Err: err}
+		f := classifyHandlerError(err)
+		f.err = merr
+		switch {
+		case f.class == classInfra:
+			// A deadlock or a lost connection inside the handler is not the
+			// message's fault: the whole transaction runs again.
+			return infra(merr)
+		case !inSavepoint || run.timedOut.Load():
+			return txOutcome{failedAt: i, err: merr, fail: f}
+		}
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT kafkaonce_message"); err != nil {
+			return infra(err)
+		}
+		if f.class == classPermanent && w.c.cfg.OnPermanentFailure == DeadLetter {
+			st.fates[i], st.fails[i] = fateDeadLettered, f
+			st.failedInTx = append(st.failedInTx, i)
+			dlIDs = append(dlIDs, items[i].msg.ID)
+			dlAttempts = append(dlAttempts, int32(f.attempts))
+			continue
+		}
+		// Cut the batch short here: commit what comes before.
+		cut, out.fail = i, f
+		break
+	}
+	end := n
+	if cut >= 0 {
+		end = cut
+	}
+	if end == 0 {
+		return txOutcome{failedAt: cut, err: out.fail.err, fail: out.fail}
+	}
+
+	b = &pgx.Batch{}
+	if len(dlIDs) > 0 {
+		w.c.claims.QueueSetStatus(b, w.c.cfg.Name, dlIDs, dlAttempts, dedupe.StatusDeadLettered)
+	}
+	if cut >= 0 {
+		var tail []string
+		for i := cut; i < n; i++ {
+			if st.claimed[i] {
+				tail = append(tail, items[i].msg.ID)
+			}
+		}
+		if len(tail) > 0 {
+			w.c.claims.QueueUnclaim(b, w.c.cfg.Name, tail)
+		}
+	}
+	var letters []deadletter.Letter
+	for i := range items[:end] {
+		if st.fates[i] == fateDeadLettered {
+			letters = append(letters, letterFor(&items[i], st.fails[i]))
+		}
+	}
+	if len(letters) > 0 {
+		if err := w.c.letters.QueueInsert(b, w.c.cfg.Name, w.topic, w.partition, letters); err != nil {
+			return infra(err)
+		}
+	}
+	if p.clearAttempts {
+		w.c.attempts.QueueClear(b, w.c.cfg.Name, w.topic, w.partition, items[0].msg.Offset, items[end-1].msg.Offset)
+	}
+	w.c.offsets.QueueAdvance(b, w.c.cfg.Name, w.topic, w.partition, items[end-1].msg.Offset+1)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return infra(fmt.Errorf("record position: %w", err))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		committed = true // nothing left to roll back: the connection is gone or the server ended the transaction
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			// The server answered: the transaction did not commit.
+			return infra(fmt.Errorf("commit: %w", err))
+		}
+		// No answer: the COMMIT may or may not have been applied. Never
+		// guess (pgconn.SafeToRetry says nothing about a COMMIT that was
+		// sent): leave the Kafka offset alone and run the batch again on a
+		// new connection, where the claims tell which it was.
+		w.c.log.Warn("COMMIT outcome unknown; the batch will run again and its claims decide", w.logAttrs(
+			slog.Int64("offset", items[0].msg.Offset), slog.String("error", err.Error()))...)
+		return infra(fmt.Errorf("commit outcome unknown: %w", err))
+	}
+	committed = true
+	out.committed = end
+	if cut >= 0 {
+		out.failedAt, out.err = cut, out.fail.err
+	}
+	return out
+}
+
+// resolveUnclaimed sorts the messages whose claim found an existing row into
+// duplicates (same fingerprint: skipped) and conflicts (different
+// fingerprint: set aside, or the transaction fails under StopPartition).
+func (w *worker) resolveUnclaimed(ctx context.Context, tx pgx.Tx, items []item, st *batchState) txOutcome {
+	var ids []string
+	for _, i := range st.claimItem {
+		if !st.claimed[i] {
+			ids = append(ids, items[i].msg.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return txOutcome{failedAt: -1}
+	}
+	// A new statement sees rows committed by other transactions since the
+	// claim (READ COMMITTED), and rows this transaction just inserted for an
+	// earlier copy in the same batch.
+	existing, err := w.c.claims.Lookup(ctx, tx, w.c.cfg.Name, ids)
+	if err != nil {
+		return infra(err)
+	}
+	for _, i := range st.claimItem {
+		if st.claimed[i] {
+			continue
+		}
+		rec, ok := existing[items[i].msg.ID]
+		if !ok {
+			// Deleted between the claim and the lookup (pruning): run again.
+			return infra(fmt.Errorf("claim of message id %q vanished during the batch", items[i].msg.ID))
+		}
+		inBatch := rec.Topic == w.topic && rec.Partition == w.partition && claimedHere(items, st, rec.Offset)
+		if rec.Fingerprint == items[i].fp {
+			st.fates[i], st.fails[i] = fateSkipped, nil
+			if inBatch {
+				st.fates[i] = fateSkippedInBatch
+			}
+			continue
+		}
+		if inBatch {
+			rec.Status = "" // the first copy is not stored yet
+		}
+		cf := &FingerprintConflictError{Topic: w.topic, Partition: w.partition, Offset: items[i].msg.Offset,
+			MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Existing: rec}
+		f := newFailure(classPermanent, deadletter.ClassConflict, cf)
+		if w.c.cfg.OnPermanentFailure == StopPartition {
+			return txOutcome{failedAt: i, err: cf, fail: f}
+		}
+		st.fates[i], st.fails[i] = fateDeadLettered, f
+		st.conflicts = append(st.conflicts, cf)
+	}
+	return txOutcome{failedAt: -1}
+}
+
+// claimedHere reports whether this transaction claimed the message at off.
+func claimedHere(items []item, st *batchState, off int64) bool {
+	for i := range items {
+		if items[i].msg.Offset == off {
+			return st.claimed[i]
+		}
+	}
+	return false
+}
+
+// callHandler runs the handler (see Consumer.callHandler).
+func (w *worker) callHandler(ctx context.Context, tx pgx.Tx, msg *Message) error {
+	return w.c.callHandler(ctx, tx, msg)
+}
+
+func stack() []byte { return debug.Stack() }
+
+// letterFor builds the dead letter of a message.
+func letterFor(it *item, f *failure) deadletter.Letter {
+	l := deadletter.Letter{
+		Topic: it.msg.Topic, Partition: it.msg.Partition, Offset: it.msg.Offset, MessageID: it.msg.ID,
+		Key: it.msg.Key, Value: it.msg.Value, MessageTime: it.msg.Time,
+		Class: f.kind, Error: f.err.Error(), Attempts: f.attempts, FirstFailedAt: f.first, LastFailedAt: f.last,
+	}
+	for _, h := range it.msg.Headers {
+		l.Headers = append(l.Headers, deadletter.Header{Key: h.Key, Value: h.Value})
+	}
+	return l
+}
+
+func invalidIDFailure(err error) *failure {
+	return newFailure(classPermanent, deadletter.ClassInvalidID, err)
+}
+
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
+}

@@ -1,0 +1,127 @@
+// Package attempts keeps the attempt counts of failing messages in Postgres,
+// so that they survive restarts and rebalances.
+//
+// An attempt is recorded in a transaction of its own, committed BEFORE the
+// handler runs: an attempt that kills the process is counted as surely as
+// one that returns an error. Only messages retried on their own are counted
+// this way; the fast path (a batch in one transaction) records nothing.
+//
+// To catch a message that kills the process inside a batch, where nothing is
+// counted, every partition assignment is recorded too (partition_runs): two
+// assignments in a row that start at the same offset mean the previous run
+// did not get past its first batch, and the consumer then goes one message
+// at a time, counting attempts, until it is past that batch.
+package attempts
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkaonce/kafkaonce/internal/schema"
+)
+
+// Key locates a message.
+type Key struct {
+	Consumer  string
+	Topic     string
+	Partition int
+	Offset    int64
+}
+
+// Record is what is known about a message's attempts.
+type Record struct {
+	// Attempts counts attempts started, including the one just recorded.
+	Attempts       int
+	FirstAttemptAt time.Time
+	// LastErrorClass and LastError describe the last attempt that ended in
+	// an error; empty when every attempt so far ended without one (the
+	// process died).
+	LastErrorClass string
+	LastError      string
+	// PreviousErrored reports whether the attempt before this one ended in
+	// an error; false means it ended without a result (a crash).
+	PreviousErrored bool
+}
+
+// Store reads and writes message_attempts and partition_runs.
+type Store struct {
+	attempts, runs string
+}
+
+// NewStore returns a Store for the tables in schemaName.
+func NewStore(schemaName string) (*Store, error) {
+	if err := schema.ValidateName(schemaName); err != nil {
+		return nil, fmt.Errorf("attempts: schema name %w", err)
+	}
+	return &Store{attempts: schema.Table(schemaName, "message_attempts"), runs: schema.Table(schemaName, "partition_runs")}, nil
+}
+
+// Begin records, and commits, that an attempt of the message at k starts.
+// initial is the count to store when no attempt was recorded before (2 when
+// the message already failed once inside a batch, where nothing is counted).
+func (s *Store) Begin(ctx context.Context, db schema.Beginner, k Key, messageID string, initial int) (Record, error) {
+	var r Record
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `INSERT INTO `+s.attempts+` AS a (consumer, topic, partition, kafka_offset, message_id, attempts)
+VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6)
+ON CONFLICT (consumer, topic, partition, kafka_offset)
+DO UPDATE SET attempts = a.attempts + 1, last_attempt_at = now()
+RETURNING attempts, first_attempt_at, coalesce(last_error_class, ''), coalesce(last_error, ''), coalesce(last_error_attempt = attempts - 1, false)`,
+			k.Consumer, k.Topic, k.Partition, k.Offset, messageID, initial).Scan(&r.Attempts, &r.FirstAttemptAt, &r.LastErrorClass, &r.LastError, &r.PreviousErrored)
+	})
+	if err != nil {
+		return Record{}, fmt.Errorf("attempts: record attempt of %s/%d/%d: %w", k.Topic, k.Partition, k.Offset, err)
+	}
+	return r, nil
+}
+
+// Fail records, and commits, how the current attempt of the message failed.
+func (s *Store) Fail(ctx context.Context, db schema.Beginner, k Key, class, text string) error {
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE `+s.attempts+` SET last_error_class = $5, last_error = $6, last_error_attempt = attempts
+WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset = $4`, k.Consumer, k.Topic, k.Partition, k.Offset, class, text)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("attempts: record failure of %s/%d/%d: %w", k.Topic, k.Partition, k.Offset, err)
+	}
+	return nil
+}
+
+// QueueClear adds to b the removal of the attempt rows of a partition's
+// messages from first to last, for the transaction that applies or
+// dead-letters them.
+func (s *Store) QueueClear(b *pgx.Batch, consumer, topic string, partition int, first, last int64) {
+	b.Queue(`DELETE FROM `+s.attempts+` WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset BETWEEN $4 AND $5`,
+		consumer, topic, partition, first, last)
+}
+
+// Assigned records that a run of the partition starts at start and returns
+// what a careful start needs: how many runs in a row started there, whether
+// an attempt of the message at start was in progress, and the highest offset
+// with attempt rows (-1 when none). Rows below start are stale (those
+// messages were processed) and are removed.
+func (s *Store) Assigned(ctx context.Context, db schema.Beginner, consumer, topic string, partition int, start int64) (starts int, inProgress bool, maxOffset int64, err error) {
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `INSERT INTO `+s.runs+` AS r (consumer, topic, partition, start_offset, starts) VALUES ($1, $2, $3, $4, 1)
+ON CONFLICT (consumer, topic, partition) DO UPDATE
+SET starts = CASE WHEN r.start_offset = EXCLUDED.start_offset THEN r.starts + 1 ELSE 1 END,
+    start_offset = EXCLUDED.start_offset, started_at = now()
+RETURNING starts`, consumer, topic, partition, start).Scan(&starts); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM `+s.attempts+` WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset < $4`,
+			consumer, topic, partition, start); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT coalesce(bool_or(kafka_offset = $4), false), coalesce(max(kafka_offset), -1) FROM `+s.attempts+`
+WHERE consumer = $1 AND topic = $2 AND partition = $3`, consumer, topic, partition, start).Scan(&inProgress, &maxOffset)
+	})
+	if err != nil {
+		return 0, false, 0, fmt.Errorf("attempts: record start of %s/%d: %w", topic, partition, err)
+	}
+	return starts, inProgress, maxOffset, nil
+}

@@ -31,9 +31,9 @@ type DB interface {
 // Consumer is an idempotent Kafka consumer: see the package documentation.
 // Create one with New, then call Run.
 type Consumer struct {
-	db      DB
-	cfg     Config
-	log     *slog.Logger
+	db       DB
+	cfg      Config
+	log      *slog.Logger
 	hooks    hooks
 	claims   *dedupe.Store
 	offsets  *offsets.Store

@@ -243,7 +243,9 @@ type failGate struct {
 	once    atomic.Bool
 }
 
-func newFailGate(stopAt int) *failGate { return &failGate{stopAt: stopAt, reached: make(chan struct{})} }
+func newFailGate(stopAt int) *failGate {
+	return &failGate{stopAt: stopAt, reached: make(chan struct{})}
+}
 
 func (g *failGate) OnMessageFailed(ctx context.Context, _ *consumer.Message, f consumer.Failure) {
 	if f.Attempt >= g.stopAt && g.once.CompareAndSwap(false, true) {

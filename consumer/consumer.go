@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
@@ -83,7 +85,7 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	sql, args := sessionSettings(&c)
+	sql, args := sessionSettings(&c, false)
 	out := &Consumer{
 		db:          db,
 		cfg:         c,
@@ -105,36 +107,36 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 
 // sessionSettings builds the statement that applies the configured timeouts
 // to the current transaction only (set_config(..., true) is SET LOCAL), so
-// the pool's connections go back to the application unchanged.
-func sessionSettings(c *Config) (string, []any) {
+// the pool's connections go back to the application unchanged. On Postgres
+// 14 and later it also sets client_connection_check_interval, so that a
+// statement whose client is gone (a hung handler cut off by closing its
+// connection) is aborted within a second instead of running to its end.
+func sessionSettings(c *Config, checkClient bool) (string, []any) {
 	var sets []string
 	var args []any
+	add := func(name, value string) {
+		args = append(args, value)
+		sets = append(sets, fmt.Sprintf("set_config('%s', $%d, true)", name, len(args)))
+	}
 	for _, s := range []struct {
 		name string
-		d    interface{ Milliseconds() int64 }
-		skip bool
+		d    time.Duration
 	}{
-		{"statement_timeout", c.StatementTimeout, c.StatementTimeout == LeaveUnset},
-		{"lock_timeout", c.LockTimeout, c.LockTimeout == LeaveUnset},
-		{"idle_in_transaction_session_timeout", c.IdleInTransactionTimeout, c.IdleInTransactionTimeout == LeaveUnset},
+		{"statement_timeout", c.StatementTimeout},
+		{"lock_timeout", c.LockTimeout},
+		{"idle_in_transaction_session_timeout", c.IdleInTransactionTimeout},
 	} {
-		if s.skip {
-			continue
+		if s.d != LeaveUnset {
+			add(s.name, strconv.FormatInt(s.d.Milliseconds(), 10))
 		}
-		args = append(args, strconv.FormatInt(s.d.Milliseconds(), 10))
-		sets = append(sets, fmt.Sprintf("set_config('%s', $%d, true)", s.name, len(args)))
+	}
+	if checkClient {
+		add("client_connection_check_interval", "1000")
 	}
 	if len(sets) == 0 {
 		return "", nil
 	}
-	sql := "SELECT "
-	for i, s := range sets {
-		if i > 0 {
-			sql += ", "
-		}
-		sql += s
-	}
-	return sql, args
+	return "SELECT " + strings.Join(sets, ", "), args
 }
 
 // Migrate creates or upgrades kafkaonce's tables in schemaName
@@ -225,6 +227,13 @@ func (c *Consumer) checkSchema(ctx context.Context) error {
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if err := schema.RequireLatest(ctx, tx, c.cfg.Schema); err != nil {
 		return fmt.Errorf("consumer: %w", err)
+	}
+	var version int
+	if err := tx.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		return fmt.Errorf("consumer: read the server version: %w", err)
+	}
+	if version >= 140000 {
+		c.sessionSQL, c.sessionArgs = sessionSettings(&c.cfg, true)
 	}
 	return nil
 }

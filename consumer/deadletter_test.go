@@ -337,17 +337,24 @@ func TestHungHandlerIsCutOff(t *testing.T) {
 			return err
 		}
 		if m.ID == "h-1" {
-			if calls.Add(1) == 1 {
+			switch calls.Add(1) {
+			case 1:
 				<-ctx.Done() // a handler that at least notices its context
 				return ctx.Err()
+			case 2:
+				// Stuck in a statement; pgx gives up on it when ctx ends,
+				// and the server must stop running it too.
+				_, err := tx.Exec(ctx, `SELECT pg_sleep(3600) /* hung handler */`)
+				return err
+			default:
+				<-release // one that ignores its context entirely
 			}
-			<-release // one that ignores it entirely
 		}
 		return nil
 	})
 	cfg := e.config(h)
 	cfg.HandlerTimeout = 300 * time.Millisecond
-	cfg.MaxAttempts = 2
+	cfg.MaxAttempts = 3
 	cfg.RetryInitialInterval = time.Millisecond
 	r := e.start(cfg)
 	e.waitCommitted(map[int]int64{0: 4}, 30*time.Second)
@@ -358,9 +365,12 @@ func TestHungHandlerIsCutOff(t *testing.T) {
 	require.Equal(t, deadletter.ClassRetriesExhausted, l.Class)
 	require.Contains(t, l.Error, "HandlerTimeout")
 	require.Contains(t, l.Error, "abandoned")
-	require.Equal(t, 2, l.Attempts)
-	require.Zero(t, e.db.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%' AND query LIKE '%effects%'`),
-		"the hung handler's transaction was ended on the server")
+	require.Equal(t, 3, l.Attempts)
+	require.EqualValues(t, 3, calls.Load())
+	waitFor(t, 10*time.Second, "the server to end the hung handlers' sessions", func() bool {
+		return e.db.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%hung handler%' AND pid <> pg_backend_pid()`) == 0 &&
+			e.db.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%' AND query LIKE '%effects%'`) == 0
+	})
 }
 
 func TestMessageThatKillsTheProcessIsSetAsideAfterMaxAttempts(t *testing.T) {

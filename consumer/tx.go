@@ -217,15 +217,24 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 	cut := -1
 	var dlIDs []string
 	var dlAttempts []int32
+	// In savepoint mode one savepoint stays open: releasing the previous
+	// message's and setting the next one's share a round trip, and COMMIT
+	// releases the last.
+	savepointOpen := false
 	for i := range items {
 		if st.fates[i] != fateApplied {
 			continue
 		}
 		inSavepoint := i >= p.savepointFrom
 		if inSavepoint {
-			if _, err := tx.Exec(ctx, "SAVEPOINT kafkaonce_message"); err != nil {
+			sql := "SAVEPOINT kafkaonce_message"
+			if savepointOpen {
+				sql = "RELEASE SAVEPOINT kafkaonce_message; SAVEPOINT kafkaonce_message"
+			}
+			if _, err := tx.Exec(ctx, sql); err != nil {
 				return infra(err)
 			}
+			savepointOpen = true
 		}
 		run.current.Store(int32(i))
 		run.handlerSince.Store(time.Now().UnixNano())
@@ -240,11 +249,6 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 			err = ErrTxAborted
 		}
 		if err == nil {
-			if inSavepoint {
-				if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT kafkaonce_message"); err != nil {
-					return infra(err)
-				}
-			}
 			continue
 		}
 		merr := &MessageError{Topic: w.topic, Partition: w.partition, Offset: items[i].msg.Offset, MessageID: items[i].msg.ID, Err: err}

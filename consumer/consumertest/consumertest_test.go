@@ -73,7 +73,7 @@ func TestHandleReportsMisuseLikeTheConsumer(t *testing.T) {
 		_, _ = tx.Exec(ctx, `SELECT * FROM no_such_table`)
 		return nil
 	})
-	require.ErrorContains(t, consumertest.Handle(ctx, t, tx, swallows, consumertest.NewMessage(nil)), "did it ignore a SQL error?")
+	require.ErrorIs(t, consumertest.Handle(ctx, t, tx, swallows, consumertest.NewMessage(nil)), consumer.ErrTxAborted)
 	_, err = tx.Exec(ctx, `SELECT 1`)
 	require.NoError(t, err, "the test's transaction is still usable")
 }

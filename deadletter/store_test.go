@@ -1,0 +1,93 @@
+package deadletter_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func TestInsertListAndMark(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	s, err := deadletter.NewStore(db.Schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	letter := func(off int64, id string, class deadletter.Class) deadletter.Letter {
+		return deadletter.Letter{Offset: off, MessageID: id, Key: []byte("k"), Value: []byte{0, 1, 2},
+			Headers: []deadletter.Header{{Key: "h", Value: []byte{0xff}}}, Class: class, Error: "boom",
+			Attempts: 2, FirstFailedAt: now, LastFailedAt: now}
+	}
+	b := &pgx.Batch{}
+	require.NoError(t, s.QueueInsert(b, "c", "t", 0, []deadletter.Letter{
+		letter(1, "a", deadletter.ClassPermanent), letter(2, "", deadletter.ClassInvalidID),
+	}))
+	require.NoError(t, s.QueueInsert(b, "c", "t", 1, []deadletter.Letter{letter(5, "b", deadletter.ClassPanic)}))
+	require.NoError(t, s.QueueInsert(b, "other", "t", 0, []deadletter.Letter{letter(1, "a", deadletter.ClassPermanent)}))
+	// The same position twice: the first letter stands.
+	require.NoError(t, s.QueueInsert(b, "c", "t", 0, []deadletter.Letter{letter(1, "a", deadletter.ClassCrashed)}))
+	require.NoError(t, db.Pool.SendBatch(ctx, b).Close())
+
+	all, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c"})
+	require.NoError(t, err)
+	require.Len(t, all, 3)
+	require.Equal(t, deadletter.ClassPermanent, all[0].Class)
+	require.Equal(t, []byte{0, 1, 2}, all[0].Value)
+	require.Equal(t, []deadletter.Header{{Key: "h", Value: []byte{0xff}}}, all[0].Headers)
+	require.Equal(t, now, all[0].FirstFailedAt.UTC())
+	require.Empty(t, all[1].MessageID, "a letter without an id")
+
+	p0, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c", Topic: "t", Partition: 0, HasPartition: true})
+	require.NoError(t, err)
+	require.Len(t, p0, 2)
+	byClass, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c", Class: deadletter.ClassPanic})
+	require.NoError(t, err)
+	require.Len(t, byClass, 1)
+	page, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c", AfterID: all[0].ID, Limit: 1})
+	require.NoError(t, err)
+	require.Equal(t, all[1].ID, page[0].ID)
+
+	require.NoError(t, s.MarkRedriven(ctx, db.Pool, all[0].ID))
+	require.NoError(t, s.MarkPublished(ctx, db.Pool, []int64{all[1].ID}))
+	pending, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c", Pending: true})
+	require.NoError(t, err)
+	require.Len(t, pending, 2)
+	unpublished, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c", Unpublished: true})
+	require.NoError(t, err)
+	require.Len(t, unpublished, 2)
+	total, open, err := s.Count(ctx, db.Pool, "c")
+	require.NoError(t, err)
+	require.EqualValues(t, 3, total)
+	require.EqualValues(t, 2, open)
+
+	got, err := s.Get(ctx, db.Pool, all[0].ID)
+	require.NoError(t, err)
+	require.NotNil(t, got.RedrivenAt)
+	_, err = s.Get(ctx, db.Pool, 999999)
+	require.ErrorIs(t, err, deadletter.ErrNotFound)
+}
+
+func TestLongErrorsAreCut(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	s, _ := deadletter.NewStore(db.Schema)
+	ctx := context.Background()
+	b := &pgx.Batch{}
+	long := strings.Repeat("é", deadletter.MaxErrorLen) // 2 bytes each
+	require.NoError(t, s.QueueInsert(b, "c", "t", 0, []deadletter.Letter{{Offset: 1, Class: deadletter.ClassPanic, Error: long,
+		FirstFailedAt: time.Now(), LastFailedAt: time.Now()}}))
+	require.NoError(t, db.Pool.SendBatch(ctx, b).Close())
+	ls, err := s.List(ctx, db.Pool, deadletter.Filter{})
+	require.NoError(t, err)
+	require.LessOrEqual(t, len(ls[0].Error), deadletter.MaxErrorLen+len("... [truncated]"))
+	require.True(t, strings.HasSuffix(ls[0].Error, "... [truncated]"))
+}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/recent"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
 )
 
@@ -24,6 +26,9 @@ type item struct {
 	// idErr is set when no valid id could be derived; the message is set
 	// aside as invalid.
 	idErr error
+	// suspect is the earlier sighting of the same content under another
+	// id, for a suspect duplicate.
+	suspect *recent.Sighting
 }
 
 // processBatch converts a fetched batch, derives its message ids and
@@ -55,8 +60,17 @@ func (w *worker) processBatch(stop, work context.Context, raw []kafka.Message) e
 		}
 		it.msg.ID = id
 		it.fp = dedupe.FingerprintOf(it.msg.Key, it.msg.Value)
+		if w.recent != nil {
+			if prev, ok := w.recent.Observe(it.fp, id, it.msg.Offset, time.Now()); ok {
+				it.suspect = &prev
+				w.reportSuspect(work, &it.msg, prev)
+			}
+		}
 	}
 	w.items = items
+	if len(raw) > 0 {
+		w.hwm = raw[len(raw)-1].HighWaterMark
+	}
 
 	// After a run that did not get past this point, go one message at a
 	// time, counting attempts, until past the suspect batch.
@@ -203,6 +217,16 @@ func (w *worker) resolve(stop, work context.Context, one []item, f *failure) err
 	return w.runAlone(stop, work, one, f)
 }
 
+// reportSuspect logs a suspect duplicate and calls its hooks.
+func (w *worker) reportSuspect(ctx context.Context, msg *Message, first recent.Sighting) {
+	w.c.log.Warn("suspect duplicate: the same content was seen shortly before under another id (a producer that makes a new id on each retry?)",
+		w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
+			slog.String("first_message_id", first.MessageID), slog.Int64("first_offset", first.Offset))...)
+	for _, h := range w.c.hooks.suspect {
+		h.OnSuspectDuplicate(ctx, msg, SuspectOf{MessageID: first.MessageID, Offset: first.Offset, At: first.At})
+	}
+}
+
 // reportFailure logs a failed attempt and calls the failure hooks.
 func (w *worker) reportFailure(ctx context.Context, msg *Message, f *failure) {
 	w.c.log.Warn("message failed", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
@@ -234,10 +258,13 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan) {
 			for _, h := range w.c.hooks.applied {
 				h.OnMessageApplied(ctx, &items[i].msg)
 			}
-		case fateSkipped, fateSkippedInBatch:
+		case fateSkipped, fateSkippedInBatch, fateSkippedSuspect:
 			reason := SkipAlreadyClaimed
-			if st.fates[i] == fateSkippedInBatch {
+			switch st.fates[i] {
+			case fateSkippedInBatch:
 				reason = SkipDuplicateInBatch
+			case fateSkippedSuspect:
+				reason = SkipSuspectDuplicate
 			}
 			for _, h := range w.c.hooks.skipped {
 				h.OnMessageSkipped(ctx, &items[i].msg, reason)

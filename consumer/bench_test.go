@@ -26,10 +26,16 @@ import (
 // join and producing are not counted.
 func BenchmarkThroughput(b *testing.B) {
 	for _, mode := range []struct {
-		name   string
-		batch  int
-		effect bool
-	}{{"per-message/update", 1, true}, {"batched/update", 1000, true}, {"per-message/noop", 1, false}, {"batched/noop", 1000, false}} {
+		name     string
+		batch    int
+		effect   bool
+		suspects bool
+	}{
+		{"per-message/update", 1, true, true}, {"batched/update", 1000, true, true},
+		{"per-message/noop", 1, false, true}, {"batched/noop", 1000, false, true},
+		// The suspect-duplicate check's cost, side by side with batched/noop.
+		{"batched/noop/no-suspect-check", 1000, false, false},
+	} {
 		b.Run(mode.name, func(b *testing.B) {
 			b.StopTimer()
 			e := setup(b, 1)
@@ -64,6 +70,9 @@ func BenchmarkThroughput(b *testing.B) {
 			cfg := e.config(h)
 			cfg.MaxBatch = mode.batch
 			cfg.Hooks = []consumer.Hook{clock}
+			if !mode.suspects {
+				cfg.SuspectDuplicateWindow = consumer.LeaveUnset
+			}
 			r := e.start(cfg)
 			waitFor(b, 10*time.Minute, "all messages applied", func() bool { return clock.applied.Load() >= int64(b.N) })
 			elapsed := time.Duration(clock.last.Load() - clock.first.Load())

@@ -13,6 +13,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
 
@@ -34,6 +35,12 @@ const (
 	DefaultMaxAttempts              = 5
 	DefaultRetryMaxElapsed          = 10 * time.Minute
 	DefaultHandlerTimeout           = 30 * time.Second
+	DefaultSuspectDuplicateWindow   = 10 * time.Minute
+	DefaultPruneBatch               = dedupe.DefaultPruneBatch
+
+	// SuspectWindowMessages bounds the suspect-duplicate memory: the last
+	// this many messages of each partition (about 2 MB per partition).
+	SuspectWindowMessages = 20000
 
 	// MaxMaxBatch bounds MaxBatch: a batch is one transaction, and its
 	// messages are held in memory until it commits.
@@ -71,6 +78,20 @@ const (
 	// StopPartition stops the partition at the message (see PartitionError)
 	// for workers where skipping a message is worse than stopping.
 	StopPartition
+)
+
+// SuspectPolicy says what to do with a suspect duplicate: a message whose
+// content was seen in the same partition shortly before under another id.
+type SuspectPolicy int
+
+const (
+	// ReportSuspects applies the message and reports it (warning log,
+	// HookSuspectDuplicate, the suspect_duplicates table). The default:
+	// identical messages can be legitimate (two equal transfers).
+	ReportSuspects SuspectPolicy = iota
+	// SkipSuspects treats it as a duplicate: the handler does not run, its
+	// id is claimed as suspect_duplicate, and it is reported as above.
+	SkipSuspects
 )
 
 // Config configures a Consumer. Only Name, Brokers, Topics and Handler are
@@ -216,6 +237,34 @@ type Config struct {
 	// twice. Defaults to none (the table only).
 	DeadLetterTopic string
 
+	// SuspectDuplicateWindow is how far back a partition remembers which id
+	// each content had (bounded as well by the last SuspectWindowMessages
+	// messages). A message whose key and value were seen within it under
+	// another id is a suspect duplicate: the mark of a producer that makes a
+	// fresh id on every retry, which id deduplication cannot see. The check
+	// costs about 100ns per message and no database work. Defaults to
+	// DefaultSuspectDuplicateWindow; LeaveUnset turns it off.
+	SuspectDuplicateWindow time.Duration
+
+	// SuspectDuplicates says what to do with suspect duplicates. Defaults to
+	// ReportSuspects.
+	SuspectDuplicates SuspectPolicy
+
+	// PruneInterval, when set, makes the consumer prune its own old claims
+	// from processed_messages in the background: every interval, claims
+	// older than PruneRetention are deleted in batches of PruneBatch,
+	// skipping rows in use, so processing is never blocked. Replays stay
+	// safe after pruning (the stored positions cover them); what pruning
+	// narrows is the window in which a producer's late re-send of an old
+	// message is recognised. Defaults to 0 (no background pruning; see the
+	// kafkaonce prune command).
+	PruneInterval time.Duration
+	// PruneRetention defaults to dedupe.DefaultRetention (7 days) and must
+	// be at least dedupe.MinRetention (1 day).
+	PruneRetention time.Duration
+	// PruneBatch defaults to DefaultPruneBatch.
+	PruneBatch int
+
 	// Hooks observe the consumer; see Hook. Defaults to none.
 	Hooks []Hook
 }
@@ -251,6 +300,11 @@ func (c *Config) withDefaults() Config {
 	setDefault(&out.MaxAttempts, DefaultMaxAttempts)
 	setDefault(&out.RetryMaxElapsed, DefaultRetryMaxElapsed)
 	setDefault(&out.HandlerTimeout, DefaultHandlerTimeout)
+	setDefault(&out.SuspectDuplicateWindow, DefaultSuspectDuplicateWindow)
+	if out.PruneInterval > 0 {
+		setDefault(&out.PruneRetention, dedupe.DefaultRetention)
+		setDefault(&out.PruneBatch, DefaultPruneBatch)
+	}
 	return out
 }
 
@@ -358,6 +412,23 @@ func (c *Config) validate() error {
 			if t == c.DeadLetterTopic {
 				bad("DeadLetterTopic must not be one of Topics (%q): the consumer would read its own dead letters", t)
 			}
+		}
+	}
+	if c.SuspectDuplicateWindow != LeaveUnset && c.SuspectDuplicateWindow < time.Second {
+		bad("SuspectDuplicateWindow must be at least 1s, or consumer.LeaveUnset to turn detection off (got %v)", c.SuspectDuplicateWindow)
+	}
+	if c.SuspectDuplicates != ReportSuspects && c.SuspectDuplicates != SkipSuspects {
+		bad("SuspectDuplicates must be ReportSuspects or SkipSuspects (got %d)", c.SuspectDuplicates)
+	}
+	if c.PruneInterval < 0 {
+		bad("PruneInterval must not be negative (got %v)", c.PruneInterval)
+	}
+	if c.PruneInterval > 0 {
+		if c.PruneRetention < dedupe.MinRetention {
+			bad("PruneRetention must be at least %v, so that producer re-sends are still recognised (got %v)", dedupe.MinRetention, c.PruneRetention)
+		}
+		if c.PruneBatch < 1 || c.PruneBatch > 100000 {
+			bad("PruneBatch must be between 1 and 100000 (got %d)", c.PruneBatch)
 		}
 	}
 	return errors.Join(errs...)

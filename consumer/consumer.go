@@ -196,6 +196,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		go func() { defer close(pubDone); c.runPublisher(pubCtx) }()
 		defer func() { stopPub(); <-pubDone }()
 	}
+	maintCtx, stopMaint := context.WithCancel(ctx)
+	maintDone := make(chan struct{})
+	go func() { defer close(maintDone); c.runMaintenance(maintCtx) }()
+	defer func() { stopMaint(); <-maintDone }()
 	var generations sync.WaitGroup
 	for {
 		gen, err := group.Next(ctx)

@@ -67,6 +67,10 @@ type BatchInfo struct {
 	// Attempt counts the transactions run for the first message of the
 	// batch, from 1.
 	Attempt int
+	// HighWaterMark is the partition's log end offset as of the fetch that
+	// brought the batch: HighWaterMark - LastOffset - 1 is the lag once the
+	// batch commits.
+	HighWaterMark int64
 }
 
 // BatchResult is the outcome of one batch transaction.
@@ -102,7 +106,30 @@ const (
 	// SkipDuplicateInBatch: an earlier message of the same batch had the
 	// same id and content.
 	SkipDuplicateInBatch SkipReason = "duplicate_in_batch"
+	// SkipSuspectDuplicate: the content was seen shortly before under
+	// another id, and Config.SuspectDuplicates is SkipSuspects.
+	SkipSuspectDuplicate SkipReason = "suspect_duplicate"
 )
+
+// HookSuspectDuplicate is called when a message's content was seen in the
+// same partition within Config.SuspectDuplicateWindow under another id.
+type HookSuspectDuplicate interface {
+	OnSuspectDuplicate(ctx context.Context, msg *Message, first SuspectOf)
+}
+
+// SuspectOf is the earlier message a suspect duplicate looks like.
+type SuspectOf struct {
+	MessageID string
+	Offset    int64
+	At        time.Time
+}
+
+// HookHandlerEnd is called after every handler call, with its duration and
+// error (nil on success). It runs while the transaction is open: keep it
+// quick.
+type HookHandlerEnd interface {
+	OnHandlerEnd(ctx context.Context, msg *Message, d time.Duration, err error)
+}
 
 // HookMessageFailed is called for every failed attempt at a message: the
 // handler returned an error (or panicked, or timed out), or the message
@@ -171,6 +198,8 @@ type hooks struct {
 	committed []HookOffsetsCommitted
 	failed    []HookMessageFailed
 	dead      []HookMessageDeadLettered
+	suspect   []HookSuspectDuplicate
+	handler   []HookHandlerEnd
 }
 
 func sortHooks(hs []Hook) (hooks, error) {
@@ -215,6 +244,14 @@ func sortHooks(hs []Hook) (hooks, error) {
 		}
 		if v, ok := h.(HookMessageDeadLettered); ok {
 			out.dead = append(out.dead, v)
+			n++
+		}
+		if v, ok := h.(HookSuspectDuplicate); ok {
+			out.suspect = append(out.suspect, v)
+			n++
+		}
+		if v, ok := h.(HookHandlerEnd); ok {
+			out.handler = append(out.handler, v)
 			n++
 		}
 		if n == 0 {

@@ -24,6 +24,9 @@ type RedriveFilter struct {
 	HasPartition bool
 	// Class selects by error class.
 	Class deadletter.Class
+	// Requested selects letters an operator asked to redrive (kafkaonce
+	// dead-letters redrive). A running consumer redrives those by itself.
+	Requested bool
 	// Limit bounds how many letters one call redrives (default 100).
 	Limit int
 }
@@ -63,7 +66,7 @@ func (c *Consumer) Redrive(ctx context.Context, f RedriveFilter) (RedriveResult,
 	err := c.readOnly(ctx, func(q querier) (err error) {
 		letters, err = c.letters.List(ctx, q, deadletter.Filter{
 			Consumer: c.cfg.Name, IDs: f.IDs, Topic: f.Topic, Partition: f.Partition, HasPartition: f.HasPartition,
-			Class: f.Class, Pending: true, Limit: f.Limit,
+			Class: f.Class, Pending: true, RedriveRequested: f.Requested, Limit: f.Limit,
 		})
 		return err
 	})
@@ -79,6 +82,11 @@ func (c *Consumer) Redrive(ctx context.Context, f RedriveFilter) (RedriveResult,
 		case err != nil:
 			res.Failed = append(res.Failed, RedriveError{LetterID: l.ID, Err: err})
 			c.log.Warn("redrive failed; the letter stays", slog.Int64("dead_letter", l.ID), slog.String("error", err.Error()))
+			if l.RedriveRequestedAt != nil {
+				if merr := c.inTx(ctx, func(q querier) error { return c.letters.MarkRedriveFailed(ctx, q, l.ID, err.Error()) }); merr != nil {
+					c.log.Warn("could not record a failed redrive", slog.Int64("dead_letter", l.ID), slog.String("error", merr.Error()))
+				}
+			}
 		case applied:
 			res.Applied++
 		default:

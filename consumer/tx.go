@@ -30,6 +30,7 @@ const (
 	fateSkipped
 	fateSkippedInBatch
 	fateDeadLettered
+	fateSkippedSuspect
 )
 
 // batchState holds per-transaction scratch space, reused across
@@ -88,7 +89,7 @@ type txRun struct {
 func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int) txOutcome {
 	items = items[:p.n]
 	info := BatchInfo{Topic: w.topic, Partition: w.partition, FirstOffset: items[0].msg.Offset,
-		LastOffset: items[len(items)-1].msg.Offset, Size: len(items), Attempt: attempt}
+		LastOffset: items[len(items)-1].msg.Offset, Size: len(items), Attempt: attempt, HighWaterMark: w.hwm}
 	for _, h := range w.c.hooks.start {
 		h.OnBatchStart(work, info)
 	}
@@ -109,9 +110,11 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 		r := BatchResult{Duration: time.Since(began), Err: out.err}
 		if !abandoned {
 			for _, f := range st.fates[:out.committed] {
-				if f == fateApplied {
+				switch f {
+				case fateApplied:
 					r.Applied++
-				} else if f != fateDeadLettered {
+				case fateDeadLettered:
+				default:
 					r.Skipped++
 				}
 			}
@@ -171,8 +174,11 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 			continue
 		}
 		c := dedupe.Claim{MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Offset: items[i].msg.Offset}
-		if f != nil {
+		switch {
+		case f != nil:
 			c.Status, c.Attempts = dedupe.StatusDeadLettered, f.attempts
+		case items[i].suspect != nil && w.c.cfg.SuspectDuplicates == SkipSuspects:
+			c.Status = dedupe.StatusSuspectDuplicate
 		}
 		st.claims = append(st.claims, c)
 		st.claimItem = append(st.claimItem, i)
@@ -205,8 +211,12 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 	}
 	for j, i := range st.claimItem {
 		st.claimed[i] = st.claimedBy[j]
-		if st.claimed[i] && p.deadLetter[i] != nil {
+		switch {
+		case !st.claimed[i]:
+		case p.deadLetter[i] != nil:
 			st.fates[i], st.fails[i] = fateDeadLettered, p.deadLetter[i]
+		case st.claims[j].Status == dedupe.StatusSuspectDuplicate:
+			st.fates[i] = fateSkippedSuspect
 		}
 	}
 	if res := w.resolveUnclaimed(ctx, tx, items, st); res.err != nil {
@@ -237,9 +247,13 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 			savepointOpen = true
 		}
 		run.current.Store(int32(i))
-		run.handlerSince.Store(time.Now().UnixNano())
+		began := time.Now()
+		run.handlerSince.Store(began.UnixNano())
 		err := w.callHandler(hctx, gtx, &items[i].msg)
 		run.handlerSince.Store(0)
+		for _, h := range w.c.hooks.handler {
+			h.OnHandlerEnd(ctx, &items[i].msg, time.Since(began), err)
+		}
 		switch {
 		case run.timedOut.Load():
 			err = fmt.Errorf("%w (%v)", ErrHandlerTimeout, w.c.cfg.HandlerTimeout)
@@ -309,6 +323,16 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 		if err := w.c.letters.QueueInsert(b, w.c.cfg.Name, w.topic, w.partition, letters); err != nil {
 			return infra(err)
 		}
+	}
+	var suspects []dedupe.Suspect
+	for i := range items[:end] {
+		if s := items[i].suspect; s != nil && (st.fates[i] == fateApplied || st.fates[i] == fateSkippedSuspect) {
+			suspects = append(suspects, dedupe.Suspect{Offset: items[i].msg.Offset, MessageID: items[i].msg.ID, Fingerprint: items[i].fp,
+				FirstMessageID: s.MessageID, FirstOffset: s.Offset, Skipped: st.fates[i] == fateSkippedSuspect})
+		}
+	}
+	if len(suspects) > 0 {
+		w.c.claims.QueueSuspects(b, w.c.cfg.Name, w.topic, w.partition, suspects)
 	}
 	if p.clearAttempts {
 		w.c.attempts.QueueClear(b, w.c.cfg.Name, w.topic, w.partition, items[0].msg.Offset, items[end-1].msg.Offset)

@@ -9,6 +9,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkafetch"
+	"github.com/kafkaonce/kafkaonce/internal/recent"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
 )
 
@@ -37,6 +38,11 @@ type worker struct {
 	// attemptsUpTo is the highest offset that may have a message_attempts
 	// row, or -1.
 	attemptsUpTo int64
+	// recent remembers recent contents, for suspect duplicates (nil when
+	// detection is off).
+	recent *recent.Window
+	// hwm is the log end offset as of the last fetch.
+	hwm int64
 
 	// Buffers reused from batch to batch.
 	raw   []kafka.Message
@@ -90,6 +96,9 @@ func (w *worker) consume(stop, work context.Context) error {
 		return err
 	}
 	w.next = start
+	if d := w.c.cfg.SuspectDuplicateWindow; d > 0 {
+		w.recent = recent.New(SuspectWindowMessages, d)
+	}
 	backoff := w.c.retry.New()
 	for stop.Err() == nil {
 		err := w.fetchAndProcess(stop, work)

@@ -68,6 +68,11 @@ type Letter struct {
 	PublishedAt *time.Time
 	// RedrivenAt is set once a redrive applied the message.
 	RedrivenAt *time.Time
+	// RedriveRequestedAt is set while an operator's redrive request waits
+	// for the consumer; RedriveError says why the last requested redrive
+	// failed.
+	RedriveRequestedAt *time.Time
+	RedriveError       string
 }
 
 // MaxErrorLen bounds the stored error text; longer texts are cut, keeping

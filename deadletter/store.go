@@ -91,13 +91,15 @@ func (s *Store) QueueInsert(b *pgx.Batch, consumer, topic string, partition int,
 }
 
 const columns = `id, consumer, topic, partition, kafka_offset, coalesce(message_id, ''), message_key, message_value, headers,
-	coalesce(message_time, 'epoch'), error_class, error, attempts, first_failed_at, last_failed_at, dead_lettered_at, published_at, redriven_at`
+	coalesce(message_time, 'epoch'), error_class, error, attempts, first_failed_at, last_failed_at, dead_lettered_at, published_at, redriven_at,
+	redrive_requested_at, coalesce(redrive_error, '')`
 
 func scan(row pgx.Row) (Letter, error) {
 	var l Letter
 	var headers []byte
 	err := row.Scan(&l.ID, &l.Consumer, &l.Topic, &l.Partition, &l.Offset, &l.MessageID, &l.Key, &l.Value, &headers,
-		&l.MessageTime, &l.Class, &l.Error, &l.Attempts, &l.FirstFailedAt, &l.LastFailedAt, &l.DeadLetteredAt, &l.PublishedAt, &l.RedrivenAt)
+		&l.MessageTime, &l.Class, &l.Error, &l.Attempts, &l.FirstFailedAt, &l.LastFailedAt, &l.DeadLetteredAt, &l.PublishedAt, &l.RedrivenAt,
+		&l.RedriveRequestedAt, &l.RedriveError)
 	if err != nil {
 		return Letter{}, err
 	}
@@ -149,6 +151,9 @@ type Filter struct {
 	Pending bool
 	// Unpublished selects letters not published to a dead-letter topic yet.
 	Unpublished bool
+	// RedriveRequested selects letters an operator asked to redrive that
+	// are not redriven yet.
+	RedriveRequested bool
 	// AfterID pages through results: letters with a larger id.
 	AfterID int64
 	// Limit bounds the result (default 100, at most 10000).
@@ -183,6 +188,9 @@ func (s *Store) List(ctx context.Context, q schema.Querier, f Filter) ([]Letter,
 	}
 	if f.Unpublished {
 		where = append(where, "published_at IS NULL")
+	}
+	if f.RedriveRequested {
+		where = append(where, "redrive_requested_at IS NOT NULL AND redriven_at IS NULL")
 	}
 	if f.AfterID > 0 {
 		add("id > $%d", f.AfterID)
@@ -220,6 +228,27 @@ func (s *Store) List(ctx context.Context, q schema.Querier, f Filter) ([]Letter,
 func (s *Store) MarkRedriven(ctx context.Context, q schema.Querier, id int64) error {
 	if _, err := q.Exec(ctx, `UPDATE `+s.table+` SET redriven_at = now() WHERE id = $1`, id); err != nil {
 		return fmt.Errorf("deadletter: mark %d redriven: %w", id, err)
+	}
+	return nil
+}
+
+// RequestRedrive asks the running consumer that owns the letters to redrive
+// them (an operator's tool has no handler to run them with). It returns how
+// many pending letters were marked.
+func (s *Store) RequestRedrive(ctx context.Context, q schema.Querier, consumer string, ids []int64) (int64, error) {
+	tag, err := q.Exec(ctx, `UPDATE `+s.table+` SET redrive_requested_at = now(), redrive_error = NULL
+WHERE consumer = $1 AND id = ANY($2) AND redriven_at IS NULL`, consumer, ids)
+	if err != nil {
+		return 0, fmt.Errorf("deadletter: request redrive: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// MarkRedriveFailed records why a requested redrive failed, and withdraws
+// the request so it is not retried in a loop.
+func (s *Store) MarkRedriveFailed(ctx context.Context, q schema.Querier, id int64, reason string) error {
+	if _, err := q.Exec(ctx, `UPDATE `+s.table+` SET redrive_requested_at = NULL, redrive_error = $2 WHERE id = $1`, id, truncateError(reason)); err != nil {
+		return fmt.Errorf("deadletter: mark redrive of %d failed: %w", id, err)
 	}
 	return nil
 }

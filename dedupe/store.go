@@ -21,6 +21,9 @@ const (
 	// StatusInvalid: the message could not be processed at all (for example
 	// its id could not be read).
 	StatusInvalid Status = "invalid"
+	// StatusSuspectDuplicate: the message's content was seen shortly before
+	// under another id and the consumer was told to skip such messages.
+	StatusSuspectDuplicate Status = "suspect_duplicate"
 )
 
 // Claim is one message id to claim, with where the message came from.
@@ -50,6 +53,7 @@ type Record struct {
 // Store reads and writes processed_messages in one schema.
 type Store struct {
 	table     string
+	suspects  string
 	claimSQL  string
 	lookupSQL string
 	statusSQL string
@@ -62,7 +66,8 @@ func NewStore(schemaName string) (*Store, error) {
 	}
 	t := schema.Table(schemaName, "processed_messages")
 	return &Store{
-		table: t,
+		table:    t,
+		suspects: schema.Table(schemaName, "suspect_duplicates"),
 		// Rows are inserted in message-id order so that two transactions
 		// claiming overlapping ids take their row locks in the same order
 		// and cannot deadlock each other. RETURNING the offset (not the id)

@@ -1,0 +1,79 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/deadletter"
+)
+
+func TestBackgroundPruningKeepsRewindsSafe(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 2)
+	ids := e.produceIDs("p", 40)
+	r := e.start(e.config(e.applyHandler()))
+	e.waitCommitted(map[int]int64{0: 20, 1: 20}, 30*time.Second)
+	r.stop()
+	// Age three quarters of the claims past the retention window.
+	e.db.Exec(t, `UPDATE `+e.db.Table("processed_messages")+` SET processed_at = now() - interval '8 days' WHERE kafka_offset < 15`)
+
+	cfg := e.config(e.applyHandler())
+	cfg.PruneInterval = time.Hour // the first pass runs at start
+	r = e.start(cfg)
+	waitFor(t, 30*time.Second, "the old claims pruned", func() bool {
+		return e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("processed_messages")) == 10
+	})
+	r.stop()
+
+	// Rewind and replay everything: the stored positions keep the pruned
+	// messages from being applied again.
+	e.kafka.CommitGroupOffsets(t, e.group, e.topic, map[int]int64{0: 0, 1: 0})
+	more := e.produceIDs("q", 4)
+	r = e.start(e.config(e.applyHandler()))
+	e.waitCommitted(map[int]int64{0: 22, 1: 22}, 30*time.Second)
+	r.stop()
+	e.requireExactlyOnce(append(ids, more...))
+}
+
+func TestOperatorRequestedRedriveIsPerformedByTheRunningConsumer(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	e.produceIDs("o", 3)
+	var fixed atomic.Bool
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "o-1" && !fixed.Load() {
+			return consumer.Permanent(errors.New("not yet"))
+		}
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	r := e.start(e.config(h))
+	e.waitCommitted(map[int]int64{0: 3}, 30*time.Second)
+	letters, _ := deadletter.NewStore(e.db.Schema)
+	id := e.letters()["o-1"].ID
+	ctx := context.Background()
+
+	// Requested while still broken: the failure is recorded, the request
+	// withdrawn, the letter stays.
+	n, err := letters.RequestRedrive(ctx, e.db.Pool, e.name, []int64{id})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	waitFor(t, 30*time.Second, "the failed redrive recorded", func() bool { return e.letters()["o-1"].RedriveError != "" })
+	l := e.letters()["o-1"]
+	require.Contains(t, l.RedriveError, "not yet")
+	require.Nil(t, l.RedriveRequestedAt)
+	require.Nil(t, l.RedrivenAt)
+
+	fixed.Store(true)
+	_, err = letters.RequestRedrive(ctx, e.db.Pool, e.name, []int64{id})
+	require.NoError(t, err)
+	waitFor(t, 30*time.Second, "the redrive", func() bool { return e.letters()["o-1"].RedrivenAt != nil })
+	r.stop()
+	e.requireExactlyOnce([]string{"o-0", "o-1", "o-2"})
+}

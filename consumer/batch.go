@@ -175,7 +175,9 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 			}
 			continue
 		}
-		w.reportFailure(work, &items[out.failedAt].msg, out.fail)
+		// failedAt counts from the start of this transaction; what it
+		// committed is gone from items.
+		w.reportFailure(work, &items[out.failedAt-out.committed].msg, out.fail)
 		if out.committed > 0 {
 			// A savepoint transaction was cut short at the failing message,
 			// which is now items[0].

@@ -411,3 +411,28 @@ func TestMessageThatKillsTheProcessIsSetAsideAfterMaxAttempts(t *testing.T) {
 	// counted attempt.
 	require.Equal(t, 4, kills)
 }
+
+func TestTransientFailureBehindAPoisonInTheSameBatch(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	// The poison sends the batch into savepoint mode; the flaky message
+	// behind it then cuts that transaction short.
+	e.kafka.Produce(t, e.topic, msg(0, "a", "1"), msg(0, "poison", "2"), msg(0, "b", "3"), msg(0, "flaky", "4"), msg(0, "c", "5"))
+	var flaked atomic.Bool
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		switch {
+		case m.ID == "poison":
+			return consumer.Permanent(errors.New("bad"))
+		case m.ID == "flaky" && !flaked.Swap(true):
+			return errors.New("once")
+		}
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	cfg := e.config(h)
+	cfg.RetryInitialInterval = time.Millisecond
+	r := e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 5}, 30*time.Second)
+	r.stop()
+	e.requireExactlyOnce([]string{"a", "b", "flaky", "c"})
+	require.Equal(t, deadletter.ClassPermanent, e.letters()["poison"].Class)
+}

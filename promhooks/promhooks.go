@@ -1,0 +1,174 @@
+// Package promhooks exports a kafkaonce consumer's activity as Prometheus
+// metrics. It is built only on the consumer's hooks, so the consumer
+// package does not depend on Prometheus: import this package only if you
+// want the metrics.
+//
+//	m, err := promhooks.New(prometheus.DefaultRegisterer, "ledger")
+//	...
+//	cfg.Hooks = append(cfg.Hooks, m)
+//
+// Metrics (all with the label consumer; per-partition ones with topic and
+// partition):
+//
+//	kafkaonce_messages_applied_total{topic}
+//	kafkaonce_messages_skipped_total{topic,reason}
+//	kafkaonce_messages_conflicting_total{topic}
+//	kafkaonce_messages_dead_lettered_total{topic,class}
+//	kafkaonce_message_failures_total{topic,class,permanent}
+//	kafkaonce_message_retries_total{topic}
+//	kafkaonce_suspect_duplicates_total{topic}
+//	kafkaonce_batch_size                         histogram of messages per transaction
+//	kafkaonce_transaction_duration_seconds{outcome}   histogram; outcome committed|failed
+//	kafkaonce_handler_duration_seconds{topic}    histogram
+//	kafkaonce_offset_commits_total
+//	kafkaonce_offset_commit_errors_total
+//	kafkaonce_partition_lag{topic,partition}     messages behind the log end after the last commit
+//	kafkaonce_partition_last_commit_timestamp_seconds{topic,partition}
+//	kafkaonce_partition_stopped{topic,partition} 1 while a partition is stopped
+//
+// docs/metrics.md has example alerts.
+package promhooks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+)
+
+// Hooks records a consumer's activity in Prometheus metrics. Pass it in
+// consumer.Config.Hooks.
+type Hooks struct {
+	applied, conflicts, retries, suspects *prometheus.CounterVec
+	skipped, dead, failures               *prometheus.CounterVec
+	batchSize                             prometheus.Observer
+	txDuration                            *prometheus.HistogramVec
+	handlerDuration                       *prometheus.HistogramVec
+	commits, commitErrors                 prometheus.Counter
+	lag, lastCommit, stopped              *prometheus.GaugeVec
+}
+
+// New creates the metrics for one consumer (its Config.Name) and registers
+// them with reg.
+func New(reg prometheus.Registerer, consumerName string) (*Hooks, error) {
+	if consumerName == "" {
+		return nil, errors.New("promhooks: consumerName must be the consumer's Config.Name")
+	}
+	labels := prometheus.Labels{"consumer": consumerName}
+	counter := func(name, help string, vars ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kafkaonce", Name: name, Help: help, ConstLabels: labels}, vars)
+	}
+	gauge := func(name, help string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "kafkaonce", Name: name, Help: help, ConstLabels: labels}, []string{"topic", "partition"})
+	}
+	h := &Hooks{
+		applied:   counter("messages_applied_total", "Messages whose effects committed.", "topic"),
+		skipped:   counter("messages_skipped_total", "Messages skipped as duplicates, by reason.", "topic", "reason"),
+		conflicts: counter("messages_conflicting_total", "Messages whose id was already used for different content.", "topic"),
+		dead:      counter("messages_dead_lettered_total", "Messages set aside in dead_letters, by class.", "topic", "class"),
+		failures:  counter("message_failures_total", "Failed attempts at messages, by class.", "topic", "class", "permanent"),
+		retries:   counter("message_retries_total", "Failed attempts that will be retried.", "topic"),
+		suspects:  counter("suspect_duplicates_total", "Messages whose content was seen shortly before under another id.", "topic"),
+		txDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "kafkaonce", Name: "transaction_duration_seconds",
+			Help: "Duration of batch transactions.", ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}, []string{"outcome"}),
+		handlerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "kafkaonce", Name: "handler_duration_seconds",
+			Help: "Duration of handler calls.", ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18)}, []string{"topic"}),
+		lag:        gauge("partition_lag", "Messages between the last committed batch and the log end, as of its fetch."),
+		lastCommit: gauge("partition_last_commit_timestamp_seconds", "When a batch of the partition last committed."),
+		stopped:    gauge("partition_stopped", "1 while the partition is stopped at a message it cannot process."),
+	}
+	batchSize := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kafkaonce", Name: "batch_size",
+		Help: "Messages per batch transaction.", ConstLabels: labels, Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000}})
+	commits := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kafkaonce", Name: "offset_commits_total", Help: "Offset commits to Kafka.", ConstLabels: labels})
+	commitErrors := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kafkaonce", Name: "offset_commit_errors_total", Help: "Offset commits to Kafka that failed.", ConstLabels: labels})
+	h.batchSize, h.commits, h.commitErrors = batchSize, commits, commitErrors
+	for _, c := range []prometheus.Collector{h.applied, h.skipped, h.conflicts, h.dead, h.failures, h.retries, h.suspects,
+		batchSize, h.txDuration, h.handlerDuration, commits, commitErrors, h.lag, h.lastCommit, h.stopped} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("promhooks: register: %w", err)
+		}
+	}
+	return h, nil
+}
+
+var (
+	_ consumer.HookMessageApplied      = (*Hooks)(nil)
+	_ consumer.HookMessageSkipped      = (*Hooks)(nil)
+	_ consumer.HookFingerprintConflict = (*Hooks)(nil)
+	_ consumer.HookMessageDeadLettered = (*Hooks)(nil)
+	_ consumer.HookMessageFailed       = (*Hooks)(nil)
+	_ consumer.HookSuspectDuplicate    = (*Hooks)(nil)
+	_ consumer.HookBatchEnd            = (*Hooks)(nil)
+	_ consumer.HookHandlerEnd          = (*Hooks)(nil)
+	_ consumer.HookOffsetsCommitted    = (*Hooks)(nil)
+	_ consumer.HookPartitionStopped    = (*Hooks)(nil)
+	_ consumer.HookPartitionAssigned   = (*Hooks)(nil)
+)
+
+func (h *Hooks) OnMessageApplied(_ context.Context, m *consumer.Message) {
+	h.applied.WithLabelValues(m.Topic).Inc()
+}
+
+func (h *Hooks) OnMessageSkipped(_ context.Context, m *consumer.Message, reason consumer.SkipReason) {
+	h.skipped.WithLabelValues(m.Topic, string(reason)).Inc()
+}
+
+func (h *Hooks) OnFingerprintConflict(_ context.Context, err *consumer.FingerprintConflictError) {
+	h.conflicts.WithLabelValues(err.Topic).Inc()
+}
+
+func (h *Hooks) OnMessageDeadLettered(_ context.Context, m *consumer.Message, l consumer.DeadLettered) {
+	h.dead.WithLabelValues(m.Topic, string(l.Class)).Inc()
+}
+
+func (h *Hooks) OnMessageFailed(_ context.Context, m *consumer.Message, f consumer.Failure) {
+	h.failures.WithLabelValues(m.Topic, string(f.Class), strconv.FormatBool(f.Permanent)).Inc()
+	if !f.Permanent {
+		h.retries.WithLabelValues(m.Topic).Inc()
+	}
+}
+
+func (h *Hooks) OnSuspectDuplicate(_ context.Context, m *consumer.Message, _ consumer.SuspectOf) {
+	h.suspects.WithLabelValues(m.Topic).Inc()
+}
+
+func (h *Hooks) OnBatchEnd(_ context.Context, b consumer.BatchInfo, r consumer.BatchResult) {
+	outcome := "committed"
+	if r.Err != nil {
+		outcome = "failed"
+	}
+	h.txDuration.WithLabelValues(outcome).Observe(r.Duration.Seconds())
+	if r.Err != nil {
+		return
+	}
+	h.batchSize.Observe(float64(b.Size))
+	p := strconv.Itoa(b.Partition)
+	h.lag.WithLabelValues(b.Topic, p).Set(float64(max(b.HighWaterMark-b.LastOffset-1, 0)))
+	h.lastCommit.WithLabelValues(b.Topic, p).Set(float64(time.Now().UnixNano()) / 1e9)
+}
+
+func (h *Hooks) OnHandlerEnd(_ context.Context, m *consumer.Message, d time.Duration, _ error) {
+	h.handlerDuration.WithLabelValues(m.Topic).Observe(d.Seconds())
+}
+
+func (h *Hooks) OnOffsetsCommitted(_ context.Context, _ []consumer.TopicPartitionOffset, err error) {
+	h.commits.Inc()
+	if err != nil {
+		h.commitErrors.Inc()
+	}
+}
+
+func (h *Hooks) OnPartitionStopped(_ context.Context, err *consumer.PartitionError) {
+	h.stopped.WithLabelValues(err.Topic, strconv.Itoa(err.Partition)).Set(1)
+}
+
+// OnPartitionAssigned clears a stopped flag: a new assignment tries again.
+func (h *Hooks) OnPartitionAssigned(_ context.Context, a consumer.PartitionAssignment) {
+	h.stopped.WithLabelValues(a.Topic, strconv.Itoa(a.Partition)).Set(0)
+	h.lastCommit.WithLabelValues(a.Topic, strconv.Itoa(a.Partition)).Set(float64(time.Now().UnixNano()) / 1e9)
+}

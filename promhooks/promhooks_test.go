@@ -1,0 +1,146 @@
+package promhooks_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+	"github.com/kafkaonce/kafkaonce/promhooks"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func TestMetricsAfterAKnownRun(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	k := testenv.NewKafka(t)
+	topic := k.Topic(t, 1)
+	m := func(id, v string) kafka.Message {
+		return kafka.Message{Key: []byte(id), Value: []byte(v), Headers: []kafka.Header{{Key: "message-id", Value: []byte(id)}}}
+	}
+	// 6 messages: 4 good (one of them twice), a poison, a flaky one.
+	k.Produce(t, topic, m("a", "1"), m("b", "2"), m("a", "1"), m("poison", "3"), m("flaky", "4"), m("c", "5"))
+
+	reg := prometheus.NewPedanticRegistry()
+	hooks, err := promhooks.New(reg, "ledger")
+	require.NoError(t, err)
+	var flaked atomic.Bool
+	c, err := consumer.New(db.Pool, &consumer.Config{
+		Name: "ledger", GroupID: testenv.Name(t, "g"), Brokers: k.Brokers, Topics: []string{topic}, Schema: db.Schema,
+		SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond, RetryInitialInterval: time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+			switch {
+			case msg.ID == "poison":
+				return consumer.Permanent(errors.New("bad"))
+			case msg.ID == "flaky" && !flaked.Swap(true):
+				return errors.New("once")
+			}
+			return nil
+		}),
+		Hooks: []consumer.Hook{hooks},
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for testutil.ToFloat64(counterWith(t, reg, "kafkaonce_messages_applied_total")) < 4 {
+		require.True(t, time.Now().Before(deadline), "timed out waiting for the run")
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	require.NoError(t, <-done)
+
+	require.NoError(t, testutil.GatherAndCompare(reg, stringsReader(`
+# HELP kafkaonce_messages_applied_total Messages whose effects committed.
+# TYPE kafkaonce_messages_applied_total counter
+kafkaonce_messages_applied_total{consumer="ledger",topic="`+topic+`"} 4
+# HELP kafkaonce_messages_dead_lettered_total Messages set aside in dead_letters, by class.
+# TYPE kafkaonce_messages_dead_lettered_total counter
+kafkaonce_messages_dead_lettered_total{class="permanent",consumer="ledger",topic="`+topic+`"} 1
+# HELP kafkaonce_messages_skipped_total Messages skipped as duplicates, by reason.
+# TYPE kafkaonce_messages_skipped_total counter
+kafkaonce_messages_skipped_total{consumer="ledger",reason="duplicate_in_batch",topic="`+topic+`"} 1
+# HELP kafkaonce_message_retries_total Failed attempts that will be retried.
+# TYPE kafkaonce_message_retries_total counter
+kafkaonce_message_retries_total{consumer="ledger",topic="`+topic+`"} 1
+# HELP kafkaonce_message_failures_total Failed attempts at messages, by class.
+# TYPE kafkaonce_message_failures_total counter
+kafkaonce_message_failures_total{class="permanent",consumer="ledger",permanent="true",topic="`+topic+`"} 1
+kafkaonce_message_failures_total{class="retries_exhausted",consumer="ledger",permanent="false",topic="`+topic+`"} 1
+# HELP kafkaonce_partition_lag Messages between the last committed batch and the log end, as of its fetch.
+# TYPE kafkaonce_partition_lag gauge
+kafkaonce_partition_lag{consumer="ledger",partition="0",topic="`+topic+`"} 0
+`), "kafkaonce_messages_applied_total", "kafkaonce_messages_dead_lettered_total", "kafkaonce_messages_skipped_total",
+		"kafkaonce_message_retries_total", "kafkaonce_message_failures_total", "kafkaonce_partition_lag"))
+
+	// Every handler call was timed (5 calls in the first batch before the
+	// poison rolled it back, then re-runs); every commit reached Kafka.
+	require.GreaterOrEqual(t, histogramCount(t, reg, "kafkaonce_handler_duration_seconds"), uint64(6))
+	require.GreaterOrEqual(t, testutil.ToFloat64(counterWith(t, reg, "kafkaonce_offset_commits_total")), 1.0)
+	require.Zero(t, testutil.ToFloat64(counterWith(t, reg, "kafkaonce_offset_commit_errors_total")))
+}
+
+func TestNewRejectsAnEmptyName(t *testing.T) {
+	t.Parallel()
+	_, err := promhooks.New(prometheus.NewRegistry(), "")
+	require.ErrorContains(t, err, "consumerName")
+}
+
+func stringsReader(s string) io.Reader { return strings.NewReader(s) }
+
+
+// counterWith sums a metric's samples (all label values).
+func counterWith(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
+	t.Helper()
+	return gathered{reg: reg, name: name}
+}
+
+type gathered struct {
+	reg  *prometheus.Registry
+	name string
+}
+
+func (g gathered) Describe(ch chan<- *prometheus.Desc) {}
+func (g gathered) Collect(ch chan<- prometheus.Metric) {
+	mfs, _ := g.reg.Gather()
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != g.name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(g.name, "sum", nil, nil), prometheus.CounterValue, sum)
+}
+
+func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				n += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return n
+}

@@ -134,9 +134,10 @@ func IDFromPosition() MessageIDFunc {
 	return func(msg *Message) (string, error) { return msg.Position(), nil }
 }
 
-// validateMessageID checks the rules every id must meet to be stored as a
-// Postgres text key.
-func validateMessageID(id string) error {
+// ValidateMessageID checks the rules every message id must meet to be
+// stored as a Postgres text key: not empty, at most MaxMessageIDLen bytes, no
+// NUL, valid UTF-8. The error says which rule the id breaks.
+func ValidateMessageID(id string) error {
 	switch {
 	case id == "":
 		return errors.New("is empty")
@@ -155,7 +156,7 @@ func validateMessageID(id string) error {
 func messageID(fn MessageIDFunc, msg *Message) (string, error) {
 	id, err := callIDFunc(fn, msg)
 	if err == nil {
-		if verr := validateMessageID(id); verr != nil {
+		if verr := ValidateMessageID(id); verr != nil {
 			err = fmt.Errorf("%w: the id %s", ErrInvalidMessageID, verr)
 		}
 	} else {

@@ -114,3 +114,16 @@ ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.ne
 	}
 	return nil
 }
+
+// Consumers lists the consumers that have stored positions.
+func (s *Store) Consumers(ctx context.Context, q schema.Querier) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT DISTINCT consumer FROM `+s.table+` ORDER BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: consumers: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("offsets: consumers: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,447 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+	"github.com/spf13/cobra"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+	"github.com/kafkaonce/kafkaonce/internal/recent"
+	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/offsets"
+)
+
+// auditCounts is what an audit found, for a partition or in total.
+type auditCounts struct {
+	Read int64 `json:"read"`
+	// Covered: a replay would not apply these again.
+	Applied      int64 `json:"applied"`
+	Duplicates   int64 `json:"duplicates"`
+	DeadLettered int64 `json:"dead_lettered"`
+	Pruned       int64 `json:"pruned"`
+	// Unprocessed are at or past the stored position: not processed yet.
+	Unprocessed int64 `json:"unprocessed"`
+	// Problems.
+	WouldReapply int64 `json:"would_reapply"`
+	Conflicts    int64 `json:"conflicts"`
+	Missing      int64 `json:"missing"`
+	// Suspects have the content of a recent message under another id.
+	Suspects int64 `json:"suspect_duplicates"`
+}
+
+func (c *auditCounts) add(o auditCounts) {
+	c.Read += o.Read
+	c.Applied += o.Applied
+	c.Duplicates += o.Duplicates
+	c.DeadLettered += o.DeadLettered
+	c.Pruned += o.Pruned
+	c.Unprocessed += o.Unprocessed
+	c.WouldReapply += o.WouldReapply
+	c.Conflicts += o.Conflicts
+	c.Missing += o.Missing
+	c.Suspects += o.Suspects
+}
+
+func (c auditCounts) problems() int64 { return c.WouldReapply + c.Conflicts + c.Missing }
+
+type auditFinding struct {
+	Kind      string `json:"kind"`
+	Topic     string `json:"topic"`
+	Partition int    `json:"partition"`
+	Offset    int64  `json:"offset"`
+	MessageID string `json:"message_id,omitempty"`
+	Detail    string `json:"detail"`
+}
+
+type auditPartition struct {
+	Partition int   `json:"partition"`
+	From      int64 `json:"from"`
+	To        int64 `json:"to"`
+	Stored    int64 `json:"stored_position"`
+	auditCounts
+}
+
+type auditReport struct {
+	Consumer   string           `json:"consumer"`
+	Topic      string           `json:"topic"`
+	Partitions []auditPartition `json:"partitions"`
+	Total      auditCounts      `json:"total"`
+	// Findings lists the first problems and suspects found.
+	Findings []auditFinding `json:"findings"`
+	OK       bool           `json:"ok"`
+}
+
+const maxFindings = 50
+
+func auditCmd(s *settings) *cobra.Command {
+	var consumerName, topic, from, to, idSpec, retentionText, windowText string
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "Check a range of the log against what was applied: would a replay apply anything twice?",
+		Long: `audit reads a range of a topic and checks every message against the
+consumer's claims (processed_messages), dead letters and stored positions:
+
+  applied        claimed and applied at this position
+  duplicates     the id was applied at another position (a copy that was skipped)
+  dead-lettered  set aside (see kafkaonce dead-letters)
+  pruned         below the stored position, claim pruned (older than --retention):
+                 a replay is still safe (the position covers it)
+  unprocessed    at or past the stored position: not processed yet
+  WOULD REAPPLY  below the stored position but its claim is missing although it
+                 is recent: if the position were reset (or the producer re-sent
+                 it), it would be applied again
+  CONFLICT       its id is claimed for different content
+  MISSING        below the stored position without a valid id and without a
+                 dead letter: it was skipped without a trace
+
+It also lists suspect duplicates: the same content under another id within
+--suspect-window (a producer that makes a new id on each retry).
+
+--id must derive ids the way the consumer's Config.MessageID does.
+The exit code is 1 when anything would be applied again, conflicts, or is
+missing.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if consumerName == "" || topic == "" {
+				return errors.New("--consumer and --topic are required")
+			}
+			idFn, err := parseIDSpec(idSpec)
+			if err != nil {
+				return err
+			}
+			retention, err := parseDuration(retentionText)
+			if err != nil {
+				return fmt.Errorf("--retention: %w", err)
+			}
+			window, err := parseDuration(windowText)
+			if err != nil {
+				return fmt.Errorf("--suspect-window: %w", err)
+			}
+			ctx := cmd.Context()
+			pool, err := s.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			brokers, dialer, admin, err := s.kafka()
+			if err != nil {
+				return err
+			}
+			defer admin.Close()
+			if err := schema.RequireLatest(ctx, pool, s.schema); err != nil {
+				return err
+			}
+			a := &auditor{pool: pool, brokers: brokers, dialer: dialer, admin: admin, schema: s.schema, consumer: consumerName,
+				topic: topic, id: idFn, retention: retention, window: window, progress: newProgress(s.st, "auditing")}
+			r, err := a.run(ctx, from, to)
+			if err != nil {
+				return err
+			}
+			if err := s.emit(r, func(w io.Writer) { printAudit(w, r) }); err != nil {
+				return err
+			}
+			if !r.OK {
+				return errFindings
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&consumerName, "consumer", "", "the consumer's name (Config.Name)")
+	f.StringVar(&topic, "topic", "", "the topic to audit")
+	f.StringVar(&from, "from", "earliest", "start: earliest, an offset, an RFC 3339 time, or a duration ago (24h)")
+	f.StringVar(&to, "to", "latest", "end (exclusive): latest, an offset, or an RFC 3339 time")
+	f.StringVar(&idSpec, "id", "header:"+consumer.DefaultMessageIDHeader, "how ids are derived: header:<name>, json:<field.path>, hash, or position")
+	f.StringVar(&retentionText, "retention", "7d", "claims older than this may have been pruned")
+	f.StringVar(&windowText, "suspect-window", "10m", "how close in time a suspect duplicate must be")
+	return cmd
+}
+
+// parseIDSpec turns --id into the consumer's message-id function.
+func parseIDSpec(spec string) (consumer.MessageIDFunc, error) {
+	kind, arg, _ := strings.Cut(spec, ":")
+	switch kind {
+	case "header":
+		return consumer.IDFromHeader(arg), nil
+	case "json":
+		if arg == "" {
+			return nil, errors.New("--id json:<field> needs a field name")
+		}
+		return consumer.IDFromJSONField(arg), nil
+	case "hash":
+		return consumer.IDFromContentHash(), nil
+	case "position":
+		return consumer.IDFromPosition(), nil
+	}
+	return nil, fmt.Errorf("--id must be header:<name>, json:<field>, hash or position (got %q)", spec)
+}
+
+type auditor struct {
+	pool      *pgxpool.Pool
+	brokers   []string
+	dialer    *kafka.Dialer
+	admin     *kafkaadmin.Admin
+	schema    string
+	consumer  string
+	topic     string
+	id        consumer.MessageIDFunc
+	retention time.Duration
+	window    time.Duration
+	progress  *progress
+}
+
+func (a *auditor) run(ctx context.Context, from, to string) (auditReport, error) {
+	r := auditReport{Consumer: a.consumer, Topic: a.topic}
+	parts, err := a.admin.Partitions(ctx, a.topic)
+	if err != nil {
+		return r, err
+	}
+	bounds, err := a.admin.LogBounds(ctx, a.topic, parts)
+	if err != nil {
+		return r, err
+	}
+	starts, err := resolveOffsets(ctx, a.admin, a.topic, parts, bounds, from, true)
+	if err != nil {
+		return r, fmt.Errorf("--from: %w", err)
+	}
+	ends, err := resolveOffsets(ctx, a.admin, a.topic, parts, bounds, to, false)
+	if err != nil {
+		return r, fmt.Errorf("--to: %w", err)
+	}
+	var total int64
+	for _, p := range parts {
+		total += max(ends[p]-starts[p], 0)
+	}
+	a.progress.start(total)
+	defer a.progress.done()
+	positions, _ := offsets.NewStore(a.schema)
+	for _, p := range parts {
+		stored, ok, err := positions.Load(ctx, a.pool, a.consumer, a.topic, p)
+		if err != nil {
+			return r, err
+		}
+		if !ok {
+			stored = -1
+		}
+		ap := auditPartition{Partition: p, From: starts[p], To: ends[p], Stored: stored}
+		if err := a.partition(ctx, &ap, &r); err != nil {
+			return r, err
+		}
+		r.Partitions = append(r.Partitions, ap)
+		r.Total.add(ap.auditCounts)
+	}
+	r.OK = r.Total.problems() == 0
+	return r, nil
+}
+
+// resolveOffsets turns earliest/latest/an offset/a time into an offset per
+// partition, within the log's bounds.
+func resolveOffsets(ctx context.Context, admin *kafkaadmin.Admin, topic string, parts []int, bounds map[int]kafkaadmin.Bounds, spec string, isStart bool) (map[int]int64, error) {
+	out := map[int]int64{}
+	switch {
+	case spec == "earliest":
+		for _, p := range parts {
+			out[p] = bounds[p].Start
+		}
+	case spec == "latest":
+		for _, p := range parts {
+			out[p] = bounds[p].End
+		}
+	default:
+		if off, err := strconv.ParseInt(spec, 10, 64); err == nil {
+			for _, p := range parts {
+				out[p] = min(max(off, bounds[p].Start), bounds[p].End)
+			}
+			return out, nil
+		}
+		t, err := time.Parse(time.RFC3339, spec)
+		if err != nil {
+			d, derr := parseDuration(spec)
+			if derr != nil || !isStart {
+				return nil, fmt.Errorf("%q is not earliest, latest, an offset or an RFC 3339 time", spec)
+			}
+			t = time.Now().Add(-d)
+		}
+		return admin.OffsetsAt(ctx, topic, parts, t)
+	}
+	return out, nil
+}
+
+// partition audits one partition's range in chunks.
+func (a *auditor) partition(ctx context.Context, ap *auditPartition, r *auditReport) error {
+	if ap.From >= ap.To {
+		return nil
+	}
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: a.brokers, Dialer: a.dialer, Topic: a.topic, Partition: ap.Partition,
+		MinBytes: 1, MaxBytes: 8 << 20, MaxWait: 250 * time.Millisecond})
+	defer rd.Close()
+	if err := rd.SetOffset(ap.From); err != nil {
+		return err
+	}
+	claims, _ := dedupe.NewStore(a.schema)
+	window := recent.New(100000, a.window)
+	horizon := time.Now().Add(-a.retention)
+	var chunk []kafka.Message
+	flush := func() error {
+		if len(chunk) == 0 {
+			return nil
+		}
+		err := a.classify(ctx, claims, window, horizon, chunk, ap, r)
+		a.progress.add(int64(len(chunk)))
+		chunk = chunk[:0]
+		return err
+	}
+	next := ap.From
+	for next < ap.To {
+		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		m, err := rd.FetchMessage(fctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			// Nothing more to read below the end: the rest are transaction
+			// markers or compacted away.
+			break
+		}
+		if m.Offset >= ap.To {
+			break
+		}
+		next = m.Offset + 1
+		chunk = append(chunk, m)
+		if len(chunk) == 1000 {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return flush()
+}
+
+// classify checks a chunk of messages against the tables.
+func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, window *recent.Window, horizon time.Time, chunk []kafka.Message, ap *auditPartition, r *auditReport) error {
+	ids := make([]string, len(chunk))
+	idErrs := make([]error, len(chunk))
+	fps := make([]dedupe.Fingerprint, len(chunk))
+	var lookup []string
+	for i := range chunk {
+		m := consumer.Message{Topic: chunk[i].Topic, Partition: chunk[i].Partition, Offset: chunk[i].Offset, Key: chunk[i].Key,
+			Value: chunk[i].Value, Headers: chunk[i].Headers, Time: chunk[i].Time}
+		id, err := a.id(&m)
+		if err == nil {
+			err = consumer.ValidateMessageID(id)
+		}
+		ids[i], idErrs[i] = id, err
+		fps[i] = dedupe.FingerprintOf(chunk[i].Key, chunk[i].Value)
+		if err == nil {
+			lookup = append(lookup, id)
+		}
+	}
+	existing, err := claims.Lookup(ctx, a.pool, a.consumer, lookup)
+	if err != nil {
+		return err
+	}
+	letters := map[int64]bool{}
+	rows, err := a.pool.Query(ctx, `SELECT kafka_offset FROM `+schema.Table(a.schema, "dead_letters")+`
+WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset BETWEEN $4 AND $5`,
+		a.consumer, a.topic, ap.Partition, chunk[0].Offset, chunk[len(chunk)-1].Offset)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var off int64
+		if err := rows.Scan(&off); err != nil {
+			rows.Close()
+			return err
+		}
+		letters[off] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+
+	find := func(kind string, i int, detail string) {
+		if len(r.Findings) < maxFindings {
+			r.Findings = append(r.Findings, auditFinding{Kind: kind, Topic: a.topic, Partition: ap.Partition, Offset: chunk[i].Offset, MessageID: ids[i], Detail: detail})
+		}
+	}
+	for i := range chunk {
+		off := chunk[i].Offset
+		below := ap.Stored >= 0 && off < ap.Stored
+		ap.Read++
+		if idErrs[i] == nil {
+			if prev, ok := window.Observe(fps[i], ids[i], off, chunk[i].Time); ok {
+				ap.Suspects++
+				find("suspect_duplicate", i, fmt.Sprintf("same content as %q at offset %d", prev.MessageID, prev.Offset))
+			}
+		}
+		rec, claimed := existing[ids[i]]
+		switch {
+		case letters[off]:
+			ap.DeadLettered++
+		case idErrs[i] != nil && below:
+			ap.Missing++
+			find("missing", i, "no valid id and no dead letter, yet below the stored position: "+idErrs[i].Error())
+		case idErrs[i] != nil:
+			ap.Unprocessed++
+		case claimed && rec.Fingerprint != fps[i]:
+			ap.Conflicts++
+			find("conflict", i, fmt.Sprintf("the id is claimed by %s/%d/%d with other content", rec.Topic, rec.Partition, rec.Offset))
+		case claimed && rec.Topic == a.topic && rec.Partition == ap.Partition && rec.Offset == off:
+			if rec.Status == dedupe.StatusDeadLettered {
+				ap.DeadLettered++
+			} else {
+				ap.Applied++
+			}
+		case claimed:
+			ap.Duplicates++
+		case !below:
+			ap.Unprocessed++
+		case chunk[i].Time.Before(horizon):
+			ap.Pruned++
+		default:
+			ap.WouldReapply++
+			find("would_reapply", i, "processed (below the stored position) but its claim is missing: a position reset or a re-send would apply it again")
+		}
+	}
+	return nil
+}
+
+func printAudit(w io.Writer, r auditReport) {
+	fmt.Fprintf(w, "audit of consumer %s on %s\n\n", r.Consumer, r.Topic)
+	var rows [][]string
+	n := func(v int64) string { return strconv.FormatInt(v, 10) }
+	for _, p := range r.Partitions {
+		rows = append(rows, []string{strconv.Itoa(p.Partition), n(p.From) + ".." + n(p.To), optional(p.Stored), n(p.Read), n(p.Applied), n(p.Duplicates),
+			n(p.DeadLettered), n(p.Pruned), n(p.Unprocessed), n(p.WouldReapply), n(p.Conflicts), n(p.Missing), n(p.Suspects)})
+	}
+	t := r.Total
+	rows = append(rows, []string{"total", "", "", n(t.Read), n(t.Applied), n(t.Duplicates), n(t.DeadLettered), n(t.Pruned), n(t.Unprocessed),
+		n(t.WouldReapply), n(t.Conflicts), n(t.Missing), n(t.Suspects)})
+	table(w, "PARTITION\tRANGE\tSTORED\tREAD\tAPPLIED\tDUPLICATES\tDEAD-LETTERED\tPRUNED\tUNPROCESSED\tWOULD REAPPLY\tCONFLICTS\tMISSING\tSUSPECTS", rows)
+	if len(r.Findings) > 0 {
+		fmt.Fprintln(w)
+		sort.SliceStable(r.Findings, func(i, j int) bool { return r.Findings[i].Kind < r.Findings[j].Kind })
+		for _, f := range r.Findings {
+			fmt.Fprintf(w, "%-17s %s/%d/%d id %q: %s\n", f.Kind, f.Topic, f.Partition, f.Offset, f.MessageID, f.Detail)
+		}
+	}
+	fmt.Fprintln(w)
+	if r.OK {
+		fmt.Fprintf(w, "OK: a replay of this range applies nothing twice (%d messages checked)\n", t.Read)
+	} else {
+		fmt.Fprintf(w, "PROBLEMS: %d would be applied again, %d conflict, %d missing\n", t.WouldReapply, t.Conflicts, t.Missing)
+	}
+}

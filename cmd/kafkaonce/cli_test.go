@@ -1,0 +1,334 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// world is one test's database schema, topic and consumer.
+type world struct {
+	t     *testing.T
+	db    *testenv.DB
+	kafka *testenv.Kafka
+	topic string
+	name  string
+}
+
+func newWorld(t *testing.T, partitions int) *world {
+	db := testenv.NewDB(t)
+	db.Exec(t, `CREATE TABLE `+db.Table("effects")+` (message_id text NOT NULL)`)
+	k := testenv.NewKafka(t)
+	return &world{t: t, db: db, kafka: k, topic: k.Topic(t, partitions), name: testenv.Name(t, "c")}
+}
+
+// cli runs the command in-process and returns its output and exit code.
+func (w *world) cli(args ...string) (stdout, stderr string, code int) {
+	env := map[string]string{"DATABASE_URL": w.db.URL}
+	if w.kafka != nil {
+		env["KAFKA_BROKERS"] = strings.Join(w.kafka.Brokers, ",")
+	}
+	return w.cliWith(env, args...)
+}
+
+func (w *world) cliWith(env map[string]string, args ...string) (string, string, int) {
+	var out, errb bytes.Buffer
+	st := streams{in: strings.NewReader(""), out: &out, err: &errb, terminal: func() bool { return false }, getenv: func(k string) string { return env[k] }}
+	code := run(append([]string{"--schema", w.db.Schema}, args...), st)
+	return out.String(), errb.String(), code
+}
+
+func (w *world) produce(n int, prefix string) {
+	var msgs []kafka.Message
+	for i := range n {
+		id := prefix + strconv.Itoa(i)
+		msgs = append(msgs, kafka.Message{Partition: i % w.parts(), Key: []byte(id), Value: []byte("v" + id),
+			Headers: []kafka.Header{{Key: "message-id", Value: []byte(id)}}})
+	}
+	w.kafka.Produce(w.t, w.topic, msgs...)
+}
+
+func (w *world) parts() int {
+	ps, err := kafkaPartitions(w)
+	require.NoError(w.t, err)
+	return ps
+}
+
+func kafkaPartitions(w *world) (int, error) {
+	conn, err := kafka.Dial("tcp", w.kafka.Brokers[0])
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	ps, err := conn.ReadPartitions(w.topic)
+	return len(ps), err
+}
+
+// consume runs a consumer until every partition's stored position reaches
+// want, then stops it.
+func (w *world) consume(h consumer.HandlerFunc, want int64) {
+	w.t.Helper()
+	if h == nil {
+		h = func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+w.db.Table("effects")+` VALUES ($1)`, m.ID)
+			return err
+		}
+	}
+	c, err := consumer.New(w.db.Pool, &consumer.Config{Name: w.name, Brokers: w.kafka.Brokers, Topics: []string{w.topic},
+		Schema: w.db.Schema, Handler: h, SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
+		RetryInitialInterval: time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(w.t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for w.minPosition() < want {
+		require.True(w.t, time.Now().Before(deadline), "timed out consuming")
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	require.NoError(w.t, <-done)
+}
+
+func (w *world) minPosition() int64 {
+	n := w.parts()
+	got := w.db.Int(w.t, `SELECT count(*) FROM `+w.db.Table("consumer_offsets")+` WHERE consumer = $1`, w.name)
+	if got < int64(n) {
+		return -1
+	}
+	return w.db.Int(w.t, `SELECT min(next_offset) FROM `+w.db.Table("consumer_offsets")+` WHERE consumer = $1`, w.name)
+}
+
+func (w *world) requireEffectsOnce(n int) {
+	w.t.Helper()
+	require.EqualValues(w.t, n, w.db.Int(w.t, `SELECT count(*) FROM `+w.db.Table("effects")))
+	require.EqualValues(w.t, n, w.db.Int(w.t, `SELECT count(DISTINCT message_id) FROM `+w.db.Table("effects")))
+}
+
+// golden compares text with testdata/name, after replacing the test's
+// random names.
+func (w *world) golden(name, text string) {
+	w.t.Helper()
+	for from, to := range map[string]string{w.db.Schema: "SCHEMA", w.topic: "TOPIC", w.name: "CONSUMER"} {
+		text = strings.ReplaceAll(text, from, to)
+	}
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		require.NoError(w.t, os.WriteFile(path, []byte(text), 0o644))
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(w.t, err, "run go test ./cmd/kafkaonce -update to create it")
+	require.Equal(w.t, string(want), text)
+}
+
+func TestMigrateTwice(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewEmptyDB(t)
+	w := &world{t: t, db: db, name: "x", topic: "x"}
+	out, errOut, code := w.cli("migrate")
+	require.Equal(t, 0, code, errOut)
+	w.golden("migrate_first", out)
+	out, _, code = w.cli("migrate")
+	require.Equal(t, 0, code)
+	w.golden("migrate_again", out)
+}
+
+func TestStatusShowsEachPartition(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 3)
+	w.produce(30, "s")
+	w.consume(nil, 10)
+	w.produce(3, "late") // not consumed: lag 1 per partition
+
+	out, errOut, code := w.cli("status", "--consumer", w.name, "--json")
+	require.Equal(t, 0, code, errOut)
+	var r statusReport
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	require.EqualValues(t, 30, r.Claims.Total)
+	require.Len(t, r.Partitions, 3)
+	for _, p := range r.Partitions {
+		require.EqualValues(t, 10, p.Stored)
+		require.EqualValues(t, 11, p.LogEnd)
+		require.EqualValues(t, 1, p.Lag)
+	}
+	out, _, code = w.cli("status", "--consumer", w.name)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "TOPIC")
+	require.Contains(t, out, "total lag: 3")
+}
+
+func TestAuditFlagsADeletedClaim(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 2)
+	w.produce(20, "a")
+	w.consume(nil, 10)
+
+	out, errOut, code := w.cli("audit", "--consumer", w.name, "--topic", w.topic)
+	require.Equal(t, 0, code, out+errOut)
+	w.golden("audit_ok", out)
+
+	// Someone deletes a claim by hand.
+	w.db.Exec(t, `DELETE FROM `+w.db.Table("processed_messages")+` WHERE message_id = 'a7'`)
+	out, _, code = w.cli("audit", "--consumer", w.name, "--topic", w.topic)
+	require.Equal(t, 1, code, out)
+	w.golden("audit_deleted_claim", out)
+
+	out, _, code = w.cli("audit", "--consumer", w.name, "--topic", w.topic, "--json")
+	require.Equal(t, 1, code)
+	var r auditReport
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	require.EqualValues(t, 1, r.Total.WouldReapply)
+	require.Equal(t, "a7", r.Findings[0].MessageID)
+	require.False(t, r.OK)
+}
+
+func TestPruneThenRewindAppliesNothingTwice(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 2)
+	w.produce(20, "p")
+	w.consume(nil, 10)
+
+	_, errOut, code := w.cli("prune", "--consumer", w.name, "--older-than", "1h")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "shorter than the minimum")
+
+	out, _, code := w.cli("prune", "--consumer", w.name, "--older-than", "0s", "--force", "--dry-run")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "20 claims older than")
+	out, errOut, code = w.cli("prune", "--consumer", w.name, "--older-than", "0s", "--force", "--batch", "7")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "deleted 20 claims")
+	require.Zero(t, w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("processed_messages")))
+
+	// The audit sees the pruned claims as covered by the stored positions.
+	out, _, code = w.cli("audit", "--consumer", w.name, "--topic", w.topic, "--retention", "0s", "--json")
+	require.Equal(t, 0, code, out)
+	var r auditReport
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	require.EqualValues(t, 20, r.Total.Pruned)
+
+	// Rewind and replay: nothing is applied twice.
+	out, errOut, code = w.cli("replay", "--consumer", w.name, "--topic", w.topic, "--to", "earliest", "--yes")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "20 messages will be read again and skipped")
+	w.produce(4, "q")
+	w.consume(nil, 12)
+	w.requireEffectsOnce(24)
+}
+
+func TestReplayRefusesWhileMembersAreActive(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	w.produce(3, "r")
+	c, err := consumer.New(w.db.Pool, &consumer.Config{Name: w.name, Brokers: w.kafka.Brokers, Topics: []string{w.topic},
+		Schema: w.db.Schema, SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for w.minPosition() < 3 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	out, errOut, code := w.cli("replay", "--consumer", w.name, "--topic", w.topic, "--yes")
+	require.Equal(t, 2, code, out)
+	require.Contains(t, errOut, "1 active member")
+	require.Contains(t, out, "REWIND TO")
+
+	_, errOut, code = w.cli("replay", "--consumer", w.name, "--topic", w.topic)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "active member")
+}
+
+func TestDeadLettersListShowRedrive(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	w.produce(3, "d")
+	var fixed atomic.Bool
+	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "d1" && !fixed.Load() {
+			return consumer.Permanent(errors.New("partner said no"))
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+w.db.Table("effects")+` VALUES ($1)`, m.ID)
+		return err
+	}
+	w.consume(h, 3)
+
+	out, errOut, code := w.cli("dead-letters", "list", "--consumer", w.name)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, w.topic+"/0/1")
+	require.Contains(t, out, "permanent")
+	require.Contains(t, out, "pending")
+	var letters []struct{ ID int64 }
+	out, _, _ = w.cli("dead-letters", "list", "--consumer", w.name, "--json")
+	require.NoError(t, json.Unmarshal([]byte(out), &letters))
+	require.Len(t, letters, 1)
+	id := strconv.FormatInt(letters[0].ID, 10)
+
+	out, _, code = w.cli("dead-letters", "show", id)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `value:         "vd1"`)
+	require.Contains(t, out, "header:        message-id = \"d1\"")
+	require.Contains(t, out, "partner said no")
+
+	_, errOut, code = w.cli("dead-letters", "redrive", "--consumer", w.name)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--all")
+
+	// The running consumer performs the redrive.
+	fixed.Store(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	c, err := consumer.New(w.db.Pool, &consumer.Config{Name: w.name, Brokers: w.kafka.Brokers, Topics: []string{w.topic},
+		Schema: w.db.Schema, Handler: consumer.HandlerFunc(h), SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	out, errOut, code = w.cli("dead-letters", "redrive", "--consumer", w.name, "--wait", id)
+	cancel()
+	require.NoError(t, <-done)
+	require.Equal(t, 0, code, out+errOut)
+	require.Contains(t, out, "requested a redrive of 1 letter")
+	require.Contains(t, out, id+"\tredriven")
+	w.requireEffectsOnce(3)
+}
+
+func TestPasswordsAreNeverPrinted(t *testing.T) {
+	t.Parallel()
+	w := &world{t: t, db: testenv.NewEmptyDB(t)}
+	const canary = "canary-s3cret-4711"
+	for _, url := range []string{
+		"postgres://ledger:" + canary + "@127.0.0.1:1/db?connect_timeout=2",
+		"host=127.0.0.1 port=1 user=ledger password=" + canary + " connect_timeout=2",
+		"postgres://ledger:" + canary + "@[::1:bad",
+	} {
+		out, errOut, code := w.cliWith(map[string]string{"DATABASE_URL": url, "KAFKA_PASSWORD": canary}, "status", "--consumer", "c")
+		require.Equal(t, 2, code)
+		require.NotContains(t, out+errOut, canary, "url form %q", url)
+		require.NotEmpty(t, errOut)
+	}
+}

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kafkaonce/kafkaonce/offsets"
+)
+
+type replayPartition struct {
+	Partition int   `json:"partition"`
+	Committed int64 `json:"kafka_committed"`
+	Target    int64 `json:"target"`
+	Stored    int64 `json:"stored_position"`
+	// Skipped: messages the replay reads again that are below the stored
+	// position, so the consumer skips them without calling the handler.
+	Skipped int64 `json:"skipped_by_position"`
+	// New: messages past the stored position, processed for the first time.
+	New int64 `json:"new"`
+}
+
+type replayPlan struct {
+	Consumer   string            `json:"consumer"`
+	Group      string            `json:"group"`
+	Topic      string            `json:"topic"`
+	Members    int               `json:"active_members"`
+	Partitions []replayPartition `json:"partitions"`
+	Executed   bool              `json:"executed"`
+}
+
+func replayCmd(s *settings) *cobra.Command {
+	var consumerName, group, topic, to string
+	var yes, force, dryRun bool
+	cmd := &cobra.Command{
+		Use:   "replay",
+		Short: "Rewind a consumer group (to earliest, an offset or a time) so the topic is read again",
+		Long: `replay rewinds a consumer group's committed offsets on a topic, so its members
+read the topic again from there. It first shows what will happen: the
+messages below each partition's stored position are skipped by kafkaonce
+without calling the handler (they were processed), the rest are processed
+for the first time. A replay therefore applies nothing twice; kafkaonce audit
+checks that in advance.
+
+Kafka only lets offsets be reset while the group has no active members, so
+replay refuses while members are active unless --force (the broker may
+still refuse). It asks for confirmation on a terminal; pass --yes otherwise.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if consumerName == "" || topic == "" {
+				return errors.New("--consumer and --topic are required")
+			}
+			if group == "" {
+				group = consumerName
+			}
+			ctx := cmd.Context()
+			pool, err := s.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			_, _, admin, err := s.kafka()
+			if err != nil {
+				return err
+			}
+			defer admin.Close()
+
+			parts, err := admin.Partitions(ctx, topic)
+			if err != nil {
+				return err
+			}
+			bounds, err := admin.LogBounds(ctx, topic, parts)
+			if err != nil {
+				return err
+			}
+			targets, err := resolveOffsets(ctx, admin, topic, parts, bounds, to, true)
+			if err != nil {
+				return fmt.Errorf("--to: %w", err)
+			}
+			committed, err := admin.Committed(ctx, group, topic, parts)
+			if err != nil {
+				return err
+			}
+			g, err := admin.DescribeGroup(ctx, group)
+			if err != nil {
+				return err
+			}
+			positions, _ := offsets.NewStore(s.schema)
+			plan := replayPlan{Consumer: consumerName, Group: group, Topic: topic, Members: len(g.Members)}
+			for _, p := range parts {
+				stored, ok, err := positions.Load(ctx, pool, consumerName, topic, p)
+				if err != nil {
+					return err
+				}
+				if !ok {
+					stored = -1
+				}
+				rp := replayPartition{Partition: p, Committed: committed[p], Target: targets[p], Stored: stored}
+				end := bounds[p].End
+				rp.Skipped = max(min(stored, end)-rp.Target, 0)
+				rp.New = end - max(rp.Target, stored)
+				rp.New = max(rp.New, 0)
+				plan.Partitions = append(plan.Partitions, rp)
+			}
+			if !s.json {
+				printReplayPlan(s.st.out, plan)
+			}
+			switch {
+			case dryRun:
+				return s.emitJSONOnly(plan)
+			case plan.Members > 0 && !force:
+				return fmt.Errorf("group %s has %d active member(s): stop the consumers first (or pass --force; Kafka refuses resets of active groups)", group, plan.Members)
+			case !yes && !s.st.terminal():
+				return errors.New("not a terminal: pass --yes to rewind without a confirmation")
+			case !yes && !confirm(s.st, "Rewind the group? [y/N] "):
+				return errors.New("not confirmed; nothing changed")
+			}
+			if err := admin.CommitOffsets(ctx, group, topic, targets); err != nil {
+				return err
+			}
+			plan.Executed = true
+			if !s.json {
+				fmt.Fprintf(s.st.out, "group %s rewound on %s; start the consumers to replay\n", group, topic)
+			}
+			return s.emitJSONOnly(plan)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&consumerName, "consumer", "", "the consumer's name (Config.Name)")
+	f.StringVar(&group, "group", "", "the consumer group (default: the consumer's name)")
+	f.StringVar(&topic, "topic", "", "the topic to replay")
+	f.StringVar(&to, "to", "earliest", "where to rewind to: earliest, an offset, an RFC 3339 time, or a duration ago (24h)")
+	f.BoolVar(&yes, "yes", false, "do not ask for confirmation")
+	f.BoolVar(&force, "force", false, "try even while the group has active members")
+	f.BoolVar(&dryRun, "dry-run", false, "only show what would happen")
+	return cmd
+}
+
+// emitJSONOnly prints v with --json; text output was already printed.
+func (s *settings) emitJSONOnly(v any) error {
+	if !s.json {
+		return nil
+	}
+	return s.emit(v, nil)
+}
+
+func printReplayPlan(w io.Writer, p replayPlan) {
+	fmt.Fprintf(w, "replay of %s for consumer %s (group %s, %d active members)\n\n", p.Topic, p.Consumer, p.Group, p.Members)
+	var rows [][]string
+	var skipped, fresh int64
+	for _, rp := range p.Partitions {
+		skipped += rp.Skipped
+		fresh += rp.New
+		rows = append(rows, []string{strconv.Itoa(rp.Partition), optional(rp.Committed), strconv.FormatInt(rp.Target, 10), optional(rp.Stored),
+			strconv.FormatInt(rp.Skipped, 10), strconv.FormatInt(rp.New, 10)})
+	}
+	table(w, "PARTITION\tCOMMITTED\tREWIND TO\tSTORED\tSKIPPED BY POSITION\tNEW", rows)
+	fmt.Fprintf(w, "\n%d messages will be read again and skipped without calling the handler; %d are new\n", skipped, fresh)
+}
+
+func confirm(st streams, question string) bool {
+	fmt.Fprint(st.err, question)
+	line, _ := bufio.NewReader(st.in).ReadString('\n')
+	return strings.EqualFold(strings.TrimSpace(line), "y") || strings.EqualFold(strings.TrimSpace(line), "yes")
+}

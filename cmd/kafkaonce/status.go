@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/offsets"
+)
+
+type partitionStatus struct {
+	Topic     string `json:"topic"`
+	Partition int    `json:"partition"`
+	LogStart  int64  `json:"log_start"`
+	LogEnd    int64  `json:"log_end"`
+	// Committed is the group's committed offset, -1 when none.
+	Committed int64 `json:"kafka_committed"`
+	// Stored is the processed position in Postgres, -1 when none.
+	Stored int64 `json:"stored_position"`
+	// Lag is how many messages are not processed yet.
+	Lag int64 `json:"lag"`
+}
+
+type statusReport struct {
+	Consumer      string            `json:"consumer"`
+	Group         string            `json:"group"`
+	Schema        string            `json:"schema"`
+	SchemaVersion int               `json:"schema_version"`
+	Claims        dedupe.Stats      `json:"claims"`
+	DeadLetters   int64             `json:"dead_letters"`
+	Pending       int64             `json:"dead_letters_pending"`
+	Suspects      int64             `json:"suspect_duplicates"`
+	Recent        []dedupe.Suspect  `json:"recent_suspect_duplicates,omitempty"`
+	Partitions    []partitionStatus `json:"partitions"`
+}
+
+func statusCmd(s *settings) *cobra.Command {
+	var consumerName, group string
+	var topics []string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show each partition's log end, committed offset, stored position and lag, and the consumer's claims and dead letters",
+		Long: `status shows, for a consumer and each partition of its topics: the log's
+start and end, the group's committed offset in Kafka, the processed position
+stored in Postgres, and the lag (messages not processed yet); then the
+consumer's claims, dead letters and recorded suspect duplicates.
+
+Topics are those the consumer has stored positions for, plus any --topic.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if consumerName == "" {
+				return errors.New("--consumer is required: the consumer's Config.Name")
+			}
+			if group == "" {
+				group = consumerName
+			}
+			ctx := cmd.Context()
+			pool, err := s.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			_, _, admin, err := s.kafka()
+			if err != nil {
+				return err
+			}
+			defer admin.Close()
+			r, err := status(ctx, pool, admin, s.schema, consumerName, group, topics)
+			if err != nil {
+				return err
+			}
+			return s.emit(r, func(w io.Writer) { printStatus(w, r) })
+		},
+	}
+	cmd.Flags().StringVar(&consumerName, "consumer", "", "the consumer's name (Config.Name)")
+	cmd.Flags().StringVar(&group, "group", "", "the consumer group (default: the consumer's name)")
+	cmd.Flags().StringSliceVar(&topics, "topic", nil, "a topic to show (repeatable; default: the topics with stored positions)")
+	return cmd
+}
+
+func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, schemaName, consumerName, group string, extra []string) (statusReport, error) {
+	r := statusReport{Consumer: consumerName, Group: group, Schema: schemaName}
+	var err error
+	if r.SchemaVersion, err = schema.Version(ctx, pool, schemaName); err != nil {
+		return r, err
+	}
+	if r.SchemaVersion < schema.LatestVersion() {
+		return r, fmt.Errorf("schema %s is at version %d, this tool needs %d: run kafkaonce migrate", schemaName, r.SchemaVersion, schema.LatestVersion())
+	}
+	claims, _ := dedupe.NewStore(schemaName)
+	positions, _ := offsets.NewStore(schemaName)
+	letters, _ := deadletter.NewStore(schemaName)
+	if r.Claims, err = claims.Stats(ctx, pool, consumerName); err != nil {
+		return r, err
+	}
+	if r.DeadLetters, r.Pending, err = letters.Count(ctx, pool, consumerName); err != nil {
+		return r, err
+	}
+	if r.Suspects, err = claims.CountSuspects(ctx, pool, consumerName); err != nil {
+		return r, err
+	}
+	if r.Recent, err = claims.Suspects(ctx, pool, consumerName, 5); err != nil {
+		return r, err
+	}
+	stored, err := positions.List(ctx, pool, consumerName)
+	if err != nil {
+		return r, err
+	}
+	storedAt := map[string]map[int]int64{}
+	topicSet := map[string]bool{}
+	for _, p := range stored {
+		if storedAt[p.Topic] == nil {
+			storedAt[p.Topic] = map[int]int64{}
+		}
+		storedAt[p.Topic][p.Partition] = p.Next
+		topicSet[p.Topic] = true
+	}
+	for _, t := range extra {
+		topicSet[t] = true
+	}
+	var topics []string
+	for t := range topicSet {
+		topics = append(topics, t)
+	}
+	sort.Strings(topics)
+	for _, topic := range topics {
+		parts, err := admin.Partitions(ctx, topic)
+		if err != nil {
+			return r, err
+		}
+		bounds, err := admin.LogBounds(ctx, topic, parts)
+		if err != nil {
+			return r, err
+		}
+		committed, err := admin.Committed(ctx, group, topic, parts)
+		if err != nil {
+			return r, err
+		}
+		for _, p := range parts {
+			ps := partitionStatus{Topic: topic, Partition: p, LogStart: bounds[p].Start, LogEnd: bounds[p].End, Committed: committed[p], Stored: -1}
+			if v, ok := storedAt[topic][p]; ok {
+				ps.Stored = v
+			}
+			done := max(ps.Committed, ps.Stored, ps.LogStart)
+			ps.Lag = max(ps.LogEnd-done, 0)
+			r.Partitions = append(r.Partitions, ps)
+		}
+	}
+	return r, nil
+}
+
+func printStatus(w io.Writer, r statusReport) {
+	fmt.Fprintf(w, "consumer %s (group %s), schema %s at version %d\n", r.Consumer, r.Group, r.Schema, r.SchemaVersion)
+	fmt.Fprintf(w, "claims: %d (applied %d, dead-lettered %d, suspect duplicates skipped %d)", r.Claims.Total, r.Claims.Applied, r.Claims.DeadLettered, r.Claims.SuspectDuplicates)
+	if r.Claims.Oldest != nil {
+		fmt.Fprintf(w, ", oldest %s", r.Claims.Oldest.UTC().Format(time.RFC3339))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "dead letters: %d (%d not redriven)\n", r.DeadLetters, r.Pending)
+	fmt.Fprintf(w, "suspect duplicates recorded: %d\n", r.Suspects)
+	for _, sp := range r.Recent {
+		fmt.Fprintf(w, "  %s/%d/%d %q looks like %q at offset %d\n", sp.Topic, sp.Partition, sp.Offset, sp.MessageID, sp.FirstMessageID, sp.FirstOffset)
+	}
+	if len(r.Partitions) == 0 {
+		fmt.Fprintln(w, "no partitions: the consumer has no stored positions yet; pass --topic to show a topic")
+		return
+	}
+	var rows [][]string
+	var lag int64
+	for _, p := range r.Partitions {
+		lag += p.Lag
+		rows = append(rows, []string{p.Topic, strconv.Itoa(p.Partition), strconv.FormatInt(p.LogStart, 10), strconv.FormatInt(p.LogEnd, 10),
+			optional(p.Committed), optional(p.Stored), strconv.FormatInt(p.Lag, 10)})
+	}
+	fmt.Fprintln(w)
+	table(w, "TOPIC\tPARTITION\tLOG START\tLOG END\tCOMMITTED\tSTORED\tLAG", rows)
+	fmt.Fprintf(w, "total lag: %d\n", lag)
+}

@@ -103,7 +103,6 @@ func TestNewRejectsAnEmptyName(t *testing.T) {
 
 func stringsReader(s string) io.Reader { return strings.NewReader(s) }
 
-
 // counterWith sums a metric's samples (all label values).
 func counterWith(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
 	t.Helper()

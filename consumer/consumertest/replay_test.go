@@ -68,4 +68,3 @@ type recordingTB struct {
 func (r *recordingTB) Errorf(format string, args ...any) {
 	r.errors = append(r.errors, fmt.Sprintf(format, args...))
 }
-

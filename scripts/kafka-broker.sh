@@ -39,6 +39,8 @@ POM
 		fi
 		touch "$cache/.complete"
 	fi
+	# Always a fresh broker: stale data from an earlier run would confuse the tests.
+	rm -rf "$dir/data"
 	mkdir -p "$dir/data"
 	cat > "$dir/server.properties" <<PROPS
 process.roles=broker,controller

@@ -37,6 +37,7 @@ type item struct {
 func (w *worker) processBatch(stop, work context.Context, raw []kafka.Message) error {
 	items := w.items[:0]
 	var stopErr error
+	now := time.Now() // one clock reading per batch for the suspect check
 	for i := range raw {
 		items = append(items, item{msg: Message{
 			Topic:     raw[i].Topic,
@@ -61,7 +62,7 @@ func (w *worker) processBatch(stop, work context.Context, raw []kafka.Message) e
 		it.msg.ID = id
 		it.fp = dedupe.FingerprintOf(it.msg.Key, it.msg.Value)
 		if w.recent != nil {
-			if prev, ok := w.recent.Observe(it.fp, id, it.msg.Offset, time.Now()); ok {
+			if prev, ok := w.recent.Observe(it.fp, id, it.msg.Offset, now); ok {
 				it.suspect = &prev
 				w.reportSuspect(work, &it.msg, prev)
 			}

@@ -34,7 +34,7 @@ func BenchmarkThroughput(b *testing.B) {
 		{"per-message/update", 1, true, true}, {"batched/update", 1000, true, true},
 		{"per-message/noop", 1, false, true}, {"batched/noop", 1000, false, true},
 		// The suspect-duplicate check's cost, side by side with batched/noop.
-		{"batched/noop/no-suspect-check", 1000, false, false},
+		{"batched/noop-without-suspect-check", 1000, false, false},
 	} {
 		b.Run(mode.name, func(b *testing.B) {
 			b.StopTimer()

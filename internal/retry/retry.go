@@ -20,6 +20,21 @@ type Policy struct {
 	Max     time.Duration
 }
 
+// Wait returns the wait before retry n (from 1) of a sequence whose state is
+// kept elsewhere (in a database row, say): uniform in
+// [0, min(Max, Initial·2^(n-1))].
+func (p Policy) Wait(n int) time.Duration {
+	env := p.Initial
+	for i := 1; i < n && env < p.Max; i++ {
+		env *= 2
+	}
+	env = min(env, p.Max)
+	if env <= 0 {
+		return 0
+	}
+	return time.Duration(rand.Int64N(int64(env) + 1))
+}
+
 // Backoff yields the waits of one sequence of retries.
 type Backoff struct {
 	envelope *backoff.ExponentialBackOff

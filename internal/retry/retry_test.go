@@ -54,3 +54,15 @@ func TestSleepEndsWithContext(t *testing.T) {
 		t.Fatal("Sleep did not return promptly on a cancelled context")
 	}
 }
+
+func TestWaitOfTheNthRetry(t *testing.T) {
+	t.Parallel()
+	p := Policy{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}
+	for n, env := range map[int]time.Duration{1: 10, 2: 20, 3: 40, 4: 50, 30: 50} {
+		for range 200 {
+			if d := p.Wait(n); d < 0 || d > env*time.Millisecond {
+				t.Fatalf("Wait(%d) = %v, want within [0, %v]", n, d, env*time.Millisecond)
+			}
+		}
+	}
+}

@@ -1,0 +1,57 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkaonce/kafkaonce/internal/schema"
+)
+
+// Parked is a row that could not be delivered.
+type Parked struct {
+	ID          string
+	Destination string
+	Key, Value  []byte
+	Attempts    int
+	LastError   string
+	CreatedAt   time.Time
+	FailedAt    time.Time
+}
+
+// Parked lists rows that could not be delivered, oldest first.
+func (o *Outbox) Parked(ctx context.Context, q schema.Querier, limit int) ([]Parked, error) {
+	rows, err := q.Query(ctx, `SELECT id, destination, message_key, message_value, attempts, coalesce(last_error, ''), created_at, failed_at
+FROM `+o.table+` WHERE failed_at IS NOT NULL ORDER BY seq LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: parked: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Parked])
+	if err != nil {
+		return nil, fmt.Errorf("outbox: parked: %w", err)
+	}
+	return out, nil
+}
+
+// Retry puts parked rows back to be delivered, with fresh attempts. It is
+// for an operator, once the cause is fixed; the rows are then delivered
+// after any later rows of their keys already delivered.
+func (o *Outbox) Retry(ctx context.Context, q schema.Querier, ids ...string) (int64, error) {
+	tag, err := q.Exec(ctx, `UPDATE `+o.table+` SET failed_at = NULL, attempts = 0, next_attempt_at = '-infinity'
+WHERE id = ANY($1) AND failed_at IS NOT NULL`, ids)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: retry: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Pending counts rows waiting for delivery (not parked).
+func (o *Outbox) Pending(ctx context.Context, q schema.Querier) (int64, error) {
+	var n int64
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM `+o.table+` WHERE failed_at IS NULL`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("outbox: pending: %w", err)
+	}
+	return n, nil
+}

@@ -18,10 +18,11 @@ import (
 // broker unless KAFKA_BROKERS is set), in one run:
 //
 //   - drain: events/s emptying a backlog of b.N rows over 64 keys;
+//
 //   - steady: the delay from writing a row (in a committed transaction of 50
 //     rows) to its publication, at a constant 5,000 rows/s, as p50/p99.
 //
-//	go test ./outbox -run '^$' -bench Relay -benchtime 50000x
+//     go test ./outbox -run '^$' -bench Relay -benchtime 50000x
 func BenchmarkRelay(b *testing.B) {
 	b.Run("drain", func(b *testing.B) {
 		b.StopTimer()

@@ -162,7 +162,7 @@ func TestACrashBetweenPublishAndDeleteIsDeduplicatedDownstream(t *testing.T) {
 // answers per script.
 type provider struct {
 	mu        sync.Mutex
-	delivered map[string]int       // idempotency key -> deliveries accepted
+	delivered map[string]int         // idempotency key -> deliveries accepted
 	calls     map[string][]time.Time // key -> call times
 	script    func(key string, call int) (status int, retryAfter string)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -435,4 +436,45 @@ func TestTransientFailureBehindAPoisonInTheSameBatch(t *testing.T) {
 	r.stop()
 	e.requireExactlyOnce([]string{"a", "b", "flaky", "c"})
 	require.Equal(t, deadletter.ClassPermanent, e.letters()["poison"].Class)
+}
+
+// batchSizes records the size of every batch transaction.
+type batchSizes struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (b *batchSizes) OnBatchStart(_ context.Context, info consumer.BatchInfo) {
+	b.mu.Lock()
+	b.sizes = append(b.sizes, info.Size)
+	b.mu.Unlock()
+}
+
+func TestACleanStopWithoutProgressDoesNotLookLikeACrash(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ids := e.produceIDs("n", 10)
+	entered := make(chan struct{})
+	var once sync.Once
+	hang := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		once.Do(func() { close(entered) })
+		<-ctx.Done() // never finishes: the run makes no progress
+		return ctx.Err()
+	})
+	cfg := e.config(hang)
+	cfg.ShutdownTimeout = 200 * time.Millisecond
+	r := e.start(cfg)
+	<-entered
+	r.stop()
+
+	sizes := &batchSizes{}
+	cfg = e.config(e.applyHandler())
+	cfg.Hooks = append(cfg.Hooks, sizes)
+	r = e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 10}, 30*time.Second)
+	r.stop()
+	e.requireExactlyOnce(ids)
+	sizes.mu.Lock()
+	defer sizes.mu.Unlock()
+	require.Equal(t, 10, sizes.sizes[0], "the next run batches as usual, instead of going one message at a time")
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 
@@ -43,6 +44,9 @@ type worker struct {
 	recent *recent.Window
 	// hwm is the log end offset as of the last fetch.
 	hwm int64
+	// started is set once the run recorded its start at startOffset.
+	started     bool
+	startOffset int64
 
 	// Buffers reused from batch to batch.
 	raw   []kafka.Message
@@ -57,6 +61,7 @@ type worker struct {
 func (w *worker) run(stop, work context.Context) {
 	err := w.consume(stop, work)
 	if err == nil || stop.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, errInterrupted)) {
+		w.endCleanly(work)
 		return
 	}
 	var perr *PartitionError
@@ -65,6 +70,19 @@ func (w *worker) run(stop, work context.Context) {
 	}
 	w.report(stop, perr)
 	<-stop.Done()
+}
+
+// endCleanly records that this run ended by revocation or shutdown, not by
+// dying, so the next run does not start one message at a time.
+func (w *worker) endCleanly(work context.Context) {
+	if !w.started {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(work), 2*time.Second)
+	defer cancel()
+	if err := w.c.attempts.Ended(ctx, w.c.db, w.c.cfg.Name, w.topic, w.partition, w.startOffset); err != nil {
+		w.c.log.Warn("could not record a clean end of the partition run", w.logAttrs(slog.String("error", err.Error()))...)
+	}
 }
 
 func (w *worker) report(ctx context.Context, perr *PartitionError) {
@@ -233,6 +251,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	w.started, w.startOffset = true, start
 	if starts >= 2 || inProgress {
 		// The previous run did not get past this offset: it may have died on
 		// a message of its first batch. Go one message at a time, counting

@@ -7,10 +7,11 @@
 // this way; the fast path (a batch in one transaction) records nothing.
 //
 // To catch a message that kills the process inside a batch, where nothing is
-// counted, every partition assignment is recorded too (partition_runs): two
-// assignments in a row that start at the same offset mean the previous run
-// did not get past its first batch, and the consumer then goes one message
-// at a time, counting attempts, until it is past that batch.
+// counted, every partition assignment is recorded too (partition_runs), and
+// a run that ends cleanly (revocation, shutdown) clears its record: a run
+// that finds the previous run started at the same offset and never ended
+// concludes that it died in its first batch, and goes one message at a time,
+// counting attempts, until it is past that batch.
 package attempts
 
 import (
@@ -124,4 +125,19 @@ WHERE consumer = $1 AND topic = $2 AND partition = $3`, consumer, topic, partiti
 		return 0, false, 0, fmt.Errorf("attempts: record start of %s/%d: %w", topic, partition, err)
 	}
 	return starts, inProgress, maxOffset, nil
+}
+
+// Ended records that a run of the partition that started at start ended
+// cleanly (revocation or shutdown, not a crash), so the next run there does
+// not take it for a run that died.
+func (s *Store) Ended(ctx context.Context, db schema.Beginner, consumer, topic string, partition int, start int64) error {
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE `+s.runs+` SET starts = 0 WHERE consumer = $1 AND topic = $2 AND partition = $3 AND start_offset = $4`,
+			consumer, topic, partition, start)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("attempts: record end of %s/%d: %w", topic, partition, err)
+	}
+	return nil
 }

@@ -49,7 +49,9 @@ type summary struct {
 func main() {
 	n := flag.Int("messages", 1000, "unique credits to produce")
 	resend := flag.Int("resend-every", 10, "re-send every Nth credit, as a retrying producer would")
+	applyEnv := devenv.RegisterFlags(flag.CommandLine)
 	flag.Parse()
+	applyEnv()
 	log.SetFlags(0)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

@@ -287,6 +287,7 @@ func TestInfrastructureFailuresDoNotCountAsAttempts(t *testing.T) {
 	e.requireExactlyOnce(ids)
 	require.Empty(t, e.letters())
 	require.EqualValues(t, 4, failures.Load())
+	e.check(expectation{ids: ids})
 }
 
 func TestPoisonFloodKeepsThePartitionMoving(t *testing.T) {
@@ -294,12 +295,15 @@ func TestPoisonFloodKeepsThePartitionMoving(t *testing.T) {
 	e := setup(t, 2)
 	const total = 1000
 	var msgs []kafka.Message
-	var good []string
+	var good, all, bad []string
 	for i := range total {
 		id := "p-" + strconv.Itoa(i)
 		msgs = append(msgs, msg(i%2, id, "v"))
+		all = append(all, id)
 		if i%10 != 7 {
 			good = append(good, id)
+		} else {
+			bad = append(bad, id)
 		}
 	}
 	e.kafka.Produce(t, e.topic, msgs...)
@@ -324,6 +328,7 @@ func TestPoisonFloodKeepsThePartitionMoving(t *testing.T) {
 	}
 	sort.Strings(ids)
 	require.Equal(t, "p-107", ids[0])
+	e.check(expectation{ids: all, poison: bad})
 }
 
 func TestHungHandlerIsCutOff(t *testing.T) {
@@ -372,6 +377,7 @@ func TestHungHandlerIsCutOff(t *testing.T) {
 		return e.db.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%hung handler%' AND pid <> pg_backend_pid()`) == 0 &&
 			e.db.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%' AND query LIKE '%effects%'`) == 0
 	})
+	e.check(expectation{ids: ids, poison: []string{"h-1"}, abandoned: 1})
 }
 
 func TestMessageThatKillsTheProcessIsSetAsideAfterMaxAttempts(t *testing.T) {
@@ -400,7 +406,7 @@ func TestMessageThatKillsTheProcessIsSetAsideAfterMaxAttempts(t *testing.T) {
 	}
 	// The run that set the poison aside goes on with the rest.
 	r := e.start(e.config(e.applyHandler()))
-	waitFor(t, 30*time.Second, "the rest applied", func() bool { return e.storedPositions()[0] == 10 })
+	e.waitCommitted(map[int]int64{0: 10}, 30*time.Second)
 	r.stop()
 
 	e.requireExactlyOnce(append(append([]string{}, ids[:4]...), ids[5:]...))
@@ -411,6 +417,7 @@ func TestMessageThatKillsTheProcessIsSetAsideAfterMaxAttempts(t *testing.T) {
 	// One kill in the first batch (no attempt counted there), then one per
 	// counted attempt.
 	require.Equal(t, 4, kills)
+	e.check(expectation{ids: ids, poison: []string{poison}})
 }
 
 func TestTransientFailureBehindAPoisonInTheSameBatch(t *testing.T) {

@@ -66,6 +66,7 @@ func TestRedeliveryIsSkippedByClaims(t *testing.T) {
 	after := e.events.snapshot()
 	require.Equal(t, before.applied, after.applied, "no message applied on redelivery")
 	require.Equal(t, 150, after.skipped[consumer.SkipAlreadyClaimed]-before.skipped[consumer.SkipAlreadyClaimed])
+	e.check(expectation{ids: ids})
 }
 
 func TestRewindToEarliestAppliesNothingNew(t *testing.T) {
@@ -137,6 +138,7 @@ func TestTwoMembersClaimingTheSameIDsAtOnce(t *testing.T) {
 	require.Positive(t, ea.skipped[consumer.SkipAlreadyClaimed]+eb.skipped[consumer.SkipAlreadyClaimed], "the members did collide on claims")
 	t.Logf("member a applied %d, member b applied %d; %d+%d collisions", ea.applied, eb.applied,
 		ea.skipped[consumer.SkipAlreadyClaimed], eb.skipped[consumer.SkipAlreadyClaimed])
+	e.check(expectation{ids: ids})
 }
 
 // barrier holds the first batch of each of n members until all n have one.

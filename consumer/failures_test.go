@@ -73,6 +73,7 @@ func TestCommitReplyLostAppliesOnce(t *testing.T) {
 	e.requireExactlyOnce(ids)
 	require.Equal(t, 50, e.events.snapshot().applied+e.events.snapshot().skipped[consumer.SkipAlreadyClaimed])
 	require.Equal(t, map[int]int64{0: 50}, e.storedPositions())
+	e.check(expectation{ids: ids})
 }
 
 // armOnFirstBatch makes the proxy drop the reply to the next COMMIT once the
@@ -121,6 +122,7 @@ func TestTransientFailureRetriesOnlyTheFailingMessage(t *testing.T) {
 			require.EqualValues(t, 1, got, "successful handler runs of %s", id)
 		}
 	}
+	e.check(expectation{ids: ids})
 }
 
 func TestHandlerThatCommitsOrPanicsStopsThePartitionUnderStopPartition(t *testing.T) {

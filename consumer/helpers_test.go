@@ -30,8 +30,9 @@ type env struct {
 	topic  string
 	parts  int
 	group  string
-	name   string
-	events *recorder
+	name    string
+	events  *recorder
+	commits *commitWatch
 }
 
 func setup(t testing.TB, partitions int) *env {
@@ -42,6 +43,7 @@ func setup(t testing.TB, partitions int) *env {
 	// The effect table has no unique key on purpose: a double application
 	// shows up as two rows instead of an error.
 	db.Exec(t, `CREATE TABLE `+db.Table("effects")+` (message_id text NOT NULL, topic text NOT NULL, partition int NOT NULL, kafka_offset bigint NOT NULL, value text NOT NULL)`)
+	e.watchCommits()
 	return e
 }
 

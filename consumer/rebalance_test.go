@@ -110,6 +110,7 @@ func TestKilledBetweenDatabaseCommitAndOffsetCommit(t *testing.T) {
 	r.stop()
 	e.requireExactlyOnce(ids)
 	require.Equal(t, map[int]int64{0: 100, 1: 100}, e.storedPositions())
+	e.check(expectation{ids: ids})
 }
 
 // runChildUntilKilled runs a child consumer process and requires that it was
@@ -215,4 +216,5 @@ func TestMemberJoinsAndLeavesWhileBatchesAreInFlight(t *testing.T) {
 	e.requireExactlyOnce(ids)
 	require.Equal(t, total, e.events.snapshot().applied+joiner.snapshot().applied)
 	t.Logf("first member applied %d, the member that came and went applied %d", e.events.snapshot().applied, joiner.snapshot().applied)
+	e.check(expectation{ids: ids})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -93,6 +94,7 @@ func NewEmptyDB(tb testing.TB, opts ...DBOption) *DB {
 		tb.Fatalf("testenv: %v", err)
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	cfg.ConnConfig.RuntimeParams["application_name"] = name
 	cfg.MaxConns = 8
 	for _, o := range opts {
 		o(cfg)
@@ -106,6 +108,24 @@ func NewEmptyDB(tb testing.TB, opts ...DBOption) *DB {
 		_, _ = pg.admin.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`)
 	})
 	return &DB{Pool: pool, Schema: name, URL: server.URL}
+}
+
+// AppURL is the server's connection string with the test's
+// application_name, for child processes: their sessions count as the
+// test's in pg_stat_activity.
+func (d *DB) AppURL() string {
+	sep := "?"
+	if strings.Contains(d.URL, "?") {
+		sep = "&"
+	}
+	return d.URL + sep + "application_name=" + d.Schema
+}
+
+// Sessions counts the test's server sessions in the given state ("idle in
+// transaction", "active", ...), other than the one asking.
+func (d *DB) Sessions(tb testing.TB, state string) int64 {
+	tb.Helper()
+	return d.Int(tb, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE $2 AND pid <> pg_backend_pid()`, d.Schema, state)
 }
 
 // Table returns the quoted name of a table in the test's schema.
@@ -147,6 +167,7 @@ func (d *DB) PoolVia(tb testing.TB, hostport string, opts ...DBOption) *pgxpool.
 	cfg.ConnConfig.Port = uint16(p)
 	cfg.ConnConfig.Fallbacks = nil
 	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	cfg.ConnConfig.RuntimeParams["application_name"] = d.Schema
 	cfg.MaxConns = 8
 	for _, o := range opts {
 		o(cfg)

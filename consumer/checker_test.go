@@ -1,0 +1,184 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+)
+
+// expectation is what a test produced and injected, for the checker.
+type expectation struct {
+	// ids are the message ids whose produce the broker acknowledged.
+	ids []string
+	// poison are the ids the test made unprocessable: they must be
+	// dead-lettered and have no effect.
+	poison []string
+	// abandoned counts handlers the test made hang for good: each keeps its
+	// pooled connection checked out until it returns.
+	abandoned int
+}
+
+// commitWatch sees every OffsetCommit the in-process broker receives for a
+// test's groups and compares it, at that moment, with the stored position:
+// a committed offset ahead of durable processing would lose messages on the
+// next assignment.
+type commitWatch struct {
+	mu         sync.Mutex
+	closed     bool
+	seen       int
+	violations []string
+}
+
+// watchCommits installs the watch (in-process broker only).
+func (e *env) watchCommits() {
+	if e.kafka.Fake == nil || e.commits != nil {
+		return
+	}
+	w := &commitWatch{}
+	e.commits = w
+	e.t.Cleanup(func() { w.mu.Lock(); w.closed = true; w.mu.Unlock() })
+	e.kafka.Fake.ControlKey(kmsg.OffsetCommit.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		req := kreq.(*kmsg.OffsetCommitRequest)
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		// Commits outside a generation are an operator's resets (the tests'
+		// rewinds), not the consumer's.
+		if w.closed || req.Generation < 0 || len(req.Group) < len(e.group) || req.Group[:len(e.group)] != e.group {
+			return nil, nil, false
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		for _, t := range req.Topics {
+			for _, p := range t.Partitions {
+				var stored int64 = -1
+				_ = e.db.Pool.QueryRow(ctx, `SELECT next_offset FROM `+e.db.Table("consumer_offsets")+` WHERE consumer = $1 AND topic = $2 AND partition = $3`,
+					e.name, t.Topic, p.Partition).Scan(&stored)
+				w.seen++
+				if p.Offset > stored {
+					w.violations = append(w.violations, fmt.Sprintf("%s/%d: offset %d committed while the stored position was %d", t.Topic, p.Partition, p.Offset, stored))
+				}
+			}
+		}
+		return nil, nil, false // observe only: the broker handles the request
+	})
+}
+
+// check drains and verifies the end-to-end invariants: no double effect, no
+// loss, no phantom, processed_messages one to one with the effects, offsets
+// never committed ahead of durable processing, every partition drained,
+// dead letters exactly the poison, and no session left in a transaction or
+// connection left checked out. Stop the consumers first.
+func (e *env) check(exp expectation) {
+	t := e.t
+	t.Helper()
+	ctx := context.Background()
+
+	// Every partition drained: stored position and committed offset at the
+	// log end.
+	admin := kafkaadmin.New(e.kafka.Brokers, nil)
+	defer admin.Close()
+	parts := make([]int, e.parts)
+	for i := range parts {
+		parts[i] = i
+	}
+	bounds, err := admin.LogBounds(ctx, e.topic, parts)
+	require.NoError(t, err)
+	ends := map[int]int64{}
+	for p, b := range bounds {
+		ends[p] = b.End
+	}
+	stored := e.storedPositions()
+	for p, end := range ends {
+		if end > 0 {
+			require.Equalf(t, end, stored[p], "partition %d drained: stored position at the log end", p)
+		}
+	}
+
+	poison := map[string]bool{}
+	for _, id := range exp.poison {
+		poison[id] = true
+	}
+	produced := map[string]bool{}
+	for _, id := range exp.ids {
+		produced[id] = true
+	}
+
+	// Effects: once for every good id, never for poison, nothing else.
+	effects := e.countsBy(`SELECT message_id, count(*) FROM ` + e.db.Table("effects") + ` GROUP BY 1`)
+	var double, lost, phantom, poisoned []string
+	for id := range produced {
+		switch n := effects[id]; {
+		case poison[id] && n > 0:
+			poisoned = append(poisoned, id)
+		case !poison[id] && n == 0:
+			lost = append(lost, id)
+		case n > 1:
+			double = append(double, fmt.Sprintf("%s×%d", id, n))
+		}
+	}
+	for id := range effects {
+		if !produced[id] {
+			phantom = append(phantom, id)
+		}
+	}
+	require.Empty(t, sorted(double), "double effects")
+	require.Empty(t, sorted(lost), "lost messages (acknowledged, never applied nor dead-lettered)")
+	require.Empty(t, sorted(phantom), "phantom effects (never produced)")
+	require.Empty(t, sorted(poisoned), "poison applied")
+
+	// processed_messages matches the effects one to one, and the dead
+	// letters account exactly for the poison.
+	claims := e.countsBy(`SELECT message_id, count(*) FROM ` + e.db.Table("processed_messages") + ` WHERE consumer = '` + e.name + `' AND status = 'applied' GROUP BY 1`)
+	require.Equal(t, len(effects), len(claims), "applied claims and effects")
+	for id := range effects {
+		require.Contains(t, claims, id, "an effect without its claim")
+	}
+	letters := e.countsBy(`SELECT coalesce(message_id, '<no id>'), count(*) FROM ` + e.db.Table("dead_letters") + ` WHERE consumer = '` + e.name + `' GROUP BY 1`)
+	require.Equal(t, len(poison), len(letters), "dead letters: %v, poison: %v", letters, exp.poison)
+	for id := range poison {
+		require.Equal(t, int64(1), letters[id], "poison %s dead-lettered once", id)
+	}
+
+	// Kafka offsets caught up, and never ran ahead.
+	e.waitCommitted(ends, 30*time.Second)
+	if e.commits != nil {
+		e.commits.mu.Lock()
+		violations, seen := append([]string(nil), e.commits.violations...), e.commits.seen
+		e.commits.mu.Unlock()
+		require.Empty(t, violations, "offsets committed ahead of durable processing")
+		require.Positive(t, seen, "the watch saw the offset commits")
+	}
+
+	// Nothing left open.
+	waitFor(t, 10*time.Second, "no session left in a transaction", func() bool { return e.db.Sessions(t, "idle in transaction%") == 0 })
+	require.EqualValues(t, exp.abandoned, e.db.Pool.Stat().AcquiredConns(), "connections still checked out of the pool")
+}
+
+func (e *env) countsBy(sql string) map[string]int64 {
+	rows, err := e.db.Pool.Query(context.Background(), sql)
+	require.NoError(e.t, err)
+	out := map[string]int64{}
+	for rows.Next() {
+		var k string
+		var n int64
+		require.NoError(e.t, rows.Scan(&k, &n))
+		out[k] = n
+	}
+	require.NoError(e.t, rows.Err())
+	return out
+}
+
+func sorted(s []string) []string {
+	sort.Strings(s)
+	if len(s) > 20 {
+		return append(s[:20], fmt.Sprintf("... and %d more", len(s)-20))
+	}
+	return s
+}

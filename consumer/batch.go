@@ -167,6 +167,9 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 			// the partition finds the truth in the claims.
 			return work.Err()
 		}
+		if out.lost != nil {
+			return out.lost
+		}
 		if out.failedAt < 0 {
 			w.c.log.Warn("batch failed; retrying", w.logAttrs(slog.Int64("offset", items[0].msg.Offset),
 				slog.Int("attempt", attempt), slog.String("class", classInfra.String()), slog.String("error", out.err.Error()))...)
@@ -290,6 +293,6 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan) {
 	if deadLettered {
 		w.c.wakePublisher()
 	}
-	w.next = last + 1
+	w.next, w.positionKnown = last+1, true
 	w.committer.mark(w.topic, w.partition, w.next)
 }

@@ -37,8 +37,13 @@ type env struct {
 
 func setup(t testing.TB, partitions int) *env {
 	t.Helper()
+	return setupOn(t, partitions, testenv.NewKafka(t))
+}
+
+// setupOn is setup with a broker of the test's own.
+func setupOn(t testing.TB, partitions int, k *testenv.Kafka) *env {
+	t.Helper()
 	db := testenv.NewDB(t, testenv.MaxConns(16))
-	k := testenv.NewKafka(t)
 	e := &env{t: t, db: db, kafka: k, topic: k.Topic(t, partitions), parts: partitions, group: k.Group(t), name: "ledger", events: &recorder{}}
 	// The effect table has no unique key on purpose: a double application
 	// shows up as two rows instead of an error.
@@ -272,6 +277,7 @@ func (r *recorder) snapshot() recorded {
 	out.conflicts = append(out.conflicts, r.conflicts...)
 	out.stopped = append(out.stopped, r.stopped...)
 	out.assigned = append(out.assigned, r.assigned...)
+	out.commitErr = append(out.commitErr, r.commitErr...)
 	return out
 }
 

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -30,9 +32,17 @@ type childSpec struct {
 	Group       string
 	Name        string
 	// KillOn names a message id whose handler kills the process; when
-	// empty, the process is killed right after its first batch commits.
+	// empty, and Serve is false, the process is killed right after its
+	// first batch commits.
 	KillOn      string
 	MaxAttempts int
+	// Serve runs until SIGTERM (then drains and exits 0) instead of being
+	// killed.
+	Serve bool
+	// Slow is how long the handler takes per message.
+	Slow time.Duration
+	// IdleInTransaction is the session timeout of the child's transactions.
+	IdleInTransaction time.Duration
 }
 
 const childEnv = "KAFKAONCE_TEST_CHILD_CONSUMER"
@@ -50,25 +60,32 @@ func TestChildConsumerProcess(t *testing.T) {
 	require.NoError(t, err)
 	effects := `INSERT INTO ` + pgx.Identifier{spec.Schema, "effects"}.Sanitize() + ` (message_id, topic, partition, kafka_offset, value) VALUES ($1, $2, $3, $4, $5)`
 	var hooks []consumer.Hook
-	if spec.KillOn == "" {
+	if spec.KillOn == "" && !spec.Serve {
 		hooks = append(hooks, killAfterFirstCommit{})
 	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
 	c, err := consumer.New(pool, &consumer.Config{
 		Name: spec.Name, GroupID: spec.Group, Brokers: spec.Brokers, Topics: []string{spec.Topic}, Schema: spec.Schema,
 		MaxBatch: 20, SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond, MaxAttempts: spec.MaxAttempts,
+		IdleInTransactionTimeout: spec.IdleInTransaction, ShutdownTimeout: 5 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			if m.ID == spec.KillOn {
 				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 				select {}
 			}
+			time.Sleep(spec.Slow)
 			_, err := tx.Exec(ctx, effects, m.ID, m.Topic, m.Partition, m.Offset, string(m.Value))
 			return err
 		}),
 		Hooks: hooks,
 	})
 	require.NoError(t, err)
-	_ = c.Run(context.Background())
-	t.Fatal("the child consumer should have been killed")
+	require.NoError(t, c.Run(ctx))
+	if !spec.Serve {
+		t.Fatal("the child consumer should have been killed")
+	}
 }
 
 // killAfterFirstCommit kills the process right after the first batch's
@@ -125,6 +142,11 @@ func (e *env) runChildUntilKilled(spec childSpec, timeout time.Duration) {
 // true (then it is sent SIGTERM), or for at most timeout, and reports whether
 // it died of SIGKILL.
 func (e *env) runChild(spec childSpec, timeout time.Duration, done ...func() bool) (killed bool, output string) {
+	return e.runChildPID(spec, timeout, nil, done...)
+}
+
+// runChildPID is runChild that also sends the child's pid to pid.
+func (e *env) runChildPID(spec childSpec, timeout time.Duration, pid chan<- int, done ...func() bool) (killed bool, output string) {
 	e.t.Helper()
 	raw, err := json.Marshal(spec)
 	require.NoError(e.t, err)
@@ -133,9 +155,13 @@ func (e *env) runChild(spec childSpec, timeout time.Duration, done ...func() boo
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestChildConsumerProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 20 * time.Second
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(e.t, cmd.Start())
+	if pid != nil {
+		pid <- cmd.Process.Pid
+	}
 	exited := make(chan struct{})
 	go func() {
 		for _, d := range done {

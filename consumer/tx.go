@@ -66,6 +66,9 @@ type txOutcome struct {
 	// transaction failed as a whole (infrastructure).
 	failedAt int
 	fail     *failure
+	// lost is set when the stored position turned out to be behind what
+	// this worker committed: the database lost transactions.
+	lost *positionLostError
 }
 
 func infra(err error) txOutcome {
@@ -337,9 +340,13 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 	if p.clearAttempts {
 		w.c.attempts.QueueClear(b, w.c.cfg.Name, w.topic, w.partition, items[0].msg.Offset, items[end-1].msg.Offset)
 	}
-	w.c.offsets.QueueAdvance(b, w.c.cfg.Name, w.topic, w.partition, items[end-1].msg.Offset+1)
+	var prev *int64
+	w.c.offsets.QueueAdvanceChecked(b, w.c.cfg.Name, w.topic, w.partition, items[end-1].msg.Offset+1, &prev)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return infra(fmt.Errorf("record position: %w", err))
+	}
+	if lost := w.positionLost(prev); lost != nil {
+		return txOutcome{failedAt: -1, err: lost, fail: newFailure(classInfra, "", lost), lost: lost}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		committed = true // nothing left to roll back: the connection is gone or the server ended the transaction
@@ -457,4 +464,31 @@ func resize[T any](s []T, n int) []T {
 	s = s[:n]
 	clear(s)
 	return s
+}
+
+// positionLostError: the stored position is behind what this worker
+// committed, so the database lost committed transactions (a crash with
+// asynchronous commit, a failover to a lagging replica, a restore). Their
+// effects, claims and positions are gone together; the worker must fetch
+// again from the stored position.
+type positionLostError struct {
+	stored, believed int64
+}
+
+func (e *positionLostError) Error() string {
+	return fmt.Sprintf("the stored position is %d but this worker had committed up to %d: the database lost committed transactions; processing again from %d", e.stored, e.believed, e.stored)
+}
+
+// positionLost compares the stored position found by a transaction with
+// the one this worker committed last.
+func (w *worker) positionLost(prev *int64) *positionLostError {
+	switch {
+	case !w.positionKnown:
+		return nil
+	case prev == nil:
+		return &positionLostError{stored: w.assignedStart, believed: w.next}
+	case *prev < w.next:
+		return &positionLostError{stored: *prev, believed: w.next}
+	}
+	return nil
 }

@@ -47,6 +47,11 @@ type worker struct {
 	// started is set once the run recorded its start at startOffset.
 	started     bool
 	startOffset int64
+	// positionKnown: the stored position is w.next (a row existed at
+	// assignment, or this worker committed one). assignedStart is where the
+	// run started.
+	positionKnown bool
+	assignedStart int64
 
 	// Buffers reused from batch to batch.
 	raw   []kafka.Message
@@ -113,7 +118,7 @@ func (w *worker) consume(stop, work context.Context) error {
 	if err != nil {
 		return err
 	}
-	w.next = start
+	w.next, w.assignedStart = start, start
 	if d := w.c.cfg.SuspectDuplicateWindow; d > 0 {
 		w.recent = recent.New(SuspectWindowMessages, d)
 	}
@@ -129,6 +134,13 @@ func (w *worker) consume(stop, work context.Context) error {
 		var perr *PartitionError
 		if errors.As(err, &perr) {
 			return err
+		}
+		var lost *positionLostError
+		if errors.As(err, &lost) {
+			w.c.log.Error("the database lost committed transactions; fetching again from the stored position", w.logAttrs(
+				slog.Int64("stored_position", lost.stored), slog.Int64("committed_up_to", lost.believed))...)
+			w.next = lost.stored
+			continue
 		}
 		if errors.Is(err, kafka.OffsetOutOfRange) {
 			if lost := w.checkDeleted(stop); lost != nil {
@@ -203,6 +215,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 		a.KafkaOffset = w.kafkaOffset
 	}
 	start := w.kafkaOffset // may be kafka.FirstOffset or kafka.LastOffset
+	w.positionKnown = hasPos
 	if hasPos {
 		a.StoredPosition = pos
 		switch {
@@ -215,8 +228,17 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 			// Bring the group's offset up to date so that lag tools agree.
 			w.committer.mark(w.topic, w.partition, pos)
 		case start > pos:
-			w.c.log.Warn("group offset is ahead of the stored position (moved forward by an operator, or the database was restored from a backup); messages between them will not be processed by this consumer",
-				w.logAttrs(slog.Int64("kafka_offset", start), slog.Int64("stored_position", pos))...)
+			// The database does not have what Kafka says was processed: it
+			// lost committed transactions (restored from a backup, failed
+			// over to a lagging replica, asynchronous commit), and with them
+			// the effects, the claims and the position, together. Processing
+			// again from the stored position loses nothing and applies
+			// nothing twice. (To skip messages on purpose, move the stored
+			// position: kafkaonce replay does.)
+			w.c.log.Warn("group offset is ahead of the stored position: the database is missing processed messages (restored from a backup? a failover to a lagging replica?); processing again from the stored position",
+				w.logAttrs(slog.Int64("kafka_offset", start), slog.Int64("stored_position", pos), slog.Int64("reprocessed", start-pos))...)
+			start = pos
+			w.committer.mark(w.topic, w.partition, pos)
 		}
 	}
 	switch start {

@@ -24,8 +24,9 @@ type Position struct {
 
 // Store reads and writes consumer_offsets in one schema.
 type Store struct {
-	table      string
-	advanceSQL string
+	table             string
+	advanceSQL        string
+	advanceCheckedSQL string
 }
 
 // NewStore returns a Store for the tables in schemaName.
@@ -43,6 +44,17 @@ func NewStore(schemaName string) (*Store, error) {
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
 WHERE o.next_offset < EXCLUDED.next_offset`,
+		// The same, returning the position as it was before: the caller
+		// compares it with where it believes the position is. Data-modifying
+		// CTEs always run to completion, whether the query reads them or not.
+		advanceCheckedSQL: `WITH prev AS (
+	SELECT next_offset FROM ` + t + ` WHERE consumer = $1 AND topic = $2 AND partition = $3 FOR UPDATE
+), advanced AS (
+	INSERT INTO ` + t + ` AS o (consumer, topic, partition, next_offset) VALUES ($1, $2, $3, $4)
+	ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
+	WHERE o.next_offset < EXCLUDED.next_offset
+)
+SELECT (SELECT next_offset FROM prev)`,
 	}, nil
 }
 
@@ -53,6 +65,14 @@ func (s *Store) Table() string { return s.table }
 // partition forward to next (never backward).
 func (s *Store) QueueAdvance(b *pgx.Batch, consumer, topic string, partition int, next int64) {
 	b.Queue(s.advanceSQL, consumer, topic, partition, next)
+}
+
+// QueueAdvanceChecked is QueueAdvance that also reports, when b's results
+// are read, the position before the advance (prev nil when there was none).
+func (s *Store) QueueAdvanceChecked(b *pgx.Batch, consumer, topic string, partition int, next int64, prev **int64) {
+	b.Queue(s.advanceCheckedSQL, consumer, topic, partition, next).QueryRow(func(row pgx.Row) error {
+		return row.Scan(prev)
+	})
 }
 
 // Advance moves the position of a partition forward to next; a position

@@ -334,3 +334,17 @@ func TestPasswordsAreNeverPrinted(t *testing.T) {
 		require.NotEmpty(t, errOut)
 	}
 }
+
+func TestReplayForwardSkipsForGood(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	w.produce(10, "f")
+	w.consume(nil, 10)
+	w.produce(10, "g") // offsets 10..19, not consumed yet
+	out, errOut, code := w.cli("replay", "--consumer", w.name, "--topic", w.topic, "--to", "15", "--yes")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "5 messages between the stored positions and the target will never be processed")
+	w.consume(nil, 20)
+	w.requireEffectsOnce(15) // g0..g4 skipped on purpose
+	require.Zero(t, w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("effects")+` WHERE message_id IN ('g0','g1','g2','g3','g4')`))
+}

@@ -23,6 +23,9 @@ type replayPartition struct {
 	Skipped int64 `json:"skipped_by_position"`
 	// New: messages past the stored position, processed for the first time.
 	New int64 `json:"new"`
+	// Skipped: messages between the stored position and a target ahead of
+	// it, never processed: the stored position moves to the target too.
+	SkippedForGood int64 `json:"skipped_for_good"`
 }
 
 type replayPlan struct {
@@ -103,8 +106,10 @@ still refuse). It asks for confirmation on a terminal; pass --yes otherwise.`,
 				rp := replayPartition{Partition: p, Committed: committed[p], Target: targets[p], Stored: stored}
 				end := bounds[p].End
 				rp.Skipped = max(min(stored, end)-rp.Target, 0)
-				rp.New = end - max(rp.Target, stored)
-				rp.New = max(rp.New, 0)
+				rp.New = max(end-max(rp.Target, stored), 0)
+				if stored >= 0 && rp.Target > stored {
+					rp.SkippedForGood = rp.Target - stored
+				}
 				plan.Partitions = append(plan.Partitions, rp)
 			}
 			if !s.json {
@@ -119,6 +124,16 @@ still refuse). It asks for confirmation on a terminal; pass --yes otherwise.`,
 				return errors.New("not a terminal: pass --yes to rewind without a confirmation")
 			case !yes && !confirm(s.st, "Rewind the group? [y/N] "):
 				return errors.New("not confirmed; nothing changed")
+			}
+			// Moving forward skips messages: the stored position must move
+			// too, or the consumer would process them anyway (the stored
+			// position decides where a partition starts).
+			for _, rp := range plan.Partitions {
+				if rp.SkippedForGood > 0 {
+					if err := positions.Reset(ctx, pool, consumerName, topic, rp.Partition, rp.Target); err != nil {
+						return err
+					}
+				}
 			}
 			if err := admin.CommitOffsets(ctx, group, topic, targets); err != nil {
 				return err
@@ -152,15 +167,19 @@ func (s *settings) emitJSONOnly(v any) error {
 func printReplayPlan(w io.Writer, p replayPlan) {
 	fmt.Fprintf(w, "replay of %s for consumer %s (group %s, %d active members)\n\n", p.Topic, p.Consumer, p.Group, p.Members)
 	var rows [][]string
-	var skipped, fresh int64
+	var skipped, fresh, lost int64
 	for _, rp := range p.Partitions {
 		skipped += rp.Skipped
 		fresh += rp.New
+		lost += rp.SkippedForGood
 		rows = append(rows, []string{strconv.Itoa(rp.Partition), optional(rp.Committed), strconv.FormatInt(rp.Target, 10), optional(rp.Stored),
-			strconv.FormatInt(rp.Skipped, 10), strconv.FormatInt(rp.New, 10)})
+			strconv.FormatInt(rp.Skipped, 10), strconv.FormatInt(rp.New, 10), strconv.FormatInt(rp.SkippedForGood, 10)})
 	}
-	table(w, "PARTITION\tCOMMITTED\tREWIND TO\tSTORED\tSKIPPED BY POSITION\tNEW", rows)
+	table(w, "PARTITION\tCOMMITTED\tREWIND TO\tSTORED\tSKIPPED BY POSITION\tNEW\tNEVER PROCESSED", rows)
 	fmt.Fprintf(w, "\n%d messages will be read again and skipped without calling the handler; %d are new\n", skipped, fresh)
+	if lost > 0 {
+		fmt.Fprintf(w, "WARNING: %d messages between the stored positions and the target will never be processed: the stored positions move forward too\n", lost)
+	}
 }
 
 func confirm(st streams, question string) bool {

@@ -11,6 +11,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Proxy forwards connections from a loopback port to a target address.
@@ -22,9 +23,12 @@ type Proxy struct {
 	conns map[net.Conn]struct{}
 	wg    sync.WaitGroup
 
-	dropCommits atomic.Int64
-	commits     atomic.Int64
-	dropped     atomic.Int64
+	dropCommits    atomic.Int64
+	swallowCommits atomic.Int64
+	commits        atomic.Int64
+	dropped        atomic.Int64
+	swallowed      atomic.Int64
+	latency        atomic.Int64 // nanoseconds added to every forwarded chunk
 }
 
 // Start listens on 127.0.0.1 at a free port and forwards to target.
@@ -46,6 +50,24 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 // COMMIT, right after forwarding it to the server and before any reply
 // reaches the client.
 func (p *Proxy) DropAfterCommits(n int) { p.dropCommits.Store(int64(n)) }
+
+// SwallowCommits makes the proxy keep the next n COMMITs from the server:
+// the client's connection is cut, while the server's is left open, so the
+// server session stays in its transaction, holding its locks, until
+// idle_in_transaction_session_timeout ends it.
+func (p *Proxy) SwallowCommits(n int) { p.swallowCommits.Store(int64(n)) }
+
+// Swallowed counts COMMITs kept from the server.
+func (p *Proxy) Swallowed() int64 { return p.swallowed.Load() }
+
+// SetLatency delays everything forwarded, both ways, by d.
+func (p *Proxy) SetLatency(d time.Duration) { p.latency.Store(int64(d)) }
+
+func (p *Proxy) delay() {
+	if d := time.Duration(p.latency.Load()); d > 0 {
+		time.Sleep(d)
+	}
+}
 
 // Commits counts the COMMITs forwarded.
 func (p *Proxy) Commits() int64 { return p.commits.Load() }
@@ -87,12 +109,18 @@ func (p *Proxy) accept() {
 		p.wg.Add(2)
 		go func() {
 			defer p.wg.Done()
-			p.clientToServer(client, server)
+			if keepServer := p.clientToServer(client, server); keepServer {
+				// The server side stays open, as a client that vanished
+				// without a goodbye would leave it; the copy below ends
+				// when the server gives up on the session.
+				client.Close()
+				return
+			}
 			p.closePair(client, server)
 		}()
 		go func() {
 			defer p.wg.Done()
-			_, _ = io.Copy(client, server)
+			p.copyDelayed(client, server)
 			p.closePair(client, server)
 		}()
 	}
@@ -121,18 +149,36 @@ const (
 	gssencRequest = 80877104
 )
 
+// copyDelayed copies src to dst with the proxy's latency.
+func (p *Proxy) copyDelayed(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.delay()
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
 // clientToServer forwards the client's messages one at a time, watching for
 // COMMIT: a simple Query "commit", or an extended-protocol Parse of it,
-// which takes effect at the next Sync.
-func (p *Proxy) clientToServer(client, server net.Conn) {
+// which takes effect at the next Sync. It reports whether the server side
+// must be left open (a swallowed COMMIT).
+func (p *Proxy) clientToServer(client, server net.Conn) (keepServer bool) {
 	// Startup: untyped messages (length, then payload).
 	for {
 		msg, err := readUntyped(client)
 		if err != nil {
-			return
+			return false
 		}
 		if _, err := server.Write(msg); err != nil {
-			return
+			return false
 		}
 		code := binary.BigEndian.Uint32(msg[4:8])
 		if code != sslRequest && code != gssencRequest {
@@ -143,7 +189,7 @@ func (p *Proxy) clientToServer(client, server net.Conn) {
 	for {
 		msg, err := readTyped(client)
 		if err != nil {
-			return
+			return false
 		}
 		typ, body := msg[0], msg[5:]
 		fires := false
@@ -158,8 +204,15 @@ func (p *Proxy) clientToServer(client, server net.Conn) {
 		case 'S':
 			fires, pendingCommit = pendingCommit, false
 		}
+		if fires && p.swallowCommits.Add(-1) >= 0 {
+			p.swallowed.Add(1)
+			return true
+		} else if fires {
+			p.swallowCommits.Add(1)
+		}
+		p.delay()
 		if _, err := server.Write(msg); err != nil {
-			return
+			return false
 		}
 		if fires {
 			p.commits.Add(1)
@@ -172,7 +225,7 @@ func (p *Proxy) clientToServer(client, server net.Conn) {
 				if tcp, ok := server.(*net.TCPConn); ok {
 					_ = tcp.CloseWrite()
 				}
-				return
+				return false
 			}
 			p.dropCommits.Add(1)
 		}

@@ -29,6 +29,8 @@ type Cluster struct {
 	bin  string
 	port int
 	cred *syscall.Credential
+	// opts are the server options given at start, given again on restart.
+	opts string
 }
 
 // ErrNoBinaries is returned when initdb and pg_ctl cannot be found.
@@ -89,7 +91,8 @@ func Start(ctx context.Context, settings map[string]string) (*Cluster, error) {
 	for _, k := range keys {
 		fmt.Fprintf(&o, " -c %s=%s", k, opts[k])
 	}
-	if err := c.run(ctx, "pg_ctl", "-D", c.dataDir(), "-l", filepath.Join(dir, "server.log"), "-o", o.String(), "-w", "-t", "60", "start"); err != nil {
+	c.opts = o.String()
+	if err := c.run(ctx, "pg_ctl", "-D", c.dataDir(), "-l", filepath.Join(dir, "server.log"), "-o", c.opts, "-w", "-t", "60", "start"); err != nil {
 		c.removeDir()
 		return nil, err
 	}
@@ -117,7 +120,7 @@ func (c *Cluster) Restart(ctx context.Context) error {
 	if err := c.run(ctx, "pg_ctl", "-D", c.dataDir(), "-m", "immediate", "-w", "stop"); err != nil {
 		return err
 	}
-	return c.run(ctx, "pg_ctl", "-D", c.dataDir(), "-l", filepath.Join(c.dir, "server.log"), "-w", "-t", "60", "start")
+	return c.run(ctx, "pg_ctl", "-D", c.dataDir(), "-l", filepath.Join(c.dir, "server.log"), "-o", c.opts, "-w", "-t", "60", "start")
 }
 
 func (c *Cluster) dataDir() string { return filepath.Join(c.dir, "data") }

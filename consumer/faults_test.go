@@ -1,0 +1,387 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/internal/faultproxy"
+	"github.com/kafkaonce/kafkaonce/internal/pgcluster"
+	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+)
+
+// faultyKafka starts an in-process broker of the test's own whose
+// connections go through a fault-injecting listener.
+func faultyKafka(t *testing.T, opts ...kfake.Opt) (*testenv.Kafka, *faultproxy.Listener) {
+	t.Helper()
+	var fl *faultproxy.Listener
+	listen := kfake.ListenFn(func(network, address string) (net.Listener, error) {
+		host, port, _ := net.SplitHostPort(address)
+		if host == "" || host == "0.0.0.0" || host == "::" {
+			host = "127.0.0.1"
+		}
+		l, err := net.Listen(network, net.JoinHostPort(host, port))
+		if err != nil {
+			return nil, err
+		}
+		fl = faultproxy.Wrap(l)
+		return fl, nil
+	})
+	k, err := devenv.StartFakeKafka(append([]kfake.Opt{listen}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { k.Close() })
+	return &testenv.Kafka{Kafka: k}, fl
+}
+
+func TestCommitSwallowedWithTheSessionLeftOpen(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	proxy, err := faultproxy.Start(e.db.ServerAddr(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	ids := e.produceIDs("w", 40)
+
+	// The first batch's COMMIT never reaches the server; the server session
+	// stays in its transaction, holding the claims' locks, until its idle
+	// timeout. The retry on a new connection waits for those locks (lock
+	// timeouts, retried), then finds the claims free again and applies.
+	errs := &batchErrors{}
+	cfg := e.config(e.applyHandler())
+	cfg.IdleInTransactionTimeout = 2 * time.Second
+	cfg.LockTimeout = 300 * time.Millisecond
+	cfg.Hooks = append(cfg.Hooks, errs, swallowOnFirstBatch{proxy: proxy, once: &sync.Once{}})
+	c, err := consumer.New(e.db.PoolVia(t, proxy.Addr()), cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	e.waitCommitted(map[int]int64{0: 40}, 60*time.Second)
+	cancel()
+	require.NoError(t, <-done)
+
+	require.EqualValues(t, 1, proxy.Swallowed())
+	require.Equal(t, 1, errs.containing("commit outcome unknown"))
+	require.Positive(t, errs.containing("lock timeout"), "the retry waited on the abandoned session's locks")
+	e.check(expectation{ids: ids})
+}
+
+type swallowOnFirstBatch struct {
+	proxy *faultproxy.Proxy
+	once  *sync.Once
+}
+
+func (s swallowOnFirstBatch) OnBatchStart(context.Context, consumer.BatchInfo) {
+	s.once.Do(func() { s.proxy.SwallowCommits(1) })
+}
+
+func TestPostgresRestartMidRun(t *testing.T) {
+	t.Parallel()
+	cluster, err := pgcluster.Start(context.Background(), nil)
+	if errors.Is(err, pgcluster.ErrNoBinaries) {
+		t.Skip("needs the PostgreSQL server binaries to restart a server of its own")
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cluster.Stop() })
+	cfg, err := pgxpool.ParseConfig(cluster.URL())
+	require.NoError(t, err)
+	name := testenv.Name(t, "t")
+	cfg.ConnConfig.RuntimeParams["application_name"] = name
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = pool.Exec(context.Background(), `CREATE SCHEMA `+name)
+	require.NoError(t, err)
+	_, err = schema.Migrate(context.Background(), pool, name)
+	require.NoError(t, err)
+
+	k := testenv.NewKafka(t)
+	db := &testenv.DB{Pool: pool, Schema: name, URL: cluster.URL()}
+	e := &env{t: t, db: db, kafka: k, topic: k.Topic(t, 3), parts: 3, group: k.Group(t), name: "ledger", events: &recorder{}}
+	db.Exec(t, `CREATE TABLE `+db.Table("effects")+` (message_id text NOT NULL, topic text NOT NULL, partition int NOT NULL, kafka_offset bigint NOT NULL, value text NOT NULL)`)
+	e.watchCommits()
+
+	ids := e.produceIDs("r", 3000)
+	slow := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		time.Sleep(200 * time.Microsecond)
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	cfgC := e.config(slow)
+	cfgC.MaxBatch = 50
+	r := e.start(cfgC)
+	waitFor(t, 30*time.Second, "some progress", func() bool { return e.effectsOr0() >= 500 })
+	// pg_ctl stop -m immediate, then start. The throwaway server runs with
+	// synchronous_commit off, so the crash also loses its last committed
+	// transactions, whose offsets may already be in Kafka: the consumer
+	// must process those messages again.
+	require.NoError(t, cluster.Restart(context.Background()))
+	e.waitCommitted(map[int]int64{0: 1000, 1: 1000, 2: 1000}, 90*time.Second)
+	r.stop()
+	e.check(expectation{ids: ids})
+}
+
+// effectsOr0 counts effects, 0 while the database is unreachable.
+func (e *env) effectsOr0() int64 {
+	var n int64
+	_ = e.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+e.db.Table("effects")).Scan(&n)
+	return n
+}
+
+func TestZombieMemberCannotCommitOffsets(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 2)
+	ids := e.produceIDs("z", 600)
+	spec := childSpec{DatabaseURL: e.db.AppURL(), Schema: e.db.Schema, Brokers: e.kafka.Brokers, Topic: e.topic, Group: e.group, Name: e.name,
+		Serve: true, Slow: 5 * time.Millisecond, IdleInTransaction: 3 * time.Second}
+	type result struct {
+		killed bool
+		out    string
+	}
+	childDone := make(chan result, 1)
+	pid := make(chan int, 1)
+	go func() {
+		k, out := e.runChildPID(spec, 2*time.Minute, pid)
+		childDone <- result{k, out}
+	}()
+	zombie := <-pid
+	waitFor(t, 30*time.Second, "the child applying", func() bool { return e.effects() >= 100 })
+
+	// Freeze it past its session timeout: the group evicts it, and this
+	// member takes its partitions over, while its transaction is still open.
+	require.NoError(t, syscall.Kill(zombie, syscall.SIGSTOP))
+	r := e.start(e.config(e.applyHandler()))
+	waitFor(t, 90*time.Second, "the new member through the topic", func() bool {
+		p := e.storedPositions()
+		return p[0] == 300 && p[1] == 300
+	})
+	// Wake the zombie: its transaction is gone (idle timeout), its batch
+	// runs again and finds the claims taken; its offset commits are
+	// rejected by the broker.
+	require.NoError(t, syscall.Kill(zombie, syscall.SIGCONT))
+	time.Sleep(5 * time.Second)
+	require.NoError(t, syscall.Kill(zombie, syscall.SIGTERM))
+	res := <-childDone
+	r.stop()
+	require.Contains(t, res.out, "generation has ended", "the zombie's offset commit was rejected:\n%s", tail(res.out, 3000))
+	e.check(expectation{ids: ids})
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func TestOffsetCommitErrorsAndLostReplies(t *testing.T) {
+	t.Parallel()
+	k, _ := faultyKafka(t, kfake.SeedTopics(1))
+	e := setupOn(t, 1, k)
+	var injected atomic.Int32
+	k.Fake.ControlKey(kmsg.OffsetCommit.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		req := kreq.(*kmsg.OffsetCommitRequest)
+		if req.Generation < 0 || injected.Load() >= 4 {
+			return nil, nil, false
+		}
+		k.Fake.KeepControl() // handling a request would otherwise drop this function
+		switch n := injected.Add(1); {
+		case n <= 2: // the coordinator answers with an error
+			resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
+			for _, rt := range req.Topics {
+				st := kmsg.NewOffsetCommitResponseTopic()
+				st.Topic = rt.Topic
+				for _, rp := range rt.Partitions {
+					sp := kmsg.NewOffsetCommitResponseTopicPartition()
+					sp.Partition = rp.Partition
+					sp.ErrorCode = 15 // COORDINATOR_NOT_AVAILABLE
+					st.Partitions = append(st.Partitions, sp)
+				}
+				resp.Topics = append(resp.Topics, st)
+			}
+			return resp, nil, true
+		default: // the request vanishes with the connection
+			return nil, errors.New("connection lost"), true
+		}
+	})
+	ids := e.produceIDs("o", 200)
+	cfg := e.config(e.applyHandler())
+	cfg.MaxBatch = 20
+	r := e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 200}, 60*time.Second)
+	r.stop()
+	require.EqualValues(t, 4, injected.Load(), "two error answers and two lost connections were injected (commit errors seen: %v)", e.events.snapshot().commitErr)
+	require.NotEmpty(t, e.events.snapshot().commitErr, "the failed commits were reported")
+	e.check(expectation{ids: ids})
+}
+
+func TestBrokerRestart(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	start := func() *devenv.Kafka {
+		var k *devenv.Kafka
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			k, err = devenv.StartFakeKafka(kfake.DataDir(dir), kfake.Ports(port), kfake.SeedTopics(2, "restart-topic"))
+			if err == nil || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond) // the old listener may linger
+		}
+		require.NoError(t, err)
+		return k
+	}
+	k := &testenv.Kafka{Kafka: start()}
+	e := setupOn(t, 2, k)
+	e.topic = "restart-topic"
+	ids := e.produceIDs("b", 2000)
+	slow := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		time.Sleep(300 * time.Microsecond)
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	r := e.start(e.config(slow))
+	waitFor(t, 30*time.Second, "some progress", func() bool { return e.effects() >= 300 })
+	k.Close() // the broker goes away...
+	time.Sleep(2 * time.Second)
+	k.Kafka = start() // ...and comes back with its data
+	t.Cleanup(func() { k.Close() })
+	e.waitCommitted(map[int]int64{0: 1000, 1: 1000}, 120*time.Second)
+	r.stop()
+	e.commits = nil // the new broker instance has no watch
+	e.check(expectation{ids: ids})
+}
+
+func TestFailingDeadLetterWrite(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	// The first three dead-letter writes fail: the batch must run again,
+	// neither losing the poison nor applying anything twice.
+	// A sequence counts the attempts: unlike a table, it is not rolled
+	// back with the failed transactions.
+	e.db.Exec(t, `CREATE SEQUENCE `+e.db.Table("dl_attempts"))
+	e.db.Exec(t, `CREATE FUNCTION `+e.db.Table("fail_dl")+`() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF nextval('`+e.db.Schema+`.dl_attempts') <= 3 THEN RAISE EXCEPTION 'dead-letter storage unavailable'; END IF;
+  RETURN NEW;
+END $$`)
+	e.db.Exec(t, `CREATE TRIGGER fail_dl BEFORE INSERT ON `+e.db.Table("dead_letters")+` FOR EACH ROW EXECUTE FUNCTION `+e.db.Table("fail_dl")+`()`)
+	ids := e.produceIDs("f", 50)
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "f-17" || m.ID == "f-33" {
+			return consumer.Permanent(errors.New("poison"))
+		}
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	r := e.start(e.config(h))
+	e.waitCommitted(map[int]int64{0: 50}, 60*time.Second)
+	r.stop()
+	require.Greater(t, e.db.Int(t, `SELECT last_value FROM `+e.db.Table("dl_attempts")), int64(3), "the failures were injected")
+	e.check(expectation{ids: ids, poison: []string{"f-17", "f-33"}})
+}
+
+func TestSIGTERMMidBatch(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 2)
+	ids := e.produceIDs("s", 1000)
+	spec := childSpec{DatabaseURL: e.db.AppURL(), Schema: e.db.Schema, Brokers: e.kafka.Brokers, Topic: e.topic, Group: e.group, Name: e.name,
+		Serve: true, Slow: 2 * time.Millisecond}
+	done := make(chan string, 1)
+	pid := make(chan int, 1)
+	var killed atomic.Bool
+	go func() {
+		k, out := e.runChildPID(spec, 2*time.Minute, pid)
+		killed.Store(k)
+		done <- out
+	}()
+	child := <-pid
+	waitFor(t, 30*time.Second, "batches in flight", func() bool { return e.effects() >= 200 })
+	require.NoError(t, syscall.Kill(child, syscall.SIGTERM))
+	out := <-done
+	require.False(t, killed.Load())
+	require.Contains(t, out, "consumer stopped", "the child drained and stopped:\n%s", tail(out, 2000))
+
+	r := e.start(e.config(e.applyHandler()))
+	e.waitCommitted(map[int]int64{0: 500, 1: 500}, 60*time.Second)
+	r.stop()
+	e.check(expectation{ids: ids})
+}
+
+func TestLatencyAndCutConnections(t *testing.T) {
+	t.Parallel()
+	k, kl := faultyKafka(t, kfake.SeedTopics(4))
+	e := setupOn(t, 4, k)
+	proxy, err := faultproxy.Start(e.db.ServerAddr(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	proxy.SetLatency(2 * time.Millisecond)
+	kl.SetLatency(2 * time.Millisecond)
+	ids := e.produceIDs("l", 4000)
+
+	cfg := e.config(e.applyHandler())
+	cfg.MaxBatch = 200
+	c, err := consumer.New(e.db.PoolVia(t, proxy.Addr(), testenv.MaxConns(12)), cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	for i := 0; i < 8; i++ {
+		time.Sleep(400 * time.Millisecond)
+		if i%2 == 0 {
+			proxy.CutAll()
+		} else {
+			kl.CutAll()
+		}
+	}
+	proxy.SetLatency(0)
+	kl.SetLatency(0)
+	e.waitCommitted(map[int]int64{0: 1000, 1: 1000, 2: 1000, 3: 1000}, 120*time.Second)
+	cancel()
+	require.NoError(t, <-done)
+	require.EqualValues(t, 4, kl.Cuts())
+	e.check(expectation{ids: ids})
+}
+
+func TestMessagesLargerThanTheFetchSize(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	big := strings.Repeat("x", 200<<10) // 200 KiB
+	var msgs []kafka.Message
+	var ids []string
+	for i := range 20 {
+		id := "big-" + strconv.Itoa(i)
+		ids = append(ids, id)
+		v := "small"
+		if i%3 == 0 {
+			v = big
+		}
+		msgs = append(msgs, msg(0, id, v))
+	}
+	e.kafka.Produce(t, e.topic, msgs...)
+	cfg := e.config(e.applyHandler())
+	cfg.FetchMaxBytes = 64 << 10 // smaller than a big message: the broker still returns it alone
+	r := e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 20}, 60*time.Second)
+	r.stop()
+	e.check(expectation{ids: ids})
+	require.EqualValues(t, 7*len(big), e.db.Int(t, `SELECT sum(length(value)) FROM `+e.db.Table("effects")+` WHERE value <> 'small'`))
+}
+

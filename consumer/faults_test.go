@@ -384,4 +384,3 @@ func TestMessagesLargerThanTheFetchSize(t *testing.T) {
 	e.check(expectation{ids: ids})
 	require.EqualValues(t, 7*len(big), e.db.Int(t, `SELECT sum(length(value)) FROM `+e.db.Table("effects")+` WHERE value <> 'small'`))
 }
-

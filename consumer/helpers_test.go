@@ -24,12 +24,12 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 // env is one test's world: its own schema, topic and group.
 type env struct {
-	t      testing.TB
-	db     *testenv.DB
-	kafka  *testenv.Kafka
-	topic  string
-	parts  int
-	group  string
+	t       testing.TB
+	db      *testenv.DB
+	kafka   *testenv.Kafka
+	topic   string
+	parts   int
+	group   string
 	name    string
 	events  *recorder
 	commits *commitWatch

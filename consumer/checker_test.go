@@ -135,12 +135,12 @@ func (e *env) check(exp expectation) {
 
 	// processed_messages matches the effects one to one, and the dead
 	// letters account exactly for the poison.
-	claims := e.countsBy(`SELECT message_id, count(*) FROM ` + e.db.Table("processed_messages") + ` WHERE consumer = '` + e.name + `' AND status = 'applied' GROUP BY 1`)
+	claims := e.countsBy(`SELECT message_id, count(*) FROM `+e.db.Table("processed_messages")+` WHERE consumer = $1 AND status = 'applied' GROUP BY 1`, e.name)
 	require.Equal(t, len(effects), len(claims), "applied claims and effects")
 	for id := range effects {
 		require.Contains(t, claims, id, "an effect without its claim")
 	}
-	letters := e.countsBy(`SELECT coalesce(message_id, '<no id>'), count(*) FROM ` + e.db.Table("dead_letters") + ` WHERE consumer = '` + e.name + `' GROUP BY 1`)
+	letters := e.countsBy(`SELECT coalesce(message_id, '<no id>'), count(*) FROM `+e.db.Table("dead_letters")+` WHERE consumer = $1 GROUP BY 1`, e.name)
 	require.Equal(t, len(poison), len(letters), "dead letters: %v, poison: %v", letters, exp.poison)
 	for id := range poison {
 		require.Equal(t, int64(1), letters[id], "poison %s dead-lettered once", id)
@@ -161,8 +161,8 @@ func (e *env) check(exp expectation) {
 	require.EqualValues(t, exp.abandoned, e.db.Pool.Stat().AcquiredConns(), "connections still checked out of the pool")
 }
 
-func (e *env) countsBy(sql string) map[string]int64 {
-	rows, err := e.db.Pool.Query(context.Background(), sql)
+func (e *env) countsBy(sql string, args ...any) map[string]int64 {
+	rows, err := e.db.Pool.Query(context.Background(), sql, args...)
 	require.NoError(e.t, err)
 	out := map[string]int64{}
 	for rows.Next() {

@@ -1,0 +1,227 @@
+package consumer_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+	"github.com/kafkaonce/kafkaonce/outbox"
+	"github.com/kafkaonce/kafkaonce/promhooks"
+)
+
+// syncBuffer is a log sink safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestCanaryPasswordsNeverLeak(t *testing.T) {
+	t.Parallel()
+	const pgCanary, kafkaCanary = "pg-canary-7Hq2", "kafka-canary-9Xw4"
+	// A Kafka cluster that wants SASL, with the canary as the password.
+	secured, err := devenv.StartFakeKafka(kfake.EnableSASL(), kfake.Superuser("PLAIN", "ledger", kafkaCanary), kfake.SeedTopics(1, "orders", "orders.dlq"))
+	require.NoError(t, err)
+	t.Cleanup(func() { secured.Close() })
+	dialer := &kafka.Dialer{Timeout: 5 * time.Second, SASLMechanism: plain.Mechanism{Username: "ledger", Password: kafkaCanary}}
+
+	// A Postgres role with the canary as its password, in the DSN.
+	db := testenv.NewDB(t)
+	role := db.Schema + "_role"
+	db.Exec(t, `CREATE ROLE `+role+` LOGIN PASSWORD '`+pgCanary+`'`)
+	t.Cleanup(func() { db.Exec(t, `DROP OWNED BY `+role+`; DROP ROLE `+role) })
+	db.Exec(t, `GRANT ALL ON SCHEMA `+db.Schema+` TO `+role+`; GRANT ALL ON ALL TABLES IN SCHEMA `+db.Schema+` TO `+role+`; GRANT ALL ON ALL SEQUENCES IN SCHEMA `+db.Schema+` TO `+role)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, pgCanary
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	w := &kafka.Writer{Addr: kafka.TCP(secured.Brokers...), Topic: "orders", Transport: &kafka.Transport{SASL: dialer.SASLMechanism}, BatchTimeout: time.Millisecond}
+	require.NoError(t, w.WriteMessages(context.Background(), msg(0, "good", "1"), msg(0, "bad", "2")))
+	require.NoError(t, w.Close())
+
+	logs := &syncBuffer{}
+	reg := prometheus.NewRegistry()
+	metrics, err := promhooks.New(reg, "ledger")
+	require.NoError(t, err)
+	c, err := consumer.New(pool, &consumer.Config{
+		Name: "ledger", GroupID: testenv.Name(t, "g"), Brokers: secured.Brokers, Topics: []string{"orders"}, Schema: db.Schema,
+		Dialer: dialer, DeadLetterTopic: "orders.dlq", SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug - 8})),
+		Hooks:  []consumer.Hook{metrics},
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if m.ID == "bad" {
+				return consumer.Permanent(errors.New("rejected"))
+			}
+			return nil
+		}),
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	waitFor(t, 30*time.Second, "the letter published", func() bool {
+		return db.Int(t, `SELECT count(*) FROM `+db.Table("dead_letters")+` WHERE published_at IS NOT NULL`) == 1
+	})
+	cancel()
+	require.NoError(t, <-done)
+
+	// And a failure to connect: the error names the server, not the secret.
+	broken := cfg.Copy()
+	broken.ConnConfig.Port = 1
+	bp, err := pgxpool.NewWithConfig(context.Background(), broken)
+	require.NoError(t, err)
+	defer bp.Close()
+	c2, err := consumer.New(bp, &consumer.Config{Name: "ledger", Brokers: secured.Brokers, Topics: []string{"orders"}, Schema: db.Schema,
+		Logger: slog.New(slog.NewTextHandler(logs, nil)), Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })})
+	require.NoError(t, err)
+	runErr := c2.Run(context.Background())
+	require.Error(t, runErr)
+
+	var exported bytes.Buffer
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		_, _ = expfmt.MetricFamilyToText(&exported, mf)
+	}
+	var letters strings.Builder
+	rows, err := db.Pool.Query(context.Background(), `SELECT row_to_json(d)::text FROM `+db.Table("dead_letters")+` d`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		letters.WriteString(s)
+	}
+	require.NoError(t, rows.Err())
+
+	require.NotEmpty(t, logs.String())
+	for what, text := range map[string]string{"logs": logs.String(), "error": runErr.Error(), "metrics": exported.String(), "dead letters": letters.String()} {
+		require.NotContains(t, text, pgCanary, "the Postgres password leaked into the %s", what)
+		require.NotContains(t, text, kafkaCanary, "the Kafka password leaked into the %s", what)
+	}
+}
+
+func TestSASLReachesTheDeadLetterWriterAndTheOutboxRelay(t *testing.T) {
+	t.Parallel()
+	secured, err := devenv.StartFakeKafka(kfake.EnableSASL(), kfake.Superuser("PLAIN", "u", "p"), kfake.SeedTopics(1, "in", "in.dlq", "out"))
+	require.NoError(t, err)
+	t.Cleanup(func() { secured.Close() })
+	mech := plain.Mechanism{Username: "u", Password: "p"}
+	dialer := &kafka.Dialer{Timeout: 5 * time.Second, SASLMechanism: mech}
+	db := testenv.NewDB(t)
+
+	// The consumer's dead-letter writer.
+	w := &kafka.Writer{Addr: kafka.TCP(secured.Brokers...), Topic: "in", Transport: &kafka.Transport{SASL: mech}, BatchTimeout: time.Millisecond}
+	require.NoError(t, w.WriteMessages(context.Background(), msg(0, "x", "poison")))
+	require.NoError(t, w.Close())
+	c, err := consumer.New(db.Pool, &consumer.Config{Name: "c", GroupID: testenv.Name(t, "g"), Brokers: secured.Brokers, Topics: []string{"in"},
+		Schema: db.Schema, Dialer: dialer, DeadLetterTopic: "in.dlq", SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
+		Logger: quietLogger(), Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error {
+			return consumer.Permanent(errors.New("no"))
+		})})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	waitFor(t, 30*time.Second, "the letter published over SASL", func() bool {
+		return db.Int(t, `SELECT count(*) FROM `+db.Table("dead_letters")+` WHERE published_at IS NOT NULL`) == 1
+	})
+	cancel()
+	require.NoError(t, <-done)
+
+	// The outbox relay.
+	box, err := outbox.New(db.Schema)
+	require.NoError(t, err)
+	_, err = box.Write(context.Background(), db.Pool, outbox.Message{Destination: "out", Value: []byte("hi")})
+	require.NoError(t, err)
+	relay, err := outbox.NewRelay(db.Pool, &outbox.RelayConfig{Schema: db.Schema, Brokers: secured.Brokers, Dialer: dialer, Logger: quietLogger()})
+	require.NoError(t, err)
+	rctx, rcancel := context.WithCancel(context.Background())
+	rdone := make(chan error, 1)
+	go func() { rdone <- relay.Run(rctx) }()
+	waitFor(t, 30*time.Second, "the outbox row published over SASL", func() bool {
+		return db.Int(t, `SELECT count(*) FROM `+db.Table("outbox")) == 0
+	})
+	rcancel()
+	require.NoError(t, <-rdone)
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: secured.Brokers, Dialer: dialer, Topic: "out", Partition: 0, MaxWait: 100 * time.Millisecond})
+	defer rd.Close()
+	rctx2, rc2 := context.WithTimeout(context.Background(), 20*time.Second)
+	defer rc2()
+	m, err := rd.ReadMessage(rctx2)
+	require.NoError(t, err)
+	require.Equal(t, "hi", string(m.Value))
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(&syncBuffer{}, nil)) }
+
+func TestAHostileConsumerNameIsJustData(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	e.name = `x'); DROP TABLE processed_messages; -- "ü`
+	ids := e.produceIDs("h", 5)
+	r := e.start(e.config(e.applyHandler()))
+	e.waitCommitted(map[int]int64{0: 5}, 30*time.Second)
+	r.stop()
+	e.check(expectation{ids: ids})
+	require.EqualValues(t, 5, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("processed_messages")+` WHERE consumer = $1`, e.name))
+}
+
+func FuzzConsumerNameValidation(f *testing.F) {
+	for _, s := range []string{"ledger", "", " padded ", "tab\there", "x'); DROP TABLE t; --", "ü", "\xff", strings.Repeat("n", 201)} {
+		f.Add(s)
+	}
+	handler := consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer pool.Close()
+	f.Fuzz(func(t *testing.T, name string) {
+		_, err := consumer.New(pool, &consumer.Config{Name: name, Brokers: []string{"localhost:9092"}, Topics: []string{"t"}, Handler: handler})
+		if err != nil {
+			if !strings.Contains(err.Error(), "consumer: Name ") {
+				t.Fatalf("rejected %q without naming the field: %v", name, err)
+			}
+			return
+		}
+		// Accepted names are printable UTF-8 of bounded length, trimmed: safe
+		// in logs and as a bound parameter.
+		if name == "" || len(name) > consumer.MaxNameLen || !utf8.ValidString(name) || strings.TrimSpace(name) != name ||
+			strings.IndexFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+			t.Fatalf("accepted %q", name)
+		}
+	})
+}

@@ -1,0 +1,236 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/faultproxy"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+)
+
+// TestSoak runs random faults, from a seed, during a long run of three
+// members on six partitions, then checks the invariants. By default it runs
+// seed 1 with 10,000 messages; CI runs two seeds with 100,000; the long run
+// is
+//
+//	KAFKAONCE_SOAK_SEEDS="1 2 3 4 5" KAFKAONCE_SOAK_MESSAGES=100000 go test ./consumer -run TestSoak -timeout 60m -v
+//
+// A failing seed is printed; run it again with KAFKAONCE_SOAK_SEEDS=<seed>.
+func TestSoak(t *testing.T) {
+	seeds := []uint64{1}
+	if s := os.Getenv("KAFKAONCE_SOAK_SEEDS"); s != "" {
+		seeds = nil
+		for _, f := range strings.Fields(s) {
+			v, err := strconv.ParseUint(f, 10, 64)
+			require.NoError(t, err, "KAFKAONCE_SOAK_SEEDS")
+			seeds = append(seeds, v)
+		}
+	}
+	n := 10000
+	if s := os.Getenv("KAFKAONCE_SOAK_MESSAGES"); s != "" {
+		var err error
+		n, err = strconv.Atoi(s)
+		require.NoError(t, err, "KAFKAONCE_SOAK_MESSAGES")
+	}
+	for _, seed := range seeds {
+		t.Run("seed="+strconv.FormatUint(seed, 10), func(t *testing.T) {
+			t.Parallel()
+			defer func() {
+				if t.Failed() {
+					t.Logf("soak failed: reproduce with KAFKAONCE_SOAK_SEEDS=%d KAFKAONCE_SOAK_MESSAGES=%d", seed, n)
+				}
+			}()
+			soak(t, seed, n)
+		})
+	}
+}
+
+// fate of a message in the soak, from its id and the seed, so that a seed
+// always poisons and troubles the same messages.
+func soakFate(seed uint64, id string) (poison, flaky bool) {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d/%s", seed, id)
+	v := h.Sum64() % 1000
+	return v == 7, v < 4
+}
+
+func soak(t *testing.T, seed uint64, n int) {
+	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
+	const partitions = 6
+	var k *testenv.Kafka
+	var kl *faultproxy.Listener
+	if os.Getenv("KAFKA_BROKERS") == "" {
+		k, kl = faultyKafka(t, kfake.SeedTopics(partitions))
+	} else {
+		k = testenv.NewKafka(t) // a real broker: no faults on the Kafka side
+	}
+	e := setupOn(t, partitions, k)
+	if kl == nil {
+		e.topic = k.Topic(t, partitions)
+	}
+	proxy, err := faultproxy.Start(e.db.ServerAddr(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+
+	var attempts sync.Map
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		poison, flaky := soakFate(seed, m.ID)
+		if poison {
+			return consumer.Permanent(errors.New("poison"))
+		}
+		if flaky {
+			c, _ := attempts.LoadOrStore(m.ID, new(atomic.Int32))
+			if c.(*atomic.Int32).Add(1) <= 2 {
+				return errors.New("transient")
+			}
+		}
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	cfg := e.config(h)
+	cfg.MaxBatch = 200
+	cfg.MaxAttempts = 5
+	cfg.RetryInitialInterval = time.Millisecond
+	cfg.RetryMaxInterval = 20 * time.Millisecond
+	cfg.LockTimeout = time.Second
+	pool := e.db.PoolVia(t, proxy.Addr(), testenv.MaxConns(20))
+	startMember := func() *running {
+		c, err := consumer.New(pool, cfg)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		r := &running{t: t, cancel: cancel, done: make(chan error, 1)}
+		go func() { r.done <- c.Run(ctx) }()
+		return r
+	}
+	members := []*running{startMember(), startMember(), startMember()}
+	defer func() {
+		for _, m := range members {
+			m.stop()
+		}
+	}()
+
+	// The producer: n ids in waves, 2% sent twice.
+	var ids, poison []string
+	for i := range n {
+		id := fmt.Sprintf("s%d-%06d", seed, i)
+		ids = append(ids, id)
+		if p, _ := soakFate(seed, id); p {
+			poison = append(poison, id)
+		}
+	}
+	produced := make(chan struct{})
+	go func() {
+		defer close(produced)
+		w := e.kafka.Writer(e.topic)
+		defer w.Close()
+		prng := rand.New(rand.NewPCG(seed, 2))
+		for i := 0; i < n; i += 500 {
+			var msgs []kafka.Message
+			for j := i; j < min(i+500, n); j++ {
+				m := msg(j%partitions, ids[j], "v")
+				msgs = append(msgs, m)
+				if prng.IntN(50) == 0 {
+					msgs = append(msgs, m)
+				}
+			}
+			for {
+				if err := w.WriteMessages(context.Background(), msgs...); err == nil {
+					break
+				}
+				time.Sleep(50 * time.Millisecond) // the broker's connections were cut
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+
+	// Faults, until the producer is done and 95% of the messages are
+	// applied (at most ten minutes).
+	faults := map[string]int{}
+	limit := time.Now().Add(10 * time.Minute)
+	done := func() bool {
+		select {
+		case <-produced:
+			return e.effectsOr0() >= int64(n)*95/100
+		default:
+			return false
+		}
+	}
+	for !done() && time.Now().Before(limit) {
+		time.Sleep(time.Duration(150+rng.IntN(350)) * time.Millisecond)
+		switch f := rng.IntN(7); f {
+		case 0:
+			i := rng.IntN(len(members))
+			members[i].stop()
+			members[i] = startMember()
+			faults["member restart"]++
+		case 1:
+			proxy.CutAll()
+			faults["postgres connections cut"]++
+		case 2:
+			if kl != nil {
+				kl.CutAll()
+				faults["kafka connections cut"]++
+			}
+		case 3:
+			proxy.DropAfterCommits(1)
+			faults["COMMIT reply lost"]++
+		case 4:
+			d := time.Duration(rng.IntN(3)) * time.Millisecond
+			proxy.SetLatency(d)
+			if kl != nil {
+				kl.SetLatency(d)
+			}
+			faults["latency changed"]++
+		}
+	}
+	proxy.SetLatency(0)
+	proxy.DropAfterCommits(0)
+	if kl != nil {
+		kl.SetLatency(0)
+	}
+	e.waitDrained(3 * time.Minute)
+	for _, m := range members {
+		m.stop()
+	}
+	t.Logf("seed %d: %d messages (%d poison) over %d partitions with 3 members; faults: %v", seed, n, len(poison), partitions, faults)
+	e.check(expectation{ids: ids, poison: poison})
+}
+
+// waitDrained waits until every partition's stored position is at the log
+// end.
+func (e *env) waitDrained(timeout time.Duration) {
+	e.t.Helper()
+	conn, err := kafka.Dial("tcp", e.kafka.Brokers[0])
+	require.NoError(e.t, err)
+	defer conn.Close()
+	waitFor(e.t, timeout, "every partition drained", func() bool {
+		stored := e.storedPositions()
+		for p := range e.parts {
+			c, err := kafka.DialLeader(context.Background(), "tcp", e.kafka.Brokers[0], e.topic, p)
+			if err != nil {
+				return false
+			}
+			last, err := c.ReadLastOffset()
+			c.Close()
+			if err != nil || stored[p] != last {
+				return false
+			}
+		}
+		return true
+	})
+}

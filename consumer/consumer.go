@@ -155,9 +155,9 @@ func Migrate(ctx context.Context, db DB, schemaName string) (int, error) {
 // Config.ShutdownTimeout), the offsets of what committed are committed to
 // Kafka, and the member leaves the group. Run then returns nil.
 //
-// Run returns an error at once when the schema is not migrated or Postgres
-// cannot be reached. Kafka being unreachable is not an error: Run keeps
-// trying to join the group and logs why it cannot. A message that cannot be
+// Run returns an error at once when the schema is not migrated (or is newer
+// than this build). Postgres or Kafka being unreachable is not an error: Run
+// waits for them, logging why. A message that cannot be
 // processed stops its partition (see PartitionError), not Run.
 //
 // Run may be called once per Consumer.
@@ -165,7 +165,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("consumer: Run was already called on this Consumer; create a new one with New")
 	}
-	if err := c.checkSchema(ctx); err != nil {
+	if err := c.waitForSchema(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil // cancelled before it started: nothing to drain
 		}
@@ -179,7 +179,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		SessionTimeout:    c.cfg.SessionTimeout,
 		RebalanceTimeout:  c.cfg.RebalanceTimeout,
 		HeartbeatInterval: c.cfg.HeartbeatInterval,
-		JoinGroupBackoff:  c.cfg.RetryMaxInterval,
+		JoinGroupBackoff:  joinGroupBackoff,
 		StartOffset:       c.startSentinel(),
 		Logger:            kafkaLogger(c.log, slog.LevelDebug),
 		ErrorLogger:       kafkaLogger(c.log, slog.LevelWarn),
@@ -223,6 +223,24 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return nil
 }
 
+// waitForSchema checks the schema, waiting (with backoff, until ctx ends)
+// while Postgres cannot be reached: a worker that starts before its database
+// should wait for it, not exit. A schema that is missing or newer is an error
+// at once.
+func (c *Consumer) waitForSchema(ctx context.Context) error {
+	backoff := c.retry.New()
+	for {
+		err := c.checkSchema(ctx)
+		if err == nil || !isInfraError(err) {
+			return err
+		}
+		c.log.Warn("waiting for Postgres", slog.String("error", err.Error()))
+		if err := retry.Sleep(ctx, backoff.Next()); err != nil {
+			return err
+		}
+	}
+}
+
 func (c *Consumer) checkSchema(ctx context.Context) error {
 	tx, err := c.db.Begin(ctx)
 	if err != nil {
@@ -258,6 +276,11 @@ func kafkaLogger(l *slog.Logger, level slog.Level) kafka.Logger {
 		}
 	})
 }
+
+// joinGroupBackoff is the pause before rejoining the group after a failed
+// join: long enough that members failing together do not churn the
+// coordinator, short enough not to matter after an outage.
+const joinGroupBackoff = time.Second
 
 // levelKafkaChatter is below Debug: kafka-go logs every fetch at its info
 // level, which would drown a debug log.

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -310,4 +311,25 @@ func TestPermanentFailureBehindAFlakyPrefixStopsAtTheRightMessage(t *testing.T) 
 	require.ErrorAs(t, e.events.snapshot().stopped[0], &merr)
 	require.Equal(t, "f-6", merr.MessageID, "the stop names the poison message, not the flaky one")
 	require.ErrorIs(t, merr, consumer.ErrHandlerPanicked)
+}
+
+func TestRunWaitsForPostgresAtStartup(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ids := e.produceIDs("w", 5)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	l.Close() // nothing listens there yet: connections are refused
+	r := e.start(func() *consumer.Config {
+		cfg := e.config(e.applyHandler())
+		return cfg
+	}(), e.db.PoolVia(t, addr))
+	time.Sleep(time.Second)
+	proxy, err := faultproxy.StartOn(addr, e.db.ServerAddr(t)) // the database comes up
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	e.waitCommitted(map[int]int64{0: 5}, 30*time.Second)
+	r.stop()
+	e.check(expectation{ids: ids})
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"testing"
@@ -107,9 +108,13 @@ type running struct {
 	done   chan error
 }
 
-func (e *env) start(cfg *consumer.Config) *running {
+func (e *env) start(cfg *consumer.Config, db ...consumer.DB) *running {
 	e.t.Helper()
-	c, err := consumer.New(e.db.Pool, cfg)
+	var pool consumer.DB = e.db.Pool
+	if len(db) > 0 {
+		pool = db[0]
+	}
+	c, err := consumer.New(pool, cfg)
 	require.NoError(e.t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{t: e.t, cancel: cancel, done: make(chan error, 1)}
@@ -129,7 +134,9 @@ func (r *running) stop() {
 	case err := <-r.done:
 		require.NoError(r.t, err)
 	case <-time.After(30 * time.Second):
-		r.t.Fatal("Run did not return within 30s of cancel")
+		buf := make([]byte, 4<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		r.t.Fatalf("Run did not return within 30s of cancel; goroutines:\n%s", buf)
 	}
 	r.done = nil
 }

@@ -171,8 +171,8 @@ func soak(t *testing.T, seed uint64, n int) {
 		}
 	}
 	for !done() && time.Now().Before(limit) {
-		time.Sleep(time.Duration(150+rng.IntN(350)) * time.Millisecond)
-		switch f := rng.IntN(7); f {
+		time.Sleep(time.Duration(300+rng.IntN(600)) * time.Millisecond)
+		switch f := rng.IntN(8); f {
 		case 0:
 			i := rng.IntN(len(members))
 			members[i].stop()
@@ -182,7 +182,7 @@ func soak(t *testing.T, seed uint64, n int) {
 			proxy.CutAll()
 			faults["postgres connections cut"]++
 		case 2:
-			if kl != nil {
+			if kl != nil && rng.IntN(2) == 0 {
 				kl.CutAll()
 				faults["kafka connections cut"]++
 			}

@@ -32,8 +32,11 @@ type Proxy struct {
 }
 
 // Start listens on 127.0.0.1 at a free port and forwards to target.
-func Start(target string) (*Proxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func Start(target string) (*Proxy, error) { return StartOn("127.0.0.1:0", target) }
+
+// StartOn listens on addr and forwards to target.
+func StartOn(addr, target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -36,8 +37,14 @@ type Cluster struct {
 // ErrNoBinaries is returned when initdb and pg_ctl cannot be found.
 var ErrNoBinaries = errors.New("pgcluster: PostgreSQL server binaries (initdb, pg_ctl) not found; install PostgreSQL (e.g. apt-get install postgresql) or set DATABASE_URL")
 
+// ownerFile names the file, in a cluster's directory, holding the pid of the
+// process that started it.
+const ownerFile = "owner.pid"
+
 // Start initialises a fresh data directory under the system temp dir and
-// starts a server listening on 127.0.0.1 at a free port. settings are extra
+// starts a server listening on 127.0.0.1 at a free port. Clusters left
+// running by processes that died without stopping them (a test binary that
+// panicked, say) are stopped first. settings are extra
 // server settings (name → value) added to the defaults, which favour speed
 // over durability: this server is for tests and demos only.
 func Start(ctx context.Context, settings map[string]string) (*Cluster, error) {
@@ -49,8 +56,13 @@ func Start(ctx context.Context, settings map[string]string) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	stopOrphans(bin, cred)
 	dir, err := os.MkdirTemp("", "kafkaonce-pg-")
 	if err != nil {
+		return nil, fmt.Errorf("pgcluster: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		os.RemoveAll(dir)
 		return nil, fmt.Errorf("pgcluster: %w", err)
 	}
 	if owner != nil {
@@ -154,6 +166,27 @@ func (c *Cluster) run(ctx context.Context, tool string, args ...string) error {
 		return fmt.Errorf("pgcluster: %s: %w\n%s\n%s", tool, err, text, logTail)
 	}
 	return nil
+}
+
+// stopOrphans stops and removes clusters whose owner process is gone.
+func stopOrphans(bin string, cred *syscall.Credential) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "kafkaonce-pg-*"))
+	for _, dir := range dirs {
+		raw, err := os.ReadFile(filepath.Join(dir, ownerFile))
+		if err != nil {
+			continue // not ours, or still being set up
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+		if err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); err == nil || errors.Is(err, syscall.EPERM) {
+			continue // the owner is alive
+		}
+		c := &Cluster{dir: dir, bin: bin, cred: cred}
+		_ = c.run(context.Background(), "pg_ctl", "-D", c.dataDir(), "-m", "immediate", "-w", "stop")
+		c.removeDir()
+	}
 }
 
 // findBinDir looks for initdb on PATH, then in Debian's and the common

@@ -33,6 +33,9 @@ import (
 //
 // A failing seed is printed; run it again with KAFKAONCE_SOAK_SEEDS=<seed>.
 func TestSoak(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the soak is skipped in -short runs (CI runs it in a step of its own)")
+	}
 	seeds := []uint64{1}
 	if s := os.Getenv("KAFKAONCE_SOAK_SEEDS"); s != "" {
 		seeds = nil

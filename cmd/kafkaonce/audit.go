@@ -129,20 +129,15 @@ missing.`,
 				return fmt.Errorf("--suspect-window: %w", err)
 			}
 			ctx := cmd.Context()
-			pool, err := s.pool(ctx)
+			c, err := s.connect(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			brokers, dialer, admin, err := s.kafka()
-			if err != nil {
+			defer c.close()
+			if err := schema.RequireLatest(ctx, c.pool, s.schema); err != nil {
 				return err
 			}
-			defer admin.Close()
-			if err := schema.RequireLatest(ctx, pool, s.schema); err != nil {
-				return err
-			}
-			a := &auditor{pool: pool, brokers: brokers, dialer: dialer, admin: admin, schema: s.schema, consumer: consumerName,
+			a := &auditor{pool: c.pool, brokers: c.brokers, dialer: c.dialer, admin: c.admin, schema: s.schema, consumer: consumerName,
 				topic: topic, id: idFn, retention: retention, window: window, progress: newProgress(s.st, "auditing")}
 			r, err := a.run(ctx, from, to)
 			if err != nil {

@@ -62,16 +62,12 @@ still refuse). It asks for confirmation on a terminal; pass --yes otherwise.`,
 				group = consumerName
 			}
 			ctx := cmd.Context()
-			pool, err := s.pool(ctx)
+			c, err := s.connect(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			_, _, admin, err := s.kafka()
-			if err != nil {
-				return err
-			}
-			defer admin.Close()
+			defer c.close()
+			pool, admin := c.pool, c.admin
 
 			parts, err := admin.Partitions(ctx, topic)
 			if err != nil {

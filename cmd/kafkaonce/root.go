@@ -185,6 +185,33 @@ func (s *settings) kafka() ([]string, *kafka.Dialer, *kafkaadmin.Admin, error) {
 	return brokers, d, kafkaadmin.New(brokers, d), nil
 }
 
+// conn is what most commands need: a pool and a Kafka admin client.
+type conn struct {
+	pool    *pgxpool.Pool
+	brokers []string
+	dialer  *kafka.Dialer
+	admin   *kafkaadmin.Admin
+}
+
+func (c *conn) close() {
+	c.admin.Close()
+	c.pool.Close()
+}
+
+// connect opens Postgres and Kafka.
+func (s *settings) connect(ctx context.Context) (*conn, error) {
+	pool, err := s.pool(ctx)
+	if err != nil {
+		return nil, err
+	}
+	brokers, dialer, admin, err := s.kafka()
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &conn{pool: pool, brokers: brokers, dialer: dialer, admin: admin}, nil
+}
+
 // emit prints v as JSON with --json, else calls text.
 func (s *settings) emit(v any, text func(w io.Writer)) error {
 	if s.json {

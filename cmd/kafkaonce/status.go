@@ -66,16 +66,12 @@ Topics are those the consumer has stored positions for, plus any --topic.`,
 				group = consumerName
 			}
 			ctx := cmd.Context()
-			pool, err := s.pool(ctx)
+			c, err := s.connect(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			_, _, admin, err := s.kafka()
-			if err != nil {
-				return err
-			}
-			defer admin.Close()
+			defer c.close()
+			pool, admin := c.pool, c.admin
 			r, err := status(ctx, pool, admin, s.schema, consumerName, group, topics)
 			if err != nil {
 				return err

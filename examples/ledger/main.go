@@ -98,24 +98,13 @@ func main() {
 
 func run(ctx context.Context, nTransfers, nAccounts, partitions, dupEvery, resendEvery int) (summary, error) {
 	var s summary
-	pg, err := devenv.StartPostgres(ctx, devenv.LocalFirst)
+	env, err := devenv.StartEnv(ctx)
 	if err != nil {
 		return s, err
 	}
-	defer pg.Close()
-	kf, err := devenv.StartKafka(ctx, false)
-	if err != nil {
-		return s, err
-	}
-	defer kf.Close()
-	s.Postgres, s.Kafka = pg.Source, kf.Source
-	log.Printf("postgres: %s; kafka: %s %v", pg.Source, kf.Source, kf.Brokers)
-
-	pool, err := pgxpool.New(ctx, pg.URL)
-	if err != nil {
-		return s, err
-	}
-	defer pool.Close()
+	defer env.Close()
+	pool, kf := env.Pool, env.Kafka
+	s.Postgres, s.Kafka = env.Postgres.Source, kf.Source
 	if err := setUpSchema(ctx, pool, nAccounts); err != nil {
 		return s, err
 	}

@@ -61,23 +61,12 @@ func main() {
 }
 
 func run(ctx context.Context, n, resend int) error {
-	pg, err := devenv.StartPostgres(ctx, devenv.LocalFirst)
+	env, err := devenv.StartEnv(ctx)
 	if err != nil {
 		return err
 	}
-	defer pg.Close()
-	kf, err := devenv.StartKafka(ctx, false)
-	if err != nil {
-		return err
-	}
-	defer kf.Close()
-	log.Printf("postgres: %s; kafka: %s %v", pg.Source, kf.Source, kf.Brokers)
-
-	pool, err := pgxpool.New(ctx, pg.URL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+	defer env.Close()
+	pg, kf, pool := env.Postgres, env.Kafka, env.Pool
 	// kafkaonce's own tables, then the example's effect table next to them.
 	const schema = "kafkaonce_quickstart"
 	if _, err := consumer.Migrate(ctx, pool, schema); err != nil {

@@ -142,6 +142,7 @@ func TestHandlerThatCommitsOrPanicsStopsThePartitionUnderStopPartition(t *testin
 			_ = tx.Commit(ctx) // refused; the handler even ignores the error
 		case "panics":
 			var m map[string]int
+			//lint:ignore SA5000 the handler panics on purpose
 			m["boom"]++
 		}
 		return nil

@@ -456,7 +456,7 @@ func (r *Relay) deliver(ctx context.Context, rows []row, due []bool, outcomes []
 func (r *Relay) call(ctx context.Context, d *Delivery) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("Deliver panicked: %v", p)
+			err = fmt.Errorf("outbox: the delivery function panicked: %v", p)
 		}
 	}()
 	return r.cfg.Deliver(ctx, d)

@@ -107,7 +107,12 @@ func TestCanaryPasswordsNeverLeak(t *testing.T) {
 	c2, err := consumer.New(bp, &consumer.Config{Name: "ledger", Brokers: secured.Brokers, Topics: []string{"orders"}, Schema: db.Schema,
 		Logger: slog.New(slog.NewTextHandler(logs, nil)), Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })})
 	require.NoError(t, err)
-	runErr := c2.Run(context.Background())
+	// Run waits for the database, logging why; Redrive fails at once.
+	waitCtx, stopWaiting := context.WithTimeout(context.Background(), 2*time.Second)
+	defer stopWaiting()
+	require.NoError(t, c2.Run(waitCtx))
+	require.Contains(t, logs.String(), "waiting for Postgres")
+	_, runErr := c2.Redrive(context.Background(), consumer.RedriveFilter{})
 	require.Error(t, runErr)
 
 	var exported bytes.Buffer

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -11,10 +12,24 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 )
+
+// letters opens the database and the dead-letter store.
+func (s *settings) letters(ctx context.Context) (*pgxpool.Pool, *deadletter.Store, error) {
+	store, err := deadletter.NewStore(s.schema)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := s.pool(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pool, store, nil
+}
 
 func deadLettersCmd(s *settings) *cobra.Command {
 	cmd := &cobra.Command{
@@ -54,15 +69,11 @@ func dlListCmd(s *settings) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			pool, err := s.pool(ctx)
+			pool, store, err := s.letters(ctx)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			store, err := deadletter.NewStore(s.schema)
-			if err != nil {
-				return err
-			}
 			letters, err := store.List(ctx, pool, f.filter())
 			if err != nil {
 				return err
@@ -125,15 +136,11 @@ func dlShowCmd(s *settings) *cobra.Command {
 				return fmt.Errorf("ID must be a dead letter's number (got %q)", args[0])
 			}
 			ctx := cmd.Context()
-			pool, err := s.pool(ctx)
+			pool, store, err := s.letters(ctx)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			store, err := deadletter.NewStore(s.schema)
-			if err != nil {
-				return err
-			}
 			l, err := store.Get(ctx, pool, id)
 			if err != nil {
 				return err
@@ -210,15 +217,11 @@ outcome and exits with 1 if any redrive failed.`,
 				return errors.New("name letters by ID, or pass --all (with --topic, --class, ... to narrow it)")
 			}
 			ctx := cmd.Context()
-			pool, err := s.pool(ctx)
+			pool, store, err := s.letters(ctx)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			store, err := deadletter.NewStore(s.schema)
-			if err != nil {
-				return err
-			}
 			if len(ids) == 0 {
 				flt := f.filter()
 				flt.Pending = true

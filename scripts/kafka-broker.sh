@@ -42,6 +42,12 @@ POM
 	# Always a fresh broker: stale data from an earlier run would confuse the tests.
 	rm -rf "$dir/data"
 	mkdir -p "$dir/data"
+	for p in "$port" "$((port + 1))"; do
+		if (echo >"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			echo "kafka-broker: port $p is already in use; pick another (below 32768 stays clear of client ports)" >&2
+			exit 1
+		fi
+	done
 	cat > "$dir/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+)
+
+// The benchmark's own tables live in schema kafkaonce_bench: the accounts
+// the UPDATE effect changes, and the dedupe table of the hand-written loops
+// (the minimal one a hand-writer would make: consumer and id). kafkaonce
+// runs in schema kafkaonce_bench_empty (re-created per run, so it starts
+// empty) or kafkaonce_bench_prefilled.
+const (
+	benchSchema     = "kafkaonce_bench"
+	emptySchema     = "kafkaonce_bench_empty"
+	prefilledSchema = "kafkaonce_bench_prefilled"
+)
+
+func openPool(ctx context.Context, url string, wire *wireCounters, conns int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("database url: %w", err)
+	}
+	cfg.MaxConns = int32(conns)
+	cfg.ConnConfig.DialFunc = wire.pgDial
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// setupTables creates the benchmark's tables; the accounts start at 0.
+func setupTables(ctx context.Context, db *pgxpool.Pool) error {
+	_, err := db.Exec(ctx, `
+CREATE SCHEMA IF NOT EXISTS `+benchSchema+`;
+DROP TABLE IF EXISTS `+benchSchema+`.accounts;
+CREATE TABLE `+benchSchema+`.accounts (id int PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
+INSERT INTO `+benchSchema+`.accounts (id) SELECT generate_series(0, `+fmt.Sprint(accounts-1)+`);`)
+	return err
+}
+
+// handTable returns a fresh dedupe table for a hand-written loop, or the
+// pre-filled one.
+func handTable(ctx context.Context, db *pgxpool.Pool, prefilled bool) (string, error) {
+	if prefilled {
+		return benchSchema + ".hand_processed_prefilled", nil
+	}
+	t := benchSchema + ".hand_processed"
+	_, err := db.Exec(ctx, `DROP TABLE IF EXISTS `+t+`; CREATE TABLE `+t+` (consumer text NOT NULL, message_id text NOT NULL, PRIMARY KEY (consumer, message_id))`)
+	return t, err
+}
+
+// kafkaonceSchema returns the schema for a kafkaonce run: a freshly
+// migrated one, or the pre-filled one.
+func kafkaonceSchema(ctx context.Context, db *pgxpool.Pool, prefilled bool) (string, error) {
+	if prefilled {
+		return prefilledSchema, nil
+	}
+	if _, err := db.Exec(ctx, `DROP SCHEMA IF EXISTS `+emptySchema+` CASCADE`); err != nil {
+		return "", err
+	}
+	if _, err := consumer.Migrate(ctx, db, emptySchema); err != nil {
+		return "", err
+	}
+	return emptySchema, nil
+}
+
+// prefill puts rows processed_messages rows (UUIDv7-shaped ids, under
+// another consumer name, so they never collide with a run's ids) into the
+// pre-filled kafkaonce schema and the same count into the hand-written
+// loops' pre-filled table. It keeps what an earlier invocation filled.
+func prefill(ctx context.Context, db *pgxpool.Pool, rows int, log *slog.Logger) error {
+	if _, err := consumer.Migrate(ctx, db, prefilledSchema); err != nil {
+		return err
+	}
+	hand := benchSchema + ".hand_processed_prefilled"
+	if _, err := db.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+hand+` (consumer text NOT NULL, message_id text NOT NULL, PRIMARY KEY (consumer, message_id))`); err != nil {
+		return err
+	}
+	// UUIDv7 shape: a millisecond timestamp prefix that grows with n, then
+	// random bits, so the index sees what time-ordered ids give it.
+	id := `lpad(to_hex(1700000000000 + n), 12, '0') || '-7' || substr(md5(n::text), 1, 3) || '-8' || substr(md5(n::text), 4, 3) || '-' || substr(md5(n::text), 7, 12)`
+	for _, t := range []struct{ table, insert string }{
+		{prefilledSchema + ".processed_messages", `INSERT INTO ` + prefilledSchema + `.processed_messages (consumer, message_id, fingerprint, topic, partition, kafka_offset)
+SELECT 'prefill', ` + id + `, sha256(n::text::bytea), 'prefill', 0, n FROM generate_series($1::bigint, $2::bigint) AS n`},
+		{hand, `INSERT INTO ` + hand + ` (consumer, message_id) SELECT 'prefill', ` + id + ` FROM generate_series($1::bigint, $2::bigint) AS n`},
+	} {
+		var have int64
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM `+t.table+` WHERE consumer = 'prefill'`).Scan(&have); err != nil {
+			return err
+		}
+		began := time.Now()
+		const chunk = 1000000
+		for from := have; from < int64(rows); from += chunk {
+			to := min(from+chunk, int64(rows)) - 1
+			if _, err := db.Exec(ctx, t.insert, from, to); err != nil {
+				return fmt.Errorf("prefill %s: %w", t.table, err)
+			}
+			log.Info("prefilling", "table", t.table, "rows", to+1, "of", rows, "elapsed", time.Since(began).Round(time.Second))
+		}
+	}
+	_, err := db.Exec(ctx, `VACUUM ANALYZE `+prefilledSchema+`.processed_messages; VACUUM ANALYZE `+hand)
+	return err
+}
+
+// balanceSum is the sum of all balances, to check that a run applied each
+// message's effect once.
+func balanceSum(ctx context.Context, db *pgxpool.Pool) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, `SELECT sum(balance) FROM `+benchSchema+`.accounts`).Scan(&n)
+	return n, err
+}
+
+// Effect SQL. The per-message form is what a per-message handler runs; the
+// set form applies a whole batch's effect in one statement.
+const (
+	updateOneSQL = `UPDATE ` + benchSchema + `.accounts SET balance = balance + 1 WHERE id = $1`
+	updateSetSQL = `UPDATE ` + benchSchema + `.accounts AS a SET balance = a.balance + d.n
+FROM (SELECT id, count(*) AS n FROM unnest($1::int[]) AS id GROUP BY id) AS d WHERE a.id = d.id`
+)
+
+// applyOne is the per-message effect.
+func applyOne(ctx context.Context, tx pgx.Tx, e effect, account int32) error {
+	switch e {
+	case effectUpdate:
+		_, err := tx.Exec(ctx, updateOneSQL, account)
+		return err
+	case effectWait:
+		time.Sleep(2 * time.Millisecond)
+	}
+	return nil
+}

@@ -1,0 +1,315 @@
+// Command kafkaonce-bench measures kafkaonce against the loops people write
+// by hand, side by side in one process and one run:
+//
+//	go run ./cmd/kafkaonce-bench -quick     # under 2 minutes
+//	go run ./cmd/kafkaonce-bench            # the full set (see BENCHMARKS.md)
+//
+// Modes: raw (kafka-go fetching, no database: the Kafka-side ceiling),
+// naive-1 and naive-pp (per message: begin, insert-on-conflict into a
+// dedupe table, the effect, commit, synchronous offset commit; one worker,
+// or one per partition), optimum (a hand-written batched loop: one round
+// trip per batch that claims and applies, asynchronous offset commits) and
+// kafkaonce (a consumer.Handler, one call per message) and kafkaonce-batch
+// (a consumer.BatchHandler, one call per batch), all with the same effect.
+//
+// Each round produces a fresh topic per cell and runs every mode on it, in
+// an order that rotates between rounds; tables report the median of the
+// rounds. Database round trips and offset commits are counted on the wire,
+// allocations with runtime.MemStats, peak RSS from /proc (the broker runs
+// in a child process so that none of this is the broker's).
+//
+// Output: a table on stdout, results as JSON (-json), an SVG chart and
+// BENCHMARKS.md (-markdown); the last line of stdout is a JSON object with
+// the key ratios.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
+)
+
+// mode is one way of consuming a backlog.
+type mode struct {
+	name string
+	run  func(context.Context, *env, cell, backlog, *recorder) error
+	// usesDB: the run leaves claims and effects to check.
+	usesDB bool
+	// slow modes get a time budget instead of the whole backlog.
+	slow bool
+}
+
+var allModes = []mode{
+	{"raw", runRaw, false, false},
+	{"naive-1", runNaiveOne, true, true},
+	{"naive-pp", runNaivePerPartition, true, true},
+	{"optimum", runOptimum, true, false},
+	{"kafkaonce", runKafkaonce, true, false},
+}
+
+type options struct {
+	quick      bool
+	rounds     int
+	messages   int
+	slowBudget time.Duration
+	prefill    int
+	jsonPath   string
+	markdown   string
+	chartPath  string
+	only       string
+	verbose    bool
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == serveBrokerArg {
+		serveBroker()
+		return
+	}
+	var o options
+	fs := flag.NewFlagSet("kafkaonce-bench", flag.ExitOnError)
+	fs.BoolVar(&o.quick, "quick", false, "the quick set: two cells, two rounds, under 2 minutes")
+	fs.IntVar(&o.rounds, "rounds", 0, "rounds of interleaved runs (default 2 quick, 3 full)")
+	fs.IntVar(&o.messages, "messages", 0, "backlog per cell and round (default 50,000 quick, 200,000 full)")
+	fs.DurationVar(&o.slowBudget, "slow-budget", 0, "how long the per-message loops run per cell (default 5s quick, 10s full)")
+	fs.IntVar(&o.prefill, "prefill", 10_000_000, "rows in the pre-filled processed_messages table (full set)")
+	fs.StringVar(&o.jsonPath, "json", "bench-results/results.json", "where to write every run as JSON (empty: nowhere)")
+	fs.StringVar(&o.markdown, "markdown", "", "write BENCHMARKS.md here (full set; empty: not written)")
+	fs.StringVar(&o.chartPath, "chart", "", "write the throughput chart (SVG) here (default next to -markdown)")
+	fs.StringVar(&o.only, "only", "", "run only the cells whose description contains this")
+	fs.BoolVar(&o.verbose, "v", false, "log the consumers' own messages")
+	apply := devenv.RegisterFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: kafkaonce-bench [flags]\n\nMeasures kafkaonce against hand-written consumer loops; see BENCHMARKS.md.\n\n")
+		fs.PrintDefaults()
+	}
+	_ = fs.Parse(os.Args[1:])
+	apply()
+	o.defaults()
+
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, log, o); err != nil {
+		fmt.Fprintln(os.Stderr, "kafkaonce-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func (o *options) defaults() {
+	pick := func(v *int, quick, full int) {
+		if *v == 0 {
+			*v = full
+			if o.quick {
+				*v = quick
+			}
+		}
+	}
+	pick(&o.rounds, 2, 3)
+	pick(&o.messages, 50_000, 200_000)
+	if o.slowBudget == 0 {
+		o.slowBudget = 10 * time.Second
+		if o.quick {
+			o.slowBudget = 4 * time.Second
+		}
+	}
+	if o.markdown != "" && o.chartPath == "" {
+		o.chartPath = strings.TrimSuffix(o.markdown, "BENCHMARKS.md") + "docs/benchmark-throughput.svg"
+	}
+}
+
+// base is the cell the full set varies one axis at a time from.
+var base = cell{Partitions: 12, IDs: idUUIDv7, Effect: effectUpdate, Size: 100, MaxBatch: 1000}
+
+// plan lists the cells to run and which modes run on each.
+type planned struct {
+	c     cell
+	modes []string
+	msgs  int // backlog (0: the default)
+	group string
+}
+
+func buildPlan(o options) []planned {
+	all := []string{"raw", "naive-1", "naive-pp", "optimum", "kafkaonce"}
+	fast := []string{"raw", "optimum", "kafkaonce"}
+	with := func(f func(*cell)) cell { c := base; f(&c); return c }
+	if o.quick {
+		return []planned{
+			{c: base, modes: all, group: "quick"},
+			{c: with(func(c *cell) { c.Effect = effectNoop }), modes: fast, group: "quick"},
+		}
+	}
+	p := []planned{
+		{c: base, modes: all, group: "axes"},
+		{c: with(func(c *cell) { c.Partitions = 1 }), modes: all, group: "axes"},
+		{c: with(func(c *cell) { c.Prefilled = true }), modes: fast, group: "axes"},
+		{c: with(func(c *cell) { c.IDs = idUUIDv4 }), modes: fast, group: "axes"},
+		{c: with(func(c *cell) { c.IDs = idPosition }), modes: fast, group: "axes"},
+		{c: with(func(c *cell) { c.Dups = 0.10 }), modes: fast, group: "axes"},
+		{c: with(func(c *cell) { c.Effect = effectNoop }), modes: all, group: "axes"},
+		{c: with(func(c *cell) { c.Effect = effectWait }), modes: fast, msgs: 20_000, group: "axes"},
+		{c: with(func(c *cell) { c.Size = 1024 }), modes: fast, group: "axes"},
+	}
+	for _, b := range []int{1, 10, 100} {
+		p = append(p, planned{c: with(func(c *cell) { c.MaxBatch = b }), modes: []string{"optimum", "kafkaonce"}, group: "batch size"})
+	}
+	return p
+}
+
+func run(ctx context.Context, log *slog.Logger, o options) error {
+	plan := buildPlan(o)
+	if o.only != "" {
+		plan = slices.DeleteFunc(plan, func(p planned) bool { return !strings.Contains(p.c.String(), o.only) })
+	}
+	needPrefill := slices.ContainsFunc(plan, func(p planned) bool { return p.c.Prefilled })
+	e, err := startEnv(ctx, log, os.Getenv("KAFKA_BROKERS"), os.Getenv("DATABASE_URL"), 40)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	e.verbose = o.verbose
+	log.Info("environment", "kafka", e.brokerDesc, "postgres", e.pgDesc, "cpus", runtime.NumCPU())
+	if err := setupTables(ctx, e.db); err != nil {
+		return err
+	}
+	if needPrefill {
+		if err := prefill(ctx, e.db, o.prefill, log); err != nil {
+			return err
+		}
+	}
+
+	var results []result
+	for round := 1; round <= o.rounds; round++ {
+		for ci, p := range plan {
+			msgs := o.messages
+			if p.msgs > 0 {
+				msgs = p.msgs
+			}
+			topic := fmt.Sprintf("bench-r%d-c%d-%d", round, ci, time.Now().UnixNano())
+			if err := createTopic(ctx, e, topic, p.c.Partitions); err != nil {
+				return err
+			}
+			b, err := produce(ctx, e.brokers, topic, p.c, msgs, uint64(round*1000+ci))
+			if err != nil {
+				return err
+			}
+			// Rotate the order of modes between rounds, so that no mode always
+			// runs first (on a cold cache) or last.
+			order := slices.Clone(p.modes)
+			k := (round - 1) % len(order)
+			order = append(order[k:], order[:k]...)
+			for _, name := range order {
+				m := modeNamed(name)
+				r, err := runOne(ctx, e, m, p.c, b, round, o)
+				if err != nil {
+					return fmt.Errorf("%s on %s: %w", name, p.c, err)
+				}
+				log.Info("run", "round", round, "cell", p.c.String(), "mode", name, "msgs/s", int(r.MsgsPerSec),
+					"rt/batch", fmt.Sprintf("%.2f", r.RoundTripsPerBatch), "check", r.Correct)
+				results = append(results, r)
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+		}
+	}
+	if !o.quick {
+		lat, err := latencyRuns(ctx, e, results, o)
+		if err != nil {
+			return err
+		}
+		results = append(results, lat...)
+		mem, err := memoryRuns(ctx, e, o)
+		if err != nil {
+			return err
+		}
+		results = append(results, mem...)
+	}
+	rep := newReport(results, e, o)
+	rep.printTable(os.Stdout)
+	if o.jsonPath != "" {
+		if err := rep.writeJSON(o.jsonPath); err != nil {
+			return err
+		}
+	}
+	if o.chartPath != "" {
+		if err := rep.writeChart(o.chartPath); err != nil {
+			return err
+		}
+	}
+	if o.markdown != "" {
+		if err := rep.writeMarkdown(o.markdown, o.chartPath); err != nil {
+			return err
+		}
+	}
+	line, _ := json.Marshal(rep.summary())
+	fmt.Println(string(line))
+	return nil
+}
+
+func modeNamed(name string) mode {
+	for _, m := range allModes {
+		if m.name == name {
+			return m
+		}
+	}
+	panic("unknown mode " + name)
+}
+
+// runOne runs one mode over a backlog and checks what it did.
+func runOne(ctx context.Context, e *env, m mode, c cell, b backlog, round int, o options) (result, error) {
+	r := result{Mode: m.name, Cell: c, Round: round}
+	before, err := balanceSum(ctx, e.db)
+	if err != nil {
+		return r, err
+	}
+	rec := newRecorder(b.total)
+	limit := 10 * time.Minute
+	if m.slow {
+		limit = o.slowBudget
+	}
+	rctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	snap := takeSnapshot(e)
+	err = m.run(rctx, e, c, b, rec)
+	snap.finish(e, &r, rec)
+	if err != nil {
+		return r, err
+	}
+	r.Correct = "-"
+	if m.usesDB {
+		after, err := balanceSum(ctx, e.db)
+		if err != nil {
+			return r, err
+		}
+		r.Correct, err = check(c, b, rec, after-before)
+		if err != nil {
+			return r, fmt.Errorf("%s: %w", m.name, err)
+		}
+	}
+	return r, nil
+}
+
+// check verifies a finished run applied each distinct message's effect
+// once (the UPDATE adds one per message to the accounts' total).
+func check(c cell, b backlog, rec *recorder, delta int64) (string, error) {
+	if rec.done.Load() < int64(b.total) {
+		return "partial (time budget)", nil
+	}
+	if c.Effect != effectUpdate {
+		return "complete", nil
+	}
+	if delta != int64(b.unique) {
+		return "", fmt.Errorf("the effect was applied %d times for %d distinct messages", delta, b.unique)
+	}
+	return "once each", nil
+}

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+)
+
+// runKafkaonce runs a kafkaonce consumer with the cell's effect as a
+// per-message Handler.
+func runKafkaonce(ctx context.Context, e *env, c cell, b backlog, rec *recorder) error {
+	schema, err := kafkaonceSchema(ctx, e.db, c.Prefilled)
+	if err != nil {
+		return err
+	}
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		return applyOne(ctx, tx, c.Effect, accountOf(m.Key))
+	})
+	cfg := &consumer.Config{
+		Name:     b.topic,
+		Brokers:  e.brokers,
+		Topics:   []string{b.topic},
+		GroupID:  b.topic + "-kafkaonce",
+		Handler:  h,
+		Schema:   schema,
+		MaxBatch: c.MaxBatch,
+		Dialer:   e.kafkaDialer,
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Hooks:    []consumer.Hook{&kafkaonceHooks{rec: rec}},
+	}
+	if e.verbose {
+		cfg.Logger = e.log
+	}
+	if c.IDs == idPosition {
+		cfg.MessageID = consumer.IDFromPosition()
+	}
+	co, err := consumer.New(e.db, cfg)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- co.Run(ctx) }()
+	select {
+	case <-rec.doneCh:
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	cancel()
+	return <-done
+}
+
+// kafkaonceHooks feed the recorder from kafkaonce's hooks, which run after
+// each transaction commits.
+type kafkaonceHooks struct{ rec *recorder }
+
+func (k *kafkaonceHooks) OnBatchStart(context.Context, consumer.BatchInfo) {
+	k.rec.start(time.Now())
+}
+
+func (k *kafkaonceHooks) OnBatchEnd(_ context.Context, _ consumer.BatchInfo, r consumer.BatchResult) {
+	if r.Err == nil {
+		k.rec.batch()
+	}
+	k.rec.add(r.Applied+r.Skipped, time.Now())
+}
+
+func (k *kafkaonceHooks) OnMessageApplied(_ context.Context, m *consumer.Message) {
+	if !k.rec.latency {
+		return
+	}
+	if sent, ok := sentAt(m.Headers); ok {
+		k.rec.observe(sent, time.Now())
+	}
+}

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kafkaonce/kafkaonce/internal/kafkafetch"
+)
+
+// runOptimum is the best loop we know how to write by hand for this job,
+// with nothing kafkaonce does beyond it (no fingerprints, no positions, no
+// failure handling): per partition, a batch of up to MaxBatch messages or
+// 5 ms; ids made unique within the batch in Go; one round trip that claims
+// them with INSERT … SELECT unnest(…) ON CONFLICT DO NOTHING RETURNING and
+// applies the effect for the new ones in the same statement (autocommit);
+// offsets committed asynchronously, all partitions in one request.
+func runOptimum(ctx context.Context, e *env, c cell, b backlog, rec *recorder) error {
+	table, err := handTable(ctx, e.db, c.Prefilled)
+	if err != nil {
+		return err
+	}
+	claimSQL := `INSERT INTO ` + table + ` (consumer, message_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING`
+	claimUpdateSQL := `WITH claimed AS (` + claimSQL + ` RETURNING message_id)
+UPDATE ` + benchSchema + `.accounts AS a SET balance = a.balance + d.n
+FROM (SELECT m.account AS id, count(*) AS n FROM unnest($2::text[], $3::int[]) AS m(message_id, account)
+      JOIN claimed USING (message_id) GROUP BY m.account) AS d
+WHERE a.id = d.id`
+	name := b.topic + "/optimum"
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	com := newAsyncCommitter(e.kafkaClient(), b.topic+"-optimum", b.topic)
+	go com.run(ctx)
+
+	var wg sync.WaitGroup
+	errs := make(chan error, c.Partitions)
+	for p := 0; p < c.Partitions; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f, err := kafkafetch.Open(kafkafetch.Config{Brokers: e.brokers, Dialer: e.kafkaDialer, Topic: b.topic, Partition: p,
+				Start: kafka.FirstOffset, MaxBatch: c.MaxBatch, Linger: 5 * time.Millisecond, MaxBytes: 1 << 20})
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer f.Close()
+			var (
+				buf  []kafka.Message
+				ids  []string
+				accs []int32
+				seen = map[string]struct{}{}
+			)
+			for {
+				if buf, err = f.Next(ctx, buf); err != nil {
+					errs <- err
+					return
+				}
+				rec.batch()
+				ids, accs = ids[:0], accs[:0]
+				clear(seen)
+				for i := range buf {
+					id := messageID(c.IDs, &buf[i])
+					if _, dup := seen[id]; dup {
+						continue
+					}
+					seen[id] = struct{}{}
+					ids = append(ids, id)
+					accs = append(accs, accountOf(buf[i].Key))
+				}
+				switch c.Effect {
+				case effectNoop:
+					_, err = e.db.Exec(ctx, claimSQL, name, ids)
+				case effectUpdate:
+					_, err = e.db.Exec(ctx, claimUpdateSQL, name, ids, accs)
+				case effectWait:
+					err = claimAndWait(ctx, e, claimSQL, name, ids)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				now := time.Now()
+				for i := range buf {
+					if sent, ok := sentAt(buf[i].Headers); ok {
+						rec.observe(sent, now)
+					}
+				}
+				com.mark(p, buf[len(buf)-1].Offset+1)
+				rec.add(len(buf), now)
+			}
+		}()
+	}
+	select {
+	case <-rec.doneCh:
+	case err = <-errs:
+	case <-ctx.Done():
+	}
+	cancel()
+	wg.Wait()
+	return ignoreEnd(ctx, err)
+}
+
+// claimAndWait is the optimum for a slow effect: BEGIN and the claim in one
+// round trip, the effect (2 ms) for each new id, COMMIT.
+func claimAndWait(ctx context.Context, e *env, claimSQL, name string, ids []string) error {
+	conn, err := e.db.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	var b pgx.Batch
+	b.Queue("BEGIN")
+	var inserted int64
+	b.Queue(claimSQL, name, ids).Exec(func(tag pgconn.CommandTag) error { inserted = tag.RowsAffected(); return nil })
+	if err := conn.SendBatch(ctx, &b).Close(); err != nil {
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		return err
+	}
+	time.Sleep(time.Duration(inserted) * 2 * time.Millisecond)
+	_, err = conn.Exec(ctx, "COMMIT")
+	return err
+}
+
+// asyncCommitter commits the newest offset of every partition in the
+// background, one request at a time for all partitions: offset commits
+// never wait on the processing loop, nor it on them.
+type asyncCommitter struct {
+	client       *kafka.Client
+	group, topic string
+	mu           sync.Mutex
+	next         map[int]int64
+	wake         chan struct{}
+}
+
+func newAsyncCommitter(client *kafka.Client, group, topic string) *asyncCommitter {
+	return &asyncCommitter{client: client, group: group, topic: topic, next: map[int]int64{}, wake: make(chan struct{}, 1)}
+}
+
+func (a *asyncCommitter) mark(p int, next int64) {
+	a.mu.Lock()
+	a.next[p] = next
+	a.mu.Unlock()
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (a *asyncCommitter) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.wake:
+		}
+		a.mu.Lock()
+		next := a.next
+		a.next = map[int]int64{}
+		a.mu.Unlock()
+		if len(next) > 0 {
+			_ = commitOffsets(ctx, a.client, a.group, a.topic, next)
+		}
+	}
+}

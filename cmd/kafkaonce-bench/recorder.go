@@ -1,0 +1,72 @@
+package main
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// recorder follows one run: how many of the backlog's messages are done
+// (applied, or recognised as duplicates), when the first and the last were,
+// and, in latency runs, each message's time from produce to commit.
+type recorder struct {
+	want    int64
+	done    atomic.Int64
+	first   atomic.Int64
+	last    atomic.Int64
+	batches atomic.Int64
+	doneCh  chan struct{}
+	once    sync.Once
+
+	mu        sync.Mutex
+	latencies []time.Duration // only when latency is set
+	latency   bool
+}
+
+func newRecorder(want int) *recorder {
+	return &recorder{want: int64(want), doneCh: make(chan struct{})}
+}
+
+// add records n more messages done at t (after their commit).
+func (r *recorder) add(n int, t time.Time) {
+	if n == 0 {
+		return
+	}
+	r.first.CompareAndSwap(0, t.UnixNano())
+	r.last.Store(t.UnixNano())
+	if r.done.Add(int64(n)) >= r.want {
+		r.once.Do(func() { close(r.doneCh) })
+	}
+}
+
+// start marks the moment the first batch began (before add is called for
+// it), so the first batch's own time is counted.
+func (r *recorder) start(t time.Time) { r.first.CompareAndSwap(0, t.UnixNano()) }
+
+func (r *recorder) batch() { r.batches.Add(1) }
+
+func (r *recorder) observe(sent, now time.Time) {
+	if !r.latency {
+		return
+	}
+	r.mu.Lock()
+	r.latencies = append(r.latencies, now.Sub(sent))
+	r.mu.Unlock()
+}
+
+func (r *recorder) elapsed() time.Duration {
+	return time.Duration(r.last.Load() - r.first.Load())
+}
+
+// percentile of the recorded latencies (q in [0,1]).
+func (r *recorder) percentile(q float64) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.latencies) == 0 {
+		return 0
+	}
+	s := slices.Clone(r.latencies)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}

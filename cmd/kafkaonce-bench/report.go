@@ -1,0 +1,290 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// report aggregates the runs: the median of the rounds per mode and cell.
+type report struct {
+	results []result
+	rows    []row
+	env     *env
+	o       options
+	when    time.Time
+}
+
+// row is the median over rounds of one mode on one cell.
+type row struct {
+	Mode  string
+	Cell  cell
+	Runs  int
+	Median result
+}
+
+func newReport(results []result, e *env, o options) *report {
+	rep := &report{results: results, env: e, o: o, when: time.Now().UTC()}
+	type key struct {
+		mode string
+		c    cell
+	}
+	var order []key
+	groups := map[key][]result{}
+	for _, r := range results {
+		k := key{r.Mode, r.Cell}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], r)
+	}
+	for _, k := range order {
+		rs := groups[k]
+		m := rs[0]
+		med := func(f func(result) float64) float64 {
+			v := make([]float64, len(rs))
+			for i, r := range rs {
+				v[i] = f(r)
+			}
+			return medianOf(v)
+		}
+		m.MsgsPerSec = med(func(r result) float64 { return r.MsgsPerSec })
+		m.RoundTripsPerMsg = med(func(r result) float64 { return r.RoundTripsPerMsg })
+		m.RoundTripsPerBatch = med(func(r result) float64 { return r.RoundTripsPerBatch })
+		m.OffsetCommitsPerMsg = med(func(r result) float64 { return r.OffsetCommitsPerMsg })
+		m.OffsetCommitsPerBatch = med(func(r result) float64 { return r.OffsetCommitsPerBatch })
+		m.AllocsPerMsg = med(func(r result) float64 { return r.AllocsPerMsg })
+		m.BytesPerMsg = med(func(r result) float64 { return r.BytesPerMsg })
+		m.PeakRSSMiB = med(func(r result) float64 { return r.PeakRSSMiB })
+		for _, r := range rs {
+			if r.Correct != m.Correct {
+				m.Correct = "mixed"
+			}
+		}
+		rep.rows = append(rep.rows, row{Mode: k.mode, Cell: k.c, Runs: len(rs), Median: m})
+	}
+	return rep
+}
+
+func (rep *report) find(mode string, c cell) (result, bool) {
+	for _, r := range rep.rows {
+		if r.Mode == mode && r.Cell == c {
+			return r.Median, true
+		}
+	}
+	return result{}, false
+}
+
+// cells in the order they were first run.
+func (rep *report) cells() []cell {
+	var cs []cell
+	for _, r := range rep.rows {
+		if !slices.Contains(cs, r.Cell) && !strings.Contains(r.Mode, "@") && !strings.Contains(r.Mode, "backlog") {
+			cs = append(cs, r.Cell)
+		}
+	}
+	return cs
+}
+
+func (rep *report) printTable(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	rep.table(func(cols []string) { fmt.Fprintln(tw, strings.Join(cols, "\t")+"\t") })
+	tw.Flush()
+}
+
+var tableHeader = []string{"cell", "mode", "msgs/s", "× optimum", "DB RT/batch", "DB RT/msg", "offset commits/batch", "allocs/msg", "bytes/msg", "peak RSS MiB", "p50 ms", "p99 ms", "effect check"}
+
+// table emits the header and one line per row: throughput rows by cell,
+// then latency and memory rows. Allocations and bytes are beyond raw
+// kafka-go fetching of the same cell.
+func (rep *report) table(emit func([]string)) {
+	emit(tableHeader)
+	for _, c := range rep.cells() {
+		opt, hasOpt := rep.find("optimum", c)
+		raw, hasRaw := rep.find("raw", c)
+		for _, r := range rep.rows {
+			if r.Cell != c || strings.Contains(r.Mode, "@") || strings.Contains(r.Mode, "backlog") {
+				continue
+			}
+			m := r.Median
+			ratio := "-"
+			if hasOpt && opt.MsgsPerSec > 0 {
+				ratio = fmt.Sprintf("%.2f", m.MsgsPerSec/opt.MsgsPerSec)
+			}
+			allocs, bytes := fmt.Sprintf("%.1f", m.AllocsPerMsg), fmt.Sprintf("%.0f", m.BytesPerMsg)
+			if hasRaw && r.Mode != "raw" {
+				allocs = fmt.Sprintf("%+.1f", m.AllocsPerMsg-raw.AllocsPerMsg)
+				bytes = fmt.Sprintf("%+.0f", m.BytesPerMsg-raw.BytesPerMsg)
+			}
+			emit([]string{c.String(), r.Mode, fmt.Sprintf("%.0f", m.MsgsPerSec), ratio,
+				fmt.Sprintf("%.2f", m.RoundTripsPerBatch), fmt.Sprintf("%.3f", m.RoundTripsPerMsg), fmt.Sprintf("%.2f", m.OffsetCommitsPerBatch),
+				allocs, bytes, fmt.Sprintf("%.0f", m.PeakRSSMiB), "-", "-", m.Correct})
+		}
+	}
+	for _, r := range rep.rows {
+		if !strings.Contains(r.Mode, "@") && !strings.Contains(r.Mode, "backlog") {
+			continue
+		}
+		m := r.Median
+		p50, p99 := "-", "-"
+		if m.P99ms > 0 {
+			p50, p99 = fmt.Sprintf("%.1f", m.P50ms), fmt.Sprintf("%.1f", m.P99ms)
+		}
+		desc := r.Cell.String()
+		if m.LoadMsgsPerSec > 0 {
+			desc += fmt.Sprintf(" load=%.0f/s", m.LoadMsgsPerSec)
+		}
+		emit([]string{desc, r.Mode, fmt.Sprintf("%.0f", m.MsgsPerSec), "-", fmt.Sprintf("%.2f", m.RoundTripsPerBatch),
+			fmt.Sprintf("%.3f", m.RoundTripsPerMsg), fmt.Sprintf("%.2f", m.OffsetCommitsPerBatch), "-", "-",
+			fmt.Sprintf("%.0f", m.PeakRSSMiB), p50, p99, m.Correct})
+	}
+}
+
+// summary is the last line: the key ratios, each on the base cell (one
+// UPDATE per message, 12 partitions) unless named otherwise, and the worst
+// kafkaonce/optimum ratio over every cell run.
+type summary struct {
+	VsOptimum            float64            `json:"vs_optimum"`
+	VsOptimumWorst       float64            `json:"vs_optimum_worst_cell"`
+	VsNaive              float64            `json:"vs_naive"`
+	VsNaivePerPartition  float64            `json:"vs_naive_per_partition"`
+	MsgsPerSec           float64            `json:"msgs_per_sec"`
+	MsgsPerSecUpdate     float64            `json:"msgs_per_sec_update"`
+	RoundTripsPerBatch   float64            `json:"db_round_trips_per_batch"`
+	CommitsPerBatch      float64            `json:"offset_commits_per_batch"`
+	PrefilledVsEmpty     float64            `json:"prefilled_vs_empty,omitempty"`
+	P50ms                float64            `json:"p50_ms,omitempty"`
+	P99ms                float64            `json:"p99_ms,omitempty"`
+	PeakRSS10MVs1M       float64            `json:"peak_rss_10m_vs_1m,omitempty"`
+	VsOptimumByCell      map[string]float64 `json:"vs_optimum_by_cell"`
+}
+
+func (rep *report) summary() summary {
+	s := summary{VsOptimumByCell: map[string]float64{}}
+	ratio := func(a, b string, c cell) float64 {
+		x, ok1 := rep.find(a, c)
+		y, ok2 := rep.find(b, c)
+		if !ok1 || !ok2 || y.MsgsPerSec == 0 {
+			return 0
+		}
+		return round2(x.MsgsPerSec / y.MsgsPerSec)
+	}
+	s.VsOptimum = ratio("kafkaonce", "optimum", base)
+	s.VsNaive = ratio("kafkaonce", "naive-1", base)
+	s.VsNaivePerPartition = ratio("kafkaonce", "naive-pp", base)
+	s.VsOptimumWorst = math.Inf(1)
+	for _, c := range rep.cells() {
+		if r := ratio("kafkaonce", "optimum", c); r > 0 {
+			s.VsOptimumByCell[c.String()] = r
+			s.VsOptimumWorst = min(s.VsOptimumWorst, r)
+		}
+	}
+	if math.IsInf(s.VsOptimumWorst, 1) {
+		s.VsOptimumWorst = 0
+	}
+	noop := base
+	noop.Effect = effectNoop
+	if k, ok := rep.find("kafkaonce", noop); ok {
+		s.MsgsPerSec = math.Round(k.MsgsPerSec)
+	}
+	if k, ok := rep.find("kafkaonce", base); ok {
+		s.MsgsPerSecUpdate = math.Round(k.MsgsPerSec)
+		s.RoundTripsPerBatch = round2(k.RoundTripsPerBatch)
+		s.CommitsPerBatch = round2(k.OffsetCommitsPerBatch)
+	}
+	pre := base
+	pre.Prefilled = true
+	if a, ok := rep.find("kafkaonce", pre); ok {
+		if b, ok := rep.find("kafkaonce", base); ok && b.MsgsPerSec > 0 {
+			s.PrefilledVsEmpty = round2(a.MsgsPerSec / b.MsgsPerSec)
+		}
+	}
+	if l, ok := rep.find("kafkaonce@50%", base); ok {
+		s.P50ms, s.P99ms = round2(l.P50ms), round2(l.P99ms)
+	}
+	var m1, m10 float64
+	for _, r := range rep.rows {
+		switch r.Mode {
+		case "kafkaonce backlog 1M":
+			m1 = r.Median.PeakRSSMiB
+		case "kafkaonce backlog 10M":
+			m10 = r.Median.PeakRSSMiB
+		}
+	}
+	if m1 > 0 {
+		s.PeakRSS10MVs1M = round2(m10 / m1)
+	}
+	return s
+}
+
+func (rep *report) writeJSON(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(struct {
+		When    time.Time `json:"when"`
+		Machine string    `json:"machine"`
+		Summary summary   `json:"summary"`
+		Runs    []result  `json:"runs"`
+	}{rep.when, rep.machine(), rep.summary(), rep.results}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// machine describes where the numbers come from.
+func (rep *report) machine() string {
+	cpu := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "model name"); ok {
+				cpu = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	mem := ""
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb int64
+		fmt.Sscanf(strings.SplitN(string(b), "\n", 2)[0], "MemTotal: %d kB", &kb)
+		mem = fmt.Sprintf(", %d GiB", (kb+(1<<19))>>20)
+	}
+	return fmt.Sprintf("%d × %s%s, %s/%s, %s; %s; %s", runtime.NumCPU(), cpu, mem, runtime.GOOS, runtime.GOARCH,
+		runtime.Version(), rep.env.pgDesc, rep.env.brokerDesc)
+}
+
+func round2(f float64) float64 { return math.Round(f*100) / 100 }
+
+func medianOf(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// pick returns the msgs/s of every run of a mode on a cell.
+func pick(results []result, mode string, c cell) []float64 {
+	var v []float64
+	for _, r := range results {
+		if r.Mode == mode && r.Cell == c {
+			v = append(v, r.MsgsPerSec)
+		}
+	}
+	return v
+}
+
+func median(v []float64) float64 { return medianOf(v) }

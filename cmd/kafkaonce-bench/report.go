@@ -25,9 +25,9 @@ type report struct {
 
 // row is the median over rounds of one mode on one cell.
 type row struct {
-	Mode  string
-	Cell  cell
-	Runs  int
+	Mode   string
+	Cell   cell
+	Runs   int
 	Median result
 }
 
@@ -152,19 +152,19 @@ func (rep *report) table(emit func([]string)) {
 // UPDATE per message, 12 partitions) unless named otherwise, and the worst
 // kafkaonce/optimum ratio over every cell run.
 type summary struct {
-	VsOptimum            float64            `json:"vs_optimum"`
-	VsOptimumWorst       float64            `json:"vs_optimum_worst_cell"`
-	VsNaive              float64            `json:"vs_naive"`
-	VsNaivePerPartition  float64            `json:"vs_naive_per_partition"`
-	MsgsPerSec           float64            `json:"msgs_per_sec"`
-	MsgsPerSecUpdate     float64            `json:"msgs_per_sec_update"`
-	RoundTripsPerBatch   float64            `json:"db_round_trips_per_batch"`
-	CommitsPerBatch      float64            `json:"offset_commits_per_batch"`
-	PrefilledVsEmpty     float64            `json:"prefilled_vs_empty,omitempty"`
-	P50ms                float64            `json:"p50_ms,omitempty"`
-	P99ms                float64            `json:"p99_ms,omitempty"`
-	PeakRSS10MVs1M       float64            `json:"peak_rss_10m_vs_1m,omitempty"`
-	VsOptimumByCell      map[string]float64 `json:"vs_optimum_by_cell"`
+	VsOptimum           float64            `json:"vs_optimum"`
+	VsOptimumWorst      float64            `json:"vs_optimum_worst_cell"`
+	VsNaive             float64            `json:"vs_naive"`
+	VsNaivePerPartition float64            `json:"vs_naive_per_partition"`
+	MsgsPerSec          float64            `json:"msgs_per_sec"`
+	MsgsPerSecUpdate    float64            `json:"msgs_per_sec_update"`
+	RoundTripsPerBatch  float64            `json:"db_round_trips_per_batch"`
+	CommitsPerBatch     float64            `json:"offset_commits_per_batch"`
+	PrefilledVsEmpty    float64            `json:"prefilled_vs_empty,omitempty"`
+	P50ms               float64            `json:"p50_ms,omitempty"`
+	P99ms               float64            `json:"p99_ms,omitempty"`
+	PeakRSS10MVs1M      float64            `json:"peak_rss_10m_vs_1m,omitempty"`
+	VsOptimumByCell     map[string]float64 `json:"vs_optimum_by_cell"`
 }
 
 func (rep *report) summary() summary {

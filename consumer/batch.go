@@ -170,6 +170,15 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 		if out.lost != nil {
 			return out.lost
 		}
+		if out.isolate {
+			// Not an attempt of any message: which one failed is not known
+			// yet. The same messages run again, one per call, each in a
+			// savepoint.
+			w.c.log.Debug("batch handler failed; handling the batch one message at a time", w.logAttrs(
+				slog.Int64("offset", items[0].msg.Offset), slog.String("error", out.err.Error()))...)
+			p.savepointFrom = 0
+			continue
+		}
 		if out.failedAt < 0 {
 			w.c.log.Warn("batch failed; retrying", w.logAttrs(slog.Int64("offset", items[0].msg.Offset),
 				slog.Int("attempt", attempt), slog.String("class", classInfra.String()), slog.String("error", out.err.Error()))...)

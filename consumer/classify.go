@@ -114,7 +114,10 @@ func isInfraError(err error) bool {
 			"57P03": // cannot_connect_now
 			return true
 		}
-		return len(pgErr.Code) == 5 && pgErr.Code[:2] == "08" // connection_exception
+		// A FATAL error ends the session (an idle-in-transaction timeout,
+		// a terminated backend): the connection is gone, whatever the code.
+		return len(pgErr.Code) == 5 && pgErr.Code[:2] == "08" || // connection_exception
+			pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC" || pgErr.SeverityUnlocalized == "FATAL"
 	}
 	var netErr net.Error
 	return errors.As(err, &netErr) ||

@@ -40,6 +40,7 @@ func TestClassifyHandlerError(t *testing.T) {
 		{"deadlock", pg("40P01"), classInfra, ""},
 		{"admin shutdown", pg("57P01"), classInfra, ""},
 		{"connection failure", pg("08006"), classInfra, ""},
+		{"session ended (idle-in-transaction timeout)", fmt.Errorf("exec: %w", &pgconn.PgError{Code: "25P03", Severity: "FATAL"}), classInfra, ""},
 		{"eof", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), classInfra, ""},
 		{"aborted tx", ErrTxAborted, classTransient, deadletter.ClassRetriesExhausted},
 		{"timeout", fmt.Errorf("%w: 30s", ErrHandlerTimeout), classTransient, deadletter.ClassRetriesExhausted},

@@ -116,9 +116,14 @@ type Config struct {
 	// GroupID is the Kafka consumer group. Defaults to Name.
 	GroupID string
 
-	// Handler applies each message inside the consumer's transaction.
-	// Required.
+	// Handler applies each message inside the consumer's transaction. Set
+	// either Handler or BatchHandler.
 	Handler Handler
+
+	// BatchHandler applies the new messages of a batch together, in one
+	// call per transaction, instead of Handler's one call per message: see
+	// BatchHandler. Set either Handler or BatchHandler.
+	BatchHandler BatchHandler
 
 	// MessageID derives each message's id (the dedupe key). Defaults to
 	// IDFromHeader(DefaultMessageIDHeader).
@@ -351,8 +356,11 @@ func (c *Config) validate() error {
 		}
 		seen[t] = true
 	}
-	if c.Handler == nil {
-		bad("Handler must be set: it applies each message, e.g. consumer.HandlerFunc(func(ctx, tx, msg) error { ... })")
+	switch {
+	case c.Handler == nil && c.BatchHandler == nil:
+		bad("Handler must be set: it applies each message, e.g. consumer.HandlerFunc(func(ctx, tx, msg) error { ... }) (or set BatchHandler to apply a batch per call)")
+	case c.Handler != nil && c.BatchHandler != nil:
+		bad("Handler and BatchHandler are both set; set one: Handler for a call per message, BatchHandler for a call per batch")
 	}
 	if c.MaxBatch < 1 || c.MaxBatch > MaxMaxBatch {
 		bad("MaxBatch must be between 1 and %d (got %d)", MaxMaxBatch, c.MaxBatch)

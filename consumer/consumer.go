@@ -26,6 +26,11 @@ import (
 // it. It must be safe for concurrent use: every assigned partition has a
 // worker that begins its own transactions, so size the pool for at least one
 // connection per partition this process may own, plus your own use.
+//
+// A DB that also lends whole connections, as *pgxpool.Pool does with
+// Acquire, gets batches in two round trips: BEGIN is sent with the claim
+// and COMMIT with the closing statements. With Begin alone, each of them
+// is a round trip of its own.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }

@@ -182,9 +182,13 @@ func TestZombieMemberCannotCommitOffsets(t *testing.T) {
 	// Kafka while the connection lives), or its connection, dead while it
 	// was frozen, fails it first (what Apache Kafka 4.1 does here). The
 	// checker then proves no offset moved back and nothing applied twice.
+	// Or the zombie was frozen mid-transaction, which the server ended at
+	// its idle timeout: it had nothing durable to commit offsets for, and
+	// its retry met the revocation first.
 	fenced := strings.Contains(res.out, "generation has ended")
 	failed := strings.Contains(res.out, "kafka offset commit failed")
-	require.True(t, fenced || failed, "the zombie's offset commit was rejected:\n%s", tail(res.out, 3000))
+	killed := strings.Contains(res.out, "idle-in-transaction timeout")
+	require.True(t, fenced || failed || killed, "the zombie's offset commit was rejected:\n%s", tail(res.out, 3000))
 	e.check(expectation{ids: ids})
 }
 

@@ -41,3 +41,72 @@ type HandlerFunc func(ctx context.Context, tx pgx.Tx, msg *Message) error
 func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, msg *Message) error {
 	return f(ctx, tx, msg)
 }
+
+// A BatchHandler applies the effects of many messages at once: set a
+// Config's BatchHandler instead of its Handler when a statement per batch
+// (INSERT … SELECT FROM unnest(…), an aggregated UPDATE) beats a statement
+// per message. The rules of Handler hold for the Batch's Tx and messages.
+//
+// HandleBatch gets the messages of a fetched batch that this transaction
+// claimed, in offset order: messages already applied (duplicates) are not
+// in it. When it returns nil, the consumer commits the claims, the effects
+// and the new position together, as for a Handler.
+//
+// When it returns an error (or a queued statement fails) for a batch of
+// more than one message, the consumer cannot tell which message failed: it
+// rolls the transaction back and runs the same messages again one per
+// call, each in a savepoint, so that the failing message is retried or
+// dead-lettered on its own and its neighbours are applied once. A
+// BatchHandler must therefore give the same result for messages handled
+// together or one at a time. Redrive calls it with one message.
+//
+// HandlerTimeout bounds each call, however many messages it has.
+type BatchHandler interface {
+	HandleBatch(ctx context.Context, b *Batch) error
+}
+
+// BatchHandlerFunc adapts a function to the BatchHandler interface.
+type BatchHandlerFunc func(ctx context.Context, b *Batch) error
+
+// HandleBatch calls f(ctx, b).
+func (f BatchHandlerFunc) HandleBatch(ctx context.Context, b *Batch) error { return f(ctx, b) }
+
+// A Batch is what a BatchHandler applies.
+type Batch struct {
+	// Tx is the consumer's transaction, as a Handler gets it.
+	Tx pgx.Tx
+	// Messages are the newly claimed messages, in offset order.
+	Messages []*Message
+
+	queued pgx.Batch
+	nQueue int
+	index  []int // Messages[k] is the transaction's item index[k]
+}
+
+// Queue adds a statement to run in the transaction after HandleBatch
+// returns. Queued statements are sent in one round trip together with the
+// consumer's own closing statements and the COMMIT, so a batch whose effects
+// are all queued costs two round trips to Postgres in all: one to claim,
+// one to apply and commit. Use it for writes whose results the handler does
+// not need; use Tx for anything it must read. A queued statement that fails
+// fails the batch, as an error returned by HandleBatch does.
+func (b *Batch) Queue(sql string, args ...any) {
+	b.queued.Queue(sql, args...)
+	b.nQueue++
+}
+
+// runQueued runs the queued statements in tx now (one message's call, in
+// its savepoint).
+func (b *Batch) runQueued(ctx context.Context, tx pgx.Tx) error {
+	if b.nQueue == 0 {
+		return nil
+	}
+	return tx.SendBatch(ctx, &b.queued).Close()
+}
+
+// reset empties b for reuse.
+func (b *Batch) reset(tx pgx.Tx) {
+	b.Tx, b.Messages = tx, b.Messages[:0]
+	b.queued.QueuedQueries = b.queued.QueuedQueries[:0]
+	b.nQueue = 0
+}

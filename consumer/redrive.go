@@ -192,5 +192,23 @@ func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, msg *Message) (er
 			err = fmt.Errorf("%w: %v\n%s", ErrHandlerPanicked, r, stack())
 		}
 	}()
+	if c.cfg.BatchHandler != nil {
+		b := &Batch{Tx: tx, Messages: []*Message{msg}}
+		if err := c.cfg.BatchHandler.HandleBatch(ctx, b); err != nil {
+			return err
+		}
+		return b.runQueued(ctx, tx)
+	}
 	return c.cfg.Handler.Handle(ctx, tx, msg)
+}
+
+// callBatchHandler runs the BatchHandler over b, turning a panic into an
+// error as callHandler does. b's queued statements are left to the caller.
+func (c *Consumer) callBatchHandler(ctx context.Context, b *Batch) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v\n%s", ErrHandlerPanicked, r, stack())
+		}
+	}()
+	return c.cfg.BatchHandler.HandleBatch(ctx, b)
 }

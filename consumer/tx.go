@@ -69,6 +69,9 @@ type txOutcome struct {
 	// lost is set when the stored position turned out to be behind what
 	// this worker committed: the database lost transactions.
 	lost *positionLostError
+	// isolate is set when a BatchHandler call over several messages failed:
+	// the transaction runs again with one message per call.
+	isolate bool
 }
 
 func infra(err error) txOutcome {
@@ -107,7 +110,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 	if abandoned {
 		// The abandoned goroutine still owns the scratch space and the batch
 		// buffer; give the worker new ones.
-		w.batch, w.items = batchState{}, nil
+		w.batch, w.items, w.batchCall = batchState{}, nil, Batch{}
 	}
 	if len(w.c.hooks.end) > 0 {
 		r := BatchResult{Duration: time.Since(began), Err: out.err}
@@ -188,29 +191,27 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 	}
 	st.claimedBy = resize(st.claimedBy, len(st.claims))
 
-	tx, err := w.c.db.Begin(ctx)
-	if err != nil {
-		return infra(fmt.Errorf("begin: %w", err))
-	}
-	run.conn.Store(tx.Conn().PgConn().Conn())
-	committed := false
-	defer func() {
-		if !committed {
-			// Rollback on a broken connection fails too; pgx then closes the
-			// connection and the pool replaces it.
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
-
+	// One round trip: BEGIN, the session settings, the stored position
+	// (locked until COMMIT, so nothing moves it under this transaction) and
+	// the claims.
 	b := &pgx.Batch{}
 	if w.c.sessionSQL != "" {
 		b.Queue(w.c.sessionSQL, w.c.sessionArgs...)
 	}
+	var prev *int64
+	w.c.offsets.QueueLock(b, w.c.cfg.Name, w.topic, w.partition, &prev)
 	if len(st.claims) > 0 {
 		w.c.claims.QueueClaim(b, w.c.cfg.Name, w.topic, w.partition, st.claims, st.claimedBy)
 	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return infra(fmt.Errorf("claim: %w", err))
+	bt, err := w.c.beginWith(ctx, b)
+	if err != nil {
+		return infra(fmt.Errorf("begin and claim: %w", err))
+	}
+	defer bt.rollback(ctx)
+	tx := bt.tx
+	run.conn.Store(bt.netConn())
+	if lost := w.positionLost(prev); lost != nil {
+		return txOutcome{failedAt: -1, err: lost, fail: newFailure(classInfra, "", lost), lost: lost}
 	}
 	for j, i := range st.claimItem {
 		st.claimed[i] = st.claimedBy[j]
@@ -227,6 +228,14 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 	}
 
 	gtx := txguard.Wrap(tx)
+	batched := w.c.cfg.BatchHandler != nil
+	var batch *Batch
+	if batched {
+		var res txOutcome
+		if batch, res = w.handleBatch(hctx, ctx, gtx, items, p, st, run); res.err != nil {
+			return res
+		}
+	}
 	cut := -1
 	var dlIDs []string
 	var dlAttempts []int32
@@ -235,7 +244,7 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 	// releases the last.
 	savepointOpen := false
 	for i := range items {
-		if st.fates[i] != fateApplied {
+		if st.fates[i] != fateApplied || batched && i < p.savepointFrom {
 			continue
 		}
 		inSavepoint := i >= p.savepointFrom
@@ -302,6 +311,15 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 	}
 
 	b = &pgx.Batch{}
+	// The BatchHandler's queued statements go first, each counting itself
+	// done, so that a failure among them is told from one of ours.
+	userDone := 0
+	if batch != nil {
+		for _, q := range batch.queued.QueuedQueries {
+			q.Exec(func(pgconn.CommandTag) error { userDone++; return nil })
+			b.QueuedQueries = append(b.QueuedQueries, q)
+		}
+	}
 	if len(dlIDs) > 0 {
 		w.c.claims.QueueSetStatus(b, w.c.cfg.Name, dlIDs, dlAttempts, dedupe.StatusDeadLettered)
 	}
@@ -340,18 +358,17 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 	if p.clearAttempts {
 		w.c.attempts.QueueClear(b, w.c.cfg.Name, w.topic, w.partition, items[0].msg.Offset, items[end-1].msg.Offset)
 	}
-	var prev *int64
-	w.c.offsets.QueueAdvanceChecked(b, w.c.cfg.Name, w.topic, w.partition, items[end-1].msg.Offset+1, &prev)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return infra(fmt.Errorf("record position: %w", err))
-	}
-	if lost := w.positionLost(prev); lost != nil {
-		return txOutcome{failedAt: -1, err: lost, fail: newFailure(classInfra, "", lost), lost: lost}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		committed = true // nothing left to roll back: the connection is gone or the server ended the transaction
+	w.c.offsets.QueueAdvance(b, w.c.cfg.Name, w.topic, w.partition, items[end-1].msg.Offset+1)
+	// One round trip: the queued effects, the closing statements, COMMIT.
+	if err := bt.commitWith(ctx, b); err != nil {
+		var before *beforeCommitError
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
+		switch {
+		case errors.As(err, &before) && batch != nil && userDone < batch.nQueue:
+			return w.batchFailed(batch, items, before.err)
+		case errors.As(err, &before):
+			return infra(fmt.Errorf("record position: %w", before.err))
+		case errors.As(err, &pgErr):
 			// The server answered: the transaction did not commit.
 			return infra(fmt.Errorf("commit: %w", err))
 		}
@@ -363,12 +380,80 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 			slog.Int64("offset", items[0].msg.Offset), slog.String("error", err.Error()))...)
 		return infra(fmt.Errorf("commit outcome unknown: %w", err))
 	}
-	committed = true
 	out.committed = end
 	if cut >= 0 {
 		out.failedAt, out.err = cut, out.fail.err
 	}
 	return out
+}
+
+// handleBatch calls the BatchHandler once with every newly claimed message
+// before p.savepointFrom (those after it are handled one per call, in
+// savepoints, by the loop in tx). It returns the Batch, whose queued
+// statements the caller sends with its closing statements.
+func (w *worker) handleBatch(hctx, ctx context.Context, gtx *txguard.Tx, items []item, p *plan, st *batchState, run *txRun) (*Batch, txOutcome) {
+	b := &w.batchCall
+	b.reset(gtx)
+	b.index = b.index[:0]
+	for i := range items[:p.savepointFrom] {
+		if st.fates[i] == fateApplied {
+			b.Messages = append(b.Messages, &items[i].msg)
+			b.index = append(b.index, i)
+		}
+	}
+	if len(b.Messages) == 0 {
+		return nil, txOutcome{failedAt: -1}
+	}
+	run.current.Store(int32(b.index[0]))
+	began := time.Now()
+	run.handlerSince.Store(began.UnixNano())
+	err := w.c.callBatchHandler(hctx, b)
+	run.handlerSince.Store(0)
+	if len(w.c.hooks.handler) > 0 {
+		// Each message of the call is reported with an equal share of its
+		// duration.
+		share := time.Since(began) / time.Duration(len(b.Messages))
+		for _, m := range b.Messages {
+			for _, h := range w.c.hooks.handler {
+				h.OnHandlerEnd(ctx, m, share, err)
+			}
+		}
+	}
+	switch {
+	case run.timedOut.Load():
+		err = fmt.Errorf("%w (%v)", ErrHandlerTimeout, w.c.cfg.HandlerTimeout)
+	case err == nil && gtx.Misused():
+		err = ErrTxControlledByConsumer
+	case err == nil && gtx.Conn().PgConn().TxStatus() == 'E':
+		err = ErrTxAborted
+	}
+	if err != nil {
+		return nil, w.batchFailed(b, items, err)
+	}
+	return b, txOutcome{failedAt: -1}
+}
+
+// batchFailed is the outcome of a BatchHandler call (or of its queued
+// statements) that failed. With one message the failure is that message's;
+// with more, the transaction is run again with one message per call.
+func (w *worker) batchFailed(b *Batch, items []item, err error) txOutcome {
+	if len(b.Messages) == 1 {
+		i := b.index[0]
+		merr := &MessageError{Topic: w.topic, Partition: w.partition, Offset: items[i].msg.Offset, MessageID: items[i].msg.ID, Err: err}
+		f := classifyHandlerError(err)
+		f.err = merr
+		if f.class == classInfra {
+			return infra(merr)
+		}
+		return txOutcome{failedAt: i, err: merr, fail: f}
+	}
+	f := classifyHandlerError(err)
+	if f.class == classInfra {
+		return infra(err)
+	}
+	first, last := items[b.index[0]].msg.Offset, items[b.index[len(b.index)-1]].msg.Offset
+	return txOutcome{failedAt: -1, isolate: true,
+		err: fmt.Errorf("batch handler failed for the %d messages at offsets %d to %d; handling them one at a time: %w", len(b.Messages), first, last, err)}
 }
 
 // resolveUnclaimed sorts the messages whose claim found an existing row into

@@ -57,6 +57,8 @@ type worker struct {
 	raw   []kafka.Message
 	items []item
 	batch batchState
+	// batchCall is the Batch passed to a BatchHandler, reused.
+	batchCall Batch
 }
 
 // run processes the partition until stop is done. A partition that cannot

@@ -24,9 +24,9 @@ type Position struct {
 
 // Store reads and writes consumer_offsets in one schema.
 type Store struct {
-	table             string
-	advanceSQL        string
-	advanceCheckedSQL string
+	table      string
+	advanceSQL string
+	lockSQL    string
 }
 
 // NewStore returns a Store for the tables in schemaName.
@@ -44,17 +44,7 @@ func NewStore(schemaName string) (*Store, error) {
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
 WHERE o.next_offset < EXCLUDED.next_offset`,
-		// The same, returning the position as it was before: the caller
-		// compares it with where it believes the position is. Data-modifying
-		// CTEs always run to completion, whether the query reads them or not.
-		advanceCheckedSQL: `WITH prev AS (
-	SELECT next_offset FROM ` + t + ` WHERE consumer = $1 AND topic = $2 AND partition = $3 FOR UPDATE
-), advanced AS (
-	INSERT INTO ` + t + ` AS o (consumer, topic, partition, next_offset) VALUES ($1, $2, $3, $4)
-	ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
-	WHERE o.next_offset < EXCLUDED.next_offset
-)
-SELECT (SELECT next_offset FROM prev)`,
+		lockSQL: `SELECT next_offset FROM ` + t + ` WHERE consumer = $1 AND topic = $2 AND partition = $3 FOR UPDATE`,
 	}, nil
 }
 
@@ -67,11 +57,23 @@ func (s *Store) QueueAdvance(b *pgx.Batch, consumer, topic string, partition int
 	b.Queue(s.advanceSQL, consumer, topic, partition, next)
 }
 
-// QueueAdvanceChecked is QueueAdvance that also reports, when b's results
-// are read, the position before the advance (prev nil when there was none).
-func (s *Store) QueueAdvanceChecked(b *pgx.Batch, consumer, topic string, partition int, next int64, prev **int64) {
-	b.Queue(s.advanceCheckedSQL, consumer, topic, partition, next).QueryRow(func(row pgx.Row) error {
-		return row.Scan(prev)
+// QueueLock adds to b the statement that reads a partition's position and
+// locks its row until the transaction ends; when b's results are read, next
+// is set to the position (nil when there is none yet). A transaction that
+// starts this way can compare the position with what it expects before it
+// commits anything, knowing that nothing moves the position meanwhile.
+func (s *Store) QueueLock(b *pgx.Batch, consumer, topic string, partition int, next **int64) {
+	b.Queue(s.lockSQL, consumer, topic, partition).QueryRow(func(row pgx.Row) error {
+		var v int64
+		switch err := row.Scan(&v); {
+		case errors.Is(err, pgx.ErrNoRows):
+			*next = nil
+		case err != nil:
+			return err
+		default:
+			*next = &v
+		}
+		return nil
 	})
 }
 

@@ -13,7 +13,7 @@ import (
 // maximum, for 15 seconds.
 func latencyRuns(ctx context.Context, e *env, results []result, o options) ([]result, error) {
 	var out []result
-	for _, name := range []string{"raw", "optimum", "kafkaonce"} {
+	for _, name := range []string{"raw", "optimum", "kafkaonce", "kafkaonce-batch"} {
 		max := median(pick(results, name, base))
 		if max == 0 {
 			continue

@@ -10,7 +10,8 @@
 // or one per partition), optimum (a hand-written batched loop: one round
 // trip per batch that claims and applies, asynchronous offset commits) and
 // kafkaonce (a consumer.Handler, one call per message) and kafkaonce-batch
-// (a consumer.BatchHandler, one call per batch), all with the same effect.
+// (a consumer.BatchHandler queueing the optimum's set-based statement), all
+// with the same effect.
 //
 // Each round produces a fresh topic per cell and runs every mode on it, in
 // an order that rotates between rounds; tables report the median of the
@@ -32,6 +33,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -55,6 +57,7 @@ var allModes = []mode{
 	{"naive-pp", runNaivePerPartition, true, true},
 	{"optimum", runOptimum, true, false},
 	{"kafkaonce", runKafkaonce, true, false},
+	{"kafkaonce-batch", runKafkaonceBatch, true, false},
 }
 
 type options struct {
@@ -67,6 +70,9 @@ type options struct {
 	markdown   string
 	chartPath  string
 	only       string
+	modes      string
+	cpuProfile string
+	memProfile string
 	verbose    bool
 }
 
@@ -86,6 +92,9 @@ func main() {
 	fs.StringVar(&o.markdown, "markdown", "", "write BENCHMARKS.md here (full set; empty: not written)")
 	fs.StringVar(&o.chartPath, "chart", "", "write the throughput chart (SVG) here (default next to -markdown)")
 	fs.StringVar(&o.only, "only", "", "run only the cells whose description contains this")
+	fs.StringVar(&o.modes, "modes", "", "run only these modes, comma-separated (e.g. optimum,kafkaonce-batch)")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run here")
+	fs.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile of the whole run here")
 	fs.BoolVar(&o.verbose, "v", false, "log the consumers' own messages")
 	apply := devenv.RegisterFlags(fs)
 	fs.Usage = func() {
@@ -139,8 +148,8 @@ type planned struct {
 }
 
 func buildPlan(o options) []planned {
-	all := []string{"raw", "naive-1", "naive-pp", "optimum", "kafkaonce"}
-	fast := []string{"raw", "optimum", "kafkaonce"}
+	all := []string{"raw", "naive-1", "naive-pp", "optimum", "kafkaonce", "kafkaonce-batch"}
+	fast := []string{"raw", "optimum", "kafkaonce", "kafkaonce-batch"}
 	with := func(f func(*cell)) cell { c := base; f(&c); return c }
 	if o.quick {
 		return []planned{
@@ -160,7 +169,7 @@ func buildPlan(o options) []planned {
 		{c: with(func(c *cell) { c.Size = 1024 }), modes: fast, group: "axes"},
 	}
 	for _, b := range []int{1, 10, 100} {
-		p = append(p, planned{c: with(func(c *cell) { c.MaxBatch = b }), modes: []string{"optimum", "kafkaonce"}, group: "batch size"})
+		p = append(p, planned{c: with(func(c *cell) { c.MaxBatch = b }), modes: []string{"optimum", "kafkaonce", "kafkaonce-batch"}, group: "batch size"})
 	}
 	return p
 }
@@ -169,6 +178,23 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 	plan := buildPlan(o)
 	if o.only != "" {
 		plan = slices.DeleteFunc(plan, func(p planned) bool { return !strings.Contains(p.c.String(), o.only) })
+	}
+	if o.modes != "" {
+		keep := strings.Split(o.modes, ",")
+		for i := range plan {
+			plan[i].modes = slices.DeleteFunc(slices.Clone(plan[i].modes), func(m string) bool { return !slices.Contains(keep, m) })
+		}
+	}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	needPrefill := slices.ContainsFunc(plan, func(p planned) bool { return p.c.Prefilled })
 	e, err := startEnv(ctx, log, os.Getenv("KAFKA_BROKERS"), os.Getenv("DATABASE_URL"), 40)
@@ -233,6 +259,16 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 			return err
 		}
 		results = append(results, mem...)
+	}
+	if o.memProfile != "" {
+		f, err := os.Create(o.memProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+			return err
+		}
 	}
 	rep := newReport(results, e, o)
 	rep.printTable(os.Stdout)

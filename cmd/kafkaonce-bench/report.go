@@ -153,6 +153,7 @@ func (rep *report) table(emit func([]string)) {
 // kafkaonce/optimum ratio over every cell run.
 type summary struct {
 	VsOptimum           float64            `json:"vs_optimum"`
+	VsOptimumHandler    float64            `json:"vs_optimum_per_message_handler"`
 	VsOptimumWorst      float64            `json:"vs_optimum_worst_cell"`
 	VsNaive             float64            `json:"vs_naive"`
 	VsNaivePerPartition float64            `json:"vs_naive_per_partition"`
@@ -177,12 +178,13 @@ func (rep *report) summary() summary {
 		}
 		return round2(x.MsgsPerSec / y.MsgsPerSec)
 	}
-	s.VsOptimum = ratio("kafkaonce", "optimum", base)
+	s.VsOptimum = ratio("kafkaonce-batch", "optimum", base)
+	s.VsOptimumHandler = ratio("kafkaonce", "optimum", base)
 	s.VsNaive = ratio("kafkaonce", "naive-1", base)
 	s.VsNaivePerPartition = ratio("kafkaonce", "naive-pp", base)
 	s.VsOptimumWorst = math.Inf(1)
 	for _, c := range rep.cells() {
-		if r := ratio("kafkaonce", "optimum", c); r > 0 {
+		if r := ratio("kafkaonce-batch", "optimum", c); r > 0 {
 			s.VsOptimumByCell[c.String()] = r
 			s.VsOptimumWorst = min(s.VsOptimumWorst, r)
 		}
@@ -195,19 +197,19 @@ func (rep *report) summary() summary {
 	if k, ok := rep.find("kafkaonce", noop); ok {
 		s.MsgsPerSec = math.Round(k.MsgsPerSec)
 	}
-	if k, ok := rep.find("kafkaonce", base); ok {
+	if k, ok := rep.find("kafkaonce-batch", base); ok {
 		s.MsgsPerSecUpdate = math.Round(k.MsgsPerSec)
 		s.RoundTripsPerBatch = round2(k.RoundTripsPerBatch)
 		s.CommitsPerBatch = round2(k.OffsetCommitsPerBatch)
 	}
 	pre := base
 	pre.Prefilled = true
-	if a, ok := rep.find("kafkaonce", pre); ok {
-		if b, ok := rep.find("kafkaonce", base); ok && b.MsgsPerSec > 0 {
+	if a, ok := rep.find("kafkaonce-batch", pre); ok {
+		if b, ok := rep.find("kafkaonce-batch", base); ok && b.MsgsPerSec > 0 {
 			s.PrefilledVsEmpty = round2(a.MsgsPerSec / b.MsgsPerSec)
 		}
 	}
-	if l, ok := rep.find("kafkaonce@50%", base); ok {
+	if l, ok := rep.find("kafkaonce-batch@50%", base); ok {
 		s.P50ms, s.P99ms = round2(l.P50ms), round2(l.P99ms)
 	}
 	var m1, m10 float64

@@ -160,6 +160,10 @@ func (p *Proxy) copyDelayed(dst, src net.Conn) {
 		if n > 0 {
 			p.delay()
 			if _, werr := dst.Write(buf[:n]); werr != nil {
+				// The client is gone. Keep reading, as the kernel of a
+				// vanished client would keep accepting: whether the other
+				// side stays open is decided by whoever closes src.
+				_, _ = io.Copy(io.Discard, src)
 				return
 			}
 		}
@@ -189,28 +193,51 @@ func (p *Proxy) clientToServer(client, server net.Conn) (keepServer bool) {
 		}
 	}
 	pendingCommit := false
+	// Prepared statements that are a COMMIT, by name: a client that caches
+	// statements (pgx does) parses COMMIT once and later only binds it.
+	commitStatements := map[string]bool{}
 	for {
 		msg, err := readTyped(client)
 		if err != nil {
 			return false
 		}
 		typ, body := msg[0], msg[5:]
-		fires := false
+		fires, commitAhead := false, false
 		switch typ {
 		case 'Q':
 			fires = isCommit(body)
 		case 'P':
 			// Parse: statement name, then query text.
 			if i := bytes.IndexByte(body, 0); i >= 0 && isCommit(body[i+1:]) {
-				pendingCommit = true
+				if name := string(body[:i]); name != "" {
+					commitStatements[name] = true
+				}
+				pendingCommit, commitAhead = true, true
+			}
+		case 'B':
+			// Bind: portal name, then statement name.
+			if i := bytes.IndexByte(body, 0); i >= 0 {
+				rest := body[i+1:]
+				if j := bytes.IndexByte(rest, 0); j >= 0 && commitStatements[string(rest[:j])] {
+					pendingCommit, commitAhead = true, true
+				}
 			}
 		case 'S':
 			fires, pendingCommit = pendingCommit, false
 		}
-		if fires && p.swallowCommits.Add(-1) >= 0 {
+		// A swallowed COMMIT never reaches the server: in a pipeline it is
+		// held back from its Parse or Bind on, so the server runs what came
+		// before it and keeps the transaction open.
+		if (fires || commitAhead) && p.swallowCommits.Add(-1) >= 0 {
 			p.swallowed.Add(1)
+			if commitAhead {
+				// End the pipeline without the COMMIT, so that the server
+				// settles idle in the open transaction (where its idle
+				// timeout applies) instead of waiting mid-pipeline.
+				_, _ = server.Write([]byte{'S', 0, 0, 0, 4})
+			}
 			return true
-		} else if fires {
+		} else if fires || commitAhead {
 			p.swallowCommits.Add(1)
 		}
 		p.delay()

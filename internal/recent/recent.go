@@ -26,7 +26,8 @@ type Sighting struct {
 // Window is the memory of one partition. It is not safe for concurrent use.
 type Window struct {
 	span time.Duration
-	ring []slot
+	max  int
+	ring []slot // grows to max, then wraps
 	next int
 	byFP map[dedupe.Fingerprint]int32
 }
@@ -37,9 +38,11 @@ type slot struct {
 	used bool
 }
 
-// New returns a window of at most max sightings no older than span.
+// New returns a window of at most max sightings no older than span. It
+// grows as sightings arrive: a consumer assigned many quiet partitions does
+// not pay max for each of them up front.
 func New(max int, span time.Duration) *Window {
-	return &Window{span: span, ring: make([]slot, max), byFP: make(map[dedupe.Fingerprint]int32, max)}
+	return &Window{span: span, max: max, byFP: map[dedupe.Fingerprint]int32{}}
 }
 
 // Observe records a sighting of fp under id, and returns the previous
@@ -58,6 +61,9 @@ func (w *Window) Observe(fp dedupe.Fingerprint, id string, offset int64, now tim
 			return prev, suspect
 		}
 	}
+	if len(w.ring) < w.max && w.next == len(w.ring) {
+		w.ring = append(w.ring, slot{})
+	}
 	s := &w.ring[w.next]
 	if s.used {
 		if i, ok := w.byFP[s.fp]; ok && int(i) == w.next {
@@ -66,6 +72,6 @@ func (w *Window) Observe(fp dedupe.Fingerprint, id string, offset int64, now tim
 	}
 	*s = slot{fp: fp, seen: Sighting{MessageID: id, Offset: offset, At: now}, used: true}
 	w.byFP[fp] = int32(w.next)
-	w.next = (w.next + 1) % len(w.ring)
+	w.next = (w.next + 1) % w.max
 	return prev, suspect
 }

@@ -1,0 +1,181 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+)
+
+// batchEffects is a BatchHandler that records every message as one effect
+// row, with a single queued statement per call, and remembers what it was
+// called with.
+type batchEffects struct {
+	e *env
+	// before runs first; a non-nil error is returned as the call's.
+	before func(msgs []*consumer.Message) error
+	// extra, when set, queues one more statement per call.
+	extra func(b *consumer.Batch)
+
+	mu      sync.Mutex
+	calls   int
+	largest int
+	seenIDs map[string]int
+}
+
+func (h *batchEffects) HandleBatch(ctx context.Context, b *consumer.Batch) error {
+	h.mu.Lock()
+	h.calls++
+	h.largest = max(h.largest, len(b.Messages))
+	if h.seenIDs == nil {
+		h.seenIDs = map[string]int{}
+	}
+	for _, m := range b.Messages {
+		h.seenIDs[m.ID]++
+	}
+	h.mu.Unlock()
+	if h.before != nil {
+		if err := h.before(b.Messages); err != nil {
+			return err
+		}
+	}
+	ids := make([]string, len(b.Messages))
+	parts := make([]int32, len(b.Messages))
+	offs := make([]int64, len(b.Messages))
+	values := make([]string, len(b.Messages))
+	for i, m := range b.Messages {
+		ids[i], parts[i], offs[i], values[i] = m.ID, int32(m.Partition), m.Offset, string(m.Value)
+	}
+	b.Queue(`INSERT INTO `+h.e.db.Table("effects")+` (message_id, topic, partition, kafka_offset, value)
+SELECT id, $1, p, o, v FROM unnest($2::text[], $3::int[], $4::bigint[], $5::text[]) AS u(id, p, o, v)`,
+		h.e.topic, ids, parts, offs, values)
+	if h.extra != nil {
+		h.extra(b)
+	}
+	return nil
+}
+
+func batchConfig(e *env, h consumer.BatchHandler) *consumer.Config {
+	cfg := e.config(nil)
+	cfg.Handler, cfg.BatchHandler = nil, h
+	return cfg
+}
+
+func TestBatchHandlerAppliesEachMessageOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 2)
+	ids := e.produceIDs("b", 300)
+	// Producer re-sends: the same ids and content again, later in the log.
+	var again []kafka.Message
+	for i := 0; i < 300; i += 10 {
+		again = append(again, msg(i%2, ids[i], "v-"+ids[i]))
+	}
+	e.kafka.Produce(t, e.topic, again...)
+
+	h := &batchEffects{e: e}
+	r := e.start(batchConfig(e, h))
+	e.waitCommitted(map[int]int64{0: 180, 1: 150}, 30*time.Second) // the re-sends all went to partition 0
+	r.stop()
+
+	e.requireExactlyOnce(ids)
+	e.check(expectation{ids: ids})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	require.Greater(t, h.largest, 1, "messages were handled in batches")
+	for id, n := range h.seenIDs {
+		require.Equalf(t, 1, n, "message %s was passed to the handler once (duplicates are not)", id)
+	}
+	require.Equal(t, 330-30, e.events.snapshot().applied)
+	skipped := e.events.snapshot().skipped
+	require.Equal(t, 30, skipped[consumer.SkipAlreadyClaimed]+skipped[consumer.SkipDuplicateInBatch])
+}
+
+func TestBatchHandlerFailureIsIsolated(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	var msgs []kafka.Message
+	var ids, poison []string
+	for i := range 200 {
+		id := "g-" + strconv.Itoa(i)
+		switch {
+		case i%50 == 7:
+			id = "p-" + strconv.Itoa(i) // the handler refuses it
+			poison = append(poison, id)
+		case i%50 == 33:
+			id = "q-" + strconv.Itoa(i) // its queued statement fails
+			poison = append(poison, id)
+		}
+		ids = append(ids, id)
+		msgs = append(msgs, msg(0, id, "v-"+id))
+	}
+	// One message fails transiently twice, then passes.
+	const flaky = "g-120"
+	var flakyMu sync.Mutex
+	flakyLeft := 2
+	h := &batchEffects{e: e}
+	h.before = func(ms []*consumer.Message) error {
+		for _, m := range ms {
+			if strings.HasPrefix(m.ID, "p-") {
+				return consumer.Permanent(errors.New("refused " + m.ID))
+			}
+			if m.ID == flaky {
+				flakyMu.Lock()
+				defer flakyMu.Unlock()
+				if flakyLeft > 0 {
+					flakyLeft--
+					return errors.New("provider busy")
+				}
+			}
+		}
+		return nil
+	}
+	h.extra = func(b *consumer.Batch) {
+		for _, m := range b.Messages {
+			if strings.HasPrefix(m.ID, "q-") {
+				b.Queue(`SELECT 1 / 0`) // SQLSTATE 22012: fails the same way every time
+			}
+		}
+	}
+	e.kafka.Produce(t, e.topic, msgs...)
+	cfg := batchConfig(e, h)
+	cfg.MaxAttempts = 5
+	r := e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 200}, 60*time.Second)
+	r.stop()
+
+	e.check(expectation{ids: ids, poison: poison})
+	var good []string
+	for _, id := range ids {
+		if !strings.HasPrefix(id, "p-") && !strings.HasPrefix(id, "q-") {
+			good = append(good, id)
+		}
+	}
+	e.requireExactlyOnce(good)
+	require.Zero(t, flakyLeft, "the flaky message was retried until it passed")
+	require.EqualValues(t, 4, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("dead_letters")+` WHERE message_id LIKE 'p-%' AND error_class = 'permanent'`))
+	require.EqualValues(t, 4, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("dead_letters")+` WHERE message_id LIKE 'q-%' AND error_class = 'data'`))
+}
+
+func TestConfigHandlerAndBatchHandler(t *testing.T) {
+	base := func() *consumer.Config {
+		return &consumer.Config{Name: "n", Brokers: []string{"localhost:9092"}, Topics: []string{"t"}}
+	}
+	cfg := base()
+	cfg.Handler = consumer.HandlerFunc(nil)
+	cfg.BatchHandler = consumer.BatchHandlerFunc(nil)
+	_, err := consumer.New(unusedPool(t), cfg)
+	require.ErrorContains(t, err, "Handler and BatchHandler are both set")
+
+	cfg = base()
+	cfg.BatchHandler = consumer.BatchHandlerFunc(func(context.Context, *consumer.Batch) error { return nil })
+	_, err = consumer.New(unusedPool(t), cfg)
+	require.NoError(t, err)
+}

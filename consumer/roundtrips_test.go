@@ -1,0 +1,124 @@
+package consumer_test
+
+import (
+	"context"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+)
+
+// roundTrips counts round trips to Postgres on the wire: a burst of writes
+// followed by a read is one, however many statements it carries.
+type roundTrips struct{ n atomic.Int64 }
+
+func (r *roundTrips) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &countingConn{Conn: c, n: &r.n}, nil
+}
+
+type countingConn struct {
+	net.Conn
+	n       *atomic.Int64
+	writing atomic.Bool
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	if !c.writing.Swap(true) {
+		c.n.Add(1)
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	c.writing.Store(false)
+	return c.Conn.Read(p)
+}
+
+// perBatch records the round trips between each batch's start and end.
+type perBatch struct {
+	rt     *roundTrips
+	mu     sync.Mutex
+	start  int64
+	counts []int64
+}
+
+func (p *perBatch) OnBatchStart(context.Context, consumer.BatchInfo) { p.start = p.rt.n.Load() }
+
+func (p *perBatch) OnBatchEnd(_ context.Context, _ consumer.BatchInfo, r consumer.BatchResult) {
+	if r.Err == nil {
+		p.mu.Lock()
+		p.counts = append(p.counts, p.rt.n.Load()-p.start)
+		p.mu.Unlock()
+	}
+}
+
+func (p *perBatch) median() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := slices.Clone(p.counts)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// beginOnly is a DB with Begin alone: it cannot lend connections.
+type beginOnly struct{ pool *pgxpool.Pool }
+
+func (b beginOnly) Begin(ctx context.Context) (pgx.Tx, error) { return b.pool.Begin(ctx) }
+
+// A batch costs two round trips: BEGIN, position and claims in one; the
+// effects a BatchHandler queued, the position and COMMIT in the other. A
+// Handler's own statements add theirs (here one INSERT per message, 50 per
+// batch). With a DB that only has Begin, BEGIN and COMMIT cost one each.
+func TestRoundTripsPerBatch(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name  string
+		batch bool
+		lend  bool
+		want  int64
+	}{
+		{"handler, pool", false, true, 2 + 50},
+		{"batch handler with a queued statement, pool", true, true, 2},
+		{"handler, Begin-only DB", false, false, 4 + 50},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, 1)
+			rt := &roundTrips{}
+			pool := e.db.PoolVia(t, e.db.ServerAddr(t), func(cfg *pgxpool.Config) { cfg.ConnConfig.DialFunc = rt.dial })
+			ids := e.produceIDs("rt", 1000)
+			var cfg *consumer.Config
+			if c.batch {
+				cfg = batchConfig(e, &batchEffects{e: e})
+			} else {
+				cfg = e.config(e.applyHandler())
+			}
+			cfg.MaxBatch = 50
+			counts := &perBatch{rt: rt}
+			cfg.Hooks = append(cfg.Hooks, counts)
+			var db consumer.DB = pool
+			if !c.lend {
+				db = beginOnly{pool}
+			}
+			r := e.start(cfg, db)
+			e.waitCommitted(map[int]int64{0: 1000}, 30*time.Second)
+			r.stop()
+			require.Equal(t, c.want, counts.median(), "round trips per batch: %v", counts.counts)
+			e.requireExactlyOnce(ids)
+			e.check(expectation{ids: ids})
+		})
+	}
+}

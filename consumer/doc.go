@@ -27,6 +27,12 @@
 // back and have it retried. It must not commit, keep the transaction or the
 // message, or cause effects outside Postgres directly (see Handler).
 //
+// A BatchHandler gets the newly claimed messages of a whole batch in one
+// call instead, for effects that one statement can apply to many messages;
+// statements it queues with Batch.Queue travel with the COMMIT, so a batch
+// costs two round trips to Postgres. ForEachKey runs slow per-message work
+// of a batch for many keys at a time, each key's messages in order.
+//
 // # Message ids
 //
 // Deduplication is by message id, derived with Config.MessageID: a header

@@ -77,3 +77,49 @@ func ExampleIDFromPosition() {
 	fmt.Println(id)
 	// Output: orders/2/1041
 }
+
+// The ledger worker with a BatchHandler: one statement per batch, queued to
+// travel with the COMMIT, so a batch costs two round trips to Postgres.
+// Both legs of every transfer become rows of one unnest; the UPDATE sums
+// them per account, so two transfers touching one account in a batch add up.
+func ExampleBatchHandler() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	c, err := consumer.New(pool, &consumer.Config{
+		Name:      "ledger",
+		Brokers:   []string{"localhost:9092"},
+		Topics:    []string{"transfers"},
+		MessageID: consumer.IDFromJSONField("id"),
+		BatchHandler: consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
+			accounts := make([]string, 0, 2*len(b.Messages))
+			amounts := make([]int64, 0, 2*len(b.Messages))
+			for _, m := range b.Messages {
+				var t Transfer
+				if err := json.Unmarshal(m.Value, &t); err != nil {
+					// Permanent: when the batch is run again one message per
+					// call, this message is dead-lettered and the others
+					// applied.
+					return consumer.Permanent(err)
+				}
+				accounts = append(accounts, t.From, t.To)
+				amounts = append(amounts, -t.Amount, t.Amount)
+			}
+			b.Queue(`UPDATE app.accounts AS a SET balance = a.balance + d.amount
+FROM (SELECT id, sum(amount) AS amount FROM unnest($1::text[], $2::bigint[]) AS u(id, amount) GROUP BY id) AS d
+WHERE a.id = d.id`, accounts, amounts)
+			return nil
+		}),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}

@@ -35,13 +35,13 @@ func (rep *report) writeChart(path string) error {
 		}
 		fmt.Fprintf(&sb, `<text x="%.0f" y="%d" text-anchor="middle" transform="rotate(-90 %.0f %d)">messages/s (log)</text>`+"\n", x0-44, h/2, x0-44, h/2)
 	}
-	colors := map[string]string{"raw": "#999999", "naive-1": "#d62728", "naive-pp": "#ff7f0e", "optimum": "#1f77b4", "kafkaonce": "#2ca02c", "kafkaonce-batch": "#17becf"}
+	colors := map[string]string{"raw": "#999999", "naive-1": "#d62728", "naive-pp": "#ff7f0e", "optimum": "#1f77b4", "kafkaonce": "#2ca02c", "kafkaonce-batch": "#17becf", "kafkaonce-keys": "#9467bd"}
 
 	// Panel 1: by mode and effect.
 	x0, x1 := float64(pad+20), float64(w/2-10)
 	axis(x0, x1, "Throughput by mode (12 partitions, UUIDv7, batch 1000)")
 	effects := []effect{effectNoop, effectUpdate, effectWait}
-	modes := []string{"raw", "naive-1", "naive-pp", "optimum", "kafkaonce", "kafkaonce-batch"}
+	modes := []string{"raw", "naive-1", "naive-pp", "optimum", "kafkaonce", "kafkaonce-batch", "kafkaonce-keys"}
 	groupW := (x1 - x0) / float64(len(effects))
 	barW := groupW / float64(len(modes)+1)
 	for gi, ef := range effects {

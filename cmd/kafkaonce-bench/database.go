@@ -103,8 +103,26 @@ SELECT 'prefill', ` + id + `, sha256(n::text::bytea), 'prefill', 0, n FROM gener
 			log.Info("prefilling", "table", t.table, "rows", to+1, "of", rows, "elapsed", time.Since(began).Round(time.Second))
 		}
 	}
-	_, err := db.Exec(ctx, `VACUUM ANALYZE `+prefilledSchema+`.processed_messages; VACUUM ANALYZE `+hand)
-	return err
+	// One statement each: VACUUM cannot run in the implicit transaction of
+	// a multi-statement query.
+	for _, t := range []string{prefilledSchema + ".processed_messages", hand} {
+		if _, err := db.Exec(ctx, `VACUUM ANALYZE `+t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// settle puts Postgres in the same state before every run: the dead row
+// versions the previous run left in accounts vacuumed, and its dirty pages
+// written out, so that no run pays for its predecessor's clean-up.
+func settle(ctx context.Context, db *pgxpool.Pool) error {
+	for _, sql := range []string{`VACUUM ` + benchSchema + `.accounts`, `CHECKPOINT`} {
+		if _, err := db.Exec(ctx, sql); err != nil {
+			return fmt.Errorf("%s: %w", sql, err)
+		}
+	}
+	return nil
 }
 
 // balanceSum is the sum of all balances, to check that a run applied each

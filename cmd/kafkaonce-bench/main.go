@@ -11,7 +11,9 @@
 // trip per batch that claims and applies, asynchronous offset commits) and
 // kafkaonce (a consumer.Handler, one call per message) and kafkaonce-batch
 // (a consumer.BatchHandler queueing the optimum's set-based statement), all
-// with the same effect.
+// with the same effect; for the slow (2 ms) effect also kafkaonce-keys, a
+// BatchHandler running the waits of up to 32 keys at a time with
+// consumer.ForEachKey.
 //
 // Each round produces a fresh topic per cell and runs every mode on it, in
 // an order that rotates between rounds; tables report the median of the
@@ -30,6 +32,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"os/signal"
 	"runtime"
@@ -58,6 +61,7 @@ var allModes = []mode{
 	{"optimum", runOptimum, true, false},
 	{"kafkaonce", runKafkaonce, true, false},
 	{"kafkaonce-batch", runKafkaonceBatch, true, false},
+	{"kafkaonce-keys", runKafkaonceKeys, true, false},
 }
 
 type options struct {
@@ -73,6 +77,9 @@ type options struct {
 	modes      string
 	cpuProfile string
 	memProfile string
+	from       string
+	latency    bool
+	memory     bool
 	verbose    bool
 }
 
@@ -95,6 +102,9 @@ func main() {
 	fs.StringVar(&o.modes, "modes", "", "run only these modes, comma-separated (e.g. optimum,kafkaonce-batch)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run here")
 	fs.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile of the whole run here")
+	fs.StringVar(&o.from, "from", "", "rebuild the table, chart and BENCHMARKS.md from a saved -json file instead of running")
+	fs.BoolVar(&o.latency, "latency", true, "measure end-to-end latency at half of each mode's maximum (full set)")
+	fs.BoolVar(&o.memory, "memory", true, "measure peak RSS draining 1M and 10M message backlogs (full set)")
 	fs.BoolVar(&o.verbose, "v", false, "log the consumers' own messages")
 	apply := devenv.RegisterFlags(fs)
 	fs.Usage = func() {
@@ -108,6 +118,10 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	run := run
+	if o.from != "" {
+		run = rebuild
+	}
 	if err := run(ctx, log, o); err != nil {
 		fmt.Fprintln(os.Stderr, "kafkaonce-bench:", err)
 		os.Exit(1)
@@ -159,17 +173,19 @@ func buildPlan(o options) []planned {
 	}
 	p := []planned{
 		{c: base, modes: all, group: "axes"},
-		{c: with(func(c *cell) { c.Partitions = 1 }), modes: all, group: "axes"},
+		{c: with(func(c *cell) { c.Partitions = 1 }), modes: all, msgs: 50_000, group: "axes"},
 		{c: with(func(c *cell) { c.Prefilled = true }), modes: fast, group: "axes"},
 		{c: with(func(c *cell) { c.IDs = idUUIDv4 }), modes: fast, group: "axes"},
 		{c: with(func(c *cell) { c.IDs = idPosition }), modes: fast, group: "axes"},
 		{c: with(func(c *cell) { c.Dups = 0.10 }), modes: fast, group: "axes"},
 		{c: with(func(c *cell) { c.Effect = effectNoop }), modes: all, group: "axes"},
-		{c: with(func(c *cell) { c.Effect = effectWait }), modes: fast, msgs: 20_000, group: "axes"},
+		{c: with(func(c *cell) { c.Effect = effectWait }), modes: append(fast, "kafkaonce-keys"), msgs: 20_000, group: "axes"},
+		// Per-key concurrency against one partition's sequential rate.
+		{c: with(func(c *cell) { c.Effect, c.Partitions = effectWait, 1 }), modes: []string{"optimum", "kafkaonce", "kafkaonce-batch", "kafkaonce-keys"}, msgs: 5_000, group: "axes"},
 		{c: with(func(c *cell) { c.Size = 1024 }), modes: fast, group: "axes"},
 	}
 	for _, b := range []int{1, 10, 100} {
-		p = append(p, planned{c: with(func(c *cell) { c.MaxBatch = b }), modes: []string{"optimum", "kafkaonce", "kafkaonce-batch"}, group: "batch size"})
+		p = append(p, planned{c: with(func(c *cell) { c.MaxBatch = b }), modes: []string{"optimum", "kafkaonce", "kafkaonce-batch"}, msgs: min(5000*b, 200_000), group: "batch size"})
 	}
 	return p
 }
@@ -228,11 +244,12 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 			if err != nil {
 				return err
 			}
-			// Rotate the order of modes between rounds, so that no mode always
-			// runs first (on a cold cache) or last.
+			// A new random order of modes every round (seeded, so a run can be
+			// repeated): no mode always runs first, on a cold cache, or right
+			// after the same neighbour, whose dead tuples autovacuum is
+			// cleaning up meanwhile.
 			order := slices.Clone(p.modes)
-			k := (round - 1) % len(order)
-			order = append(order[k:], order[:k]...)
+			rand.New(rand.NewPCG(uint64(round), uint64(ci))).Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 			for _, name := range order {
 				m := modeNamed(name)
 				r, err := runOne(ctx, e, m, p.c, b, round, o)
@@ -248,12 +265,14 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 			}
 		}
 	}
-	if !o.quick {
+	if !o.quick && o.latency {
 		lat, err := latencyRuns(ctx, e, results, o)
 		if err != nil {
 			return err
 		}
 		results = append(results, lat...)
+	}
+	if !o.quick && o.memory {
 		mem, err := memoryRuns(ctx, e, o)
 		if err != nil {
 			return err
@@ -270,7 +289,35 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 			return err
 		}
 	}
-	rep := newReport(results, e, o)
+	return output(newReport(results, e, o), o)
+}
+
+// rebuild makes the outputs of a saved run again (after a change to the
+// report, say) without running anything.
+func rebuild(_ context.Context, _ *slog.Logger, o options) error {
+	b, err := os.ReadFile(o.from)
+	if err != nil {
+		return err
+	}
+	var saved struct {
+		When    time.Time `json:"when"`
+		Machine string    `json:"machine"`
+		Runs    []result  `json:"runs"`
+	}
+	if err := json.Unmarshal(b, &saved); err != nil {
+		return fmt.Errorf("%s: %w", o.from, err)
+	}
+	rep := newReport(saved.Runs, nil, o)
+	rep.when, rep.machineDesc = saved.When, saved.Machine
+	if o.jsonPath == o.from {
+		o.jsonPath = "" // do not overwrite the input
+	}
+	return output(rep, o)
+}
+
+// output prints the table and writes what the options ask for; the last
+// line of stdout is the summary.
+func output(rep *report, o options) error {
 	rep.printTable(os.Stdout)
 	if o.jsonPath != "" {
 		if err := rep.writeJSON(o.jsonPath); err != nil {
@@ -304,6 +351,9 @@ func modeNamed(name string) mode {
 // runOne runs one mode over a backlog and checks what it did.
 func runOne(ctx context.Context, e *env, m mode, c cell, b backlog, round int, o options) (result, error) {
 	r := result{Mode: m.name, Cell: c, Round: round}
+	if err := settle(ctx, e.db); err != nil {
+		return r, err
+	}
 	before, err := balanceSum(ctx, e.db)
 	if err != nil {
 		return r, err

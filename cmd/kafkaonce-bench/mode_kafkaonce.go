@@ -42,6 +42,19 @@ func runKafkaonceBatch(ctx context.Context, e *env, c cell, b backlog, rec *reco
 	return runConsumer(ctx, e, c, b, rec, "kafkaonce-batch", func(cfg *consumer.Config) { cfg.BatchHandler = h })
 }
 
+// runKafkaonceKeys is runKafkaonceBatch with the slow part of the effect
+// (the 2 ms wait) run for up to 32 keys at a time by consumer.ForEachKey:
+// per-key concurrency inside a partition.
+func runKafkaonceKeys(ctx context.Context, e *env, c cell, b backlog, rec *recorder) error {
+	h := consumer.BatchHandlerFunc(func(ctx context.Context, bt *consumer.Batch) error {
+		return consumer.ForEachKey(ctx, bt.Messages, 32, func(context.Context, int, *consumer.Message) error {
+			time.Sleep(2 * time.Millisecond)
+			return nil
+		})
+	})
+	return runConsumer(ctx, e, c, b, rec, "kafkaonce-keys", func(cfg *consumer.Config) { cfg.BatchHandler = h })
+}
+
 func runConsumer(ctx context.Context, e *env, c cell, b backlog, rec *recorder, mode string, handler func(*consumer.Config)) error {
 	schema, err := kafkaonceSchema(ctx, e.db, c.Prefilled)
 	if err != nil {
@@ -99,9 +112,6 @@ func (k *kafkaonceHooks) OnBatchEnd(_ context.Context, _ consumer.BatchInfo, r c
 }
 
 func (k *kafkaonceHooks) OnMessageApplied(_ context.Context, m *consumer.Message) {
-	if !k.rec.latency {
-		return
-	}
 	if sent, ok := sentAt(m.Headers); ok {
 		k.rec.observe(sent, time.Now())
 	}

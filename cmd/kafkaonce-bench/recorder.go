@@ -47,11 +47,10 @@ func (r *recorder) start(t time.Time) { r.first.CompareAndSwap(0, t.UnixNano()) 
 func (r *recorder) batch() { r.batches.Add(1) }
 
 func (r *recorder) observe(sent, now time.Time) {
-	if !r.latency {
-		return
-	}
 	r.mu.Lock()
-	r.latencies = append(r.latencies, now.Sub(sent))
+	if r.latency {
+		r.latencies = append(r.latencies, now.Sub(sent))
+	}
 	r.mu.Unlock()
 }
 

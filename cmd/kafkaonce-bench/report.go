@@ -21,6 +21,9 @@ type report struct {
 	env     *env
 	o       options
 	when    time.Time
+	// machineDesc replaces the description of this machine when the report
+	// is rebuilt from a saved run (-from).
+	machineDesc string
 }
 
 // row is the median over rounds of one mode on one cell.
@@ -152,20 +155,28 @@ func (rep *report) table(emit func([]string)) {
 // UPDATE per message, 12 partitions) unless named otherwise, and the worst
 // kafkaonce/optimum ratio over every cell run.
 type summary struct {
-	VsOptimum           float64            `json:"vs_optimum"`
-	VsOptimumHandler    float64            `json:"vs_optimum_per_message_handler"`
-	VsOptimumWorst      float64            `json:"vs_optimum_worst_cell"`
-	VsNaive             float64            `json:"vs_naive"`
-	VsNaivePerPartition float64            `json:"vs_naive_per_partition"`
-	MsgsPerSec          float64            `json:"msgs_per_sec"`
-	MsgsPerSecUpdate    float64            `json:"msgs_per_sec_update"`
-	RoundTripsPerBatch  float64            `json:"db_round_trips_per_batch"`
-	CommitsPerBatch     float64            `json:"offset_commits_per_batch"`
-	PrefilledVsEmpty    float64            `json:"prefilled_vs_empty,omitempty"`
-	P50ms               float64            `json:"p50_ms,omitempty"`
-	P99ms               float64            `json:"p99_ms,omitempty"`
-	PeakRSS10MVs1M      float64            `json:"peak_rss_10m_vs_1m,omitempty"`
-	VsOptimumByCell     map[string]float64 `json:"vs_optimum_by_cell"`
+	VsOptimum           float64 `json:"vs_optimum"`
+	VsOptimumHandler    float64 `json:"vs_optimum_per_message_handler"`
+	VsOptimumWorst      float64 `json:"vs_optimum_worst_cell"`
+	VsNaive             float64 `json:"vs_naive"`
+	VsNaivePerPartition float64 `json:"vs_naive_per_partition"`
+	MsgsPerSec          float64 `json:"msgs_per_sec"`
+	MsgsPerSecUpdate    float64 `json:"msgs_per_sec_update"`
+	RoundTripsPerBatch  float64 `json:"db_round_trips_per_batch"`
+	CommitsPerBatch     float64 `json:"offset_commits_per_batch"`
+	PrefilledVsEmpty    float64 `json:"prefilled_vs_empty,omitempty"`
+	P50ms               float64 `json:"p50_ms,omitempty"`
+	P99ms               float64 `json:"p99_ms,omitempty"`
+	PeakRSS10MVs1M      float64 `json:"peak_rss_10m_vs_1m,omitempty"`
+	PerKeySpeedup       float64 `json:"per_key_speedup,omitempty"`
+	// Beyond raw kafka-go fetching, kafkaonce on the no-op cell: the
+	// framework's own cost, without a handler's.
+	AllocsPerMsg float64 `json:"allocs_per_msg_beyond_raw"`
+	BytesPerMsg  float64 `json:"bytes_per_msg_beyond_raw"`
+	// The optimum's latency at half its own maximum, for comparison.
+	OptimumP50ms    float64            `json:"optimum_p50_ms,omitempty"`
+	OptimumP99ms    float64            `json:"optimum_p99_ms,omitempty"`
+	VsOptimumByCell map[string]float64 `json:"vs_optimum_by_cell"`
 }
 
 func (rep *report) summary() summary {
@@ -212,6 +223,18 @@ func (rep *report) summary() summary {
 	if l, ok := rep.find("kafkaonce-batch@50%", base); ok {
 		s.P50ms, s.P99ms = round2(l.P50ms), round2(l.P99ms)
 	}
+	if l, ok := rep.find("optimum@50%", base); ok {
+		s.OptimumP50ms, s.OptimumP99ms = round2(l.P50ms), round2(l.P99ms)
+	}
+	if k, ok := rep.find("kafkaonce", noop); ok {
+		if raw, ok := rep.find("raw", noop); ok {
+			s.AllocsPerMsg = round2(k.AllocsPerMsg - raw.AllocsPerMsg)
+			s.BytesPerMsg = math.Round(k.BytesPerMsg - raw.BytesPerMsg)
+		}
+	}
+	slow := base
+	slow.Effect, slow.Partitions = effectWait, 1
+	s.PerKeySpeedup = ratio("kafkaonce-keys", "kafkaonce", slow)
 	var m1, m10 float64
 	for _, r := range rep.rows {
 		switch r.Mode {
@@ -245,6 +268,9 @@ func (rep *report) writeJSON(path string) error {
 
 // machine describes where the numbers come from.
 func (rep *report) machine() string {
+	if rep.machineDesc != "" {
+		return rep.machineDesc
+	}
 	cpu := "unknown CPU"
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {

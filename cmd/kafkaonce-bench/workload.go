@@ -145,7 +145,10 @@ func produce(ctx context.Context, brokers []string, topic string, c cell, n int,
 	for i := 0; i < n; i++ {
 		m := g.next()
 		m.Headers = append(m.Headers[:len(m.Headers):len(m.Headers)], kafka.Header{Key: sentHeader, Value: stamp(time.Now())})
-		if c.IDs != idPosition {
+		// Without re-sends every id is new (UUIDs); the set is only kept
+		// when there are duplicates to count, so that a 10M backlog does not
+		// leave a 10M-entry map behind in the consumer's process.
+		if c.IDs != idPosition && c.Dups > 0 {
 			ids[string(m.Headers[0].Value)] = struct{}{}
 		}
 		buf = append(buf, m)
@@ -157,7 +160,7 @@ func produce(ctx context.Context, brokers []string, topic string, c cell, n int,
 		}
 	}
 	b := backlog{topic: topic, total: n, unique: len(ids)}
-	if c.IDs == idPosition {
+	if c.IDs == idPosition || c.Dups == 0 {
 		b.unique = n
 	}
 	return b, nil

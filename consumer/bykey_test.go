@@ -1,0 +1,73 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+)
+
+func keyedMessages(n, keys int) []*consumer.Message {
+	msgs := make([]*consumer.Message, n)
+	for i := range msgs {
+		msgs[i] = &consumer.Message{Topic: "t", Partition: 0, Offset: int64(i), Key: []byte("k" + strconv.Itoa(i%keys))}
+	}
+	return msgs
+}
+
+func TestForEachKeyKeepsEachKeyInOrderAndRunsKeysInParallel(t *testing.T) {
+	msgs := keyedMessages(400, 20)
+	var (
+		mu      sync.Mutex
+		seen    = map[string][]int64{}
+		running atomic.Int32
+		peak    atomic.Int32
+	)
+	err := consumer.ForEachKey(context.Background(), msgs, 8, func(_ context.Context, i int, m *consumer.Message) error {
+		if msgs[i] != m {
+			t.Errorf("fn got message %d with index %d", m.Offset, i)
+		}
+		n := running.Add(1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		time.Sleep(time.Millisecond)
+		running.Add(-1)
+		mu.Lock()
+		seen[string(m.Key)] = append(seen[string(m.Key)], m.Offset)
+		mu.Unlock()
+		return nil
+	})
+	require.NoError(t, err)
+	require.Len(t, seen, 20)
+	for k, offs := range seen {
+		require.Len(t, offs, 20, "key %s", k)
+		for j := 1; j < len(offs); j++ {
+			require.Less(t, offs[j-1], offs[j], "key %s handled in offset order", k)
+		}
+	}
+	require.Greater(t, peak.Load(), int32(1), "keys ran in parallel")
+	require.LessOrEqual(t, peak.Load(), int32(8), "at most the concurrency asked for")
+}
+
+func TestForEachKeyStopsAtTheFirstError(t *testing.T) {
+	msgs := keyedMessages(100, 1) // one key: strictly sequential
+	boom := consumer.Permanent(errors.New("bad quote"))
+	var calls atomic.Int32
+	err := consumer.ForEachKey(context.Background(), msgs, 4, func(_ context.Context, i int, _ *consumer.Message) error {
+		calls.Add(1)
+		if i == 10 {
+			return boom
+		}
+		return nil
+	})
+	require.ErrorIs(t, err, boom, "the error keeps its class (Permanent)")
+	require.ErrorContains(t, err, "t/0/10")
+	require.EqualValues(t, 11, calls.Load(), "nothing after the failure was called")
+}

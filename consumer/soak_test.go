@@ -173,8 +173,23 @@ func soak(t *testing.T, seed uint64, n int) {
 			return false
 		}
 	}
+	// Faults wait while nothing progresses: a member restart triggers a
+	// rebalance, and restarts (or cut broker connections) arriving faster
+	// than the group can finish rebalancing keep it from ever forming a
+	// generation, with any broker (the in-process one is slower to settle
+	// than Kafka). The invariants are checked all the same; only liveness
+	// needs the pause.
+	var lastEffects int64
+	lastProgress := time.Now()
 	for !done() && time.Now().Before(limit) {
 		time.Sleep(time.Duration(300+rng.IntN(600)) * time.Millisecond)
+		if n := e.effectsOr0(); n > lastEffects {
+			lastEffects, lastProgress = n, time.Now()
+		}
+		if time.Since(lastProgress) > 3*time.Second {
+			faults["paused: no progress"]++
+			continue
+		}
 		switch f := rng.IntN(8); f {
 		case 0:
 			i := rng.IntN(len(members))

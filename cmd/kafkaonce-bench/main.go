@@ -92,7 +92,7 @@ func main() {
 	fs := flag.NewFlagSet("kafkaonce-bench", flag.ExitOnError)
 	fs.BoolVar(&o.quick, "quick", false, "the quick set: two cells, two rounds, under 2 minutes")
 	fs.IntVar(&o.rounds, "rounds", 0, "rounds of interleaved runs (default 2 quick, 3 full)")
-	fs.IntVar(&o.messages, "messages", 0, "backlog per cell and round (default 50,000 quick, 200,000 full)")
+	fs.IntVar(&o.messages, "messages", 0, "backlog per cell and round (default 120,000 quick, 200,000 full)")
 	fs.DurationVar(&o.slowBudget, "slow-budget", 0, "how long the per-message loops run per cell (default 5s quick, 10s full)")
 	fs.IntVar(&o.prefill, "prefill", 10_000_000, "rows in the pre-filled processed_messages table (full set)")
 	fs.StringVar(&o.jsonPath, "json", "bench-results/results.json", "where to write every run as JSON (empty: nowhere)")
@@ -138,7 +138,7 @@ func (o *options) defaults() {
 		}
 	}
 	pick(&o.rounds, 2, 3)
-	pick(&o.messages, 50_000, 200_000)
+	pick(&o.messages, 120_000, 200_000)
 	if o.slowBudget == 0 {
 		o.slowBudget = 10 * time.Second
 		if o.quick {

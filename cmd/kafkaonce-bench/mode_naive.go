@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
-
-	"github.com/kafkaonce/kafkaonce/internal/kafkafetch"
 )
 
 // The naive loop is what people write by hand: for every message, begin,
@@ -59,52 +56,14 @@ func runNaivePerPartition(ctx context.Context, e *env, c cell, b backlog, rec *r
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	client := e.kafkaClient()
 	group := b.topic + "-naivepp"
-	var wg sync.WaitGroup
-	errs := make(chan error, c.Partitions)
-	for p := 0; p < c.Partitions; p++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f, err := kafkafetch.Open(kafkafetch.Config{Brokers: e.brokers, Dialer: e.kafkaDialer, Topic: b.topic, Partition: p,
-				Start: kafka.FirstOffset, MaxBatch: 1, MaxBytes: 1 << 20})
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer f.Close()
-			var buf []kafka.Message
-			for {
-				if buf, err = f.Next(ctx, buf); err == nil {
-					err = naiveApply(ctx, e, c, table, b.topic+"/naive-pp", &buf[0])
-				}
-				if err == nil {
-					err = commitOffsets(ctx, client, group, b.topic, map[int]int64{p: buf[0].Offset + 1})
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-				now := time.Now()
-				rec.batch()
-				if sent, ok := sentAt(buf[0].Headers); ok {
-					rec.observe(sent, now)
-				}
-				rec.add(1, now)
-			}
-		}()
-	}
-	select {
-	case <-rec.doneCh:
-	case err = <-errs:
-	case <-ctx.Done():
-	}
-	cancel()
-	wg.Wait()
-	return ignoreEnd(ctx, err)
+	return eachPartition(ctx, e, c, b, rec, 1, func(ctx context.Context, p int, batch []kafka.Message) error {
+		if err := naiveApply(ctx, e, c, table, b.topic+"/naive-pp", &batch[0]); err != nil {
+			return err
+		}
+		return commitOffsets(ctx, client, group, b.topic, map[int]int64{p: batch[0].Offset + 1})
+	})
 }
 
 // naiveApply is one message's transaction.

@@ -8,8 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
-
-	"github.com/kafkaonce/kafkaonce/internal/kafkafetch"
 )
 
 // runOptimum is the best loop we know how to write by hand for this job,
@@ -36,73 +34,44 @@ WHERE a.id = d.id`
 	com := newAsyncCommitter(e.kafkaClient(), b.topic+"-optimum", b.topic)
 	go com.run(ctx)
 
-	var wg sync.WaitGroup
-	errs := make(chan error, c.Partitions)
-	for p := 0; p < c.Partitions; p++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f, err := kafkafetch.Open(kafkafetch.Config{Brokers: e.brokers, Dialer: e.kafkaDialer, Topic: b.topic, Partition: p,
-				Start: kafka.FirstOffset, MaxBatch: c.MaxBatch, Linger: 5 * time.Millisecond, MaxBytes: 1 << 20})
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer f.Close()
-			var (
-				buf  []kafka.Message
-				ids  []string
-				accs []int32
-				seen = map[string]struct{}{}
-			)
-			for {
-				if buf, err = f.Next(ctx, buf); err != nil {
-					errs <- err
-					return
-				}
-				rec.batch()
-				ids, accs = ids[:0], accs[:0]
-				clear(seen)
-				for i := range buf {
-					id := messageID(c.IDs, &buf[i])
-					if _, dup := seen[id]; dup {
-						continue
-					}
-					seen[id] = struct{}{}
-					ids = append(ids, id)
-					accs = append(accs, accountOf(buf[i].Key))
-				}
-				switch c.Effect {
-				case effectNoop:
-					_, err = e.db.Exec(ctx, claimSQL, name, ids)
-				case effectUpdate:
-					_, err = e.db.Exec(ctx, claimUpdateSQL, name, ids, accs)
-				case effectWait:
-					err = claimAndWait(ctx, e, claimSQL, name, ids)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-				now := time.Now()
-				for i := range buf {
-					if sent, ok := sentAt(buf[i].Headers); ok {
-						rec.observe(sent, now)
-					}
-				}
-				com.mark(p, buf[len(buf)-1].Offset+1)
-				rec.add(len(buf), now)
-			}
-		}()
+	// Scratch space per partition, reused batch after batch.
+	type scratch struct {
+		ids  []string
+		accs []int32
+		seen map[string]struct{}
 	}
-	select {
-	case <-rec.doneCh:
-	case err = <-errs:
-	case <-ctx.Done():
-	}
-	cancel()
-	wg.Wait()
-	return ignoreEnd(ctx, err)
+	scratches := make([]scratch, c.Partitions)
+	return eachPartition(ctx, e, c, b, rec, c.MaxBatch, func(ctx context.Context, p int, batch []kafka.Message) error {
+		s := &scratches[p]
+		if s.seen == nil {
+			s.seen = map[string]struct{}{}
+		}
+		s.ids, s.accs = s.ids[:0], s.accs[:0]
+		clear(s.seen)
+		for i := range batch {
+			id := messageID(c.IDs, &batch[i])
+			if _, dup := s.seen[id]; dup {
+				continue
+			}
+			s.seen[id] = struct{}{}
+			s.ids = append(s.ids, id)
+			s.accs = append(s.accs, accountOf(batch[i].Key))
+		}
+		var err error
+		switch c.Effect {
+		case effectNoop:
+			_, err = e.db.Exec(ctx, claimSQL, name, s.ids)
+		case effectUpdate:
+			_, err = e.db.Exec(ctx, claimUpdateSQL, name, s.ids, s.accs)
+		case effectWait:
+			err = claimAndWait(ctx, e, claimSQL, name, s.ids)
+		}
+		if err != nil {
+			return err
+		}
+		com.mark(p, batch[len(batch)-1].Offset+1)
+		return nil
+	})
 }
 
 // claimAndWait is the optimum for a slow effect: BEGIN and the claim in one

@@ -9,8 +9,8 @@ import (
 )
 
 // latencyRuns measures end-to-end latency (producer clock to commit) with
-// the base cell's workload produced at half of each mode's measured
-// maximum, for 15 seconds. (Not raw: half of its maximum is more than one
+// the base cell's workload produced at a share (-latency-load, default
+// half) of each mode's measured maximum, for 15 seconds. (Not raw: half of its maximum is more than one
 // producer on this machine can send.)
 func latencyRuns(ctx context.Context, e *env, results []result, o options) ([]result, error) {
 	var out []result
@@ -19,8 +19,8 @@ func latencyRuns(ctx context.Context, e *env, results []result, o options) ([]re
 		if max == 0 {
 			continue
 		}
-		load := max / 2
-		r, err := latencyRun(ctx, e, modeNamed(name), base, load, 15*time.Second)
+		load := max * o.loadShare
+		r, err := latencyRun(ctx, e, modeNamed(name), base, load, o.loadShare, 15*time.Second)
 		if err != nil {
 			return nil, fmt.Errorf("latency of %s: %w", name, err)
 		}
@@ -30,7 +30,7 @@ func latencyRuns(ctx context.Context, e *env, results []result, o options) ([]re
 	return out, nil
 }
 
-func latencyRun(ctx context.Context, e *env, m mode, c cell, load float64, d time.Duration) (result, error) {
+func latencyRun(ctx context.Context, e *env, m mode, c cell, load, share float64, d time.Duration) (result, error) {
 	topic := fmt.Sprintf("bench-latency-%s-%d", m.name, time.Now().UnixNano())
 	if err := createTopic(ctx, e, topic, c.Partitions); err != nil {
 		return result{}, err
@@ -41,7 +41,7 @@ func latencyRun(ctx context.Context, e *env, m mode, c cell, load float64, d tim
 	warm := c.Partitions
 	b := backlog{topic: topic, total: warm + total, unique: warm + total}
 	rec := newRecorder(warm + total)
-	r := result{Mode: m.name + "@50%", Cell: c, LoadMsgsPerSec: load}
+	r := result{Mode: fmt.Sprintf("%s@%.0f%%", m.name, 100*share), Cell: c, LoadMsgsPerSec: load}
 	rctx, cancel := context.WithTimeout(ctx, d+2*time.Minute)
 	defer cancel()
 	snap := takeSnapshot(e)

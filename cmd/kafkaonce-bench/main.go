@@ -79,6 +79,7 @@ type options struct {
 	memProfile string
 	from       string
 	latency    bool
+	loadShare  float64
 	memory     bool
 	verbose    bool
 }
@@ -104,6 +105,7 @@ func main() {
 	fs.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile of the whole run here")
 	fs.StringVar(&o.from, "from", "", "rebuild the table, chart and BENCHMARKS.md from a saved -json file instead of running")
 	fs.BoolVar(&o.latency, "latency", true, "measure end-to-end latency at half of each mode's maximum (full set)")
+	fs.Float64Var(&o.loadShare, "latency-load", 0.5, "the share of each mode's maximum the latency runs produce at")
 	fs.BoolVar(&o.memory, "memory", true, "measure peak RSS draining 1M and 10M message backlogs (full set)")
 	fs.BoolVar(&o.verbose, "v", false, "log the consumers' own messages")
 	apply := devenv.RegisterFlags(fs)

@@ -266,20 +266,10 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 		for _, h := range w.c.hooks.handler {
 			h.OnHandlerEnd(ctx, &items[i].msg, time.Since(began), err)
 		}
-		switch {
-		case run.timedOut.Load():
-			err = fmt.Errorf("%w (%v)", ErrHandlerTimeout, w.c.cfg.HandlerTimeout)
-		case err == nil && gtx.Misused():
-			err = ErrTxControlledByConsumer
-		case err == nil && tx.Conn().PgConn().TxStatus() == 'E':
-			err = ErrTxAborted
-		}
-		if err == nil {
+		if err = w.handlerOutcome(err, run, gtx); err == nil {
 			continue
 		}
-		merr := &MessageError{Topic: w.topic, Partition: w.partition, Offset: items[i].msg.Offset, MessageID: items[i].msg.ID, Err: err}
-		f := classifyHandlerError(err)
-		f.err = merr
+		merr, f := w.messageFailure(&items[i].msg, err)
 		switch {
 		case f.class == classInfra:
 			// A deadlock or a lost connection inside the handler is not the
@@ -419,18 +409,33 @@ func (w *worker) handleBatch(hctx, ctx context.Context, gtx *txguard.Tx, items [
 			}
 		}
 	}
-	switch {
-	case run.timedOut.Load():
-		err = fmt.Errorf("%w (%v)", ErrHandlerTimeout, w.c.cfg.HandlerTimeout)
-	case err == nil && gtx.Misused():
-		err = ErrTxControlledByConsumer
-	case err == nil && gtx.Conn().PgConn().TxStatus() == 'E':
-		err = ErrTxAborted
-	}
-	if err != nil {
+	if err = w.handlerOutcome(err, run, gtx); err != nil {
 		return nil, w.batchFailed(b, items, err)
 	}
 	return b, txOutcome{failedAt: -1}
+}
+
+// handlerOutcome is what a handler call (of either kind) comes to: its
+// error, or one it hid — cut off by the watchdog, an attempt to end the
+// transaction, a swallowed SQL error that left the transaction aborted.
+func (w *worker) handlerOutcome(err error, run *txRun, gtx *txguard.Tx) error {
+	switch {
+	case run.timedOut.Load():
+		return fmt.Errorf("%w (%v)", ErrHandlerTimeout, w.c.cfg.HandlerTimeout)
+	case err == nil && gtx.Misused():
+		return ErrTxControlledByConsumer
+	case err == nil && gtx.Conn().PgConn().TxStatus() == 'E':
+		return ErrTxAborted
+	}
+	return err
+}
+
+// messageFailure names the message in err and classifies it.
+func (w *worker) messageFailure(msg *Message, err error) (*MessageError, *failure) {
+	merr := &MessageError{Topic: w.topic, Partition: w.partition, Offset: msg.Offset, MessageID: msg.ID, Err: err}
+	f := classifyHandlerError(err)
+	f.err = merr
+	return merr, f
 }
 
 // batchFailed is the outcome of a BatchHandler call (or of its queued
@@ -439,9 +444,7 @@ func (w *worker) handleBatch(hctx, ctx context.Context, gtx *txguard.Tx, items [
 func (w *worker) batchFailed(b *Batch, items []item, err error) txOutcome {
 	if len(b.Messages) == 1 {
 		i := b.index[0]
-		merr := &MessageError{Topic: w.topic, Partition: w.partition, Offset: items[i].msg.Offset, MessageID: items[i].msg.ID, Err: err}
-		f := classifyHandlerError(err)
-		f.err = merr
+		merr, f := w.messageFailure(&items[i].msg, err)
 		if f.class == classInfra {
 			return infra(merr)
 		}

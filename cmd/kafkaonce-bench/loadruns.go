@@ -15,7 +15,7 @@ import (
 func latencyRuns(ctx context.Context, e *env, results []result, o options) ([]result, error) {
 	var out []result
 	for _, name := range []string{"optimum", "kafkaonce", "kafkaonce-batch"} {
-		max := median(pick(results, name, base))
+		max := medianOf(pick(results, name, base))
 		if max == 0 {
 			continue
 		}

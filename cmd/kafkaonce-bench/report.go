@@ -314,5 +314,3 @@ func pick(results []result, mode string, c cell) []float64 {
 	}
 	return v
 }
-
-func median(v []float64) float64 { return medianOf(v) }

@@ -44,7 +44,7 @@ func latencyRun(ctx context.Context, e *env, m mode, c cell, load, share float64
 	r := result{Mode: fmt.Sprintf("%s@%.0f%%", m.name, 100*share), Cell: c, LoadMsgsPerSec: load}
 	rctx, cancel := context.WithTimeout(ctx, d+2*time.Minute)
 	defer cancel()
-	snap := takeSnapshot(e)
+	snap := takeSnapshot(e, rec)
 	errs := make(chan error, 1)
 	go func() { errs <- m.run(rctx, e, c, b, rec) }()
 	if _, err := produce(rctx, e.brokers, topic, c, warm, 1); err != nil {

@@ -258,8 +258,8 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 				if err != nil {
 					return fmt.Errorf("%s on %s: %w", name, p.c, err)
 				}
-				log.Info("run", "round", round, "cell", p.c.String(), "mode", name, "msgs/s", int(r.MsgsPerSec),
-					"rt/batch", fmt.Sprintf("%.2f", r.RoundTripsPerBatch), "check", r.Correct)
+				log.Info("run", "round", round, "cell", p.c.String(), "mode", name, "msgs/s", int(r.MsgsPerSec), "2nd half msgs/s", int(r.SteadyMsgsPerSec),
+					"rt/batch", fmt.Sprintf("%.2f", r.RoundTripsPerBatch), "2nd half rt/batch", fmt.Sprintf("%.2f", r.SteadyRoundTripsPerBatch), "check", r.Correct)
 				results = append(results, r)
 			}
 			if ctx.Err() != nil {
@@ -367,7 +367,7 @@ func runOne(ctx context.Context, e *env, m mode, c cell, b backlog, round int, o
 	}
 	rctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	snap := takeSnapshot(e)
+	snap := takeSnapshot(e, rec)
 	err = m.run(rctx, e, c, b, rec)
 	snap.finish(e, &r, rec)
 	if err != nil {

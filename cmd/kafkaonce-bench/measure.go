@@ -24,31 +24,53 @@ type result struct {
 	OffsetCommitsPerBatch float64 `json:"offset_commits_per_batch"`
 	AllocsPerMsg          float64 `json:"allocs_per_msg"`
 	BytesPerMsg           float64 `json:"bytes_per_msg"`
-	PeakRSSMiB            float64 `json:"peak_rss_mib"`
-	Correct               string  `json:"correct"` // how the run's effect was checked
+	// The same over the run's second half only: the steady state, without
+	// the one-time costs of starting (connections, prepared statements,
+	// per-partition buffers and windows filling up).
+	SteadyAllocsPerMsg       float64 `json:"steady_allocs_per_msg"`
+	SteadyBytesPerMsg        float64 `json:"steady_bytes_per_msg"`
+	SteadyRoundTripsPerBatch float64 `json:"steady_db_round_trips_per_batch"`
+	SteadyMsgsPerSec         float64 `json:"steady_msgs_per_sec"`
+	PeakRSSMiB               float64 `json:"peak_rss_mib"`
+	Correct                  string  `json:"correct"` // how the run's effect was checked
 	// Latency runs only.
 	LoadMsgsPerSec float64 `json:"load_msgs_per_sec,omitempty"`
 	P50ms          float64 `json:"p50_ms,omitempty"`
 	P99ms          float64 `json:"p99_ms,omitempty"`
 }
 
-// snapshot is the process-wide counters at the start of a run.
+// snapshot is the process-wide counters at the start of a run, and again
+// when half of its messages are done.
 type snapshot struct {
 	mallocs, bytes uint64
+	half           *counters
 }
 
-func takeSnapshot(e *env) snapshot {
+// counters is what the second half of a run is measured from.
+type counters struct {
+	mallocs, bytes, done, batches, roundTrips int64
+	at                                        time.Time
+}
+
+func takeSnapshot(e *env, rec *recorder) *snapshot {
 	runtime.GC()
 	debug.FreeOSMemory()
 	resetPeakRSS()
 	e.wire.reset()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return snapshot{mallocs: ms.Mallocs, bytes: ms.TotalAlloc}
+	s := &snapshot{mallocs: ms.Mallocs, bytes: ms.TotalAlloc}
+	rec.halfway = func() {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		s.half = &counters{mallocs: int64(ms.Mallocs), bytes: int64(ms.TotalAlloc), done: rec.done.Load(),
+			batches: rec.batches.Load(), roundTrips: e.wire.pgRoundTrips.Load(), at: time.Now()}
+	}
+	return s
 }
 
 // finish fills the per-message figures of r from what changed since s.
-func (s snapshot) finish(e *env, r *result, rec *recorder) {
+func (s *snapshot) finish(e *env, r *result, rec *recorder) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	n := float64(rec.done.Load())
@@ -67,6 +89,19 @@ func (s snapshot) finish(e *env, r *result, rec *recorder) {
 	if r.Batches > 0 {
 		r.RoundTripsPerBatch = float64(e.wire.pgRoundTrips.Load()) / float64(r.Batches)
 		r.OffsetCommitsPerBatch = float64(e.wire.offsetCommits.Load()) / float64(r.Batches)
+	}
+	rec.halfwayOnce.Do(func() {}) // a halfway still to come would race with the reads below
+	if h := s.half; h != nil {
+		if n := rec.done.Load() - h.done; n > 0 {
+			r.SteadyAllocsPerMsg = float64(int64(ms.Mallocs)-h.mallocs) / float64(n)
+			r.SteadyBytesPerMsg = float64(int64(ms.TotalAlloc)-h.bytes) / float64(n)
+		}
+		if d := time.Unix(0, rec.last.Load()).Sub(h.at).Seconds(); d > 0 {
+			r.SteadyMsgsPerSec = float64(rec.done.Load()-h.done) / d
+		}
+		if b := rec.batches.Load() - h.batches; b > 0 {
+			r.SteadyRoundTripsPerBatch = float64(e.wire.pgRoundTrips.Load()-h.roundTrips) / float64(b)
+		}
 	}
 	r.PeakRSSMiB = float64(peakRSS()) / (1 << 20)
 	if rec.latency {

@@ -22,6 +22,12 @@ type recorder struct {
 	mu        sync.Mutex
 	latencies []time.Duration // only when latency is set
 	latency   bool
+
+	// halfway, when set, runs once when half of want is done: the run's
+	// second half is its steady state, after connections, prepared
+	// statements and per-partition buffers exist.
+	halfway     func()
+	halfwayOnce sync.Once
 }
 
 func newRecorder(want int) *recorder {
@@ -35,7 +41,11 @@ func (r *recorder) add(n int, t time.Time) {
 	}
 	r.first.CompareAndSwap(0, t.UnixNano())
 	r.last.Store(t.UnixNano())
-	if r.done.Add(int64(n)) >= r.want {
+	done := r.done.Add(int64(n))
+	if r.halfway != nil && done >= r.want/2 {
+		r.halfwayOnce.Do(r.halfway)
+	}
+	if done >= r.want {
 		r.once.Do(func() { close(r.doneCh) })
 	}
 }

@@ -66,6 +66,10 @@ func newReport(results []result, e *env, o options) *report {
 		m.OffsetCommitsPerBatch = med(func(r result) float64 { return r.OffsetCommitsPerBatch })
 		m.AllocsPerMsg = med(func(r result) float64 { return r.AllocsPerMsg })
 		m.BytesPerMsg = med(func(r result) float64 { return r.BytesPerMsg })
+		m.SteadyAllocsPerMsg = med(func(r result) float64 { return r.SteadyAllocsPerMsg })
+		m.SteadyBytesPerMsg = med(func(r result) float64 { return r.SteadyBytesPerMsg })
+		m.SteadyRoundTripsPerBatch = med(func(r result) float64 { return r.SteadyRoundTripsPerBatch })
+		m.SteadyMsgsPerSec = med(func(r result) float64 { return r.SteadyMsgsPerSec })
 		m.PeakRSSMiB = med(func(r result) float64 { return r.PeakRSSMiB })
 		for _, r := range rs {
 			if r.Correct != m.Correct {
@@ -103,11 +107,13 @@ func (rep *report) printTable(w io.Writer) {
 	tw.Flush()
 }
 
-var tableHeader = []string{"cell", "mode", "msgs/s", "× optimum", "DB RT/batch", "DB RT/msg", "offset commits/batch", "allocs/msg", "bytes/msg", "peak RSS MiB", "p50 ms", "p99 ms", "effect check"}
+var tableHeader = []string{"cell", "mode", "msgs/s", "× optimum", "DB RT/batch", "DB RT/batch 2nd half", "DB RT/msg", "offset commits/batch",
+	"allocs/msg 2nd half", "bytes/msg 2nd half", "bytes/msg whole run", "peak RSS MiB", "p50 ms", "p99 ms", "effect check"}
 
 // table emits the header and one line per row: throughput rows by cell,
 // then latency and memory rows. Allocations and bytes are beyond raw
-// kafka-go fetching of the same cell.
+// kafka-go fetching of the same cell; "2nd half" columns count only the
+// second half of each run's messages (the steady state).
 func (rep *report) table(emit func([]string)) {
 	emit(tableHeader)
 	for _, c := range rep.cells() {
@@ -122,14 +128,16 @@ func (rep *report) table(emit func([]string)) {
 			if hasOpt && opt.MsgsPerSec > 0 {
 				ratio = fmt.Sprintf("%.2f", m.MsgsPerSec/opt.MsgsPerSec)
 			}
-			allocs, bytes := fmt.Sprintf("%.1f", m.AllocsPerMsg), fmt.Sprintf("%.0f", m.BytesPerMsg)
+			allocs, bytes, whole := fmt.Sprintf("%.1f", m.SteadyAllocsPerMsg), fmt.Sprintf("%.0f", m.SteadyBytesPerMsg), fmt.Sprintf("%.0f", m.BytesPerMsg)
 			if hasRaw && r.Mode != "raw" {
-				allocs = fmt.Sprintf("%+.1f", m.AllocsPerMsg-raw.AllocsPerMsg)
-				bytes = fmt.Sprintf("%+.0f", m.BytesPerMsg-raw.BytesPerMsg)
+				allocs = fmt.Sprintf("%+.1f", m.SteadyAllocsPerMsg-raw.SteadyAllocsPerMsg)
+				bytes = fmt.Sprintf("%+.0f", m.SteadyBytesPerMsg-raw.SteadyBytesPerMsg)
+				whole = fmt.Sprintf("%+.0f", m.BytesPerMsg-raw.BytesPerMsg)
 			}
 			emit([]string{c.String(), r.Mode, fmt.Sprintf("%.0f", m.MsgsPerSec), ratio,
-				fmt.Sprintf("%.2f", m.RoundTripsPerBatch), fmt.Sprintf("%.3f", m.RoundTripsPerMsg), fmt.Sprintf("%.2f", m.OffsetCommitsPerBatch),
-				allocs, bytes, fmt.Sprintf("%.0f", m.PeakRSSMiB), "-", "-", m.Correct})
+				fmt.Sprintf("%.2f", m.RoundTripsPerBatch), fmt.Sprintf("%.2f", m.SteadyRoundTripsPerBatch),
+				fmt.Sprintf("%.3f", m.RoundTripsPerMsg), fmt.Sprintf("%.2f", m.OffsetCommitsPerBatch),
+				allocs, bytes, whole, fmt.Sprintf("%.0f", m.PeakRSSMiB), "-", "-", m.Correct})
 		}
 	}
 	for _, r := range rep.rows {
@@ -145,8 +153,8 @@ func (rep *report) table(emit func([]string)) {
 		if m.LoadMsgsPerSec > 0 {
 			desc += fmt.Sprintf(" load=%.0f/s", m.LoadMsgsPerSec)
 		}
-		emit([]string{desc, r.Mode, fmt.Sprintf("%.0f", m.MsgsPerSec), "-", fmt.Sprintf("%.2f", m.RoundTripsPerBatch),
-			fmt.Sprintf("%.3f", m.RoundTripsPerMsg), fmt.Sprintf("%.2f", m.OffsetCommitsPerBatch), "-", "-",
+		emit([]string{desc, r.Mode, fmt.Sprintf("%.0f", m.MsgsPerSec), "-", fmt.Sprintf("%.2f", m.RoundTripsPerBatch), "-",
+			fmt.Sprintf("%.3f", m.RoundTripsPerMsg), fmt.Sprintf("%.2f", m.OffsetCommitsPerBatch), "-", "-", "-",
 			fmt.Sprintf("%.0f", m.PeakRSSMiB), p50, p99, m.Correct})
 	}
 }
@@ -163,16 +171,20 @@ type summary struct {
 	MsgsPerSec          float64 `json:"msgs_per_sec"`
 	MsgsPerSecUpdate    float64 `json:"msgs_per_sec_update"`
 	RoundTripsPerBatch  float64 `json:"db_round_trips_per_batch"`
-	CommitsPerBatch     float64 `json:"offset_commits_per_batch"`
-	PrefilledVsEmpty    float64 `json:"prefilled_vs_empty,omitempty"`
-	P50ms               float64 `json:"p50_ms,omitempty"`
-	P99ms               float64 `json:"p99_ms,omitempty"`
-	PeakRSS10MVs1M      float64 `json:"peak_rss_10m_vs_1m,omitempty"`
-	PerKeySpeedup       float64 `json:"per_key_speedup,omitempty"`
+	// Over the second half of the run only (see result).
+	SteadyRoundTripsPerBatch float64 `json:"steady_db_round_trips_per_batch"`
+	CommitsPerBatch          float64 `json:"offset_commits_per_batch"`
+	PrefilledVsEmpty         float64 `json:"prefilled_vs_empty,omitempty"`
+	P50ms                    float64 `json:"p50_ms,omitempty"`
+	P99ms                    float64 `json:"p99_ms,omitempty"`
+	PeakRSS10MVs1M           float64 `json:"peak_rss_10m_vs_1m,omitempty"`
+	PerKeySpeedup            float64 `json:"per_key_speedup,omitempty"`
 	// Beyond raw kafka-go fetching, kafkaonce on the no-op cell: the
 	// framework's own cost, without a handler's.
-	AllocsPerMsg float64 `json:"allocs_per_msg_beyond_raw"`
-	BytesPerMsg  float64 `json:"bytes_per_msg_beyond_raw"`
+	AllocsPerMsg       float64 `json:"allocs_per_msg_beyond_raw"`
+	BytesPerMsg        float64 `json:"bytes_per_msg_beyond_raw"`
+	SteadyAllocsPerMsg float64 `json:"steady_allocs_per_msg_beyond_raw"`
+	SteadyBytesPerMsg  float64 `json:"steady_bytes_per_msg_beyond_raw"`
 	// The optimum's latency at half its own maximum, for comparison.
 	OptimumP50ms    float64            `json:"optimum_p50_ms,omitempty"`
 	OptimumP99ms    float64            `json:"optimum_p99_ms,omitempty"`
@@ -211,6 +223,7 @@ func (rep *report) summary() summary {
 	if k, ok := rep.find("kafkaonce-batch", base); ok {
 		s.MsgsPerSecUpdate = math.Round(k.MsgsPerSec)
 		s.RoundTripsPerBatch = round2(k.RoundTripsPerBatch)
+		s.SteadyRoundTripsPerBatch = round2(k.SteadyRoundTripsPerBatch)
 		s.CommitsPerBatch = round2(k.OffsetCommitsPerBatch)
 	}
 	pre := base
@@ -230,6 +243,8 @@ func (rep *report) summary() summary {
 		if raw, ok := rep.find("raw", noop); ok {
 			s.AllocsPerMsg = round2(k.AllocsPerMsg - raw.AllocsPerMsg)
 			s.BytesPerMsg = math.Round(k.BytesPerMsg - raw.BytesPerMsg)
+			s.SteadyAllocsPerMsg = round2(k.SteadyAllocsPerMsg - raw.SteadyAllocsPerMsg)
+			s.SteadyBytesPerMsg = math.Round(k.SteadyBytesPerMsg - raw.SteadyBytesPerMsg)
 		}
 	}
 	slow := base

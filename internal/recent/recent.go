@@ -11,6 +11,7 @@
 package recent
 
 import (
+	"encoding/binary"
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/dedupe"
@@ -24,25 +25,32 @@ type Sighting struct {
 }
 
 // Window is the memory of one partition. It is not safe for concurrent use.
+//
+// Observe runs for every message, so the window is built to cost little:
+// a ring of compact slots, and an open-addressing index from fingerprint to
+// ring slot (the fingerprints are SHA-256 sums, so their first bytes are
+// already a uniform hash). A Go map keyed by the 32-byte fingerprint cost
+// several times more time and garbage per message.
 type Window struct {
-	span time.Duration
-	max  int
-	ring []slot // grows to max, then wraps
-	next int
-	byFP map[dedupe.Fingerprint]int32
+	span  int64 // nanoseconds
+	max   int
+	ring  []slot // grows to max, then wraps
+	next  int
+	index []int32 // ring position + 1; 0 is empty. Never more than half full.
 }
 
 type slot struct {
-	fp   dedupe.Fingerprint
-	seen Sighting
-	used bool
+	fp     dedupe.Fingerprint
+	id     string
+	offset int64
+	at     int64 // UnixNano; 0 while the slot is unused
 }
 
 // New returns a window of at most max sightings no older than span. It
 // grows as sightings arrive: a consumer assigned many quiet partitions does
 // not pay max for each of them up front.
 func New(max int, span time.Duration) *Window {
-	return &Window{span: span, max: max, byFP: map[dedupe.Fingerprint]int32{}}
+	return &Window{span: int64(span), max: max, index: make([]int32, 64)}
 }
 
 // Observe records a sighting of fp under id, and returns the previous
@@ -50,28 +58,89 @@ func New(max int, span time.Duration) *Window {
 func (w *Window) Observe(fp dedupe.Fingerprint, id string, offset int64, now time.Time) (Sighting, bool) {
 	var prev Sighting
 	suspect := false
-	if i, ok := w.byFP[fp]; ok {
-		s := &w.ring[i]
-		if s.seen.MessageID != id && now.Sub(s.seen.At) <= w.span && s.seen.Offset != offset {
-			prev, suspect = s.seen, true
-		}
-		if s.seen.MessageID == id {
+	at := now.UnixNano()
+	ix, found := w.find(&fp)
+	if found {
+		s := &w.ring[w.index[ix]-1]
+		if s.id == id {
 			// The same message again (a retry of the batch, a redelivery):
 			// keep the first sighting.
-			return prev, suspect
+			return prev, false
+		}
+		if at-s.at <= w.span && s.offset != offset {
+			prev, suspect = Sighting{MessageID: s.id, Offset: s.offset, At: time.Unix(0, s.at)}, true
 		}
 	}
 	if len(w.ring) < w.max && w.next == len(w.ring) {
 		w.ring = append(w.ring, slot{})
-	}
-	s := &w.ring[w.next]
-	if s.used {
-		if i, ok := w.byFP[s.fp]; ok && int(i) == w.next {
-			delete(w.byFP, s.fp)
+		if 2*len(w.ring) > len(w.index) {
+			w.grow()
+			ix, found = w.find(&fp)
 		}
 	}
-	*s = slot{fp: fp, seen: Sighting{MessageID: id, Offset: offset, At: now}, used: true}
-	w.byFP[fp] = int32(w.next)
+	s := &w.ring[w.next]
+	if s.at != 0 {
+		// Forget the sighting this slot held, if the index still points
+		// at it (a later sighting of the same content may have taken over).
+		w.forget(&s.fp, int32(w.next+1))
+		ix, found = w.find(&fp)
+	}
+	*s = slot{fp: fp, id: id, offset: offset, at: at}
+	// ix is fp's entry (now pointing here) or the empty entry where fp
+	// belongs.
+	w.index[ix] = int32(w.next + 1)
 	w.next = (w.next + 1) % w.max
 	return prev, suspect
+}
+
+// home is where fp's probe sequence starts.
+func (w *Window) home(fp *dedupe.Fingerprint) int {
+	return int(binary.LittleEndian.Uint64(fp[:8]) & uint64(len(w.index)-1))
+}
+
+// find returns the index entry of fp and true, or the empty entry where it
+// would go and false.
+func (w *Window) find(fp *dedupe.Fingerprint) (int, bool) {
+	mask := len(w.index) - 1
+	for i := w.home(fp); ; i = (i + 1) & mask {
+		e := w.index[i]
+		if e == 0 {
+			return i, false
+		}
+		if w.ring[e-1].fp == *fp {
+			return i, true
+		}
+	}
+}
+
+// forget removes fp's entry if it points at ring position pos-1, shifting
+// the entries after it back so that no probe sequence has a hole.
+func (w *Window) forget(fp *dedupe.Fingerprint, pos int32) {
+	i, ok := w.find(fp)
+	if !ok || w.index[i] != pos {
+		return
+	}
+	mask := len(w.index) - 1
+	for j := (i + 1) & mask; w.index[j] != 0; j = (j + 1) & mask {
+		// The entry at j may fill the hole at i when i lies on its probe
+		// sequence, between its home and j.
+		k := w.home(&w.ring[w.index[j]-1].fp)
+		if (j-k)&mask >= (j-i)&mask {
+			w.index[i] = w.index[j]
+			i = j
+		}
+	}
+	w.index[i] = 0
+}
+
+// grow doubles the index and re-inserts its entries.
+func (w *Window) grow() {
+	old := w.index
+	w.index = make([]int32, 2*len(old))
+	for _, e := range old {
+		if e != 0 {
+			i, _ := w.find(&w.ring[e-1].fp)
+			w.index[i] = e
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package recent
 
 import (
+	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
@@ -34,8 +35,76 @@ func TestObserve(t *testing.T) {
 	if _, s := w.Observe(fp("a"), "id-4", 20, now.Add(2*time.Minute)); s {
 		t.Fatal("an evicted sighting flagged")
 	}
-	if len(w.byFP) > 3 {
-		t.Fatalf("the index holds %d entries for a ring of 3", len(w.byFP))
+	if n := w.entries(); n > 3 {
+		t.Fatalf("the index holds %d entries for a ring of 3", n)
+	}
+}
+
+func (w *Window) entries() int {
+	n := 0
+	for _, e := range w.index {
+		if e != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// TestObserveMatchesModel drives the window and a plain model (scan the
+// last max sightings, newest first) with the same random sightings, from a
+// small set of contents and ids so that repeats, re-sends and evictions are
+// frequent, and compares every answer. It also checks that the index holds
+// exactly one entry per content still in the ring, after every step.
+func TestObserveMatchesModel(t *testing.T) {
+	t.Parallel()
+	for _, size := range []int{1, 2, 7, 100, 1000} {
+		rng := rand.New(rand.NewPCG(uint64(size), 1))
+		w := New(size, 50*time.Second)
+		type sighting struct {
+			fp     dedupe.Fingerprint
+			id     string
+			offset int64
+			at     time.Time
+		}
+		var kept []sighting // the model's ring: every recorded sighting, oldest first
+		now := time.Unix(1000, 0)
+		for step := range 20000 {
+			now = now.Add(time.Duration(rng.IntN(3)) * time.Second)
+			content := fp("c" + strconv.Itoa(rng.IntN(2*size+3)))
+			id := "id-" + strconv.Itoa(rng.IntN(3*size+5))
+			offset := int64(step)
+
+			// The model: the newest sighting of the content among the last
+			// size recorded ones.
+			var want Sighting
+			wantSuspect, same := false, false
+			for i := len(kept) - 1; i >= 0 && i >= len(kept)-size; i-- {
+				if kept[i].fp != content {
+					continue
+				}
+				if kept[i].id == id {
+					same = true
+				} else if now.Sub(kept[i].at) <= 50*time.Second && kept[i].offset != offset {
+					want, wantSuspect = Sighting{MessageID: kept[i].id, Offset: kept[i].offset, At: kept[i].at}, true
+				}
+				break
+			}
+			if !same {
+				kept = append(kept, sighting{content, id, offset, now})
+			}
+
+			got, suspect := w.Observe(content, id, offset, now)
+			if suspect != wantSuspect || got.MessageID != want.MessageID || got.Offset != want.Offset || !got.At.Equal(want.At) {
+				t.Fatalf("size %d step %d: got %+v %v, want %+v %v", size, step, got, suspect, want, wantSuspect)
+			}
+			distinct := map[dedupe.Fingerprint]bool{}
+			for i := max(0, len(kept)-size); i < len(kept); i++ {
+				distinct[kept[i].fp] = true
+			}
+			if n := w.entries(); n != len(distinct) {
+				t.Fatalf("size %d step %d: index has %d entries, ring has %d contents", size, step, n, len(distinct))
+			}
+		}
 	}
 }
 

@@ -125,6 +125,17 @@ type Config struct {
 	// BatchHandler. Set either Handler or BatchHandler.
 	BatchHandler BatchHandler
 
+	// ClaimFirst makes every batch claim its messages before the
+	// BatchHandler is called, so the handler only ever sees messages that
+	// turn out new. By default, a batch that looks new is tried in one
+	// round trip instead: the handler is called first, with every message,
+	// and its queued statements are sent together with the claims and the
+	// COMMIT; if any message was already claimed, nothing commits and the
+	// batch runs again claim-first (see BatchHandler). Set ClaimFirst when
+	// a handler call must not see duplicates even in an attempt that is
+	// dropped.
+	ClaimFirst bool
+
 	// MessageID derives each message's id (the dedupe key). Defaults to
 	// IDFromHeader(DefaultMessageIDHeader).
 	MessageID MessageIDFunc

@@ -38,15 +38,18 @@ type DB interface {
 // Consumer is an idempotent Kafka consumer: see the package documentation.
 // Create one with New, then call Run.
 type Consumer struct {
-	db       DB
-	cfg      Config
-	log      *slog.Logger
-	hooks    hooks
-	claims   *dedupe.Store
-	offsets  *offsets.Store
-	letters  *deadletter.Store
-	attempts *attempts.Store
-	retry    retry.Policy
+	db      DB
+	cfg     Config
+	log     *slog.Logger
+	hooks   hooks
+	claims  *dedupe.Store
+	offsets *offsets.Store
+	// batchUsesTx is set once the BatchHandler used Batch.Tx during a
+	// one-trip attempt: batches then always open their transaction first.
+	batchUsesTx atomic.Bool
+	letters     *deadletter.Store
+	attempts    *attempts.Store
+	retry       retry.Policy
 	// publish wakes the dead-letter topic publisher (nil without one).
 	publish chan struct{}
 	// sessionSQL sets the session timeouts at the start of every

@@ -48,9 +48,26 @@ func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, msg *Message) error 
 // per message. The rules of Handler hold for the Batch's Tx and messages.
 //
 // HandleBatch gets the messages of a fetched batch that this transaction
-// claimed, in offset order: messages already applied (duplicates) are not
-// in it. When it returns nil, the consumer commits the claims, the effects
-// and the new position together, as for a Handler.
+// claims, in offset order: messages already applied (duplicates) are not
+// in a call whose transaction commits. When it returns nil, the consumer
+// commits the claims, the effects and the new position together, as for a
+// Handler.
+//
+// One round trip: when a handler only queues its statements (Batch.Queue)
+// and never touches Batch.Tx, a batch costs a single round trip to
+// Postgres. The consumer calls the handler before claiming, with every
+// message of the batch, and pipelines BEGIN, a check of the stored
+// position, the claims, the queued statements, the new position and
+// COMMIT. Claims in that pipeline fail on any message id already claimed,
+// which stops the transaction before its COMMIT; the batch then runs again
+// the ordinary way (claims first, then the handler with the new messages),
+// and the next few batches of the partition go that way too. So in a
+// dropped attempt the handler may see messages that are duplicates; its
+// queued statements are discarded with it. The first time a handler uses
+// Batch.Tx in such an attempt, the call fails with an error (the
+// transaction is not open yet), the attempt is dropped, and the consumer
+// stops attempting: from then on every batch opens its transaction before
+// calling the handler. Config.ClaimFirst turns attempts off from the start.
 //
 // When it returns an error (or a queued statement fails) for a batch of
 // more than one message, the consumer cannot tell which message failed: it
@@ -86,9 +103,10 @@ type Batch struct {
 // Queue adds a statement to run in the transaction after HandleBatch
 // returns. Queued statements are sent in one round trip together with the
 // consumer's own closing statements and the COMMIT, so a batch whose effects
-// are all queued costs two round trips to Postgres in all: one to claim,
-// one to apply and commit. Use it for writes whose results the handler does
-// not need; use Tx for anything it must read. A queued statement that fails
+// are all queued costs one round trip to Postgres in all when its messages
+// are new (see BatchHandler), two otherwise: one to claim, one to apply and
+// commit. Use it for writes whose results the handler does not need; use Tx
+// for anything it must read. A queued statement that fails
 // fails the batch, as an error returned by HandleBatch does.
 func (b *Batch) Queue(sql string, args ...any) {
 	b.queued.Queue(sql, args...)

@@ -78,21 +78,28 @@ type beginOnly struct{ pool *pgxpool.Pool }
 
 func (b beginOnly) Begin(ctx context.Context) (pgx.Tx, error) { return b.pool.Begin(ctx) }
 
-// A batch costs two round trips: BEGIN, position and claims in one; the
-// effects a BatchHandler queued, the position and COMMIT in the other. A
-// Handler's own statements add theirs (here one INSERT per message, 50 per
-// batch). With a DB that only has Begin, BEGIN and COMMIT cost one each.
+// A batch of new messages whose BatchHandler only queues costs one round
+// trip: BEGIN, position check, claims, effects, position, COMMIT. Claiming
+// first (ClaimFirst, a handler that uses Tx, a Handler) costs two: BEGIN,
+// position and claims in one; queued effects, position and COMMIT in the
+// other. A Handler's own statements add theirs (here one INSERT per
+// message, 50 per batch). With a DB that only has Begin, BEGIN and COMMIT
+// cost one each.
 func TestRoundTripsPerBatch(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		name  string
-		batch bool
-		lend  bool
-		want  int64
+		name       string
+		batch      bool
+		claimFirst bool
+		usesTx     bool
+		lend       bool
+		want       int64
 	}{
-		{"handler, pool", false, true, 2 + 50},
-		{"batch handler with a queued statement, pool", true, true, 2},
-		{"handler, Begin-only DB", false, false, 4 + 50},
+		{"handler, pool", false, false, false, true, 2 + 50},
+		{"batch handler with a queued statement, pool", true, false, false, true, 1},
+		{"batch handler with a queued statement, claim first, pool", true, true, false, true, 2},
+		{"batch handler reading through Tx, pool", true, false, true, true, 2 + 1},
+		{"handler, Begin-only DB", false, false, false, false, 4 + 50},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -102,7 +109,12 @@ func TestRoundTripsPerBatch(t *testing.T) {
 			ids := e.produceIDs("rt", 1000)
 			var cfg *consumer.Config
 			if c.batch {
-				cfg = batchConfig(e, &batchEffects{e: e})
+				h := &batchEffects{e: e}
+				if c.usesTx {
+					h.read = true
+				}
+				cfg = batchConfig(e, h)
+				cfg.ClaimFirst = c.claimFirst
 			} else {
 				cfg = e.config(e.applyHandler())
 			}

@@ -170,6 +170,11 @@ func (w *worker) await(done <-chan txOutcome, cancel context.CancelFunc, run *tx
 // ctx, so a handler cut off by the watchdog does not take the transaction's
 // own statements with it.
 func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchState, run *txRun) (out txOutcome) {
+	if w.oneTripEligible(items, p) {
+		if out, ok := w.oneTrip(hctx, ctx, items, st, run); ok {
+			return out
+		}
+	}
 	out.failedAt = -1
 	n := len(items)
 	st.reset(n)
@@ -335,16 +340,7 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 			return infra(err)
 		}
 	}
-	var suspects []dedupe.Suspect
-	for i := range items[:end] {
-		if s := items[i].suspect; s != nil && (st.fates[i] == fateApplied || st.fates[i] == fateSkippedSuspect) {
-			suspects = append(suspects, dedupe.Suspect{Offset: items[i].msg.Offset, MessageID: items[i].msg.ID, Fingerprint: items[i].fp,
-				FirstMessageID: s.MessageID, FirstOffset: s.Offset, Skipped: st.fates[i] == fateSkippedSuspect})
-		}
-	}
-	if len(suspects) > 0 {
-		w.c.claims.QueueSuspects(b, w.c.cfg.Name, w.topic, w.partition, suspects)
-	}
+	w.queueSuspects(b, items, st, end)
 	if p.clearAttempts {
 		w.c.attempts.QueueClear(b, w.c.cfg.Name, w.topic, w.partition, items[0].msg.Offset, items[end-1].msg.Offset)
 	}
@@ -362,13 +358,8 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 			// The server answered: the transaction did not commit.
 			return infra(fmt.Errorf("commit: %w", err))
 		}
-		// No answer: the COMMIT may or may not have been applied. Never
-		// guess (pgconn.SafeToRetry says nothing about a COMMIT that was
-		// sent): leave the Kafka offset alone and run the batch again on a
-		// new connection, where the claims tell which it was.
-		w.c.log.Warn("COMMIT outcome unknown; the batch will run again and its claims decide", w.logAttrs(
-			slog.Int64("offset", items[0].msg.Offset), slog.String("error", err.Error()))...)
-		return infra(fmt.Errorf("commit outcome unknown: %w", err))
+		// No answer: the COMMIT may or may not have been applied.
+		return w.commitUnknown(items, err)
 	}
 	out.committed = end
 	if cut >= 0 {
@@ -399,20 +390,26 @@ func (w *worker) handleBatch(hctx, ctx context.Context, gtx *txguard.Tx, items [
 	run.handlerSince.Store(began.UnixNano())
 	err := w.c.callBatchHandler(hctx, b)
 	run.handlerSince.Store(0)
-	if len(w.c.hooks.handler) > 0 {
-		// Each message of the call is reported with an equal share of its
-		// duration.
-		share := time.Since(began) / time.Duration(len(b.Messages))
-		for _, m := range b.Messages {
-			for _, h := range w.c.hooks.handler {
-				h.OnHandlerEnd(ctx, m, share, err)
-			}
-		}
-	}
+	w.reportBatchCall(ctx, b, began, err)
 	if err = w.handlerOutcome(err, run, gtx); err != nil {
 		return nil, w.batchFailed(b, items, err)
 	}
 	return b, txOutcome{failedAt: -1}
+}
+
+// reportBatchCall tells the handler hooks about a BatchHandler call that
+// began at began: each message of the call with an equal share of its
+// duration.
+func (w *worker) reportBatchCall(ctx context.Context, b *Batch, began time.Time, err error) {
+	if len(w.c.hooks.handler) == 0 || len(b.Messages) == 0 {
+		return
+	}
+	share := time.Since(began) / time.Duration(len(b.Messages))
+	for _, m := range b.Messages {
+		for _, h := range w.c.hooks.handler {
+			h.OnHandlerEnd(ctx, m, share, err)
+		}
+	}
 }
 
 // handlerOutcome is what a handler call (of either kind) comes to: its

@@ -59,6 +59,11 @@ type worker struct {
 	batch batchState
 	// batchCall is the Batch passed to a BatchHandler, reused.
 	batchCall Batch
+
+	// oneTripSkip batches go the ordinary way before the next one-trip
+	// attempt; oneTripPenalty is what the next failed attempt sets it to
+	// (see oneTrip).
+	oneTripSkip, oneTripPenalty int
 }
 
 // run processes the partition until stop is done. A partition that cannot

@@ -59,6 +59,7 @@ type Store struct {
 	claimPlainSQL string
 	lookupSQL     string
 	statusSQL     string
+	claimNewSQL   string
 }
 
 // NewStore returns a Store for the tables in schemaName.
@@ -86,6 +87,12 @@ FROM unnest($4::text[], $5::bytea[], $6::bigint[]) AS c(message_id, fingerprint,
 ORDER BY c.message_id, c.kafka_offset
 ON CONFLICT (consumer, message_id) DO NOTHING
 RETURNING kafka_offset`,
+		// Without ON CONFLICT: a message id that is already there fails
+		// the statement (see QueueClaimNew).
+		claimNewSQL: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, topic, partition, kafka_offset)
+SELECT $1, c.message_id, c.fingerprint, $2, $3, c.kafka_offset
+FROM unnest($4::text[], $5::bytea[], $6::bigint[]) AS c(message_id, fingerprint, kafka_offset)
+ORDER BY c.message_id, c.kafka_offset`,
 		lookupSQL: `SELECT message_id, fingerprint, topic, partition, kafka_offset, status, attempts, processed_at
 FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
 		statusSQL: `UPDATE ` + t + ` AS p SET status = $3, attempts = u.attempts
@@ -107,14 +114,9 @@ func (s *Store) Table() string { return s.table }
 // Queueing instead of executing lets the caller send the claim in the same
 // round trip as other statements.
 func (s *Store) QueueClaim(b *pgx.Batch, consumer, topic string, partition int, claims []Claim, claimed []bool) {
-	ids := make(pgarray.Array[pgarray.Text], len(claims))
-	fps := make(pgarray.Array[pgarray.Bytes], len(claims))
-	offsets := make(pgarray.Array[pgarray.Int8], len(claims))
+	ids, fps, offsets := claimArrays(claims)
 	plain := true // every claim is a plain "applied" one, attempt 1
 	for i := range claims {
-		ids[i] = pgarray.Text(claims[i].MessageID)
-		fps[i] = claims[i].Fingerprint[:]
-		offsets[i] = pgarray.Int8(claims[i].Offset)
 		plain = plain && (claims[i].Status == "" || claims[i].Status == StatusApplied) && claims[i].Attempts <= 1
 	}
 	var q *pgx.QueuedQuery
@@ -146,6 +148,30 @@ func (s *Store) QueueClaim(b *pgx.Batch, consumer, topic string, partition int, 
 		})
 		return err
 	})
+}
+
+// QueueClaimNew adds to b the claim of a batch expected to hold only new
+// message ids: plain, "applied", first-attempt claims. If any id is already
+// claimed (or appears twice in claims) the statement fails with a unique
+// violation of the primary key, which stops a pipelined transaction before
+// its COMMIT; the caller then claims the batch with QueueClaim, which sorts
+// out which ids were new.
+func (s *Store) QueueClaimNew(b *pgx.Batch, consumer, topic string, partition int, claims []Claim) {
+	ids, fps, offsets := claimArrays(claims)
+	b.Queue(s.claimNewSQL, consumer, topic, partition, ids, fps, offsets)
+}
+
+// claimArrays are the array parameters of the claim statements.
+func claimArrays(claims []Claim) (pgarray.Array[pgarray.Text], pgarray.Array[pgarray.Bytes], pgarray.Array[pgarray.Int8]) {
+	ids := make(pgarray.Array[pgarray.Text], len(claims))
+	fps := make(pgarray.Array[pgarray.Bytes], len(claims))
+	offsets := make(pgarray.Array[pgarray.Int8], len(claims))
+	for i := range claims {
+		ids[i] = pgarray.Text(claims[i].MessageID)
+		fps[i] = claims[i].Fingerprint[:]
+		offsets[i] = pgarray.Int8(claims[i].Offset)
+	}
+	return ids, fps, offsets
 }
 
 // QueueSetStatus adds to b the change of status of claims this transaction

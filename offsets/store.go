@@ -27,6 +27,7 @@ type Store struct {
 	table      string
 	advanceSQL string
 	lockSQL    string
+	checkSQL   string
 }
 
 // NewStore returns a Store for the tables in schemaName.
@@ -45,6 +46,7 @@ VALUES ($1, $2, $3, $4)
 ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
 WHERE o.next_offset < EXCLUDED.next_offset`,
 		lockSQL: `SELECT next_offset FROM ` + t + ` WHERE consumer = $1 AND topic = $2 AND partition = $3 FOR UPDATE`,
+		checkSQL: `SELECT ` + schema.Table(schemaName, "check_position") + `($1, $2, $3, $4)`,
 	}, nil
 }
 
@@ -75,6 +77,18 @@ func (s *Store) QueueLock(b *pgx.Batch, consumer, topic string, partition int, n
 		}
 		return nil
 	})
+}
+
+// CheckFailed is the SQLSTATE QueueCheck's statement raises.
+const CheckFailed = "KO001"
+
+// QueueCheck adds to b the check that the stored position of the partition
+// exists and is at least believed (what the caller committed last), taking
+// the same row lock as QueueLock. It fails with SQLSTATE CheckFailed
+// otherwise, which stops a pipelined transaction before its COMMIT: use it
+// where nothing is read back before the COMMIT is sent.
+func (s *Store) QueueCheck(b *pgx.Batch, consumer, topic string, partition int, believed int64) {
+	b.Queue(s.checkSQL, consumer, topic, partition, believed)
 }
 
 // Advance moves the position of a partition forward to next; a position

@@ -1,0 +1,164 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/notx"
+	"github.com/kafkaonce/kafkaonce/internal/pipetx"
+)
+
+// A batch normally costs two round trips: the claims must come back before
+// the handler knows which messages are new. Most batches hold only new
+// messages, though, and a BatchHandler that only queues its statements needs
+// nothing from the database. For those, oneTrip calls the handler first, as
+// if every message were new, and sends everything in one pipeline: BEGIN,
+// the position check, claims that fail on any id already claimed, the
+// queued effects, the new position, COMMIT. Whatever should stop the batch
+// raises an error, so the server skips the rest, COMMIT included, and the
+// batch then runs the ordinary way, which sorts it out. The order "database
+// commit, then offset commit" is unchanged: the Kafka offset is committed by
+// the caller after this returns, as for any batch.
+
+// oneTripMaxPenalty bounds how many batches go the ordinary way after a
+// failed attempt: in a stream with many duplicates (a replay) attempts fail,
+// and each failure costs a round trip and a handler call.
+const oneTripMaxPenalty = 64
+
+// oneTripEligible reports whether items may be tried in one round trip: a
+// BatchHandler that has not needed Tx (and no Config.ClaimFirst), a plain plan (no savepoints, nothing
+// to set aside, no attempts to clear), valid ids, no suspect to skip, a
+// known stored position, and a DB that lends connections.
+func (w *worker) oneTripEligible(items []item, p *plan) bool {
+	if w.c.cfg.BatchHandler == nil || w.c.cfg.ClaimFirst || w.c.batchUsesTx.Load() || !w.positionKnown {
+		return false
+	}
+	if _, ok := w.c.db.(connLender); !ok {
+		return false
+	}
+	if p.savepointFrom < len(items) || len(p.deadLetter) > 0 || p.clearAttempts {
+		return false
+	}
+	if w.oneTripSkip > 0 {
+		w.oneTripSkip--
+		return false
+	}
+	for i := range items {
+		if items[i].idErr != nil || items[i].suspect != nil && w.c.cfg.SuspectDuplicates == SkipSuspects {
+			return false
+		}
+	}
+	return true
+}
+
+// oneTrip tries items in one round trip (see above). ok is false when the
+// attempt was dropped without committing anything; the caller then runs
+// the batch the ordinary way.
+func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState, run *txRun) (out txOutcome, ok bool) {
+	n := len(items)
+	st.reset(n)
+	for i := range items {
+		st.claims = append(st.claims, dedupe.Claim{MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Offset: items[i].msg.Offset})
+		st.claimItem = append(st.claimItem, i)
+		st.claimed[i] = true // and st.fates[i] is fateApplied
+	}
+
+	ahead := &notx.Tx{}
+	b := &w.batchCall
+	b.reset(ahead)
+	b.index = b.index[:0]
+	for i := range items {
+		b.Messages = append(b.Messages, &items[i].msg)
+		b.index = append(b.index, i)
+	}
+	run.current.Store(0)
+	began := time.Now()
+	run.handlerSince.Store(began.UnixNano())
+	err := w.c.callBatchHandler(hctx, b)
+	run.handlerSince.Store(0)
+	if ahead.Used() {
+		w.c.batchUsesTx.Store(true)
+		w.c.log.Info("the batch handler uses Batch.Tx; batches open their transaction before calling it from now on", w.logAttrs()...)
+	}
+	if err != nil || ahead.Used() || run.timedOut.Load() {
+		// The ordinary way calls the handler again, in an open
+		// transaction, and deals with its failure there.
+		return txOutcome{}, false
+	}
+
+	q := &pgx.Batch{}
+	q.Queue("BEGIN")
+	if w.c.sessionSQL != "" {
+		q.Queue(w.c.sessionSQL, w.c.sessionArgs...)
+	}
+	w.c.offsets.QueueCheck(q, w.c.cfg.Name, w.topic, w.partition, w.next)
+	claimed := false
+	w.c.claims.QueueClaimNew(q, w.c.cfg.Name, w.topic, w.partition, st.claims)
+	q.QueuedQueries[len(q.QueuedQueries)-1].Exec(func(pgconn.CommandTag) error { claimed = true; return nil })
+	q.QueuedQueries = append(q.QueuedQueries, b.queued.QueuedQueries...)
+	w.queueSuspects(q, items, st, n)
+	w.c.offsets.QueueAdvance(q, w.c.cfg.Name, w.topic, w.partition, items[n-1].msg.Offset+1)
+	q.Queue("COMMIT")
+
+	conn, err := w.c.db.(connLender).Acquire(ctx)
+	if err != nil {
+		return infra(fmt.Errorf("begin: %w", err)), true
+	}
+	bt := &batchTx{tx: pipetx.New(conn.Conn()), pool: conn}
+	defer bt.rollback(ctx)
+	run.conn.Store(bt.netConn())
+	err = conn.SendBatch(ctx, q).Close()
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		bt.done = true
+		conn.Release()
+		w.oneTripPenalty = 0
+		w.reportBatchCall(ctx, b, began, nil)
+		return txOutcome{committed: n, failedAt: -1}, true
+	case errors.As(err, &pgErr):
+		// The server refused a statement, so it skipped the rest of the
+		// pipeline: nothing committed. A claim that found its id, or a
+		// position that moved, makes the next attempts wait.
+		if !claimed || pgErr.Code == "23505" {
+			w.oneTripPenalty = min(max(1, 2*w.oneTripPenalty), oneTripMaxPenalty)
+			w.oneTripSkip = w.oneTripPenalty
+		}
+		return txOutcome{}, false
+	}
+	bt.done = true
+	conn.Release()
+	return w.commitUnknown(items, err), true
+}
+
+// queueSuspects adds the suspect duplicates among items[:end] that the
+// transaction applies or skips to b.
+func (w *worker) queueSuspects(b *pgx.Batch, items []item, st *batchState, end int) {
+	var suspects []dedupe.Suspect
+	for i := range items[:end] {
+		if s := items[i].suspect; s != nil && (st.fates[i] == fateApplied || st.fates[i] == fateSkippedSuspect) {
+			suspects = append(suspects, dedupe.Suspect{Offset: items[i].msg.Offset, MessageID: items[i].msg.ID, Fingerprint: items[i].fp,
+				FirstMessageID: s.MessageID, FirstOffset: s.Offset, Skipped: st.fates[i] == fateSkippedSuspect})
+		}
+	}
+	if len(suspects) > 0 {
+		w.c.claims.QueueSuspects(b, w.c.cfg.Name, w.topic, w.partition, suspects)
+	}
+}
+
+// commitUnknown is the outcome of a COMMIT that got no answer: it may or
+// may not have been applied. Never guess (pgconn.SafeToRetry says nothing
+// about a COMMIT that was sent): leave the Kafka offset alone and run the
+// batch again on a new connection, where the claims tell which it was.
+func (w *worker) commitUnknown(items []item, err error) txOutcome {
+	w.c.log.Warn("COMMIT outcome unknown; the batch will run again and its claims decide", w.logAttrs(
+		slog.Int64("offset", items[0].msg.Offset), slog.String("error", err.Error()))...)
+	return infra(fmt.Errorf("commit outcome unknown: %w", err))
+}

@@ -52,6 +52,8 @@ type Consumer struct {
 	retry       retry.Policy
 	// publish wakes the dead-letter topic publisher (nil without one).
 	publish chan struct{}
+	// oneTripHeadSQL opens a one-trip batch (see setSession and oneTrip).
+	oneTripHeadSQL string
 	// sessionSQL sets the session timeouts at the start of every
 	// transaction; empty when all are LeaveUnset.
 	sessionSQL  string
@@ -93,24 +95,34 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	sql, args := sessionSettings(&c, false)
 	out := &Consumer{
-		db:          db,
-		cfg:         c,
-		log:         c.Logger.With(slog.String("consumer", c.Name)),
-		hooks:       hs,
-		claims:      claims,
-		offsets:     positions,
-		letters:     letters,
-		attempts:    tries,
-		retry:       retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
-		sessionSQL:  sql,
-		sessionArgs: args,
+		db:       db,
+		cfg:      c,
+		log:      c.Logger.With(slog.String("consumer", c.Name)),
+		hooks:    hs,
+		claims:   claims,
+		offsets:  positions,
+		letters:  letters,
+		attempts: tries,
+		retry:    retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
 	}
+	out.setSession(sessionSettings(&c, false))
 	if c.DeadLetterTopic != "" {
 		out.publish = make(chan struct{}, 1)
 	}
 	return out, nil
+}
+
+// setSession sets the statement that applies the session settings, and
+// the one that opens a one-trip batch: the same settings and the checked
+// advance of the position in one SELECT.
+func (c *Consumer) setSession(sql string, args []any) {
+	c.sessionSQL, c.sessionArgs = sql, args
+	if sql == "" {
+		c.oneTripHeadSQL = "SELECT " + c.offsets.AdvanceChecked(1)
+	} else {
+		c.oneTripHeadSQL = sql + ", " + c.offsets.AdvanceChecked(len(args)+1)
+	}
 }
 
 // sessionSettings builds the statement that applies the configured timeouts
@@ -263,7 +275,7 @@ func (c *Consumer) checkSchema(ctx context.Context) error {
 		return fmt.Errorf("consumer: read the server version: %w", err)
 	}
 	if version >= 140000 {
-		c.sessionSQL, c.sessionArgs = sessionSettings(&c.cfg, true)
+		c.setSession(sessionSettings(&c.cfg, true))
 	}
 	return nil
 }

@@ -61,7 +61,7 @@ func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, msg *Message) error 
 // COMMIT. Claims in that pipeline fail on any message id already claimed,
 // which stops the transaction before its COMMIT; the batch then runs again
 // the ordinary way (claims first, then the handler with the new messages),
-// and the next few batches of the partition go that way too. So in a
+// and so do the partition's next batches, until one holds no duplicates. So in a
 // dropped attempt the handler may see messages that are duplicates; its
 // queued statements are discarded with it. The first time a handler uses
 // Batch.Tx in such an attempt, the call fails with an error (the

@@ -20,17 +20,12 @@ import (
 // messages, though, and a BatchHandler that only queues its statements needs
 // nothing from the database. For those, oneTrip calls the handler first, as
 // if every message were new, and sends everything in one pipeline: BEGIN,
-// the position check, claims that fail on any id already claimed, the
-// queued effects, the new position, COMMIT. Whatever should stop the batch
+// the session settings with the checked advance of the position, claims
+// that fail on any id already claimed, the queued effects, COMMIT. Whatever should stop the batch
 // raises an error, so the server skips the rest, COMMIT included, and the
 // batch then runs the ordinary way, which sorts it out. The order "database
 // commit, then offset commit" is unchanged: the Kafka offset is committed by
 // the caller after this returns, as for any batch.
-
-// oneTripMaxPenalty bounds how many batches go the ordinary way after a
-// failed attempt: in a stream with many duplicates (a replay) attempts fail,
-// and each failure costs a round trip and a handler call.
-const oneTripMaxPenalty = 64
 
 // oneTripEligible reports whether items may be tried in one round trip: a
 // BatchHandler that has not needed Tx (and no Config.ClaimFirst), a plain plan (no savepoints, nothing
@@ -46,8 +41,10 @@ func (w *worker) oneTripEligible(items []item, p *plan) bool {
 	if p.savepointFrom < len(items) || len(p.deadLetter) > 0 || p.clearAttempts {
 		return false
 	}
-	if w.oneTripSkip > 0 {
-		w.oneTripSkip--
+	if w.sawDuplicates {
+		// Duplicates come in runs (a replay, a producer re-sending a
+		// range): an attempt would most likely fail, costing a round trip
+		// and a handler call. The ordinary path tells when the run is over.
 		return false
 	}
 	for i := range items {
@@ -93,18 +90,18 @@ func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState
 		return txOutcome{}, false
 	}
 
+	// Five statements and the handler's: as few as the position check, the
+	// session settings and the claims allow (each statement costs the
+	// server about as much as a row of the claim).
 	q := &pgx.Batch{}
 	q.Queue("BEGIN")
-	if w.c.sessionSQL != "" {
-		q.Queue(w.c.sessionSQL, w.c.sessionArgs...)
-	}
-	w.c.offsets.QueueCheck(q, w.c.cfg.Name, w.topic, w.partition, w.next)
+	head := append(make([]any, 0, len(w.c.sessionArgs)+5), w.c.sessionArgs...)
+	q.Queue(w.c.oneTripHeadSQL, append(head, w.c.cfg.Name, w.topic, w.partition, w.next, items[n-1].msg.Offset+1)...)
 	claimed := false
 	w.c.claims.QueueClaimNew(q, w.c.cfg.Name, w.topic, w.partition, st.claims)
 	q.QueuedQueries[len(q.QueuedQueries)-1].Exec(func(pgconn.CommandTag) error { claimed = true; return nil })
 	q.QueuedQueries = append(q.QueuedQueries, b.queued.QueuedQueries...)
 	w.queueSuspects(q, items, st, n)
-	w.c.offsets.QueueAdvance(q, w.c.cfg.Name, w.topic, w.partition, items[n-1].msg.Offset+1)
 	q.Queue("COMMIT")
 
 	conn, err := w.c.db.(connLender).Acquire(ctx)
@@ -120,17 +117,15 @@ func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState
 	case err == nil:
 		bt.done = true
 		conn.Release()
-		w.oneTripPenalty = 0
 		w.reportBatchCall(ctx, b, began, nil)
 		return txOutcome{committed: n, failedAt: -1}, true
 	case errors.As(err, &pgErr):
 		// The server refused a statement, so it skipped the rest of the
-		// pipeline: nothing committed. A claim that found its id, or a
-		// position that moved, makes the next attempts wait.
-		if !claimed || pgErr.Code == "23505" {
-			w.oneTripPenalty = min(max(1, 2*w.oneTripPenalty), oneTripMaxPenalty)
-			w.oneTripSkip = w.oneTripPenalty
-		}
+		// pipeline: nothing committed. The ordinary path runs the batch
+		// and finds out why (a claim taken, the position moved, a failing
+		// statement).
+		w.c.log.Debug("one-round-trip attempt dropped; running the batch claim-first", w.logAttrs(
+			slog.Int64("offset", items[0].msg.Offset), slog.Bool("claimed", claimed), slog.String("error", pgErr.Error()))...)
 		return txOutcome{}, false
 	}
 	bt.done = true

@@ -218,8 +218,10 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 	if lost := w.positionLost(prev); lost != nil {
 		return txOutcome{failedAt: -1, err: lost, fail: newFailure(classInfra, "", lost), lost: lost}
 	}
+	w.sawDuplicates = false
 	for j, i := range st.claimItem {
 		st.claimed[i] = st.claimedBy[j]
+		w.sawDuplicates = w.sawDuplicates || !st.claimedBy[j]
 		switch {
 		case !st.claimed[i]:
 		case p.deadLetter[i] != nil:

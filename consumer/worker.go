@@ -60,10 +60,9 @@ type worker struct {
 	// batchCall is the Batch passed to a BatchHandler, reused.
 	batchCall Batch
 
-	// oneTripSkip batches go the ordinary way before the next one-trip
-	// attempt; oneTripPenalty is what the next failed attempt sets it to
-	// (see oneTrip).
-	oneTripSkip, oneTripPenalty int
+	// sawDuplicates: the last batch held messages already claimed, so the
+	// next one probably does too and claims first (see oneTrip).
+	sawDuplicates bool
 }
 
 // run processes the partition until stop is done. A partition that cannot

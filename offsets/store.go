@@ -27,7 +27,7 @@ type Store struct {
 	table      string
 	advanceSQL string
 	lockSQL    string
-	checkSQL   string
+	advanceFn  string
 }
 
 // NewStore returns a Store for the tables in schemaName.
@@ -45,8 +45,8 @@ func NewStore(schemaName string) (*Store, error) {
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
 WHERE o.next_offset < EXCLUDED.next_offset`,
-		lockSQL:  `SELECT next_offset FROM ` + t + ` WHERE consumer = $1 AND topic = $2 AND partition = $3 FOR UPDATE`,
-		checkSQL: `SELECT ` + schema.Table(schemaName, "check_position") + `($1, $2, $3, $4)`,
+		lockSQL:   `SELECT next_offset FROM ` + t + ` WHERE consumer = $1 AND topic = $2 AND partition = $3 FOR UPDATE`,
+		advanceFn: schema.Table(schemaName, "advance_position"),
 	}, nil
 }
 
@@ -79,16 +79,19 @@ func (s *Store) QueueLock(b *pgx.Batch, consumer, topic string, partition int, n
 	})
 }
 
-// CheckFailed is the SQLSTATE QueueCheck's statement raises.
+// CheckFailed is the SQLSTATE AdvanceChecked's function raises.
 const CheckFailed = "KO001"
 
-// QueueCheck adds to b the check that the stored position of the partition
-// exists and is at least believed (what the caller committed last), taking
-// the same row lock as QueueLock. It fails with SQLSTATE CheckFailed
-// otherwise, which stops a pipelined transaction before its COMMIT: use it
-// where nothing is read back before the COMMIT is sent.
-func (s *Store) QueueCheck(b *pgx.Batch, consumer, topic string, partition int, believed int64) {
-	b.Queue(s.checkSQL, consumer, topic, partition, believed)
+// AdvanceChecked returns an SQL expression that moves the partition's
+// stored position forward to next, taking parameters $first to $first+4:
+// consumer, topic, partition, believed, next. Unlike QueueAdvance it fails,
+// with SQLSTATE CheckFailed, when the stored position is missing or behind
+// believed (what the caller committed last), and it locks the row until
+// the transaction ends, as QueueLock does. A failure stops a pipelined
+// transaction before its COMMIT: use it where nothing is read back before
+// the COMMIT is sent. It is an expression, to share a SELECT with others.
+func (s *Store) AdvanceChecked(first int) string {
+	return fmt.Sprintf("%s($%d, $%d, $%d, $%d, $%d)", s.advanceFn, first, first+1, first+2, first+3, first+4)
 }
 
 // Advance moves the position of a partition forward to next; a position

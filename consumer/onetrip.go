@@ -28,9 +28,10 @@ import (
 // the caller after this returns, as for any batch.
 
 // oneTripEligible reports whether items may be tried in one round trip: a
-// BatchHandler that has not needed Tx (and no Config.ClaimFirst), a plain plan (no savepoints, nothing
-// to set aside, no attempts to clear), valid ids, no suspect to skip, a
-// known stored position, and a DB that lends connections.
+// BatchHandler that has not needed Tx (and no Config.ClaimFirst), a plain
+// plan (no savepoints, nothing to set aside, no attempts to clear), valid
+// ids, no suspect to skip, no duplicates in the previous batch, a known
+// stored position, and a DB that lends connections.
 func (w *worker) oneTripEligible(items []item, p *plan) bool {
 	if w.c.cfg.BatchHandler == nil || w.c.cfg.ClaimFirst || w.c.batchUsesTx.Load() || !w.positionKnown {
 		return false
@@ -79,6 +80,7 @@ func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState
 	began := time.Now()
 	run.handlerSince.Store(began.UnixNano())
 	err := w.c.callBatchHandler(hctx, b)
+	took := time.Since(began)
 	run.handlerSince.Store(0)
 	if ahead.Used() {
 		w.c.batchUsesTx.Store(true)
@@ -90,9 +92,9 @@ func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState
 		return txOutcome{}, false
 	}
 
-	// Five statements and the handler's: as few as the position check, the
-	// session settings and the claims allow (each statement costs the
-	// server about as much as a row of the claim).
+	// Four statements and the handler's: as few as the position check, the
+	// session settings and the claims allow (on small batches each costs
+	// the server about as much as the claim itself).
 	q := &pgx.Batch{}
 	q.Queue("BEGIN")
 	head := append(make([]any, 0, len(w.c.sessionArgs)+5), w.c.sessionArgs...)
@@ -117,7 +119,7 @@ func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState
 	case err == nil:
 		bt.done = true
 		conn.Release()
-		w.reportBatchCall(ctx, b, began, nil)
+		w.reportBatchCall(ctx, b, took, nil)
 		return txOutcome{committed: n, failedAt: -1}, true
 	case errors.As(err, &pgErr):
 		// The server refused a statement, so it skipped the rest of the

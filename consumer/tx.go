@@ -392,7 +392,7 @@ func (w *worker) handleBatch(hctx, ctx context.Context, gtx *txguard.Tx, items [
 	run.handlerSince.Store(began.UnixNano())
 	err := w.c.callBatchHandler(hctx, b)
 	run.handlerSince.Store(0)
-	w.reportBatchCall(ctx, b, began, err)
+	w.reportBatchCall(ctx, b, time.Since(began), err)
 	if err = w.handlerOutcome(err, run, gtx); err != nil {
 		return nil, w.batchFailed(b, items, err)
 	}
@@ -400,13 +400,12 @@ func (w *worker) handleBatch(hctx, ctx context.Context, gtx *txguard.Tx, items [
 }
 
 // reportBatchCall tells the handler hooks about a BatchHandler call that
-// began at began: each message of the call with an equal share of its
-// duration.
-func (w *worker) reportBatchCall(ctx context.Context, b *Batch, began time.Time, err error) {
+// took d: each message of the call with an equal share of it.
+func (w *worker) reportBatchCall(ctx context.Context, b *Batch, d time.Duration, err error) {
 	if len(w.c.hooks.handler) == 0 || len(b.Messages) == 0 {
 		return
 	}
-	share := time.Since(began) / time.Duration(len(b.Messages))
+	share := d / time.Duration(len(b.Messages))
 	for _, m := range b.Messages {
 		for _, h := range w.c.hooks.handler {
 			h.OnHandlerEnd(ctx, m, share, err)

@@ -202,7 +202,12 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer, topic string, pa
 // Lookup returns the stored rows for the given ids of a consumer, by id.
 // Ids without a row are absent from the map.
 func (s *Store) Lookup(ctx context.Context, q schema.Querier, consumer string, ids []string) (map[string]Record, error) {
-	rows, err := q.Query(ctx, s.lookupSQL, consumer, ids)
+	// An unnamed statement, planned for these ids each time. The generic
+	// plan Postgres settles on for a cached statement made while the table
+	// was small seeks consumer only and filters message_id, reading every
+	// row of the consumer, and it stays until the statistics change
+	// (measured: lookups of about 100 ids in 200,000 rows took 250-570 ms).
+	rows, err := q.Query(ctx, s.lookupSQL, pgx.QueryExecModeExec, consumer, ids)
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: lookup: %w", err)
 	}

@@ -55,6 +55,30 @@ func TestClaimInsertsOnlyNewIDs(t *testing.T) {
 	require.Equal(t, "t", recs["c"].Topic)
 }
 
+// Lookup must not run as a cached prepared statement: the generic plan
+// Postgres settles on for one made while the table was small filters
+// message_id instead of seeking it (an index scan on consumer alone), which
+// read every row of the consumer on each lookup once the table had grown:
+// a benchmark's duplicate-heavy batches slowed down threefold within a run.
+func TestLookupIsNotACachedPreparedStatement(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	s, err := dedupe.NewStore(db.Schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	for range 10 { // past the five custom plans after which Postgres may go generic
+		_, err := s.Lookup(ctx, conn, "c", []string{"a", "b"})
+		require.NoError(t, err)
+	}
+	var n int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_statements WHERE strpos(statement, $1) > 0`,
+		"message_id = ANY").Scan(&n))
+	require.Zero(t, n, "the lookup was prepared on the connection")
+}
+
 func TestRolledBackClaimIsNotAClaim(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)

@@ -19,7 +19,10 @@
 // an order that rotates between rounds; tables report the median of the
 // rounds. Database round trips and offset commits are counted on the wire,
 // allocations with runtime.MemStats, peak RSS from /proc (the broker runs
-// in a child process so that none of this is the broker's).
+// in a child process so that none of this is the broker's). Round trips,
+// allocations and bytes are also counted over each run's second half
+// alone, from the moment half of its messages are done: the steady state,
+// after connections, prepared statements and per-partition buffers exist.
 //
 // Output: a table on stdout, results as JSON (-json), an SVG chart and
 // BENCHMARKS.md (-markdown); the last line of stdout is a JSON object with

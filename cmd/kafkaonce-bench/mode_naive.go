@@ -31,6 +31,7 @@ func runNaiveOne(ctx context.Context, e *env, c cell, b backlog, rec *recorder) 
 		if err != nil {
 			return ignoreEnd(ctx, err)
 		}
+		rec.start(time.Now())
 		if err := naiveApply(ctx, e, c, table, name, &m); err != nil {
 			return ignoreEnd(ctx, err)
 		}

@@ -52,6 +52,9 @@ func fetchAndApply(ctx context.Context, e *env, b backlog, partition, maxBatch i
 		if buf, err = f.Next(ctx, buf); err != nil {
 			return err
 		}
+		// As kafkaonce's OnBatchStart does: the first batch's own time
+		// counts (with a 2 ms effect it is seconds).
+		rec.start(time.Now())
 		if err := apply(ctx, partition, buf); err != nil {
 			return err
 		}

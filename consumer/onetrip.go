@@ -13,6 +13,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/notx"
 	"github.com/kafkaonce/kafkaonce/internal/pipetx"
+	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
 // A batch normally costs two round trips: the claims must come back before
@@ -126,8 +127,15 @@ func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState
 		// pipeline: nothing committed. The ordinary path runs the batch
 		// and finds out why (a claim taken, the position moved, a failing
 		// statement).
+		why := "a statement failed"
+		switch {
+		case pgErr.Code == offsets.CheckFailed:
+			why = "the stored position is not where this worker left it"
+		case !claimed && pgErr.Code == "23505":
+			why = "a message id was already claimed"
+		}
 		w.c.log.Debug("one-round-trip attempt dropped; running the batch claim-first", w.logAttrs(
-			slog.Int64("offset", items[0].msg.Offset), slog.Bool("claimed", claimed), slog.String("error", pgErr.Error()))...)
+			slog.Int64("offset", items[0].msg.Offset), slog.String("why", why), slog.String("error", pgErr.Error()))...)
 		return txOutcome{}, false
 	}
 	bt.done = true

@@ -124,15 +124,20 @@ func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState
 		return txOutcome{committed: n, failedAt: -1}, true
 	case errors.As(err, &pgErr):
 		// The server refused a statement, so it skipped the rest of the
-		// pipeline: nothing committed. The ordinary path runs the batch
-		// and finds out why (a claim taken, the position moved, a failing
-		// statement).
-		why := "a statement failed"
+		// pipeline: nothing committed. A claim taken, a position moved or
+		// a failing queued statement: the ordinary path runs the batch and
+		// sorts it out. Anything else before the claims (a lock or
+		// statement timeout, a deadlock, the server going down) would meet
+		// the ordinary path too: it is retried as infrastructure, without
+		// waiting for it twice.
+		why := "a queued statement failed"
 		switch {
 		case pgErr.Code == offsets.CheckFailed:
 			why = "the stored position is not where this worker left it"
 		case !claimed && pgErr.Code == "23505":
 			why = "a message id was already claimed"
+		case !claimed:
+			return infra(fmt.Errorf("begin and claim: %w", err)), true
 		}
 		w.c.log.Debug("one-round-trip attempt dropped; running the batch claim-first", w.logAttrs(
 			slog.Int64("offset", items[0].msg.Offset), slog.String("why", why), slog.String("error", pgErr.Error()))...)

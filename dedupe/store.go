@@ -68,31 +68,28 @@ func NewStore(schemaName string) (*Store, error) {
 		return nil, fmt.Errorf("dedupe: schema name %w", err)
 	}
 	t := schema.Table(schemaName, "processed_messages")
+	// Rows are inserted in message-id order so that two transactions
+	// claiming overlapping ids take their row locks in the same order and
+	// cannot deadlock each other. Without ON CONFLICT, a message id that is
+	// already there fails the statement (see QueueClaimNew).
+	claimNew := `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, topic, partition, kafka_offset)
+SELECT $1, c.message_id, c.fingerprint, $2, $3, c.kafka_offset
+FROM unnest($4::text[], $5::bytea[], $6::bigint[]) AS c(message_id, fingerprint, kafka_offset)
+ORDER BY c.message_id, c.kafka_offset`
+	// RETURNING the offset (not the id) lets the caller map results back
+	// without comparing strings.
+	const skipTaken = `
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING kafka_offset`
 	return &Store{
 		table:    t,
 		suspects: schema.Table(schemaName, "suspect_duplicates"),
-		// Rows are inserted in message-id order so that two transactions
-		// claiming overlapping ids take their row locks in the same order
-		// and cannot deadlock each other. RETURNING the offset (not the id)
-		// lets the caller map results back without comparing strings.
 		claimSQL: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, topic, partition, kafka_offset, status, attempts)
 SELECT $1, c.message_id, c.fingerprint, $2, $3, c.kafka_offset, c.status, c.attempts
 FROM unnest($4::text[], $5::bytea[], $6::bigint[], $7::text[], $8::int[]) AS c(message_id, fingerprint, kafka_offset, status, attempts)
-ORDER BY c.message_id, c.kafka_offset
-ON CONFLICT (consumer, message_id) DO NOTHING
-RETURNING kafka_offset`,
-		claimPlainSQL: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, topic, partition, kafka_offset)
-SELECT $1, c.message_id, c.fingerprint, $2, $3, c.kafka_offset
-FROM unnest($4::text[], $5::bytea[], $6::bigint[]) AS c(message_id, fingerprint, kafka_offset)
-ORDER BY c.message_id, c.kafka_offset
-ON CONFLICT (consumer, message_id) DO NOTHING
-RETURNING kafka_offset`,
-		// Without ON CONFLICT: a message id that is already there fails
-		// the statement (see QueueClaimNew).
-		claimNewSQL: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, topic, partition, kafka_offset)
-SELECT $1, c.message_id, c.fingerprint, $2, $3, c.kafka_offset
-FROM unnest($4::text[], $5::bytea[], $6::bigint[]) AS c(message_id, fingerprint, kafka_offset)
-ORDER BY c.message_id, c.kafka_offset`,
+ORDER BY c.message_id, c.kafka_offset` + skipTaken,
+		claimPlainSQL: claimNew + skipTaken,
+		claimNewSQL:   claimNew,
 		lookupSQL: `SELECT message_id, fingerprint, topic, partition, kafka_offset, status, attempts, processed_at
 FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
 		statusSQL: `UPDATE ` + t + ` AS p SET status = $3, attempts = u.attempts

@@ -147,7 +147,12 @@ type Config struct {
 	MaxBatch int
 
 	// MaxWait is how long a worker waits for more messages to fill a batch
-	// once it has one. Defaults to DefaultMaxWait; at most 10s.
+	// once it has one. Defaults to DefaultMaxWait; at most 10s. The wait
+	// ends sooner when the partition goes quiet: when no message has come
+	// for a fifth of MaxWait, the fetched messages are used up and the
+	// batch in hand goes at once rather than waiting out MaxWait. Under
+	// load the fetched messages never run out, and batches fill up to
+	// MaxBatch as before.
 	MaxWait time.Duration
 
 	// Dialer opens every Kafka connection the consumer makes (group

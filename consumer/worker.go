@@ -172,6 +172,7 @@ func (w *worker) fetchAndProcess(stop, work context.Context) error {
 		Start:     w.next,
 		MaxBatch:  w.c.cfg.MaxBatch,
 		Linger:    w.c.cfg.MaxWait,
+		Quiet:     kafkafetch.QuietFor(w.c.cfg.MaxWait),
 		MaxBytes:  w.c.cfg.FetchMaxBytes,
 		Logger:    kafkaLogger(w.c.log, levelKafkaChatter),
 		ErrLog:    kafkaLogger(w.c.log, slog.LevelDebug),

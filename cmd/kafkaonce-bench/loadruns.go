@@ -10,8 +10,8 @@ import (
 
 // latencyRuns measures end-to-end latency (producer clock to commit) with
 // the base cell's workload produced at a share (-latency-load, default
-// half) of each mode's measured maximum, for 15 seconds. (Not raw: half of its maximum is more than one
-// producer on this machine can send.)
+// half) of each mode's measured maximum, for 15 seconds. (Not raw: half of
+// its maximum is more than one producer on this machine can send.)
 func latencyRuns(ctx context.Context, e *env, results []result, o options) ([]result, error) {
 	var out []result
 	for _, name := range []string{"optimum", "kafkaonce", "kafkaonce-batch"} {
@@ -20,6 +20,11 @@ func latencyRuns(ctx context.Context, e *env, results []result, o options) ([]re
 			continue
 		}
 		load := max * o.loadShare
+		// As before every throughput run: no latency run pays for the
+		// clean-up and dirty pages of the runs before it.
+		if err := settle(ctx, e.db); err != nil {
+			return nil, err
+		}
 		r, err := latencyRun(ctx, e, modeNamed(name), base, load, o.loadShare, 15*time.Second)
 		if err != nil {
 			return nil, fmt.Errorf("latency of %s: %w", name, err)

@@ -102,7 +102,7 @@ func main() {
 	fs.StringVar(&o.jsonPath, "json", "bench-results/results.json", "where to write every run as JSON (empty: nowhere)")
 	fs.StringVar(&o.markdown, "markdown", "", "write BENCHMARKS.md here (full set; empty: not written)")
 	fs.StringVar(&o.chartPath, "chart", "", "write the throughput chart (SVG) here (default next to -markdown)")
-	fs.StringVar(&o.only, "only", "", "run only the cells whose description contains this")
+	fs.StringVar(&o.only, "only", "", "run only the cells whose description contains this (ending it with $: ends with it)")
 	fs.StringVar(&o.modes, "modes", "", "run only these modes, comma-separated (e.g. optimum,kafkaonce-batch)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run here")
 	fs.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile of the whole run here")
@@ -198,7 +198,13 @@ func buildPlan(o options) []planned {
 func run(ctx context.Context, log *slog.Logger, o options) error {
 	plan := buildPlan(o)
 	if o.only != "" {
-		plan = slices.DeleteFunc(plan, func(p planned) bool { return !strings.Contains(p.c.String(), o.only) })
+		want, exact := strings.CutSuffix(o.only, "$")
+		plan = slices.DeleteFunc(plan, func(p planned) bool {
+			if exact {
+				return !strings.HasSuffix(p.c.String(), want)
+			}
+			return !strings.Contains(p.c.String(), want)
+		})
 	}
 	if o.modes != "" {
 		keep := strings.Split(o.modes, ",")

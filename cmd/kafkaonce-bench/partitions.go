@@ -42,7 +42,7 @@ func eachPartition(ctx context.Context, e *env, c cell, b backlog, rec *recorder
 func fetchAndApply(ctx context.Context, e *env, b backlog, partition, maxBatch int, rec *recorder,
 	apply func(context.Context, int, []kafka.Message) error) error {
 	f, err := kafkafetch.Open(kafkafetch.Config{Brokers: e.brokers, Dialer: e.kafkaDialer, Topic: b.topic, Partition: partition,
-		Start: kafka.FirstOffset, MaxBatch: maxBatch, Linger: 5 * time.Millisecond, MaxBytes: 1 << 20})
+		Start: kafka.FirstOffset, MaxBatch: maxBatch, Linger: 5 * time.Millisecond, Quiet: kafkafetch.QuietFor(5 * time.Millisecond), MaxBytes: 1 << 20})
 	if err != nil {
 		return err
 	}

@@ -31,13 +31,24 @@ type Sighting struct {
 // ring slot (the fingerprints are SHA-256 sums, so their first bytes are
 // already a uniform hash). A Go map keyed by the 32-byte fingerprint cost
 // several times more time and garbage per message.
+//
+// The ring is kept in pages of pageSlots slots, added as it grows: growing
+// one slice by append copied it each time, and the copies were garbage of
+// several times the final ring (Go grows large slices by a quarter).
 type Window struct {
 	span  int64 // nanoseconds
 	max   int
-	ring  []slot // grows to max, then wraps
+	pages []*[pageSlots]slot // the ring: grows to max slots, then wraps
+	size  int                // slots in use, up to max
 	next  int
 	index []int32 // ring position + 1; 0 is empty. Never more than half full.
 }
+
+// pageSlots is the size of a page of the ring: 16 KiB.
+const pageSlots = 256
+
+// slot returns ring position i.
+func (w *Window) slot(i int) *slot { return &w.pages[i/pageSlots][i%pageSlots] }
 
 type slot struct {
 	fp     dedupe.Fingerprint
@@ -61,7 +72,7 @@ func (w *Window) Observe(fp dedupe.Fingerprint, id string, offset int64, now tim
 	at := now.UnixNano()
 	ix, found := w.find(&fp)
 	if found {
-		s := &w.ring[w.index[ix]-1]
+		s := w.slot(int(w.index[ix]) - 1)
 		if s.id == id {
 			// The same message again (a retry of the batch, a redelivery):
 			// keep the first sighting.
@@ -71,14 +82,17 @@ func (w *Window) Observe(fp dedupe.Fingerprint, id string, offset int64, now tim
 			prev, suspect = Sighting{MessageID: s.id, Offset: s.offset, At: time.Unix(0, s.at)}, true
 		}
 	}
-	if len(w.ring) < w.max && w.next == len(w.ring) {
-		w.ring = append(w.ring, slot{})
-		if 2*len(w.ring) > len(w.index) {
+	if w.size < w.max && w.next == w.size {
+		if w.size%pageSlots == 0 {
+			w.pages = append(w.pages, new([pageSlots]slot))
+		}
+		w.size++
+		if 2*w.size > len(w.index) {
 			w.grow()
 			ix, found = w.find(&fp)
 		}
 	}
-	s := &w.ring[w.next]
+	s := w.slot(w.next)
 	if s.at != 0 {
 		// Forget the sighting this slot held, if the index still points
 		// at it (a later sighting of the same content may have taken over).
@@ -107,7 +121,7 @@ func (w *Window) find(fp *dedupe.Fingerprint) (int, bool) {
 		if e == 0 {
 			return i, false
 		}
-		if w.ring[e-1].fp == *fp {
+		if w.slot(int(e)-1).fp == *fp {
 			return i, true
 		}
 	}
@@ -124,7 +138,7 @@ func (w *Window) forget(fp *dedupe.Fingerprint, pos int32) {
 	for j := (i + 1) & mask; w.index[j] != 0; j = (j + 1) & mask {
 		// The entry at j may fill the hole at i when i lies on its probe
 		// sequence, between its home and j.
-		k := w.home(&w.ring[w.index[j]-1].fp)
+		k := w.home(&w.slot(int(w.index[j]) - 1).fp)
 		if (j-k)&mask >= (j-i)&mask {
 			w.index[i] = w.index[j]
 			i = j
@@ -139,7 +153,7 @@ func (w *Window) grow() {
 	w.index = make([]int32, 2*len(old))
 	for _, e := range old {
 		if e != 0 {
-			i, _ := w.find(&w.ring[e-1].fp)
+			i, _ := w.find(&w.slot(int(e) - 1).fp)
 			w.index[i] = e
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sort"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -29,6 +30,37 @@ type item struct {
 	// suspect is the earlier sighting of the same content under another
 	// id, for a suspect duplicate.
 	suspect *recent.Sighting
+	// repeatOf is the offset of the first copy of this message (same id,
+	// same content) this worker saw, or -1. Below the worker's position,
+	// that copy is committed: this one is a re-send (see resent).
+	repeatOf int64
+}
+
+// resent reports whether it is, most likely, a re-send of a message this
+// worker already committed: the same id and content were first seen below
+// next, the position of the batches committed so far. Only a prediction,
+// which the database checks (see oneTrip).
+func (it *item) resent(next int64) bool { return it.repeatOf >= 0 && it.repeatOf < next }
+
+// firstCopyInBatch returns the index of the earlier message of items that
+// items[i] repeats (the same id and content, further back in the same
+// batch), or -1.
+func firstCopyInBatch(items []item, i int) int {
+	r := items[i].repeatOf
+	if r < items[0].msg.Offset || r >= items[i].msg.Offset {
+		return -1
+	}
+	j := sort.Search(i, func(k int) bool { return items[k].msg.Offset >= r })
+	if j < i && items[j].msg.Offset == r && items[j].msg.ID == items[i].msg.ID && items[j].fp == items[i].fp {
+		return j
+	}
+	return -1
+}
+
+// foreseen reports whether items[i] was known for a duplicate before its
+// claim: a re-send of a committed message, or a repeat within the batch.
+func foreseen(items []item, i int, next int64) bool {
+	return items[i].resent(next) || firstCopyInBatch(items, i) >= 0
 }
 
 // processBatch converts a fetched batch, derives its message ids and
@@ -39,7 +71,7 @@ func (w *worker) processBatch(stop, work context.Context, raw []kafka.Message) e
 	var stopErr error
 	now := time.Now() // one clock reading per batch for the suspect check
 	for i := range raw {
-		items = append(items, item{msg: Message{
+		items = append(items, item{repeatOf: -1, msg: Message{
 			Topic:     raw[i].Topic,
 			Partition: raw[i].Partition,
 			Offset:    raw[i].Offset,
@@ -62,7 +94,9 @@ func (w *worker) processBatch(stop, work context.Context, raw []kafka.Message) e
 		it.msg.ID = id
 		it.fp = dedupe.FingerprintOf(it.msg.Key, it.msg.Value)
 		if w.recent != nil {
-			if prev, ok := w.recent.Observe(it.fp, id, it.msg.Offset, now); ok {
+			prev, suspect, repeatOf := w.recent.ObserveRepeat(it.fp, id, it.msg.Offset, now)
+			it.repeatOf = repeatOf
+			if suspect {
 				it.suspect = &prev
 				w.reportSuspect(work, &it.msg, prev)
 			}

@@ -22,9 +22,20 @@ import (
 // nothing from the database. For those, oneTrip calls the handler first, as
 // if every message were new, and sends everything in one pipeline: BEGIN,
 // the session settings with the checked advance of the position, claims
-// that fail on any id already claimed, the queued effects, COMMIT. Whatever should stop the batch
-// raises an error, so the server skips the rest, COMMIT included, and the
-// batch then runs the ordinary way, which sorts it out. The order "database
+// that fail on any id already claimed, the check of foreseen re-sends, the
+// queued effects, COMMIT. Whatever should stop the batch raises an error,
+// so the server skips the rest, COMMIT included, and the batch then runs
+// the ordinary way, which sorts it out.
+//
+// Duplicates the worker foresees do not stop it. The suspect-duplicate
+// window remembers, per content, the id it came with and where it was
+// first seen: a message seen again with the same id and content is a
+// re-send of a committed message when the first copy is below the
+// worker's position, and a repeat when the first copy is earlier in the
+// same batch. Both are left out of the handler call and the claims. A
+// repeat needs no check (its first copy's claim fails the batch if that id
+// is taken); re-sends go to expect_claimed, which fails the batch unless
+// each is claimed with the same fingerprint. The order "database
 // commit, then offset commit" is unchanged: the Kafka offset is committed by
 // the caller after this returns, as for any batch.
 
@@ -44,9 +55,10 @@ func (w *worker) oneTripEligible(items []item, p *plan) bool {
 		return false
 	}
 	if w.sawDuplicates {
-		// Duplicates come in runs (a replay, a producer re-sending a
-		// range): an attempt would most likely fail, costing a round trip
-		// and a handler call. The ordinary path tells when the run is over.
+		// Unforeseen duplicates come in runs (a replay, a producer
+		// re-sending a range from before this worker's time): an attempt
+		// would most likely fail, costing a round trip and a handler call.
+		// The ordinary path tells when the run is over.
 		return false
 	}
 	for i := range items {
@@ -63,7 +75,24 @@ func (w *worker) oneTripEligible(items []item, p *plan) bool {
 func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState, run *txRun) (out txOutcome, ok bool) {
 	n := len(items)
 	st.reset(n)
+	// Duplicates foreseen from memory are skipped without a claim: a
+	// re-send of a message this worker committed (expect_claimed checks
+	// that it is claimed, with the same content), and a repeat of an
+	// earlier message of the batch (whose claim fails the batch if that one
+	// is taken).
+	var resentIDs []string
+	var resentFps []dedupe.Fingerprint
 	for i := range items {
+		if items[i].resent(w.next) {
+			st.fates[i] = fateSkipped
+			resentIDs = append(resentIDs, items[i].msg.ID)
+			resentFps = append(resentFps, items[i].fp)
+			continue
+		}
+		if j := firstCopyInBatch(items, i); j >= 0 && st.claimed[j] {
+			st.fates[i] = fateSkippedInBatch
+			continue
+		}
 		st.claims = append(st.claims, dedupe.Claim{MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Offset: items[i].msg.Offset})
 		st.claimItem = append(st.claimItem, i)
 		st.claimed[i] = true // and st.fates[i] is fateApplied
@@ -73,24 +102,27 @@ func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState
 	b := &w.batchCall
 	b.reset(ahead)
 	b.index = b.index[:0]
-	for i := range items {
+	for _, i := range st.claimItem {
 		b.Messages = append(b.Messages, &items[i].msg)
 		b.index = append(b.index, i)
 	}
-	run.current.Store(0)
-	began := time.Now()
-	run.handlerSince.Store(began.UnixNano())
-	err := w.c.callBatchHandler(hctx, b)
-	took := time.Since(began)
-	run.handlerSince.Store(0)
-	if ahead.Used() {
-		w.c.batchUsesTx.Store(true)
-		w.c.log.Info("the batch handler uses Batch.Tx; batches open their transaction before calling it from now on", w.logAttrs()...)
-	}
-	if err != nil || ahead.Used() || run.timedOut.Load() {
-		// The ordinary way calls the handler again, in an open
-		// transaction, and deals with its failure there.
-		return txOutcome{}, false
+	var took time.Duration
+	if len(b.Messages) > 0 {
+		run.current.Store(int32(b.index[0]))
+		began := time.Now()
+		run.handlerSince.Store(began.UnixNano())
+		err := w.c.callBatchHandler(hctx, b)
+		took = time.Since(began)
+		run.handlerSince.Store(0)
+		if ahead.Used() {
+			w.c.batchUsesTx.Store(true)
+			w.c.log.Info("the batch handler uses Batch.Tx; batches open their transaction before calling it from now on", w.logAttrs()...)
+		}
+		if err != nil || ahead.Used() || run.timedOut.Load() {
+			// The ordinary way calls the handler again, in an open
+			// transaction, and deals with its failure there.
+			return txOutcome{}, false
+		}
 	}
 
 	// Four statements and the handler's: as few as the position check, the
@@ -100,10 +132,17 @@ func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState
 	q.Queue("BEGIN")
 	head := append(make([]any, 0, len(w.c.sessionArgs)+5), w.c.sessionArgs...)
 	q.Queue(w.c.oneTripHeadSQL, append(head, w.c.cfg.Name, w.topic, w.partition, w.next, items[n-1].msg.Offset+1)...)
-	claimed := false
-	w.c.claims.QueueClaimNew(q, w.c.cfg.Name, w.topic, w.partition, st.claims)
-	q.QueuedQueries[len(q.QueuedQueries)-1].Exec(func(pgconn.CommandTag) error { claimed = true; return nil })
-	q.QueuedQueries = append(q.QueuedQueries, b.queued.QueuedQueries...)
+	claimed := len(st.claims) == 0
+	if !claimed {
+		w.c.claims.QueueClaimNew(q, w.c.cfg.Name, w.topic, w.partition, st.claims)
+		q.QueuedQueries[len(q.QueuedQueries)-1].Exec(func(pgconn.CommandTag) error { claimed = true; return nil })
+	}
+	if len(resentIDs) > 0 {
+		w.c.claims.QueueExpectClaimed(q, w.c.cfg.Name, resentIDs, resentFps)
+	}
+	if len(b.Messages) > 0 {
+		q.QueuedQueries = append(q.QueuedQueries, b.queued.QueuedQueries...)
+	}
 	w.queueSuspects(q, items, st, n)
 	q.Queue("COMMIT")
 
@@ -120,7 +159,9 @@ func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState
 	case err == nil:
 		bt.done = true
 		conn.Release()
-		w.reportBatchCall(ctx, b, took, nil)
+		if len(b.Messages) > 0 {
+			w.reportBatchCall(ctx, b, took, nil)
+		}
 		return txOutcome{committed: n, failedAt: -1}, true
 	case errors.As(err, &pgErr):
 		// The server refused a statement, so it skipped the rest of the
@@ -134,6 +175,8 @@ func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState
 		switch {
 		case pgErr.Code == offsets.CheckFailed:
 			why = "the stored position is not where this worker left it"
+		case pgErr.Code == dedupe.ExpectFailed:
+			why = "a message taken for a re-send is not claimed with the same content"
 		case !claimed && pgErr.Code == "23505":
 			why = "a message id was already claimed"
 		case !claimed:

@@ -2,10 +2,13 @@ package consumer_test
 
 import (
 	"context"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
@@ -84,4 +87,94 @@ func TestOneTripStopsAtALostPosition(t *testing.T) {
 
 	e.requireExactlyOnce(append(ids, more...))
 	require.Equal(t, map[int]int64{0: 200}, e.storedPositions())
+}
+
+// Duplicates the worker can foresee cost no extra round trip: a re-send of
+// a message it committed (the same id and content) and a repeat within the
+// batch are skipped without a claim, the handler never sees them, and the
+// batch still goes in one round trip (the database checks the re-sends in
+// the same pipeline).
+func TestOneTripSkipsForeseenDuplicates(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	rt := &roundTrips{}
+	pool := e.db.PoolVia(t, e.db.ServerAddr(t), func(cfg *pgxpool.Config) { cfg.ConnConfig.DialFunc = rt.dial })
+	ids := e.produceIDs("f", 100)
+	h := &batchEffects{e: e}
+	cfg := batchConfig(e, h)
+	cfg.MaxBatch = 20
+	counts := &perBatch{rt: rt}
+	cfg.Hooks = append(cfg.Hooks, counts)
+	r := e.start(cfg, pool)
+	e.waitCommitted(map[int]int64{0: 100}, 30*time.Second)
+	counts.mu.Lock()
+	before := len(counts.counts)
+	counts.mu.Unlock()
+
+	// New messages with re-sends of committed ones between them, and one
+	// new message sent twice in a row.
+	var again []kafka.Message
+	for i := 0; i < 20; i++ {
+		again = append(again, msg(0, "g-"+strconv.Itoa(i), "v-g-"+strconv.Itoa(i)), msg(0, ids[i*5], "v-"+ids[i*5]))
+		ids = append(ids, "g-"+strconv.Itoa(i))
+	}
+	again = append(again, msg(0, "g-twice", "v-g-twice"), msg(0, "g-twice", "v-g-twice"))
+	ids = append(ids, "g-twice")
+	e.kafka.Produce(t, e.topic, again...)
+	e.waitCommitted(map[int]int64{0: 142}, 30*time.Second)
+	r.stop()
+
+	e.requireExactlyOnce(ids)
+	e.check(expectation{ids: ids})
+	h.mu.Lock()
+	for id, n := range h.seenIDs {
+		require.Equalf(t, 1, n, "message %s was passed to the handler once", id)
+	}
+	h.mu.Unlock()
+	skipped := e.events.snapshot().skipped
+	require.Equal(t, 21, skipped[consumer.SkipAlreadyClaimed]+skipped[consumer.SkipDuplicateInBatch], "skipped: %v", skipped)
+	// One round trip per batch, and one more the first time the check of
+	// re-sends is sent (pgx prepares a statement new to the connection).
+	// Claiming first, each batch holding a re-send would take three.
+	counts.mu.Lock()
+	defer counts.mu.Unlock()
+	after := counts.counts[before:]
+	var sum int64
+	for _, n := range after {
+		sum += n
+	}
+	require.NotEmpty(t, after)
+	require.LessOrEqualf(t, sum, int64(len(after)+1), "round trips of the batches holding re-sends: %v", after)
+}
+
+// What the worker remembers only predicts: the database decides. A
+// message re-sent after its claim was deleted (pruned) is applied again,
+// and one whose id is now claimed with other content is a conflict; taking
+// either for a plain re-send from memory would skip it silently.
+func TestOneTripForeseenDuplicatesAreCheckedByTheDatabase(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ids := e.produceIDs("d", 40)
+	cfg := batchConfig(e, &batchEffects{e: e})
+	cfg.MaxBatch = 20
+	r := e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 40}, 30*time.Second)
+
+	claims := e.db.Table("processed_messages")
+	e.db.Exec(t, `DELETE FROM `+claims+` WHERE message_id = $1`, ids[3])
+	e.db.Exec(t, `UPDATE `+claims+` SET fingerprint = sha256('other content') WHERE message_id = $1`, ids[5])
+	e.kafka.Produce(t, e.topic, msg(0, "n-0", "v-n-0"), msg(0, ids[3], "v-"+ids[3]), msg(0, ids[5], "v-"+ids[5]), msg(0, "n-1", "v-n-1"))
+	e.waitCommitted(map[int]int64{0: 44}, 30*time.Second)
+	r.stop()
+
+	count := func(id string) int64 {
+		return e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("effects")+` WHERE message_id = $1`, id)
+	}
+	require.EqualValues(t, 2, count(ids[3]), "a re-send whose claim is gone is applied again")
+	require.EqualValues(t, 1, count(ids[5]), "a re-send whose id holds other content is not applied")
+	require.EqualValues(t, 1, count("n-0"))
+	require.EqualValues(t, 1, count("n-1"))
+	conflicts := e.events.snapshot().conflicts
+	require.Len(t, conflicts, 1)
+	require.Equal(t, ids[5], conflicts[0].MessageID)
 }

@@ -221,7 +221,9 @@ func (w *worker) tx(hctx, ctx context.Context, items []item, p *plan, st *batchS
 	w.sawDuplicates = false
 	for j, i := range st.claimItem {
 		st.claimed[i] = st.claimedBy[j]
-		w.sawDuplicates = w.sawDuplicates || !st.claimedBy[j]
+		// Duplicates foreseen from memory do not count: a one-trip batch
+		// skips those without a claim (see oneTrip).
+		w.sawDuplicates = w.sawDuplicates || !st.claimedBy[j] && !foreseen(items, i, w.next)
 		switch {
 		case !st.claimed[i]:
 		case p.deadLetter[i] != nil:

@@ -60,8 +60,9 @@ type worker struct {
 	// batchCall is the Batch passed to a BatchHandler, reused.
 	batchCall Batch
 
-	// sawDuplicates: the last batch held messages already claimed, so the
-	// next one probably does too and claims first (see oneTrip).
+	// sawDuplicates: the last batch held messages already claimed that
+	// were not foreseen, so the next one probably does too and claims
+	// first (see oneTrip).
 	sawDuplicates bool
 }
 

@@ -60,6 +60,7 @@ type Store struct {
 	lookupSQL     string
 	statusSQL     string
 	claimNewSQL   string
+	expectSQL     string
 }
 
 // NewStore returns a Store for the tables in schemaName.
@@ -90,6 +91,7 @@ FROM unnest($4::text[], $5::bytea[], $6::bigint[], $7::text[], $8::int[]) AS c(m
 ORDER BY c.message_id, c.kafka_offset` + skipTaken,
 		claimPlainSQL: claimNew + skipTaken,
 		claimNewSQL:   claimNew,
+		expectSQL:     `SELECT ` + schema.Table(schemaName, "expect_claimed") + `($1, $2, $3)`,
 		lookupSQL: `SELECT message_id, fingerprint, topic, partition, kafka_offset, status, attempts, processed_at
 FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
 		statusSQL: `UPDATE ` + t + ` AS p SET status = $3, attempts = u.attempts
@@ -156,6 +158,24 @@ func (s *Store) QueueClaim(b *pgx.Batch, consumer, topic string, partition int, 
 func (s *Store) QueueClaimNew(b *pgx.Batch, consumer, topic string, partition int, claims []Claim) {
 	ids, fps, offsets := claimArrays(claims)
 	b.Queue(s.claimNewSQL, consumer, topic, partition, ids, fps, offsets)
+}
+
+// ExpectFailed is the SQLSTATE of QueueExpectClaimed's statement when a
+// message it names is not claimed with the given fingerprint.
+const ExpectFailed = "KO002"
+
+// QueueExpectClaimed adds to b a statement that fails with SQLSTATE
+// ExpectFailed unless every ids[i] is claimed by consumer with fps[i]: the
+// check for messages skipped as re-sent without claiming them. Like a
+// failing claim, a failure stops a pipelined transaction before its COMMIT.
+func (s *Store) QueueExpectClaimed(b *pgx.Batch, consumer string, ids []string, fps []Fingerprint) {
+	idArr := make(pgarray.Array[pgarray.Text], len(ids))
+	fpArr := make(pgarray.Array[pgarray.Bytes], len(fps))
+	for i := range ids {
+		idArr[i] = pgarray.Text(ids[i])
+		fpArr[i] = fps[i][:]
+	}
+	b.Queue(s.expectSQL, consumer, idArr, fpArr)
 }
 
 // claimArrays are the array parameters of the claim statements.

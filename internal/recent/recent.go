@@ -67,16 +67,23 @@ func New(max int, span time.Duration) *Window {
 // Observe records a sighting of fp under id, and returns the previous
 // sighting of fp when it was under another id within the span.
 func (w *Window) Observe(fp dedupe.Fingerprint, id string, offset int64, now time.Time) (Sighting, bool) {
-	var prev Sighting
-	suspect := false
+	prev, suspect, _ := w.ObserveRepeat(fp, id, offset, now)
+	return prev, suspect
+}
+
+// ObserveRepeat is Observe, and it also reports, as repeatOf, the offset
+// at which fp was first seen under id itself when it was (this message
+// fetched again, or a re-send of it under the same id), else -1. Only the
+// last id seen with fp is remembered.
+func (w *Window) ObserveRepeat(fp dedupe.Fingerprint, id string, offset int64, now time.Time) (prev Sighting, suspect bool, repeatOf int64) {
 	at := now.UnixNano()
 	ix, found := w.find(&fp)
 	if found {
 		s := w.slot(int(w.index[ix]) - 1)
 		if s.id == id {
-			// The same message again (a retry of the batch, a redelivery):
-			// keep the first sighting.
-			return prev, false
+			// The same message again (a retry of the batch, a redelivery,
+			// a re-send): keep the first sighting.
+			return prev, false, s.offset
 		}
 		if at-s.at <= w.span && s.offset != offset {
 			prev, suspect = Sighting{MessageID: s.id, Offset: s.offset, At: time.Unix(0, s.at)}, true
@@ -104,7 +111,7 @@ func (w *Window) Observe(fp dedupe.Fingerprint, id string, offset int64, now tim
 	// belongs.
 	w.index[ix] = int32(w.next + 1)
 	w.next = (w.next + 1) % w.max
-	return prev, suspect
+	return prev, suspect, -1
 }
 
 // home is where fp's probe sequence starts.

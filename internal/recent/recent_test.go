@@ -123,3 +123,28 @@ func BenchmarkObserve(b *testing.B) {
 		w.Observe(fps[j], ids[j], int64(i), now)
 	}
 }
+
+// ObserveRepeat tells a message seen again under its own id (a redelivery
+// or a re-send) from a first sighting, and points at the first copy.
+func TestObserveRepeat(t *testing.T) {
+	w := New(10, time.Minute)
+	now := time.Now()
+	if _, _, r := w.ObserveRepeat(fp("a"), "id-1", 5, now); r != -1 {
+		t.Fatalf("first sighting: repeatOf %d, want -1", r)
+	}
+	if _, s, r := w.ObserveRepeat(fp("a"), "id-1", 9, now); s || r != 5 {
+		t.Fatalf("re-send: suspect %v, repeatOf %d; want false, 5 (the first copy)", s, r)
+	}
+	// The same content under another id: a suspect, not a repeat, and it
+	// becomes the id the content is remembered with.
+	if _, s, r := w.ObserveRepeat(fp("a"), "id-2", 12, now); !s || r != -1 {
+		t.Fatalf("another id: suspect %v, repeatOf %d; want true, -1", s, r)
+	}
+	if _, _, r := w.ObserveRepeat(fp("a"), "id-2", 13, now); r != 12 {
+		t.Fatalf("re-send under the second id: repeatOf %d, want 12", r)
+	}
+	// Another content under a known id is not a repeat of it.
+	if _, _, r := w.ObserveRepeat(fp("b"), "id-2", 14, now); r != -1 {
+		t.Fatalf("new content under a known id: repeatOf %d, want -1", r)
+	}
+}

@@ -73,6 +73,9 @@ func latencyRun(ctx context.Context, e *env, m mode, c cell, load, share float64
 	}
 	cancel()
 	err := <-errs
+	if derr := deleteTopic(ctx, e, topic); err == nil {
+		err = derr
+	}
 	snap.finish(e, &r, rec)
 	r.Correct = "-"
 	return r, err
@@ -128,6 +131,9 @@ func memoryRuns(ctx context.Context, e *env, o options) ([]result, error) {
 		}
 		r, err := runOne(ctx, e, modeNamed("kafkaonce"), c, b, 1, o)
 		if err != nil {
+			return nil, err
+		}
+		if err := deleteTopic(ctx, e, topic); err != nil {
 			return nil, err
 		}
 		r.Mode = fmt.Sprintf("kafkaonce backlog %dM", n/1_000_000)

@@ -271,6 +271,9 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 					"rt/batch", fmt.Sprintf("%.2f", r.RoundTripsPerBatch), "2nd half rt/batch", fmt.Sprintf("%.2f", r.SteadyRoundTripsPerBatch), "check", r.Correct)
 				results = append(results, r)
 			}
+			if err := deleteTopic(ctx, e, topic); err != nil {
+				return err
+			}
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}

@@ -176,6 +176,14 @@ func createTopic(ctx context.Context, e *env, topic string, partitions int) erro
 	return devenv.CreateTopic(ctx, e.brokers, topic, partitions)
 }
 
+// deleteTopic drops a topic once its runs are over: the in-process broker
+// keeps every message in memory, and a full run's backlogs (gigabytes by
+// the end) would otherwise weigh on every later run, its collector taking
+// CPU from them.
+func deleteTopic(ctx context.Context, e *env, topic string) error {
+	return devenv.DeleteTopic(ctx, e.brokers, topic)
+}
+
 // sentAt reads the producer's clock from a message.
 func sentAt(headers []kafka.Header) (time.Time, bool) {
 	for _, h := range headers {

@@ -14,19 +14,11 @@ import (
 // CreateTopic creates a topic through the cluster's controller and waits
 // until all of its partitions have leaders.
 func CreateTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
-	conn, err := kafka.DialContext(ctx, "tcp", brokers[0])
+	conn, cc, err := dialController(ctx, brokers)
 	if err != nil {
-		return fmt.Errorf("dial %s: %w", brokers[0], err)
+		return err
 	}
 	defer conn.Close()
-	controller, err := conn.Controller()
-	if err != nil {
-		return fmt.Errorf("find controller: %w", err)
-	}
-	cc, err := kafka.DialContext(ctx, "tcp", net.JoinHostPort(controller.Host, strconv.Itoa(controller.Port)))
-	if err != nil {
-		return fmt.Errorf("dial controller: %w", err)
-	}
 	defer cc.Close()
 	if err := cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}); err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
 		return fmt.Errorf("create topic %s: %w", topic, err)
@@ -46,4 +38,38 @@ func CreateTopic(ctx context.Context, brokers []string, topic string, partitions
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// DeleteTopic deletes a topic through the cluster's controller (a topic
+// that does not exist is not an error).
+func DeleteTopic(ctx context.Context, brokers []string, topic string) error {
+	conn, cc, err := dialController(ctx, brokers)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	defer cc.Close()
+	if err := cc.DeleteTopics(topic); err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition) {
+		return fmt.Errorf("delete topic %s: %w", topic, err)
+	}
+	return nil
+}
+
+// dialController connects to the first broker and to the controller.
+func dialController(ctx context.Context, brokers []string) (conn, controller *kafka.Conn, err error) {
+	conn, err = kafka.DialContext(ctx, "tcp", brokers[0])
+	if err != nil {
+		return nil, nil, fmt.Errorf("dial %s: %w", brokers[0], err)
+	}
+	c, err := conn.Controller()
+	if err != nil {
+		conn.Close()
+		return nil, nil, fmt.Errorf("find controller: %w", err)
+	}
+	controller, err = kafka.DialContext(ctx, "tcp", net.JoinHostPort(c.Host, strconv.Itoa(c.Port)))
+	if err != nil {
+		conn.Close()
+		return nil, nil, fmt.Errorf("dial controller: %w", err)
+	}
+	return conn, controller, nil
 }

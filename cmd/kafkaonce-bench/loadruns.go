@@ -3,82 +3,177 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 )
 
-// latencyRuns measures end-to-end latency (producer clock to commit) with
-// the base cell's workload produced at a share (-latency-load, default
-// half) of each mode's measured maximum, for 15 seconds. (Not raw: half of
-// its maximum is more than one producer on this machine can send.)
+// latencyRuns measures end-to-end latency (producer clock to commit) on
+// the base cell's workload, produced at a share (-latency-load, default
+// half) of each mode's maximum load, for 15 seconds. (Not raw: half of its
+// maximum is more than one producer on this machine can send.)
+//
+// Two maxima, each with its latency run:
+//   - capacity: the highest rate a producer can send at while the mode
+//     keeps up, found by a ramp (see capacityRun). Producer, broker,
+//     database and consumer share the machine's two cores, so this is the
+//     most load the machine can be offered.
+//   - drain: the mode's msgs/s on the base cell, from a backlog produced
+//     beforehand. It leaves out the producer's and the broker's share of
+//     the CPU, so half of it is a heavier load: reported too, as the
+//     stricter figure, and the one closer to a deployment where the
+//     producer and the broker have machines of their own.
 func latencyRuns(ctx context.Context, e *env, results []result, o options) ([]result, error) {
 	var out []result
 	for _, name := range []string{"optimum", "kafkaonce", "kafkaonce-batch"} {
-		max := medianOf(pick(results, name, base))
-		if max == 0 {
+		drain := medianOf(pick(results, name, base))
+		if drain == 0 {
 			continue
 		}
-		load := max * o.loadShare
-		// As before every throughput run: no latency run pays for the
-		// clean-up and dirty pages of the runs before it.
-		if err := settle(ctx, e.db); err != nil {
-			return nil, err
-		}
-		r, err := latencyRun(ctx, e, modeNamed(name), base, load, o.loadShare, 15*time.Second)
+		m := modeNamed(name)
+		capacity, err := capacityRun(ctx, e, m, base, drain)
 		if err != nil {
-			return nil, fmt.Errorf("latency of %s: %w", name, err)
+			return nil, fmt.Errorf("capacity of %s: %w", name, err)
 		}
-		e.log.Info("latency", "mode", name, "load msgs/s", int(load), "p50 ms", r.P50ms, "p99 ms", r.P99ms)
-		out = append(out, r)
+		e.log.Info("capacity", "mode", name, "msgs/s", int(capacity.MsgsPerSec), "drain msgs/s", int(drain))
+		out = append(out, capacity)
+		for _, max := range []struct {
+			of   string
+			rate float64
+		}{{ofCapacity, capacity.MsgsPerSec}, {ofDrain, drain}} {
+			load := max.rate * o.loadShare
+			r, err := latencyRun(ctx, e, m, base, load, o.loadShare)
+			if err != nil {
+				return nil, fmt.Errorf("latency of %s: %w", name, err)
+			}
+			r.Mode += " " + max.of
+			e.log.Info("latency", "mode", r.Mode, "load msgs/s", int(load), "p50 ms", r.P50ms, "p99 ms", r.P99ms)
+			out = append(out, r)
+		}
 	}
 	return out, nil
 }
 
-func latencyRun(ctx context.Context, e *env, m mode, c cell, load, share float64, d time.Duration) (result, error) {
-	topic := fmt.Sprintf("bench-latency-%s-%d", m.name, time.Now().UnixNano())
-	if err := createTopic(ctx, e, topic, c.Partitions); err != nil {
-		return result{}, err
-	}
-	total := int(load * d.Seconds())
-	// One message per partition first, to wait for until the consumer is
-	// in its group and caught up; they are not counted.
-	warm := c.Partitions
-	b := backlog{topic: topic, total: warm + total, unique: warm + total}
-	rec := newRecorder(warm + total)
-	r := result{Mode: fmt.Sprintf("%s@%.0f%%", m.name, 100*share), Cell: c, LoadMsgsPerSec: load}
-	rctx, cancel := context.WithTimeout(ctx, d+2*time.Minute)
-	defer cancel()
-	snap := takeSnapshot(e, rec)
-	errs := make(chan error, 1)
-	go func() { errs <- m.run(rctx, e, c, b, rec) }()
-	if _, err := produce(rctx, e.brokers, topic, c, warm, 1); err != nil {
-		return r, err
-	}
-	for rec.done.Load() < int64(warm) {
-		if rctx.Err() != nil {
-			return r, fmt.Errorf("the consumer did not take the warm-up messages: %w", rctx.Err())
+const (
+	// latencySeconds is how long a latency run produces.
+	latencySeconds = 15
+	// A capacity ramp starts at rampFrom of the drain rate and climbs by
+	// rampStep of it every rampHold, up to rampTo.
+	rampFrom, rampStep, rampTo = 0.4, 0.1, 1.3
+	rampHold                   = 4 * time.Second
+	// A step is kept up with when, at its end, fewer messages than
+	// rampLagLimit's worth at its rate are waiting.
+	rampLagLimit = 250 * time.Millisecond
+
+	ofCapacity = "of capacity"
+	ofDrain    = "of drain"
+)
+
+// capacityRun finds the highest rate at which the mode keeps up with a
+// producer running at the same time: one consumer, one topic, and a
+// producer whose rate climbs in steps (rampFrom to rampTo of drain, each
+// held for rampHold). A step is kept up with when the producer managed its
+// rate and, at the step's end, less than rampLagLimit's worth of messages
+// is waiting; the result's msgs/s is the rate of the last such step (0
+// when none was).
+func capacityRun(ctx context.Context, e *env, m mode, c cell, drain float64) (result, error) {
+	r := result{Mode: m.name + "@capacity", Cell: c, Correct: "-"}
+	err := withLoad(ctx, e, m, c, math.MaxInt32, func(ctx context.Context, topic string, rec *recorder, warm int) error {
+		sent := 0
+		for share := rampFrom; share <= rampTo+1e-9; share += rampStep {
+			rate := drain * share
+			n := int(rate * rampHold.Seconds())
+			began := time.Now()
+			if err := produceAt(ctx, e.brokers, topic, c, n, rate); err != nil {
+				return err
+			}
+			took := time.Since(began)
+			sent += n
+			waiting := sent - int(rec.done.Load()-int64(warm))
+			kept := took <= rampHold+rampHold/10 && float64(waiting) <= rate*rampLagLimit.Seconds()
+			e.log.Info("capacity step", "mode", m.name, "rate", int(rate), "produced in", took.Round(time.Millisecond), "waiting", waiting, "kept up", kept)
+			if !kept {
+				break
+			}
+			r.MsgsPerSec = rate
 		}
-		time.Sleep(10 * time.Millisecond)
+		return nil
+	})
+	return r, err
+}
+
+// latencyRun runs m while a producer sends latencySeconds of messages at
+// load per second (share of the mode's maximum), and records each
+// message's time from produce to commit.
+func latencyRun(ctx context.Context, e *env, m mode, c cell, load, share float64) (result, error) {
+	r := result{Mode: fmt.Sprintf("%s@%.0f%%", m.name, 100*share), Cell: c, LoadMsgsPerSec: load, Correct: "-"}
+	total := int(load * latencySeconds)
+	var snap *snapshot
+	var rec *recorder
+	err := withLoad(ctx, e, m, c, total, func(ctx context.Context, topic string, rc *recorder, _ int) error {
+		rec = rc
+		snap = takeSnapshot(e, rec)
+		rec.mu.Lock()
+		rec.latency = true
+		rec.mu.Unlock()
+		if err := produceAt(ctx, e.brokers, topic, c, total, load); err != nil {
+			return err
+		}
+		select {
+		case <-rec.doneCh:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	if snap != nil {
+		snap.finish(e, &r, rec)
 	}
-	rec.mu.Lock()
-	rec.latency = true
-	rec.mu.Unlock()
-	if err := produceAt(rctx, e.brokers, topic, c, total, load); err != nil {
-		return r, err
+	return r, err
+}
+
+// withLoad runs m on a new topic of c's partitions, waits until it has
+// taken one warm-up message per partition (so it is in its group and
+// caught up), then calls load, which produces into the topic; when load
+// returns, m is stopped and the topic deleted. want is the number of
+// messages, warm-up not included, after which m may stop by itself.
+func withLoad(ctx context.Context, e *env, m mode, c cell, want int,
+	load func(ctx context.Context, topic string, rec *recorder, warm int) error) error {
+	// As before every throughput run: no run pays for the clean-up and
+	// dirty pages of the runs before it.
+	if err := settle(ctx, e.db); err != nil {
+		return err
 	}
-	select {
-	case <-rec.doneCh:
-	case <-rctx.Done():
+	topic := fmt.Sprintf("bench-load-%s-%d", m.name, time.Now().UnixNano())
+	if err := createTopic(ctx, e, topic, c.Partitions); err != nil {
+		return err
 	}
+	warm := c.Partitions
+	rec := newRecorder(want + warm)
+	rctx, cancel := context.WithTimeout(ctx, 4*time.Minute)
+	defer cancel()
+	errs := make(chan error, 1)
+	go func() { errs <- m.run(rctx, e, c, backlog{topic: topic, total: want + warm, unique: want + warm}, rec) }()
+	err := func() error {
+		if _, err := produce(rctx, e.brokers, topic, c, warm, 1); err != nil {
+			return err
+		}
+		for rec.done.Load() < int64(warm) {
+			if rctx.Err() != nil {
+				return fmt.Errorf("the consumer did not take the warm-up messages: %w", rctx.Err())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return load(rctx, topic, rec, warm)
+	}()
 	cancel()
-	err := <-errs
+	if rerr := <-errs; err == nil {
+		err = rerr
+	}
 	if derr := deleteTopic(ctx, e, topic); err == nil {
 		err = derr
 	}
-	snap.finish(e, &r, rec)
-	r.Correct = "-"
-	return r, err
+	return err
 }
 
 // produceAt produces n messages at about rate per second, in slices every

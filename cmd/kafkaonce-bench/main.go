@@ -24,6 +24,15 @@
 // alone, from the moment half of its messages are done: the steady state,
 // after connections, prepared statements and per-partition buffers exist.
 //
+// Latency (full set; optimum, kafkaonce, kafkaonce-batch): each message is
+// timed from its producer's clock to its commit while a producer sends at
+// half the mode's maximum for 15 seconds. Two maxima: the capacity, the
+// highest rate the mode keeps up with while the producer runs on the same
+// machine (a ramp: 40% to 130% of the drain rate in steps of 10%, 4 seconds
+// each, kept up with while less than 250 ms of messages wait), and the
+// drain rate (msgs/s from a backlog produced beforehand), which leaves the
+// producer and the broker out and so makes half of it a heavier load.
+//
 // Output: a table on stdout, results as JSON (-json), an SVG chart and
 // BENCHMARKS.md (-markdown); the last line of stdout is a JSON object with
 // the key ratios.
@@ -107,8 +116,8 @@ func main() {
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run here")
 	fs.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile of the whole run here")
 	fs.StringVar(&o.from, "from", "", "rebuild the table, chart and BENCHMARKS.md from a saved -json file instead of running")
-	fs.BoolVar(&o.latency, "latency", true, "measure end-to-end latency at half of each mode's maximum (full set)")
-	fs.Float64Var(&o.loadShare, "latency-load", 0.5, "the share of each mode's maximum the latency runs produce at")
+	fs.BoolVar(&o.latency, "latency", true, "measure end-to-end latency at half of each mode's capacity and drain rate (full set)")
+	fs.Float64Var(&o.loadShare, "latency-load", 0.5, "the share of each mode's capacity (and drain rate) the latency runs produce at")
 	fs.BoolVar(&o.memory, "memory", true, "measure peak RSS draining 1M and 10M message backlogs (full set)")
 	fs.BoolVar(&o.verbose, "v", false, "log the consumers' own messages")
 	apply := devenv.RegisterFlags(fs)

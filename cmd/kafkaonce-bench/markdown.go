@@ -22,7 +22,8 @@ func (rep *report) writeMarkdown(path, chart string) error {
 	sb.WriteString("What each mode is, and how each figure is counted, is in the package comment of `cmd/kafkaonce-bench`.\n\n")
 	sb.WriteString("## Against the targets\n\n| target | measured |\n|---|---|\n")
 	row := func(target, got string) { fmt.Fprintf(&sb, "| %s | %s |\n", target, got) }
-	row("kafkaonce ≥ 0.9 × optimum (kafkaonce-batch; base cell / worst cell)", fmt.Sprintf("%.2f / %.2f", s.VsOptimum, s.VsOptimumWorst))
+	row("kafkaonce ≥ 0.9 × optimum (kafkaonce-batch; base cell / worst cell of batch 1,000 / worst cell, smaller batches included)",
+		fmt.Sprintf("%.2f / %.2f / %.2f", s.VsOptimum, s.VsOptimumWorstFullBatch, s.VsOptimumWorst))
 	row("≥ 15 × naive, 1 worker", fmt.Sprintf("%.1f", s.VsNaive))
 	row("≥ 5 × naive, a worker per partition", fmt.Sprintf("%.1f", s.VsNaivePerPartition))
 	if s.PrefilledVsEmpty > 0 {
@@ -30,7 +31,12 @@ func (rep *report) writeMarkdown(path, chart string) error {
 	}
 	row("≥ 40,000 msgs/s, no-op effect", fmt.Sprintf("%.0f", s.MsgsPerSec))
 	if s.P99ms > 0 {
-		row("p50 ≤ 20 ms, p99 ≤ 50 ms at 50% load", fmt.Sprintf("%.1f ms / %.1f ms (optimum at half its own maximum: %.1f ms / %.1f ms)", s.P50ms, s.P99ms, s.OptimumP50ms, s.OptimumP99ms))
+		row("p50 ≤ 20 ms, p99 ≤ 50 ms at 50% load", fmt.Sprintf("%.1f ms / %.1f ms at half the end-to-end capacity (%.0f msgs/s with the producer running on the same machine; optimum at half its own: %.1f ms / %.1f ms)",
+			s.P50ms, s.P99ms, s.CapacityMsgsPerSec, s.OptimumP50ms, s.OptimumP99ms))
+	}
+	if s.DrainP99ms > 0 {
+		row("the same at half the drain rate (a heavier load: the drain rate leaves out the producer's and the broker's share of the CPU)", fmt.Sprintf("%.1f ms / %.1f ms (optimum at half its own: %.1f ms / %.1f ms)",
+			s.DrainP50ms, s.DrainP99ms, s.OptimumDrainP50ms, s.OptimumDrainP99ms))
 	}
 	row("≤ 2 database round trips per batch", fmt.Sprintf("%.2f on the wire over the runs' second halves; %.2f over whole runs, connection set-up and statement preparation included (exactly 2 per batch: TestRoundTripsPerBatch)", s.SteadyRoundTripsPerBatch, s.RoundTripsPerBatch))
 	row("≤ 1 offset commit per batch per partition", fmt.Sprintf("%.2f per batch", s.CommitsPerBatch))

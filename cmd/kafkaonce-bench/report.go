@@ -153,6 +153,11 @@ func (rep *report) table(emit func([]string)) {
 		if m.LoadMsgsPerSec > 0 {
 			desc += fmt.Sprintf(" load=%.0f/s", m.LoadMsgsPerSec)
 		}
+		if strings.HasSuffix(r.Mode, "@capacity") {
+			// A ramp's result: the rate it kept up with, nothing counted.
+			emit(append([]string{desc, r.Mode, fmt.Sprintf("%.0f", m.MsgsPerSec)}, slices.Repeat([]string{"-"}, len(tableHeader)-3)...))
+			continue
+		}
 		emit([]string{desc, r.Mode, fmt.Sprintf("%.0f", m.MsgsPerSec), "-", fmt.Sprintf("%.2f", m.RoundTripsPerBatch), "-",
 			fmt.Sprintf("%.3f", m.RoundTripsPerMsg), fmt.Sprintf("%.2f", m.OffsetCommitsPerBatch), "-", "-", "-",
 			fmt.Sprintf("%.0f", m.PeakRSSMiB), p50, p99, m.Correct})
@@ -163,14 +168,18 @@ func (rep *report) table(emit func([]string)) {
 // UPDATE per message, 12 partitions) unless named otherwise, and the worst
 // kafkaonce/optimum ratio over every cell run.
 type summary struct {
-	VsOptimum           float64 `json:"vs_optimum"`
-	VsOptimumHandler    float64 `json:"vs_optimum_per_message_handler"`
-	VsOptimumWorst      float64 `json:"vs_optimum_worst_cell"`
-	VsNaive             float64 `json:"vs_naive"`
-	VsNaivePerPartition float64 `json:"vs_naive_per_partition"`
-	MsgsPerSec          float64 `json:"msgs_per_sec"`
-	MsgsPerSecUpdate    float64 `json:"msgs_per_sec_update"`
-	RoundTripsPerBatch  float64 `json:"db_round_trips_per_batch"`
+	VsOptimum        float64 `json:"vs_optimum"`
+	VsOptimumHandler float64 `json:"vs_optimum_per_message_handler"`
+	VsOptimumWorst   float64 `json:"vs_optimum_worst_cell"`
+	// The worst over the cells with the base cell's batch size: the axes
+	// of the issue (partitions, table, ids, duplicates, effect, size),
+	// without the smaller batches, which are an axis of our own.
+	VsOptimumWorstFullBatch float64 `json:"vs_optimum_worst_cell_full_batch,omitempty"`
+	VsNaive                 float64 `json:"vs_naive"`
+	VsNaivePerPartition     float64 `json:"vs_naive_per_partition"`
+	MsgsPerSec              float64 `json:"msgs_per_sec"`
+	MsgsPerSecUpdate        float64 `json:"msgs_per_sec_update"`
+	RoundTripsPerBatch      float64 `json:"db_round_trips_per_batch"`
 	// Over the second half of the run only (see result).
 	SteadyRoundTripsPerBatch float64 `json:"steady_db_round_trips_per_batch"`
 	CommitsPerBatch          float64 `json:"offset_commits_per_batch"`
@@ -185,10 +194,20 @@ type summary struct {
 	BytesPerMsg        float64 `json:"bytes_per_msg_beyond_raw"`
 	SteadyAllocsPerMsg float64 `json:"steady_allocs_per_msg_beyond_raw"`
 	SteadyBytesPerMsg  float64 `json:"steady_bytes_per_msg_beyond_raw"`
-	// The optimum's latency at half its own maximum, for comparison.
-	OptimumP50ms    float64            `json:"optimum_p50_ms,omitempty"`
-	OptimumP99ms    float64            `json:"optimum_p99_ms,omitempty"`
-	VsOptimumByCell map[string]float64 `json:"vs_optimum_by_cell"`
+	// The optimum's latency at half its own capacity, for comparison.
+	OptimumP50ms float64 `json:"optimum_p50_ms,omitempty"`
+	OptimumP99ms float64 `json:"optimum_p99_ms,omitempty"`
+	// kafkaonce-batch's capacity, the highest producer rate it keeps up
+	// with on this machine (see latencyRuns): the latency runs produce at
+	// half of it, and again at half the drain rate.
+	CapacityMsgsPerSec float64 `json:"capacity_msgs_per_sec,omitempty"`
+	// Latency at half the drain rate (the stricter load), kafkaonce-batch
+	// and the optimum.
+	DrainP50ms        float64            `json:"drain_p50_ms,omitempty"`
+	DrainP99ms        float64            `json:"drain_p99_ms,omitempty"`
+	OptimumDrainP50ms float64            `json:"optimum_drain_p50_ms,omitempty"`
+	OptimumDrainP99ms float64            `json:"optimum_drain_p99_ms,omitempty"`
+	VsOptimumByCell   map[string]float64 `json:"vs_optimum_by_cell"`
 }
 
 func (rep *report) summary() summary {
@@ -205,15 +224,20 @@ func (rep *report) summary() summary {
 	s.VsOptimumHandler = ratio("kafkaonce", "optimum", base)
 	s.VsNaive = ratio("kafkaonce", "naive-1", base)
 	s.VsNaivePerPartition = ratio("kafkaonce", "naive-pp", base)
-	s.VsOptimumWorst = math.Inf(1)
+	s.VsOptimumWorst, s.VsOptimumWorstFullBatch = math.Inf(1), math.Inf(1)
 	for _, c := range rep.cells() {
 		if r := ratio("kafkaonce-batch", "optimum", c); r > 0 {
 			s.VsOptimumByCell[c.String()] = r
 			s.VsOptimumWorst = min(s.VsOptimumWorst, r)
+			if c.MaxBatch == base.MaxBatch {
+				s.VsOptimumWorstFullBatch = min(s.VsOptimumWorstFullBatch, r)
+			}
 		}
 	}
-	if math.IsInf(s.VsOptimumWorst, 1) {
-		s.VsOptimumWorst = 0
+	for _, v := range []*float64{&s.VsOptimumWorst, &s.VsOptimumWorstFullBatch} {
+		if math.IsInf(*v, 1) {
+			*v = 0
+		}
 	}
 	noop := base
 	noop.Effect = effectNoop
@@ -233,11 +257,24 @@ func (rep *report) summary() summary {
 			s.PrefilledVsEmpty = round2(a.MsgsPerSec / b.MsgsPerSec)
 		}
 	}
-	if l, ok := rep.find("kafkaonce-batch@50%", base); ok {
-		s.P50ms, s.P99ms = round2(l.P50ms), round2(l.P99ms)
+	latency := func(mode string) (p50, p99 float64) {
+		if l, ok := rep.find(mode, base); ok {
+			return round2(l.P50ms), round2(l.P99ms)
+		}
+		return 0, 0
 	}
-	if l, ok := rep.find("optimum@50%", base); ok {
-		s.OptimumP50ms, s.OptimumP99ms = round2(l.P50ms), round2(l.P99ms)
+	s.P50ms, s.P99ms = latency("kafkaonce-batch@50% " + ofCapacity)
+	s.OptimumP50ms, s.OptimumP99ms = latency("optimum@50% " + ofCapacity)
+	s.DrainP50ms, s.DrainP99ms = latency("kafkaonce-batch@50% " + ofDrain)
+	s.OptimumDrainP50ms, s.OptimumDrainP99ms = latency("optimum@50% " + ofDrain)
+	if s.DrainP99ms == 0 {
+		// Results saved before capacity runs existed: their latency runs
+		// were at half the drain rate, named without saying so.
+		s.DrainP50ms, s.DrainP99ms = latency("kafkaonce-batch@50%")
+		s.OptimumDrainP50ms, s.OptimumDrainP99ms = latency("optimum@50%")
+	}
+	if k, ok := rep.find("kafkaonce-batch@capacity", base); ok {
+		s.CapacityMsgsPerSec = math.Round(k.MsgsPerSec)
 	}
 	if k, ok := rep.find("kafkaonce", noop); ok {
 		if raw, ok := rep.find("raw", noop); ok {

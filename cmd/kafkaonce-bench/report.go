@@ -197,6 +197,10 @@ type summary struct {
 	// The optimum's latency at half its own capacity, for comparison.
 	OptimumP50ms float64 `json:"optimum_p50_ms,omitempty"`
 	OptimumP99ms float64 `json:"optimum_p99_ms,omitempty"`
+	// The per-message Handler's latency at half its own capacity: each
+	// of its messages is a statement of its own.
+	HandlerP50ms float64 `json:"handler_p50_ms,omitempty"`
+	HandlerP99ms float64 `json:"handler_p99_ms,omitempty"`
 	// kafkaonce-batch's capacity, the highest producer rate it keeps up
 	// with on this machine (see latencyRuns): the latency runs produce at
 	// half of it, and again at half the drain rate.
@@ -265,6 +269,7 @@ func (rep *report) summary() summary {
 	}
 	s.P50ms, s.P99ms = latency("kafkaonce-batch@50% " + ofCapacity)
 	s.OptimumP50ms, s.OptimumP99ms = latency("optimum@50% " + ofCapacity)
+	s.HandlerP50ms, s.HandlerP99ms = latency("kafkaonce@50% " + ofCapacity)
 	s.DrainP50ms, s.DrainP99ms = latency("kafkaonce-batch@50% " + ofDrain)
 	s.OptimumDrainP50ms, s.OptimumDrainP99ms = latency("optimum@50% " + ofDrain)
 	if s.DrainP99ms == 0 {

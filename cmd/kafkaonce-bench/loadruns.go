@@ -43,6 +43,12 @@ func latencyRuns(ctx context.Context, e *env, results []result, o options) ([]re
 			rate float64
 		}{{ofCapacity, capacity.MsgsPerSec}, {ofDrain, drain}} {
 			load := max.rate * o.loadShare
+			if load == 0 {
+				// Not even the ramp's first step was kept up with: there is no
+				// load to take half of.
+				e.log.Warn("no latency run: no capacity measured", "mode", name)
+				continue
+			}
 			r, err := latencyRun(ctx, e, m, base, load, o.loadShare)
 			if err != nil {
 				return nil, fmt.Errorf("latency of %s: %w", name, err)

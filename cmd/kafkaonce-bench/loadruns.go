@@ -85,7 +85,7 @@ const (
 // when none was).
 func capacityRun(ctx context.Context, e *env, m mode, c cell, drain float64) (result, error) {
 	r := result{Mode: m.name + "@capacity", Cell: c, Correct: "-"}
-	err := withLoad(ctx, e, m, c, math.MaxInt32, func(ctx context.Context, topic string, rec *recorder, warm int) error {
+	_, _, err := withLoad(ctx, e, m, c, math.MaxInt32, func(ctx context.Context, topic string, rec *recorder, warm int) error {
 		sent := 0
 		for share := rampFrom; share <= rampTo+1e-9; share += rampStep {
 			rate := drain * share
@@ -115,11 +115,7 @@ func capacityRun(ctx context.Context, e *env, m mode, c cell, drain float64) (re
 func latencyRun(ctx context.Context, e *env, m mode, c cell, load, share float64) (result, error) {
 	r := result{Mode: fmt.Sprintf("%s@%.0f%%", m.name, 100*share), Cell: c, LoadMsgsPerSec: load, Correct: "-"}
 	total := int(load * latencySeconds)
-	var snap *snapshot
-	var rec *recorder
-	err := withLoad(ctx, e, m, c, total, func(ctx context.Context, topic string, rc *recorder, _ int) error {
-		rec = rc
-		snap = takeSnapshot(e, rec)
+	rec, snap, err := withLoad(ctx, e, m, c, total, func(ctx context.Context, topic string, rec *recorder, _ int) error {
 		rec.mu.Lock()
 		rec.latency = true
 		rec.mu.Unlock()
@@ -142,20 +138,23 @@ func latencyRun(ctx context.Context, e *env, m mode, c cell, load, share float64
 // taken one warm-up message per partition (so it is in its group and
 // caught up), then calls load, which produces into the topic; when load
 // returns, m is stopped and the topic deleted. want is the number of
-// messages, warm-up not included, after which m may stop by itself.
+// messages, warm-up not included, after which m may stop by itself. It
+// returns the run's recorder, and a snapshot of the counters taken before
+// m started, for snapshot.finish.
 func withLoad(ctx context.Context, e *env, m mode, c cell, want int,
-	load func(ctx context.Context, topic string, rec *recorder, warm int) error) error {
+	load func(ctx context.Context, topic string, rec *recorder, warm int) error) (*recorder, *snapshot, error) {
 	// As before every throughput run: no run pays for the clean-up and
 	// dirty pages of the runs before it.
 	if err := settle(ctx, e.db); err != nil {
-		return err
+		return nil, nil, err
 	}
 	topic := fmt.Sprintf("bench-load-%s-%d", m.name, time.Now().UnixNano())
 	if err := createTopic(ctx, e, topic, c.Partitions); err != nil {
-		return err
+		return nil, nil, err
 	}
 	warm := c.Partitions
 	rec := newRecorder(want + warm)
+	snap := takeSnapshot(e, rec)
 	rctx, cancel := context.WithTimeout(ctx, 4*time.Minute)
 	defer cancel()
 	errs := make(chan error, 1)
@@ -179,7 +178,7 @@ func withLoad(ctx context.Context, e *env, m mode, c cell, want int,
 	if derr := deleteTopic(ctx, e, topic); err == nil {
 		err = derr
 	}
-	return err
+	return rec, snap, err
 }
 
 // produceAt produces n messages at about rate per second, in slices every

@@ -61,6 +61,20 @@ func TestOneTripCommitReplyLostAppliesOnce(t *testing.T) {
 	e.check(expectation{ids: ids})
 }
 
+// processedOneTrip starts a consumer with a queueing BatchHandler (batches
+// of 20) on a new one-partition topic of n messages, and waits until they
+// are all committed: the stored position is then known, and the next
+// batches go in one round trip.
+func processedOneTrip(t *testing.T, prefix string, n int) (*env, []string, *running) {
+	e := setup(t, 1)
+	ids := e.produceIDs(prefix, n)
+	cfg := batchConfig(e, &batchEffects{e: e})
+	cfg.MaxBatch = 20
+	r := e.start(cfg)
+	e.waitCommitted(map[int]int64{0: int64(n)}, 30*time.Second)
+	return e, ids, r
+}
+
 // A database restored to an earlier state has lost committed transactions:
 // their effects, claims and positions together. A one-trip batch must not
 // move the position past the lost messages (nothing is read back before its
@@ -68,12 +82,7 @@ func TestOneTripCommitReplyLostAppliesOnce(t *testing.T) {
 // processes the lost messages again.
 func TestOneTripStopsAtALostPosition(t *testing.T) {
 	t.Parallel()
-	e := setup(t, 1)
-	ids := e.produceIDs("p", 100)
-	cfg := batchConfig(e, &batchEffects{e: e})
-	cfg.MaxBatch = 20
-	r := e.start(cfg)
-	e.waitCommitted(map[int]int64{0: 100}, 30*time.Second)
+	e, ids, r := processedOneTrip(t, "p", 100)
 
 	// "Restore": everything from offset 60 on is gone from the database.
 	e.db.Exec(t, `DELETE FROM `+e.db.Table("effects")+` WHERE kafka_offset >= 60`)
@@ -153,12 +162,7 @@ func TestOneTripSkipsForeseenDuplicates(t *testing.T) {
 // either for a plain re-send from memory would skip it silently.
 func TestOneTripForeseenDuplicatesAreCheckedByTheDatabase(t *testing.T) {
 	t.Parallel()
-	e := setup(t, 1)
-	ids := e.produceIDs("d", 40)
-	cfg := batchConfig(e, &batchEffects{e: e})
-	cfg.MaxBatch = 20
-	r := e.start(cfg)
-	e.waitCommitted(map[int]int64{0: 40}, 30*time.Second)
+	e, ids, r := processedOneTrip(t, "d", 40)
 
 	claims := e.db.Table("processed_messages")
 	e.db.Exec(t, `DELETE FROM `+claims+` WHERE message_id = $1`, ids[3])

@@ -97,7 +97,10 @@ func (w *worker) processBatch(stop, work context.Context, raw []kafka.Message) e
 			prev, suspect, repeatOf := w.recent.ObserveRepeat(it.fp, id, it.msg.Offset, now)
 			it.repeatOf = repeatOf
 			if suspect {
-				it.suspect = &prev
+				// A copy: taking prev's own address would put it on the
+				// heap for every message, suspect or not.
+				sighting := prev
+				it.suspect = &sighting
 				w.reportSuspect(work, &it.msg, prev)
 			}
 		}

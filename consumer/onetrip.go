@@ -134,8 +134,7 @@ func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState
 	q.Queue(w.c.oneTripHeadSQL, append(head, w.c.cfg.Name, w.topic, w.partition, w.next, items[n-1].msg.Offset+1)...)
 	claimed := len(st.claims) == 0
 	if !claimed {
-		w.c.claims.QueueClaimNew(q, w.c.cfg.Name, w.topic, w.partition, st.claims)
-		q.QueuedQueries[len(q.QueuedQueries)-1].Exec(func(pgconn.CommandTag) error { claimed = true; return nil })
+		w.c.claims.QueueClaimNew(q, w.c.cfg.Name, w.topic, w.partition, st.claims, &claimed)
 	}
 	if len(resentIDs) > 0 {
 		w.c.claims.QueueExpectClaimed(q, w.c.cfg.Name, resentIDs, resentFps)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kafkaonce/kafkaonce/internal/pgarray"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
@@ -61,6 +62,11 @@ type Store struct {
 	statusSQL     string
 	claimNewSQL   string
 	expectSQL     string
+
+	// The plain claims again, with the claims packed into one parameter
+	// (see packed.go): what a consumer sends for nearly every batch.
+	claimPackedSQL    string
+	claimNewPackedSQL string
 }
 
 // NewStore returns a Store for the tables in schemaName.
@@ -73,8 +79,9 @@ func NewStore(schemaName string) (*Store, error) {
 	// claiming overlapping ids take their row locks in the same order and
 	// cannot deadlock each other. Without ON CONFLICT, a message id that is
 	// already there fails the statement (see QueueClaimNew).
-	claimNew := `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, topic, partition, kafka_offset)
-SELECT $1, c.message_id, c.fingerprint, $2, $3, c.kafka_offset
+	insertPlain := `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, topic, partition, kafka_offset)
+`
+	claimNew := insertPlain + `SELECT $1, c.message_id, c.fingerprint, $2, $3, c.kafka_offset
 FROM unnest($4::text[], $5::bytea[], $6::bigint[]) AS c(message_id, fingerprint, kafka_offset)
 ORDER BY c.message_id, c.kafka_offset`
 	// RETURNING the offset (not the id) lets the caller map results back
@@ -89,9 +96,11 @@ RETURNING kafka_offset`
 SELECT $1, c.message_id, c.fingerprint, $2, $3, c.kafka_offset, c.status, c.attempts
 FROM unnest($4::text[], $5::bytea[], $6::bigint[], $7::text[], $8::int[]) AS c(message_id, fingerprint, kafka_offset, status, attempts)
 ORDER BY c.message_id, c.kafka_offset` + skipTaken,
-		claimPlainSQL: claimNew + skipTaken,
-		claimNewSQL:   claimNew,
-		expectSQL:     `SELECT ` + schema.Table(schemaName, "expect_claimed") + `($1, $2, $3)`,
+		claimPlainSQL:     claimNew + skipTaken,
+		claimNewSQL:       claimNew,
+		claimPackedSQL:    insertPlain + packedSelect + skipTaken,
+		claimNewPackedSQL: insertPlain + packedSelect,
+		expectSQL:         `SELECT ` + schema.Table(schemaName, "expect_claimed") + `($1, $2, $3)`,
 		lookupSQL: `SELECT message_id, fingerprint, topic, partition, kafka_offset, status, attempts, processed_at
 FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
 		statusSQL: `UPDATE ` + t + ` AS p SET status = $3, attempts = u.attempts
@@ -113,17 +122,15 @@ func (s *Store) Table() string { return s.table }
 // Queueing instead of executing lets the caller send the claim in the same
 // round trip as other statements.
 func (s *Store) QueueClaim(b *pgx.Batch, consumer, topic string, partition int, claims []Claim, claimed []bool) {
-	ids, fps, offsets := claimArrays(claims)
 	plain := true // every claim is a plain "applied" one, attempt 1
 	for i := range claims {
 		plain = plain && (claims[i].Status == "" || claims[i].Status == StatusApplied) && claims[i].Attempts <= 1
 	}
 	var q *pgx.QueuedQuery
-	if plain {
-		// The common case leaves status and attempts to their defaults:
-		// two arrays fewer to encode, send and unnest.
-		q = b.Queue(s.claimPlainSQL, consumer, topic, partition, ids, fps, offsets)
-	} else {
+	var packed *packedClaims
+	switch {
+	case !plain:
+		ids, fps, offsets := claimArrays(claims)
 		statuses := make(pgarray.Array[pgarray.Text], len(claims))
 		attempts := make([]int32, len(claims))
 		for i := range claims {
@@ -134,6 +141,17 @@ func (s *Store) QueueClaim(b *pgx.Batch, consumer, topic string, partition int, 
 			attempts[i] = int32(max(claims[i].Attempts, 1))
 		}
 		q = b.Queue(s.claimSQL, consumer, topic, partition, ids, fps, offsets, statuses, attempts)
+	default:
+		// The common case leaves status and attempts to their defaults:
+		// two arrays fewer to encode, send and unnest.
+		var idsAt, offsetsAt int
+		var ok bool
+		if packed, idsAt, offsetsAt, ok = packClaims(claims); ok {
+			q = b.Queue(s.claimPackedSQL, consumer, topic, partition, packed.buf, idsAt, offsetsAt)
+		} else {
+			ids, fps, offsets := claimArrays(claims)
+			q = b.Queue(s.claimPlainSQL, consumer, topic, partition, ids, fps, offsets)
+		}
 	}
 	q.Query(func(rows pgx.Rows) error {
 		var off int64
@@ -147,6 +165,7 @@ func (s *Store) QueueClaim(b *pgx.Batch, consumer, topic string, partition int, 
 		})
 		return err
 	})
+	releaseAfter(q, packed)
 }
 
 // QueueClaimNew adds to b the claim of a batch expected to hold only new
@@ -154,10 +173,19 @@ func (s *Store) QueueClaim(b *pgx.Batch, consumer, topic string, partition int, 
 // claimed (or appears twice in claims) the statement fails with a unique
 // violation of the primary key, which stops a pipelined transaction before
 // its COMMIT; the caller then claims the batch with QueueClaim, which sorts
-// out which ids were new.
-func (s *Store) QueueClaimNew(b *pgx.Batch, consumer, topic string, partition int, claims []Claim) {
-	ids, fps, offsets := claimArrays(claims)
-	b.Queue(s.claimNewSQL, consumer, topic, partition, ids, fps, offsets)
+// out which ids were new. *claimed is set to true when the statement
+// succeeds.
+func (s *Store) QueueClaimNew(b *pgx.Batch, consumer, topic string, partition int, claims []Claim, claimed *bool) {
+	var q *pgx.QueuedQuery
+	packed, idsAt, offsetsAt, ok := packClaims(claims)
+	if ok {
+		q = b.Queue(s.claimNewPackedSQL, consumer, topic, partition, packed.buf, idsAt, offsetsAt)
+	} else {
+		ids, fps, offsets := claimArrays(claims)
+		q = b.Queue(s.claimNewSQL, consumer, topic, partition, ids, fps, offsets)
+	}
+	q.Exec(func(pgconn.CommandTag) error { *claimed = true; return nil })
+	releaseAfter(q, packed)
 }
 
 // ExpectFailed is the SQLSTATE of QueueExpectClaimed's statement when a

@@ -128,8 +128,10 @@ func (s *Store) QueueClaim(b *pgx.Batch, consumer, topic string, partition int, 
 	}
 	var q *pgx.QueuedQuery
 	var packed *packedClaims
-	switch {
-	case !plain:
+	if plain {
+		// The common case leaves status and attempts to their defaults.
+		q, packed = queuePlain(b, s.claimPackedSQL, s.claimPlainSQL, consumer, topic, partition, claims)
+	} else {
 		ids, fps, offsets := claimArrays(claims)
 		statuses := make(pgarray.Array[pgarray.Text], len(claims))
 		attempts := make([]int32, len(claims))
@@ -141,17 +143,6 @@ func (s *Store) QueueClaim(b *pgx.Batch, consumer, topic string, partition int, 
 			attempts[i] = int32(max(claims[i].Attempts, 1))
 		}
 		q = b.Queue(s.claimSQL, consumer, topic, partition, ids, fps, offsets, statuses, attempts)
-	default:
-		// The common case leaves status and attempts to their defaults:
-		// two arrays fewer to encode, send and unnest.
-		var idsAt, offsetsAt int
-		var ok bool
-		if packed, idsAt, offsetsAt, ok = packClaims(claims); ok {
-			q = b.Queue(s.claimPackedSQL, consumer, topic, partition, packed.buf, idsAt, offsetsAt)
-		} else {
-			ids, fps, offsets := claimArrays(claims)
-			q = b.Queue(s.claimPlainSQL, consumer, topic, partition, ids, fps, offsets)
-		}
 	}
 	q.Query(func(rows pgx.Rows) error {
 		var off int64
@@ -176,14 +167,7 @@ func (s *Store) QueueClaim(b *pgx.Batch, consumer, topic string, partition int, 
 // out which ids were new. *claimed is set to true when the statement
 // succeeds.
 func (s *Store) QueueClaimNew(b *pgx.Batch, consumer, topic string, partition int, claims []Claim, claimed *bool) {
-	var q *pgx.QueuedQuery
-	packed, idsAt, offsetsAt, ok := packClaims(claims)
-	if ok {
-		q = b.Queue(s.claimNewPackedSQL, consumer, topic, partition, packed.buf, idsAt, offsetsAt)
-	} else {
-		ids, fps, offsets := claimArrays(claims)
-		q = b.Queue(s.claimNewSQL, consumer, topic, partition, ids, fps, offsets)
-	}
+	q, packed := queuePlain(b, s.claimNewPackedSQL, s.claimNewSQL, consumer, topic, partition, claims)
 	q.Exec(func(pgconn.CommandTag) error { *claimed = true; return nil })
 	releaseAfter(q, packed)
 }
@@ -204,6 +188,17 @@ func (s *Store) QueueExpectClaimed(b *pgx.Batch, consumer string, ids []string, 
 		fpArr[i] = fps[i][:]
 	}
 	b.Queue(s.expectSQL, consumer, idArr, fpArr)
+}
+
+// queuePlain queues a plain claim: packedSQL with the claims packed when
+// they can be (the caller hands packed to releaseAfter once it has set the
+// result callback), else arraySQL with them as arrays.
+func queuePlain(b *pgx.Batch, packedSQL, arraySQL, consumer, topic string, partition int, claims []Claim) (*pgx.QueuedQuery, *packedClaims) {
+	if packed, idsAt, offsetsAt, ok := packClaims(claims); ok {
+		return b.Queue(packedSQL, consumer, topic, partition, packed.buf, idsAt, offsetsAt), packed
+	}
+	ids, fps, offsets := claimArrays(claims)
+	return b.Queue(arraySQL, consumer, topic, partition, ids, fps, offsets), nil
 }
 
 // claimArrays are the array parameters of the claim statements.

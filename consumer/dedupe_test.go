@@ -2,15 +2,19 @@ package consumer_test
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/dedupe"
 )
 
 func TestProducerDuplicatesApplyOnce(t *testing.T) {
@@ -277,4 +281,61 @@ func (e *env) effectValue(id string) string {
 	var v string
 	require.NoError(e.t, e.db.Pool.QueryRow(context.Background(), `SELECT value FROM `+e.db.Table("effects")+` WHERE message_id = $1`, id).Scan(&v))
 	return v
+}
+
+// Message ids may hold any character but NUL. The claim of a batch packs
+// its ids into one parameter, split on newlines by the server; a batch with
+// an id holding a newline is claimed as arrays instead. Both ways must
+// store each id, offset and fingerprint exactly, and find the claims again
+// when the messages are delivered a second time.
+func TestIDsWithAnyCharacterAreClaimedExactly(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	packable := []string{"a,b", `{"x"}`, `back\slash`, "tab\there", " spaced ", "ünïcødé 日本", "NULL", "'q'", "cr\rlf", strings.Repeat("x", consumer.MaxMessageIDLen)}
+	withNewline := []string{"line\nbreak", "plain", "\n", "ends\n"}
+	produce := func(ids []string) {
+		msgs := make([]kafka.Message, len(ids))
+		for i, id := range ids {
+			msgs[i] = msg(0, id, "v "+id)
+		}
+		e.kafka.Produce(t, e.topic, msgs...)
+	}
+	r := e.start(e.config(e.applyHandler()))
+	produce(packable)
+	e.waitCommitted(map[int]int64{0: int64(len(packable))}, 30*time.Second)
+	produce(withNewline)
+	all := append(append([]string{}, packable...), withNewline...)
+	e.waitCommitted(map[int]int64{0: int64(len(all))}, 30*time.Second)
+	r.stop()
+	e.requireExactlyOnce(all)
+
+	type claimRow struct {
+		ID          string `db:"message_id"`
+		Offset      int64  `db:"kafka_offset"`
+		Fingerprint []byte `db:"fingerprint"`
+	}
+	rows, _ := e.db.Pool.Query(context.Background(), `SELECT message_id, kafka_offset, fingerprint FROM `+e.db.Table("processed_messages"))
+	claimRows, err := pgx.CollectRows(rows, pgx.RowToStructByName[claimRow])
+	require.NoError(t, err)
+	stored := map[string]int64{}
+	for _, c := range claimRows {
+		require.Equal(t, dedupe.FingerprintOf([]byte(c.ID), []byte("v "+c.ID)).String(), hex.EncodeToString(c.Fingerprint), "fingerprint of %q", c.ID)
+		stored[c.ID] = c.Offset
+	}
+	require.Len(t, stored, len(all))
+	for i, id := range all {
+		require.EqualValues(t, i, stored[id], "offset of %q", id)
+	}
+
+	// Delivered again without the stored position: only the claims keep
+	// the messages from being applied twice.
+	e.db.Exec(t, `DELETE FROM `+e.db.Table("consumer_offsets"))
+	e.kafka.CommitGroupOffsets(t, e.group, e.topic, map[int]int64{0: 0})
+	before := e.events.snapshot()
+	r = e.start(e.config(e.applyHandler()))
+	waitFor(t, 30*time.Second, "position restored", func() bool { return e.storedPositions()[0] == int64(len(all)) })
+	r.stop()
+	e.requireExactlyOnce(all)
+	after := e.events.snapshot()
+	require.Equal(t, len(all), after.skipped[consumer.SkipAlreadyClaimed]-before.skipped[consumer.SkipAlreadyClaimed])
 }

@@ -26,7 +26,7 @@ import (
 // The packed parameter, for n claims, is
 //
 //	the n fingerprints, 32 bytes each;
-//	the n message ids, joined by '\n';
+//	the n message ids, joined by '\n', and one ',' to end them;
 //	the n offsets in decimal, joined by ','
 //
 // with the byte positions where the ids and the offsets start (counted from

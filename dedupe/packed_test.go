@@ -58,8 +58,7 @@ func requireStored(t *testing.T, s *dedupe.Store, db *testenv.DB, consumer, topi
 
 func TestClaimStoresIDsWithAnyCharacterExactly(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	s, _ := dedupe.NewStore(db.Schema)
+	db, s := newStore(t)
 	ctx := context.Background()
 	offsets := make([]int64, len(oddIDs))
 	for i := range offsets {
@@ -88,8 +87,7 @@ func TestClaimStoresIDsWithAnyCharacterExactly(t *testing.T) {
 // way, with the same result.
 func TestClaimOfAnIDWithANewline(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	s, _ := dedupe.NewStore(db.Schema)
+	db, s := newStore(t)
 	ctx := context.Background()
 	cs := claimAt([]string{"first\nsecond", "plain", "\n"}, []int64{7, 8, 9})
 
@@ -111,8 +109,7 @@ func TestClaimOfAnIDWithANewline(t *testing.T) {
 
 func TestQueueClaimNew(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	s, _ := dedupe.NewStore(db.Schema)
+	db, s := newStore(t)
 	ctx := context.Background()
 	for _, ids := range [][]string{{"a", "b"}, {"c\nd", "e"}} { // packed, and not
 		t.Run(fmt.Sprintf("%q", ids), func(t *testing.T) {
@@ -148,8 +145,7 @@ func TestQueueClaimNew(t *testing.T) {
 // statement has since written into that buffer.
 func TestASentClaimCannotBeSentAgain(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	s, _ := dedupe.NewStore(db.Schema)
+	db, s := newStore(t)
 	ctx := context.Background()
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
@@ -166,8 +162,7 @@ func TestASentClaimCannotBeSentAgain(t *testing.T) {
 // must still carry its own message's fingerprint and offset.
 func TestConcurrentPackedClaimsKeepTheirOwnData(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	s, _ := dedupe.NewStore(db.Schema)
+	db, s := newStore(t)
 	ctx := context.Background()
 	const workers, batches, size = 6, 15, 200
 	all := make([][]dedupe.Claim, workers)
@@ -217,8 +212,7 @@ func TestConcurrentPackedClaimsKeepTheirOwnData(t *testing.T) {
 // a newline, which cannot be packed). Compare ns/op (mostly the server's
 // work) and B/op: go test ./dedupe -run X -bench ClaimEncoding -benchtime 300x
 func BenchmarkClaimEncoding(b *testing.B) {
-	db := testenv.NewDB(b)
-	s, _ := dedupe.NewStore(db.Schema)
+	db, s := newStore(b)
 	ctx := context.Background()
 	for _, way := range []string{"packed", "arrays", "packed", "arrays"} {
 		b.Run(way, func(b *testing.B) {

@@ -8,13 +8,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/dedupe"
-	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
 func TestPruneDeletesOldSettledClaimsInBatches(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	s, _ := dedupe.NewStore(db.Schema)
+	db, s := newStore(t)
 	ctx := context.Background()
 	db.Exec(t, `INSERT INTO `+s.Table()+` (consumer, message_id, fingerprint, topic, partition, kafka_offset, status, processed_at)
 SELECT 'c', 'old-' || i, sha256(i::text::bytea), 't', 0, i, 'applied', now() - interval '8 days' FROM generate_series(1, 25) i`)

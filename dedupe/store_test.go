@@ -13,6 +13,16 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
+// newStore returns a database of the test's own, migrated, and a Store on
+// its tables.
+func newStore(tb testing.TB) (*testenv.DB, *dedupe.Store) {
+	tb.Helper()
+	db := testenv.NewDB(tb)
+	s, err := dedupe.NewStore(db.Schema)
+	require.NoError(tb, err)
+	return db, s
+}
+
 func claims(ids ...string) []dedupe.Claim {
 	out := make([]dedupe.Claim, len(ids))
 	for i, id := range ids {
@@ -23,9 +33,7 @@ func claims(ids ...string) []dedupe.Claim {
 
 func TestClaimInsertsOnlyNewIDs(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	s, err := dedupe.NewStore(db.Schema)
-	require.NoError(t, err)
+	db, s := newStore(t)
 	ctx := context.Background()
 
 	tx, err := db.Pool.Begin(ctx)
@@ -62,9 +70,7 @@ func TestClaimInsertsOnlyNewIDs(t *testing.T) {
 // a benchmark's duplicate-heavy batches slowed down threefold within a run.
 func TestLookupIsNotACachedPreparedStatement(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	s, err := dedupe.NewStore(db.Schema)
-	require.NoError(t, err)
+	db, s := newStore(t)
 	ctx := context.Background()
 	conn, err := db.Pool.Acquire(ctx)
 	require.NoError(t, err)
@@ -81,8 +87,7 @@ func TestLookupIsNotACachedPreparedStatement(t *testing.T) {
 
 func TestRolledBackClaimIsNotAClaim(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	s, _ := dedupe.NewStore(db.Schema)
+	db, s := newStore(t)
 	ctx := context.Background()
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
@@ -100,8 +105,7 @@ func TestRolledBackClaimIsNotAClaim(t *testing.T) {
 
 func TestConcurrentClaimWaitsForTheFirstTransaction(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	s, _ := dedupe.NewStore(db.Schema)
+	db, s := newStore(t)
 	ctx := context.Background()
 
 	first, err := db.Pool.Begin(ctx)

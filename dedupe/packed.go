@@ -98,8 +98,8 @@ func packClaims(claims []Claim) (p *packedClaims, idsAt, offsetsAt int, ok bool)
 	return p, idsAt, offsetsAt, true
 }
 
-// releaseAfter wraps q's result callback so that p goes back to the pool
-// once the statement's result is read: by then pgx has encoded every
+// releaseAfter wraps q's result callback (set it first) so that p goes
+// back to the pool once the statement's result is read: by then pgx has encoded every
 // argument of the batch. (When an earlier statement fails, the callback
 // never runs and p is left to the garbage collector.) q's arguments are
 // dropped at the same time, so that sending the query again fails instead
@@ -114,10 +114,6 @@ func releaseAfter(q *pgx.QueuedQuery, p *packedClaims) {
 		if !released { // once: a buffer in the pool twice would be handed to two statements
 			released = true
 			defer p.release(q)
-		}
-		if read == nil {
-			_, err := br.Exec()
-			return err
 		}
 		return read(br)
 	}

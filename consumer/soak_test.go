@@ -209,10 +209,21 @@ func soak(t *testing.T, seed uint64, n int) {
 	// generation, with any broker (the in-process one is slower to settle
 	// than Kafka). The invariants are checked all the same; only liveness
 	// needs the pause.
+	watch := &stuckGroupWatch{e: e, group: cfg.GroupID, faults: faults, restartAll: func() {
+		for _, m := range members {
+			m.stop()
+		}
+		for i := range members {
+			members[i] = startMember()
+		}
+	}}
 	var lastEffects int64
 	lastProgress := time.Now()
 	for !done() && time.Now().Before(limit) {
 		time.Sleep(time.Duration(300+rng.IntN(600)) * time.Millisecond)
+		if watch.check() {
+			continue
+		}
 		if n := e.effectsOr0(); n > lastEffects {
 			lastEffects, lastProgress = n, time.Now()
 		}
@@ -251,7 +262,7 @@ func soak(t *testing.T, seed uint64, n int) {
 	if kl != nil {
 		kl.SetLatency(0)
 	}
-	e.waitDrained(3 * time.Minute)
+	e.waitDrained(3*time.Minute, func() { watch.check() })
 	// Kafka's offsets catch up while the members run; stopping them one by
 	// one causes rebalances in which the last commits are refused as
 	// fenced (harmless: the stored positions decide, and the next
@@ -268,14 +279,70 @@ func soak(t *testing.T, seed uint64, n int) {
 	e.check(expectation{ids: ids, poison: poison})
 }
 
+// stuckGroupWatch ends a stall that is the broker's own. After connections
+// are cut mid-rebalance, kfake's group coordinator can be left counting
+// fewer members in JoinGroup than it holds, so that it completes a rebalance
+// only when its rebalance timer runs out; and every JoinGroup that arrives
+// restarts that timer. kafka-go gives up on a JoinGroup after 5 s plus the
+// rebalance timeout and joins again, so members that gave up at different
+// moments keep restarting it, for ever (seen in about one soak run in four
+// before this watch: every member waiting in JoinGroup, none answered).
+// Restarting every member at once ends it, as it would for an operator.
+//
+// The watch acts only when nothing has moved (effects and stored
+// positions) for 20 s and the coordinator reports the group outside
+// Stable: a worker of ours that stopped making progress leaves its group
+// Stable, so this does not hide one. The invariants are checked all the
+// same.
+type stuckGroupWatch struct {
+	e          *env
+	group      string
+	faults     map[string]int
+	restartAll func()
+
+	moved                         int64
+	movedAt, checkedAt, restartAt time.Time
+}
+
+// check restarts every member when the group is stuck (see above), and
+// reports whether it did. It looks at most once a second.
+func (w *stuckGroupWatch) check() bool {
+	now := time.Now()
+	if now.Sub(w.checkedAt) < time.Second {
+		return false
+	}
+	w.checkedAt = now
+	moved := w.e.effectsOr0()
+	for _, next := range w.e.storedPositions() {
+		moved += next
+	}
+	if moved != w.moved || w.movedAt.IsZero() {
+		w.moved, w.movedAt = moved, now
+		return false
+	}
+	if now.Sub(w.movedAt) < 20*time.Second || now.Sub(w.restartAt) < 30*time.Second {
+		return false
+	}
+	state, err := w.e.kafka.GroupState(w.group)
+	if err == nil && state == "Stable" {
+		return false
+	}
+	w.e.t.Logf("nothing moved for %s and the group is %q (%v): restarting every member", now.Sub(w.movedAt).Round(time.Second), state, err)
+	w.restartAll()
+	w.restartAt = time.Now()
+	w.faults["group stuck outside Stable: every member restarted"]++
+	return true
+}
+
 // waitDrained waits until every partition's stored position is at the log
-// end.
-func (e *env) waitDrained(timeout time.Duration) {
+// end, calling between before each look.
+func (e *env) waitDrained(timeout time.Duration, between func()) {
 	e.t.Helper()
 	conn, err := kafka.Dial("tcp", e.kafka.Brokers[0])
 	require.NoError(e.t, err)
 	defer conn.Close()
 	waitFor(e.t, timeout, "every partition drained", func() bool {
+		between()
 		stored := e.storedPositions()
 		for p := range e.parts {
 			c, err := kafka.DialLeader(context.Background(), "tcp", e.kafka.Brokers[0], e.topic, p)

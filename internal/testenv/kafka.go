@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -131,6 +132,24 @@ func (k *Kafka) CommittedOffsets(tb testing.TB, group, topic string, partitions 
 		out[p.Partition] = p.CommittedOffset
 	}
 	return out
+}
+
+// GroupState returns the group's state as the coordinator reports it
+// ("Stable", "PreparingRebalance", "CompletingRebalance", "Empty", "Dead"),
+// or the error that kept it from answering.
+func (k *Kafka) GroupState(group string) (string, error) {
+	client := k.client()
+	defer client.Transport.(*kafka.Transport).CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := client.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
+	if err != nil {
+		return "", err
+	}
+	if len(resp.Groups) != 1 {
+		return "", fmt.Errorf("testenv: describe group %s: %d groups in the answer", group, len(resp.Groups))
+	}
+	return resp.Groups[0].GroupState, resp.Groups[0].Error
 }
 
 // CommitGroupOffsets sets a group's committed offsets the way an operator's

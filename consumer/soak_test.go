@@ -279,21 +279,26 @@ func soak(t *testing.T, seed uint64, n int) {
 	e.check(expectation{ids: ids, poison: poison})
 }
 
-// stuckGroupWatch ends a stall that is the broker's own. After connections
-// are cut mid-rebalance, kfake's group coordinator can be left counting
-// fewer members in JoinGroup than it holds, so that it completes a rebalance
-// only when its rebalance timer runs out; and every JoinGroup that arrives
-// restarts that timer. kafka-go gives up on a JoinGroup after 5 s plus the
-// rebalance timeout and joins again, so members that gave up at different
-// moments keep restarting it, for ever (seen in about one soak run in four
-// before this watch: every member waiting in JoinGroup, none answered).
-// Restarting every member at once ends it, as it would for an operator.
+// stuckGroupWatch ends a stall that is the broker's own. kfake's classic
+// group coordinator answers a JoinGroup when every member it holds has
+// rejoined, or when its rebalance timer runs out; and it restarts that
+// timer at every JoinGroup (Kafka does not: its deadline runs from the
+// start of the rebalance). A member whose JoinGroup answer went to a
+// connection already closed (cut, or a member shutting down while it
+// waited) stays in the group, never rejoins and gets no session timer, so
+// only the timer can complete the rebalance; kafka-go gives up on a
+// JoinGroup after 5 s plus the rebalance timeout and joins again, and
+// members that gave up at different moments keep restarting the timer, for
+// ever (about one soak run in four before this watch: every member waiting
+// in JoinGroup, none answered, for minutes). Restarting every member at
+// once ends it, as it would for an operator.
 //
 // The watch acts only when nothing has moved (effects and stored
 // positions) for 20 s and the coordinator reports the group outside
 // Stable: a worker of ours that stopped making progress leaves its group
-// Stable, so this does not hide one. The invariants are checked all the
-// same.
+// Stable, and one that would not let its generation end fails the restart
+// (stop requires Run to return within 30 s). The invariants are checked
+// all the same.
 type stuckGroupWatch struct {
 	e          *env
 	group      string

@@ -12,6 +12,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/kafkafetch"
 	"github.com/kafkaonce/kafkaonce/internal/recent"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
+	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
 
 // ErrMessagesDeleted: the partition's log no longer holds messages this
@@ -207,12 +208,20 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 		hasPos           bool
 		logStart, logEnd int64
 	)
-	err := w.retryUntil(stop, "read positions", func() (err error) {
-		if pos, hasPos, err = w.loadPosition(work); err != nil {
-			return err
-		}
-		logStart, logEnd, err = kafkafetch.Bounds(stop, w.c.cfg.Dialer, w.c.cfg.Brokers, w.topic, w.partition)
-		return err
+	err := w.retryUntil(stop, "read positions", func() error {
+		// The stored position from Postgres and the log's bounds from the
+		// broker, at the same time: after a rebalance every partition
+		// starts at once, and the start is on the rebalance's clock.
+		var boundsErr error
+		bounds := make(chan struct{})
+		go func() {
+			defer close(bounds)
+			logStart, logEnd, boundsErr = kafkafetch.Bounds(stop, w.c.cfg.Dialer, w.c.cfg.Brokers, w.topic, w.partition)
+		}()
+		var posErr error
+		pos, hasPos, posErr = w.loadPosition(work)
+		<-bounds
+		return errors.Join(posErr, boundsErr)
 	})
 	if err != nil {
 		return 0, err
@@ -315,6 +324,10 @@ func (w *worker) retryUntil(stop context.Context, what string, fn func() error) 
 }
 
 func (w *worker) loadPosition(ctx context.Context) (int64, bool, error) {
+	if q, ok := w.c.db.(schema.Querier); ok {
+		// A lone SELECT needs no transaction: one round trip, not three.
+		return w.c.offsets.Load(ctx, q, w.c.cfg.Name, w.topic, w.partition)
+	}
 	tx, err := w.c.db.Begin(ctx)
 	if err != nil {
 		return 0, false, err

@@ -106,25 +106,46 @@ func (s *Store) QueueClear(b *pgx.Batch, consumer, topic string, partition int, 
 // with attempt rows (-1 when none). Rows below start are stale (those
 // messages were processed) and are removed.
 func (s *Store) Assigned(ctx context.Context, db schema.Beginner, consumer, topic string, partition int, start int64) (starts int, inProgress bool, maxOffset int64, err error) {
-	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, `INSERT INTO `+s.runs+` AS r (consumer, topic, partition, start_offset, starts) VALUES ($1, $2, $3, $4, 1)
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO `+s.runs+` AS r (consumer, topic, partition, start_offset, starts) VALUES ($1, $2, $3, $4, 1)
 ON CONFLICT (consumer, topic, partition) DO UPDATE
 SET starts = CASE WHEN r.start_offset = EXCLUDED.start_offset THEN r.starts + 1 ELSE 1 END,
     start_offset = EXCLUDED.start_offset, started_at = now()
-RETURNING starts`, consumer, topic, partition, start).Scan(&starts); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM `+s.attempts+` WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset < $4`,
-			consumer, topic, partition, start); err != nil {
-			return err
-		}
-		return tx.QueryRow(ctx, `SELECT coalesce(bool_or(kafka_offset = $4), false), coalesce(max(kafka_offset), -1) FROM `+s.attempts+`
-WHERE consumer = $1 AND topic = $2 AND partition = $3`, consumer, topic, partition, start).Scan(&inProgress, &maxOffset)
+RETURNING starts`, consumer, topic, partition, start).QueryRow(func(row pgx.Row) error { return row.Scan(&starts) })
+	b.Queue(`DELETE FROM `+s.attempts+` WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset < $4`,
+		consumer, topic, partition, start)
+	b.Queue(`SELECT coalesce(bool_or(kafka_offset = $4), false), coalesce(max(kafka_offset), -1) FROM `+s.attempts+`
+WHERE consumer = $1 AND topic = $2 AND partition = $3`, consumer, topic, partition, start).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&inProgress, &maxOffset)
 	})
-	if err != nil {
+	if err := inOneTransaction(ctx, db, b); err != nil {
 		return 0, false, 0, fmt.Errorf("attempts: record start of %s/%d: %w", topic, partition, err)
 	}
 	return starts, inProgress, maxOffset, nil
+}
+
+// batchSender runs a batch of statements in one round trip; *pgxpool.Pool
+// is one.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// inOneTransaction runs b's statements in a transaction: in one round trip
+// (BEGIN, the statements, COMMIT, pipelined) when db sends batches, else
+// with db.Begin. Every partition records the start of its run, all of them
+// at once after a rebalance, so the round trips saved shorten each
+// rebalance.
+func inOneTransaction(ctx context.Context, db schema.Beginner, b *pgx.Batch) error {
+	if sender, ok := db.(batchSender); ok {
+		full := &pgx.Batch{}
+		full.Queue("BEGIN")
+		full.QueuedQueries = append(full.QueuedQueries, b.QueuedQueries...)
+		full.Queue("COMMIT")
+		// A statement that fails leaves the transaction open in its
+		// failed state; the pool closes a connection released like that.
+		return sender.SendBatch(ctx, full).Close()
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return tx.SendBatch(ctx, b).Close() })
 }
 
 // Ended records that a run of the partition that started at start ended

@@ -61,7 +61,7 @@ func runConsumer(ctx context.Context, e *env, c cell, b backlog, rec *recorder, 
 		return err
 	}
 	cfg := &consumer.Config{
-		Name:     b.topic + "/" + mode,
+		Name:     nextConsumerName(),
 		Brokers:  e.brokers,
 		Topics:   []string{b.topic},
 		GroupID:  b.topic + "-" + mode,

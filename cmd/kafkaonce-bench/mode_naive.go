@@ -25,7 +25,7 @@ func runNaiveOne(ctx context.Context, e *env, c cell, b backlog, rec *recorder) 
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: e.brokers, Dialer: e.kafkaDialer, GroupID: b.topic + "-naive1", Topic: b.topic,
 		StartOffset: kafka.FirstOffset, MaxBytes: 1 << 20, MaxWait: 500 * time.Millisecond})
 	defer r.Close()
-	name := b.topic + "/naive-1"
+	name := nextConsumerName()
 	for {
 		m, err := r.FetchMessage(ctx)
 		if err != nil {
@@ -59,8 +59,9 @@ func runNaivePerPartition(ctx context.Context, e *env, c cell, b backlog, rec *r
 	}
 	client := e.kafkaClient()
 	group := b.topic + "-naivepp"
+	name := nextConsumerName()
 	return eachPartition(ctx, e, c, b, rec, 1, func(ctx context.Context, p int, batch []kafka.Message) error {
-		if err := naiveApply(ctx, e, c, table, b.topic+"/naive-pp", &batch[0]); err != nil {
+		if err := naiveApply(ctx, e, c, table, name, &batch[0]); err != nil {
 			return err
 		}
 		return commitOffsets(ctx, client, group, b.topic, map[int]int64{p: batch[0].Offset + 1})

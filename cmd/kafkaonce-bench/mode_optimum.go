@@ -28,7 +28,7 @@ UPDATE ` + benchSchema + `.accounts AS a SET balance = a.balance + d.n
 FROM (SELECT m.account AS id, count(*) AS n FROM unnest($2::text[], $3::int[]) AS m(message_id, account)
       JOIN claimed USING (message_id) GROUP BY m.account) AS d
 WHERE a.id = d.id`
-	name := b.topic + "/optimum"
+	name := nextConsumerName()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	com := newAsyncCommitter(e.kafkaClient(), b.topic+"-optimum", b.topic)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -62,6 +63,21 @@ type backlog struct {
 	total  int // messages in the log
 	unique int // distinct ids among them
 }
+
+// runNames hands out the consumer names the modes claim ids under: one per
+// run, all of the same length. The name is stored in every claimed row and
+// in its indexes (twice for kafkaonce, once for the hand-written loops), so
+// names of different lengths (topic + "/" + mode, as they once were: eight
+// bytes longer for kafkaonce-batch than for optimum) would weigh on one mode
+// more than another; and a short name is what a real consumer has
+// ("ledger"). Unique per run, and from a random start per process (a
+// database may be reused), so no run finds another's claims.
+var (
+	runNameBase = rand.Uint32()
+	runNames    atomic.Uint32
+)
+
+func nextConsumerName() string { return fmt.Sprintf("run-%08x", runNameBase+runNames.Add(1)) }
 
 // newWriter returns a writer that puts each message on the partition
 // already set in it.

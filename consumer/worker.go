@@ -12,7 +12,6 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/kafkafetch"
 	"github.com/kafkaonce/kafkaonce/internal/recent"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
-	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
 
 // ErrMessagesDeleted: the partition's log no longer holds messages this
@@ -323,17 +322,16 @@ func (w *worker) retryUntil(stop context.Context, what string, fn func() error) 
 	}
 }
 
-func (w *worker) loadPosition(ctx context.Context) (int64, bool, error) {
-	if q, ok := w.c.db.(schema.Querier); ok {
+func (w *worker) loadPosition(ctx context.Context) (pos int64, has bool, err error) {
+	if q, ok := w.c.db.(querier); ok {
 		// A lone SELECT needs no transaction: one round trip, not three.
 		return w.c.offsets.Load(ctx, q, w.c.cfg.Name, w.topic, w.partition)
 	}
-	tx, err := w.c.db.Begin(ctx)
-	if err != nil {
-		return 0, false, err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	return w.c.offsets.Load(ctx, tx, w.c.cfg.Name, w.topic, w.partition)
+	err = w.c.readOnly(ctx, func(q querier) (loadErr error) {
+		pos, has, loadErr = w.c.offsets.Load(ctx, q, w.c.cfg.Name, w.topic, w.partition)
+		return loadErr
+	})
+	return pos, has, err
 }
 
 // checkDeleted tells, after an out-of-range fetch, whether messages from

@@ -46,7 +46,7 @@ const packedRows = `unnest(
 // order (see NewStore).
 const packedSelect = `SELECT $1, c.message_id, substr($4::bytea, c.n::int * 32 - 31, 32), $2, $3, c.kafka_offset::bigint
 FROM ` + packedRows + `
-ORDER BY c.message_id, c.kafka_offset::bigint`
+ORDER BY c.message_id COLLATE "C", c.kafka_offset::bigint`
 
 // packedClaims holds the packed parameter of one statement.
 type packedClaims struct{ buf []byte }

@@ -77,13 +77,15 @@ func NewStore(schemaName string) (*Store, error) {
 	t := schema.Table(schemaName, "processed_messages")
 	// Rows are inserted in message-id order so that two transactions
 	// claiming overlapping ids take their row locks in the same order and
-	// cannot deadlock each other. Without ON CONFLICT, a message id that is
+	// cannot deadlock each other. The order is the bytes' (COLLATE "C"),
+	// the primary key's since migration 007, whatever the database's
+	// collation: no locale comparisons in the sort either. Without ON CONFLICT, a message id that is
 	// already there fails the statement (see QueueClaimNew).
 	insertPlain := `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, topic, partition, kafka_offset)
 `
 	claimNew := insertPlain + `SELECT $1, c.message_id, c.fingerprint, $2, $3, c.kafka_offset
 FROM unnest($4::text[], $5::bytea[], $6::bigint[]) AS c(message_id, fingerprint, kafka_offset)
-ORDER BY c.message_id, c.kafka_offset`
+ORDER BY c.message_id COLLATE "C", c.kafka_offset`
 	// RETURNING the offset (not the id) lets the caller map results back
 	// without comparing strings.
 	const skipTaken = `
@@ -95,7 +97,7 @@ RETURNING kafka_offset`
 		claimSQL: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, topic, partition, kafka_offset, status, attempts)
 SELECT $1, c.message_id, c.fingerprint, $2, $3, c.kafka_offset, c.status, c.attempts
 FROM unnest($4::text[], $5::bytea[], $6::bigint[], $7::text[], $8::int[]) AS c(message_id, fingerprint, kafka_offset, status, attempts)
-ORDER BY c.message_id, c.kafka_offset` + skipTaken,
+ORDER BY c.message_id COLLATE "C", c.kafka_offset` + skipTaken,
 		claimPlainSQL:     claimNew + skipTaken,
 		claimNewSQL:       claimNew,
 		claimPackedSQL:    insertPlain + packedSelect + skipTaken,

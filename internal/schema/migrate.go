@@ -97,6 +97,12 @@ type Querier interface {
 // do. A schema at a newer version than this library knows is an error: an
 // older binary must not run against tables it does not understand.
 func Migrate(ctx context.Context, db Beginner, schemaName string) (int, error) {
+	return migrateTo(ctx, db, schemaName, LatestVersion())
+}
+
+// migrateTo is Migrate stopping at version target (tests upgrade a schema
+// made by an older release this way).
+func migrateTo(ctx context.Context, db Beginner, schemaName string, target int) (int, error) {
 	if err := ValidateName(schemaName); err != nil {
 		return 0, fmt.Errorf("schema: name %w", err)
 	}
@@ -128,7 +134,7 @@ func Migrate(ctx context.Context, db Beginner, schemaName string) (int, error) {
 		return 0, fmt.Errorf("schema: %s is at version %d, newer than the %d this kafkaonce build knows; upgrade kafkaonce", ident, current, latest)
 	}
 	for _, m := range migrations {
-		if m.Version <= current {
+		if m.Version <= current || m.Version > target {
 			continue
 		}
 		sql := strings.ReplaceAll(m.sql, "{{schema}}", ident)
@@ -142,7 +148,7 @@ func Migrate(ctx context.Context, db Beginner, schemaName string) (int, error) {
 	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("schema: commit migration: %w", err)
 	}
-	return LatestVersion(), nil
+	return max(current, target), nil
 }
 
 // Version returns the highest migration applied to the schema, or 0 when the

@@ -138,3 +138,31 @@ func tableList(t *testing.T, db *testenv.DB) []string {
 	require.NoError(t, rows.Err())
 	return out
 }
+
+// A schema made by an older release keeps its claims through migration 007
+// (the key columns change collation; the indexes are rebuilt), and they
+// still refuse the same ids.
+func TestMigrateKeepsClaimsOfAnOlderSchema(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewEmptyDB(t)
+	ctx := context.Background()
+
+	v, err := schema.MigrateTo(ctx, db.Pool, db.Schema, 6)
+	require.NoError(t, err)
+	require.Equal(t, 6, v)
+	require.Error(t, schema.RequireLatest(ctx, db.Pool, db.Schema))
+	ids := []string{"b", "a", "B", "é", "e", "ss", "ß"}
+	insert := `INSERT INTO ` + db.Table("processed_messages") + ` (consumer, message_id, fingerprint, topic, partition, kafka_offset)
+SELECT 'ledger', id, sha256(id::bytea), 'transfers', 0, n FROM unnest($1::text[]) WITH ORDINALITY AS u(id, n)
+ON CONFLICT (consumer, message_id) DO NOTHING`
+	db.Exec(t, insert, ids)
+
+	v, err = schema.Migrate(ctx, db.Pool, db.Schema)
+	require.NoError(t, err)
+	require.Equal(t, schema.LatestVersion(), v)
+	require.NoError(t, schema.RequireLatest(ctx, db.Pool, db.Schema))
+	require.EqualValues(t, len(ids), db.Int(t, `SELECT count(*) FROM `+db.Table("processed_messages")+` WHERE consumer = 'ledger' AND message_id = ANY($1::text[])`, ids))
+	tag, err := db.Pool.Exec(ctx, insert, append(ids, "new"))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected(), "only the id not claimed before is new")
+}

@@ -1,0 +1,4 @@
+package schema
+
+// MigrateTo exposes migrateTo to the package's tests.
+var MigrateTo = migrateTo

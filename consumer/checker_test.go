@@ -145,7 +145,7 @@ func (e *env) check(exp expectation) {
 
 	// processed_messages matches the effects one to one, and the dead
 	// letters account exactly for the poison.
-	claims := e.countsBy(`SELECT message_id, count(*) FROM `+e.db.Table("processed_messages")+` WHERE consumer = $1 AND status = 'applied' GROUP BY 1`, e.name)
+	claims := e.countsBy(`SELECT message_id, count(*) FROM `+e.db.Table("processed_messages")+` WHERE `+e.db.ConsumerIs("$1")+` AND status = 'applied' GROUP BY 1`, e.name)
 	require.Equal(t, len(effects), len(claims), "applied claims and effects")
 	var unclaimed []string
 	for id := range effects {

@@ -270,12 +270,21 @@ func (c *Consumer) checkSchema(ctx context.Context) error {
 	if err := schema.RequireLatest(ctx, tx, c.cfg.Schema); err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}
+	// Numbered now and committed below, so that the partitions' first
+	// claims only look the number up instead of all waiting for the one
+	// that numbers a new name.
+	if _, err := c.claims.NumberConsumer(ctx, tx, c.cfg.Name); err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
 	var version int
 	if err := tx.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
 		return fmt.Errorf("consumer: read the server version: %w", err)
 	}
 	if version >= 140000 {
 		c.setSession(sessionSettings(&c.cfg, true))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("consumer: number the consumer name: %w", err)
 	}
 	return nil
 }

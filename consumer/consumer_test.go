@@ -19,7 +19,7 @@ func TestAppliesEveryMessageOnceAndCommitsOffsets(t *testing.T) {
 
 	e.requireExactlyOnce(ids)
 	require.Equal(t, map[int]int64{0: 100, 1: 100, 2: 100}, e.storedPositions())
-	require.EqualValues(t, 300, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("processed_messages")+` WHERE consumer = 'ledger' AND status = 'applied'`))
+	require.EqualValues(t, 300, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("processed_messages")+` WHERE `+e.db.ConsumerIs("'ledger'")+` AND status = 'applied'`))
 	require.Equal(t, 300, e.events.snapshot().applied)
 	e.check(expectation{ids: ids})
 }

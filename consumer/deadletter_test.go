@@ -41,7 +41,7 @@ func (e *env) letters() map[string]deadletter.Letter {
 
 func (e *env) claimStatus(id string) string {
 	var s string
-	require.NoError(e.t, e.db.Pool.QueryRow(context.Background(), `SELECT status FROM `+e.db.Table("processed_messages")+` WHERE consumer = $1 AND message_id = $2`, e.name, id).Scan(&s))
+	require.NoError(e.t, e.db.Pool.QueryRow(context.Background(), `SELECT status FROM `+e.db.Table("processed_messages")+` WHERE `+e.db.ConsumerIs("$1")+` AND message_id = $2`, e.name, id).Scan(&s))
 	return s
 }
 

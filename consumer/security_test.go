@@ -201,7 +201,7 @@ func TestAHostileConsumerNameIsJustData(t *testing.T) {
 	e.waitCommitted(map[int]int64{0: 5}, 30*time.Second)
 	r.stop()
 	e.check(expectation{ids: ids})
-	require.EqualValues(t, 5, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("processed_messages")+` WHERE consumer = $1`, e.name))
+	require.EqualValues(t, 5, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("processed_messages")+` WHERE `+e.db.ConsumerIs("$1"), e.name))
 }
 
 func FuzzConsumerNameValidation(f *testing.F) {

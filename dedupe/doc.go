@@ -2,7 +2,9 @@
 // message ids a consumer has already claimed, written in the same Postgres
 // transaction as the message's effects.
 //
-// A claim is an INSERT ... ON CONFLICT DO NOTHING of (consumer, message_id).
+// A claim is an INSERT ... ON CONFLICT DO NOTHING of (consumer, message_id),
+// the consumer named by its number in the consumers table (see
+// Store.NumberConsumer) and the id compared as bytes.
 // Inside the effect's transaction this is the whole trick: if the
 // transaction commits, the id is claimed and the effects are applied; if it
 // rolls back or the process dies, neither happened. A second delivery of the

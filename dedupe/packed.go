@@ -43,10 +43,12 @@ const packedRows = `unnest(
 ) WITH ORDINALITY AS c(message_id, kafka_offset, n)`
 
 // packedSelect selects the insert's rows from packedRows, in message-id
-// order (see NewStore).
-const packedSelect = `SELECT $1, c.message_id, substr($4::bytea, c.n::int * 32 - 31, 32), $2, $3, c.kafka_offset::bigint
+// order (see NewStore), numbering the consumer with consumerNumber.
+func packedSelect(consumerNumber string) string {
+	return `SELECT ` + consumerNumber + `, c.message_id, substr($4::bytea, c.n::int * 32 - 31, 32), $2, $3, c.kafka_offset::bigint
 FROM ` + packedRows + `
 ORDER BY c.message_id COLLATE "C", c.kafka_offset::bigint`
+}
 
 // packedClaims holds the packed parameter of one statement.
 type packedClaims struct{ buf []byte }

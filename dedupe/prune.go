@@ -31,9 +31,9 @@ const (
 // letter's back. Rows locked by a running transaction are skipped, so
 // pruning never waits on (or holds up) message processing.
 func (s *Store) Prune(ctx context.Context, q schema.Querier, consumer string, before time.Time, limit int) (int64, error) {
-	tag, err := q.Exec(ctx, `DELETE FROM `+s.table+` WHERE (consumer, message_id) IN (
-	SELECT consumer, message_id FROM `+s.table+`
-	WHERE consumer = $1 AND processed_at < $2 AND status IN ('applied', 'suspect_duplicate')
+	tag, err := q.Exec(ctx, `DELETE FROM `+s.table+` WHERE (consumer_id, message_id) IN (
+	SELECT consumer_id, message_id FROM `+s.table+`
+	WHERE consumer_id = `+s.numbered+` AND processed_at < $2 AND status IN ('applied', 'suspect_duplicate')
 	LIMIT $3 FOR UPDATE SKIP LOCKED)`, consumer, before, limit)
 	if err != nil {
 		return 0, fmt.Errorf("dedupe: prune: %w", err)
@@ -45,7 +45,7 @@ func (s *Store) Prune(ctx context.Context, q schema.Querier, consumer string, be
 // progress reports).
 func (s *Store) CountBefore(ctx context.Context, q schema.Querier, consumer string, before time.Time) (int64, error) {
 	var n int64
-	err := q.QueryRow(ctx, `SELECT count(*) FROM `+s.table+` WHERE consumer = $1 AND processed_at < $2 AND status IN ('applied', 'suspect_duplicate')`,
+	err := q.QueryRow(ctx, `SELECT count(*) FROM `+s.table+` WHERE consumer_id = `+s.numbered+` AND processed_at < $2 AND status IN ('applied', 'suspect_duplicate')`,
 		consumer, before).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("dedupe: count: %w", err)
@@ -64,7 +64,7 @@ func (s *Store) Stats(ctx context.Context, q schema.Querier, consumer string) (S
 	var st Stats
 	err := q.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'applied'), count(*) FILTER (WHERE status = 'dead_lettered'),
 	count(*) FILTER (WHERE status = 'suspect_duplicate'), min(processed_at), max(processed_at)
-FROM `+s.table+` WHERE consumer = $1`, consumer).Scan(&st.Total, &st.Applied, &st.DeadLettered, &st.SuspectDuplicates, &st.Oldest, &st.Newest)
+FROM `+s.table+` WHERE consumer_id = `+s.numbered, consumer).Scan(&st.Total, &st.Applied, &st.DeadLettered, &st.SuspectDuplicates, &st.Oldest, &st.Newest)
 	if err != nil {
 		return Stats{}, fmt.Errorf("dedupe: stats: %w", err)
 	}

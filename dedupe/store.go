@@ -55,6 +55,8 @@ type Record struct {
 // Store reads and writes processed_messages in one schema.
 type Store struct {
 	table         string
+	numbered      string // the consumer number of the name in $1
+	numberSQL     string
 	suspects      string
 	claimSQL      string
 	claimPlainSQL string
@@ -75,40 +77,63 @@ func NewStore(schemaName string) (*Store, error) {
 		return nil, fmt.Errorf("dedupe: schema name %w", err)
 	}
 	t := schema.Table(schemaName, "processed_messages")
+	// Rows name their consumer by number (migration 007): numbered looks
+	// the name in $1 up, once per statement; numberOf numbers a name seen
+	// for the first time too (a consumer numbers its name at start-up, but
+	// claiming through a Store alone works as well).
+	consumers := schema.Table(schemaName, "consumers")
+	numbered := `(SELECT id FROM ` + consumers + ` WHERE name = $1)`
+	numberOf := `(SELECT coalesce(` + numbered + `, ` + schema.Table(schemaName, "consumer_id") + `($1)))`
 	// Rows are inserted in message-id order so that two transactions
 	// claiming overlapping ids take their row locks in the same order and
 	// cannot deadlock each other. The order is the bytes' (COLLATE "C"),
 	// the primary key's since migration 007, whatever the database's
 	// collation: no locale comparisons in the sort either. Without ON CONFLICT, a message id that is
 	// already there fails the statement (see QueueClaimNew).
-	insertPlain := `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, topic, partition, kafka_offset)
+	insertPlain := `INSERT INTO ` + t + ` (consumer_id, message_id, fingerprint, topic, partition, kafka_offset)
 `
-	claimNew := insertPlain + `SELECT $1, c.message_id, c.fingerprint, $2, $3, c.kafka_offset
+	claimNew := insertPlain + `SELECT ` + numberOf + `, c.message_id, c.fingerprint, $2, $3, c.kafka_offset
 FROM unnest($4::text[], $5::bytea[], $6::bigint[]) AS c(message_id, fingerprint, kafka_offset)
 ORDER BY c.message_id COLLATE "C", c.kafka_offset`
 	// RETURNING the offset (not the id) lets the caller map results back
 	// without comparing strings.
 	const skipTaken = `
-ON CONFLICT (consumer, message_id) DO NOTHING
+ON CONFLICT (consumer_id, message_id) DO NOTHING
 RETURNING kafka_offset`
 	return &Store{
-		table:    t,
-		suspects: schema.Table(schemaName, "suspect_duplicates"),
-		claimSQL: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, topic, partition, kafka_offset, status, attempts)
-SELECT $1, c.message_id, c.fingerprint, $2, $3, c.kafka_offset, c.status, c.attempts
+		table:     t,
+		numbered:  numbered,
+		numberSQL: `SELECT ` + schema.Table(schemaName, "consumer_id") + `($1)`,
+		suspects:  schema.Table(schemaName, "suspect_duplicates"),
+		claimSQL: `INSERT INTO ` + t + ` (consumer_id, message_id, fingerprint, topic, partition, kafka_offset, status, attempts)
+SELECT ` + numberOf + `, c.message_id, c.fingerprint, $2, $3, c.kafka_offset, c.status, c.attempts
 FROM unnest($4::text[], $5::bytea[], $6::bigint[], $7::text[], $8::int[]) AS c(message_id, fingerprint, kafka_offset, status, attempts)
 ORDER BY c.message_id COLLATE "C", c.kafka_offset` + skipTaken,
 		claimPlainSQL:     claimNew + skipTaken,
 		claimNewSQL:       claimNew,
-		claimPackedSQL:    insertPlain + packedSelect + skipTaken,
-		claimNewPackedSQL: insertPlain + packedSelect,
+		claimPackedSQL:    insertPlain + packedSelect(numberOf) + skipTaken,
+		claimNewPackedSQL: insertPlain + packedSelect(numberOf),
 		expectSQL:         `SELECT ` + schema.Table(schemaName, "expect_claimed") + `($1, $2, $3)`,
 		lookupSQL: `SELECT message_id, fingerprint, topic, partition, kafka_offset, status, attempts, processed_at
-FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
+FROM ` + t + ` WHERE consumer_id = ` + numbered + ` AND message_id = ANY($2::text[])`,
 		statusSQL: `UPDATE ` + t + ` AS p SET status = $3, attempts = u.attempts
 FROM unnest($2::text[], $4::int[]) AS u(message_id, attempts)
-WHERE p.consumer = $1 AND p.message_id = u.message_id`,
+WHERE p.consumer_id = ` + numbered + ` AND p.message_id = u.message_id`,
 	}, nil
+}
+
+// NumberConsumer numbers a consumer name in the consumers table (the rows
+// of processed_messages name their consumer by that number) and returns its
+// number; a name numbered before keeps its number. A consumer calls it at
+// start-up and commits it at once, so that its claims only look the number
+// up; a claim for a name never numbered numbers it in the claim's own
+// transaction, which then holds the new name's row until it ends.
+func (s *Store) NumberConsumer(ctx context.Context, q schema.Querier, consumer string) (int32, error) {
+	var id int32
+	if err := q.QueryRow(ctx, s.numberSQL, consumer).Scan(&id); err != nil {
+		return 0, fmt.Errorf("dedupe: number consumer %q: %w", consumer, err)
+	}
+	return id, nil
 }
 
 // Table is the quoted, schema-qualified table name.
@@ -226,7 +251,7 @@ func (s *Store) QueueSetStatus(b *pgx.Batch, consumer string, ids []string, atte
 // QueueUnclaim adds to b the removal of claims this transaction made for
 // messages it will not process after all (the tail of a batch cut short).
 func (s *Store) QueueUnclaim(b *pgx.Batch, consumer string, ids []string) {
-	b.Queue(`DELETE FROM `+s.table+` WHERE consumer = $1 AND message_id = ANY($2::text[])`, consumer, ids)
+	b.Queue(`DELETE FROM `+s.table+` WHERE consumer_id = `+s.numbered+` AND message_id = ANY($2::text[])`, consumer, ids)
 }
 
 // Claim runs QueueClaim's statement on its own and returns which claims were
@@ -293,7 +318,7 @@ func indexOfOffset(claims []Claim, off int64) int {
 // Reclaim returns false with the existing row.
 func (s *Store) Reclaim(ctx context.Context, tx pgx.Tx, consumer, topic string, partition int, c Claim) (bool, Record, error) {
 	tag, err := tx.Exec(ctx, `UPDATE `+s.table+` SET status = 'applied', processed_at = now()
-WHERE consumer = $1 AND message_id = $2 AND status <> 'applied' AND fingerprint = $3`, consumer, c.MessageID, c.Fingerprint[:])
+WHERE consumer_id = `+s.numbered+` AND message_id = $2 AND status <> 'applied' AND fingerprint = $3`, consumer, c.MessageID, c.Fingerprint[:])
 	if err != nil {
 		return false, Record{}, fmt.Errorf("dedupe: reclaim: %w", err)
 	}

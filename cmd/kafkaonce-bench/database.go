@@ -84,13 +84,17 @@ func prefill(ctx context.Context, db *pgxpool.Pool, rows int, log *slog.Logger) 
 	// UUIDv7 shape: a millisecond timestamp prefix that grows with n, then
 	// random bits, so the index sees what time-ordered ids give it.
 	id := `lpad(to_hex(1700000000000 + n), 12, '0') || '-7' || substr(md5(n::text), 1, 3) || '-8' || substr(md5(n::text), 4, 3) || '-' || substr(md5(n::text), 7, 12)`
-	for _, t := range []struct{ table, insert string }{
-		{prefilledSchema + ".processed_messages", `INSERT INTO ` + prefilledSchema + `.processed_messages (consumer, message_id, fingerprint, topic, partition, kafka_offset)
-SELECT 'prefill', ` + id + `, sha256(n::text::bytea), 'prefill', 0, n FROM generate_series($1::bigint, $2::bigint) AS n`},
-		{hand, `INSERT INTO ` + hand + ` (consumer, message_id) SELECT 'prefill', ` + id + ` FROM generate_series($1::bigint, $2::bigint) AS n`},
+	// kafkaonce's rows name their consumer by number.
+	number := `(SELECT ` + prefilledSchema + `.consumer_id('prefill'))`
+	for _, t := range []struct{ table, insert, count string }{
+		{prefilledSchema + ".processed_messages", `INSERT INTO ` + prefilledSchema + `.processed_messages (consumer_id, message_id, fingerprint, topic, partition, kafka_offset)
+SELECT ` + number + `, ` + id + `, sha256(n::text::bytea), 'prefill', 0, n FROM generate_series($1::bigint, $2::bigint) AS n`,
+			`SELECT count(*) FROM ` + prefilledSchema + `.processed_messages WHERE consumer_id = ` + number},
+		{hand, `INSERT INTO ` + hand + ` (consumer, message_id) SELECT 'prefill', ` + id + ` FROM generate_series($1::bigint, $2::bigint) AS n`,
+			`SELECT count(*) FROM ` + hand + ` WHERE consumer = 'prefill'`},
 	} {
 		var have int64
-		if err := db.QueryRow(ctx, `SELECT count(*) FROM `+t.table+` WHERE consumer = 'prefill'`).Scan(&have); err != nil {
+		if err := db.QueryRow(ctx, t.count).Scan(&have); err != nil {
 			return err
 		}
 		began := time.Now()

@@ -140,8 +140,9 @@ func tableList(t *testing.T, db *testenv.DB) []string {
 }
 
 // A schema made by an older release keeps its claims through migration 007
-// (the key columns change collation; the indexes are rebuilt), and they
-// still refuse the same ids.
+// (the table is made again, naming consumers by number, with ids compared
+// as bytes), with what was granted on it, and they still refuse the same
+// ids.
 func TestMigrateKeepsClaimsOfAnOlderSchema(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewEmptyDB(t)
@@ -152,17 +153,31 @@ func TestMigrateKeepsClaimsOfAnOlderSchema(t *testing.T) {
 	require.Equal(t, 6, v)
 	require.Error(t, schema.RequireLatest(ctx, db.Pool, db.Schema))
 	ids := []string{"b", "a", "B", "é", "e", "ss", "ß"}
-	insert := `INSERT INTO ` + db.Table("processed_messages") + ` (consumer, message_id, fingerprint, topic, partition, kafka_offset)
-SELECT 'ledger', id, sha256(id::bytea), 'transfers', 0, n FROM unnest($1::text[]) WITH ORDINALITY AS u(id, n)
-ON CONFLICT (consumer, message_id) DO NOTHING`
-	db.Exec(t, insert, ids)
+	claims := db.Table("processed_messages")
+	db.Exec(t, `INSERT INTO `+claims+` (consumer, message_id, fingerprint, topic, partition, kafka_offset, status, attempts)
+SELECT c, id, sha256(id::bytea), 'transfers', 0, n, 'dead_lettered', 3
+FROM unnest($1::text[]) WITH ORDINALITY AS u(id, n), unnest(ARRAY['ledger', 'mailer']) AS c`, ids)
+	role := db.Schema + "_reader"
+	db.Exec(t, `DROP ROLE IF EXISTS `+role)
+	db.Exec(t, `CREATE ROLE `+role)
+	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role) })
+	db.Exec(t, `GRANT SELECT ON `+claims+` TO `+role)
 
 	v, err = schema.Migrate(ctx, db.Pool, db.Schema)
 	require.NoError(t, err)
 	require.Equal(t, schema.LatestVersion(), v)
 	require.NoError(t, schema.RequireLatest(ctx, db.Pool, db.Schema))
-	require.EqualValues(t, len(ids), db.Int(t, `SELECT count(*) FROM `+db.Table("processed_messages")+` WHERE consumer = 'ledger' AND message_id = ANY($1::text[])`, ids))
-	tag, err := db.Pool.Exec(ctx, insert, append(ids, "new"))
+	for _, c := range []string{"ledger", "mailer"} {
+		require.EqualValues(t, len(ids), db.Int(t, `SELECT count(*) FROM `+claims+` WHERE `+db.ConsumerIs("$1")+`
+AND message_id = ANY($2::text[]) AND topic = 'transfers' AND status = 'dead_lettered' AND attempts = 3 AND kafka_offset BETWEEN 1 AND $3
+AND fingerprint = sha256(message_id::bytea)`, c, ids, len(ids)), c)
+	}
+	tag, err := db.Pool.Exec(ctx, `INSERT INTO `+claims+` (consumer_id, message_id, fingerprint, topic, partition, kafka_offset)
+SELECT `+schema.Table(db.Schema, "consumer_id")+`('ledger'), id, sha256(id::bytea), 'transfers', 0, 100 FROM unnest($1::text[]) AS id
+ON CONFLICT (consumer_id, message_id) DO NOTHING`, append(ids, "new"))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected(), "only the id not claimed before is new")
+	require.EqualValues(t, 1, db.Int(t, `SELECT count(*) FROM information_schema.role_table_grants
+WHERE grantee = $1 AND table_schema = $2 AND table_name = 'processed_messages' AND privilege_type = 'SELECT'`, role, db.Schema),
+		"what was granted on the table is granted on the new one")
 }

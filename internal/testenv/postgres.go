@@ -128,6 +128,13 @@ func (d *DB) Sessions(tb testing.TB, state string) int64 {
 	return d.Int(tb, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE $2 AND pid <> pg_backend_pid()`, d.Schema, state)
 }
 
+// ConsumerIs is the condition on processed_messages that selects the rows
+// of the consumer named by the SQL expression name (a parameter such as
+// "$1", or a literal): rows name their consumer by number.
+func (d *DB) ConsumerIs(name string) string {
+	return "consumer_id = (SELECT id FROM " + d.Table("consumers") + " WHERE name = " + name + ")"
+}
+
 // Table returns the quoted name of a table in the test's schema.
 func (d *DB) Table(name string) string { return schema.Table(d.Schema, name) }
 

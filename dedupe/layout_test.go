@@ -3,6 +3,7 @@ package dedupe_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -48,6 +49,49 @@ WHERE a.attrelid = $1::regclass AND a.attname = 'message_id'`, s.Table()).Scan(&
 	got, err = s.Claim(ctx, tx, "c", "t", 0, claims(ids...))
 	require.NoError(t, err)
 	require.Equal(t, make([]bool, len(ids)), got)
+}
+
+// A consumer's name gets one number, whoever asks first: NumberConsumer at
+// start-up, or the first claim under a name never numbered, even when two
+// transactions claim under it at once.
+func TestConsumersAreNumberedOnce(t *testing.T) {
+	t.Parallel()
+	db, s := newStore(t)
+	ctx := context.Background()
+
+	ledger, err := s.NumberConsumer(ctx, db.Pool, "ledger")
+	require.NoError(t, err)
+	again, err := s.NumberConsumer(ctx, db.Pool, "ledger")
+	require.NoError(t, err)
+	require.Equal(t, ledger, again)
+
+	// Two transactions claim under a new name; the second waits for the
+	// first's number and uses it once the first commits.
+	first, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = first.Rollback(ctx) }()
+	_, err = s.Claim(ctx, first, "mailer", "t", 0, claims("m-1"))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		second, err := db.Pool.Begin(ctx)
+		if err == nil {
+			_, err = s.Claim(ctx, second, "mailer", "t", 1, claims("m-2"))
+			if err == nil {
+				err = second.Commit(ctx)
+			}
+		}
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return db.Sessions(t, "active") > 0 }, 5*time.Second, 10*time.Millisecond, "the second claim waits for the first's number")
+	require.NoError(t, first.Commit(ctx))
+	require.NoError(t, <-done)
+
+	mailer, err := s.NumberConsumer(ctx, db.Pool, "mailer")
+	require.NoError(t, err)
+	require.NotEqual(t, ledger, mailer)
+	require.EqualValues(t, 1, db.Int(t, `SELECT count(*) FROM `+db.Table("consumers")+` WHERE name = 'mailer'`))
+	require.EqualValues(t, 2, db.Int(t, `SELECT count(*) FROM `+s.Table()+` WHERE consumer_id = $1`, mailer))
 }
 
 // BenchmarkClaimCollation claims batches of 1,000 new UUIDv7 ids into the

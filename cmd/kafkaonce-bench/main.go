@@ -18,8 +18,8 @@
 // Each round produces a fresh topic per cell and runs every mode on it, in
 // an order that rotates between rounds; tables report the median of the
 // rounds. Every run claims under a consumer name of its own, short and of
-// the same length for every mode (the name is in every claimed row and
-// index). Database round trips and offset commits are counted on the wire,
+// the same length for every mode (the hand-written loops store it in every
+// claimed row and index). Database round trips and offset commits are counted on the wire,
 // allocations with runtime.MemStats, peak RSS from /proc (the broker runs
 // in a child process so that none of this is the broker's). Round trips,
 // allocations and bytes are also counted over each run's second half

@@ -65,12 +65,12 @@ type backlog struct {
 }
 
 // runNames hands out the consumer names the modes claim ids under: one per
-// run, all of the same length. The name is stored in every claimed row and
-// in its indexes (twice for kafkaonce, once for the hand-written loops), so
-// names of different lengths (topic + "/" + mode, as they once were: eight
-// bytes longer for kafkaonce-batch than for optimum) would weigh on one mode
-// more than another; and a short name is what a real consumer has
-// ("ledger"). Unique per run, and from a random start per process (a
+// run, all of the same length. The hand-written loops store the name in
+// every claimed row and in its index (kafkaonce stored it twice, until its
+// rows named the consumer by number), so names of different lengths
+// (topic + "/" + mode, as they once were: eight bytes longer for
+// kafkaonce-batch than for optimum) would weigh on one mode more than
+// another; and a short name is what a real consumer has ("ledger"). Unique per run, and from a random start per process (a
 // database may be reused), so no run finds another's claims.
 var (
 	runNameBase = rand.Uint32()

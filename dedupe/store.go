@@ -88,8 +88,9 @@ func NewStore(schemaName string) (*Store, error) {
 	// claiming overlapping ids take their row locks in the same order and
 	// cannot deadlock each other. The order is the bytes' (COLLATE "C"),
 	// the primary key's since migration 007, whatever the database's
-	// collation: no locale comparisons in the sort either. Without ON CONFLICT, a message id that is
-	// already there fails the statement (see QueueClaimNew).
+	// collation: no locale comparisons in the sort either. Without ON
+	// CONFLICT, a message id that is already there fails the statement
+	// (see QueueClaimNew).
 	insertPlain := `INSERT INTO ` + t + ` (consumer_id, message_id, fingerprint, topic, partition, kafka_offset)
 `
 	claimNew := insertPlain + `SELECT ` + numberOf + `, c.message_id, c.fingerprint, $2, $3, c.kafka_offset

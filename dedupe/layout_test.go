@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
@@ -121,31 +120,6 @@ func BenchmarkClaimCollation(b *testing.B) {
 		tables = append(tables, table{map[string]string{"C": "bytes", "en-US-x-icu": "en-US"}[coll], s, db})
 	}
 	for _, t := range append(tables, tables...) {
-		b.Run(t.name, func(b *testing.B) {
-			batches := make([][]dedupe.Claim, b.N)
-			for n := range batches {
-				ids := make([]string, 1000)
-				offsets := make([]int64, len(ids))
-				for i := range ids {
-					ids[i] = uuid.Must(uuid.NewV7()).String()
-					offsets[i] = int64(n*len(ids) + i)
-				}
-				batches[n] = claimAt(ids, offsets)
-			}
-			conn, err := t.db.Pool.Acquire(ctx)
-			require.NoError(b, err)
-			defer conn.Release()
-			claimed := make([]bool, 1000)
-			b.ResetTimer()
-			for n := range b.N {
-				batch := &pgx.Batch{}
-				batch.Queue("BEGIN")
-				t.s.QueueClaim(batch, "ledger", "transfers", 0, batches[n], claimed)
-				batch.Queue("COMMIT")
-				if err := conn.SendBatch(ctx, batch).Close(); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+		b.Run(t.name, func(b *testing.B) { benchmarkClaims(b, t.db, t.s, "ledger", false) })
 	}
 }

@@ -213,37 +213,42 @@ func TestConcurrentPackedClaimsKeepTheirOwnData(t *testing.T) {
 // work) and B/op: go test ./dedupe -run X -bench ClaimEncoding -benchtime 300x
 func BenchmarkClaimEncoding(b *testing.B) {
 	db, s := newStore(b)
-	ctx := context.Background()
 	for _, way := range []string{"packed", "arrays", "packed", "arrays"} {
-		b.Run(way, func(b *testing.B) {
-			batches := make([][]dedupe.Claim, b.N)
-			for n := range batches {
-				ids := make([]string, 1000)
-				offsets := make([]int64, len(ids))
-				for i := range ids {
-					ids[i] = uuid.Must(uuid.NewV7()).String()
-					offsets[i] = int64(n*len(ids) + i)
-				}
-				if way == "arrays" {
-					ids[0] += "\n"
-				}
-				batches[n] = claimAt(ids, offsets)
-			}
-			conn, err := db.Pool.Acquire(ctx)
-			require.NoError(b, err)
-			defer conn.Release()
-			claimed := make([]bool, 1000)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for n := range b.N {
-				batch := &pgx.Batch{}
-				batch.Queue("BEGIN")
-				s.QueueClaim(batch, "c-"+way, "t", 0, batches[n], claimed)
-				batch.Queue("COMMIT")
-				if err := conn.SendBatch(ctx, batch).Close(); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+		b.Run(way, func(b *testing.B) { benchmarkClaims(b, db, s, "c-"+way, way == "arrays") })
+	}
+}
+
+// benchmarkClaims claims b.N batches of 1,000 new UUIDv7 ids under
+// consumer, one transaction each, on one connection; unpackable puts a
+// newline into one id of each batch, which sends it as arrays.
+func benchmarkClaims(b *testing.B, db *testenv.DB, s *dedupe.Store, consumer string, unpackable bool) {
+	ctx := context.Background()
+	batches := make([][]dedupe.Claim, b.N)
+	for n := range batches {
+		ids := make([]string, 1000)
+		offsets := make([]int64, len(ids))
+		for i := range ids {
+			ids[i] = uuid.Must(uuid.NewV7()).String()
+			offsets[i] = int64(n*len(ids) + i)
+		}
+		if unpackable {
+			ids[0] += "\n"
+		}
+		batches[n] = claimAt(ids, offsets)
+	}
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(b, err)
+	defer conn.Release()
+	claimed := make([]bool, 1000)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for n := range b.N {
+		batch := &pgx.Batch{}
+		batch.Queue("BEGIN")
+		s.QueueClaim(batch, consumer, "t", 0, batches[n], claimed)
+		batch.Queue("COMMIT")
+		if err := conn.SendBatch(ctx, batch).Close(); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

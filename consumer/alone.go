@@ -54,7 +54,7 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 		p := w.newPlan(one)
 		out := w.runTx(work, one, &p, rec.Attempts)
 		if out.err == nil {
-			w.afterCommit(work, one, &p)
+			w.afterCommit(work, one, &p, out.st)
 			return nil
 		}
 		if work.Err() != nil {
@@ -166,7 +166,7 @@ func (w *worker) setAside(stop, work context.Context, one []item, f *failure) er
 		p.deadLetter = map[int]*failure{0: f}
 		out := w.runTx(work, one, &p, f.attempts)
 		if out.err == nil {
-			w.afterCommit(work, one, &p)
+			w.afterCommit(work, one, &p, out.st)
 			return nil
 		}
 		if work.Err() != nil {

@@ -180,11 +180,21 @@ func (w *worker) newPlan(items []item) plan {
 func (w *worker) apply(stop, work context.Context, items []item) error {
 	backoff := w.c.retry.New()
 	attempt := 1
-	p := w.newPlan(items)
+	// Up to this offset, messages go one per transaction: a COMMIT over
+	// several of them was refused for their content.
+	oneByOneTo := int64(-1)
+	next := func() plan {
+		p := w.newPlan(items)
+		if len(items) > 0 && items[0].msg.Offset <= oneByOneTo {
+			p.n = 1
+		}
+		return p
+	}
+	p := next()
 	for len(items) > 0 {
 		out := w.runTx(work, items, &p, attempt)
 		if out.committed > 0 {
-			w.afterCommit(work, items[:out.committed], &p)
+			w.afterCommit(work, items[:out.committed], &p, out.st)
 			items = items[out.committed:]
 		}
 		if out.err == nil {
@@ -194,7 +204,7 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 				}
 				items = items[1:]
 			}
-			p, attempt = w.newPlan(items), 1
+			p, attempt = next(), 1
 			backoff.Reset()
 			continue
 		}
@@ -216,6 +226,13 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 			p.savepointFrom = 0
 			continue
 		}
+		if out.oneByOne {
+			w.c.log.Warn("the server refused to commit a batch for what its handlers wrote; applying its messages one per transaction to find which", w.logAttrs(
+				slog.Int64("offset", items[0].msg.Offset), slog.String("error", out.err.Error()))...)
+			oneByOneTo = items[p.n-1].msg.Offset
+			p = next()
+			continue
+		}
 		if out.failedAt < 0 {
 			w.c.log.Warn("batch failed; retrying", w.logAttrs(slog.Int64("offset", items[0].msg.Offset),
 				slog.Int("attempt", attempt), slog.String("class", classInfra.String()), slog.String("error", out.err.Error()))...)
@@ -235,7 +252,7 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 				return err
 			}
 			items = items[1:]
-			p, attempt = w.newPlan(items), 1
+			p, attempt = next(), 1
 			backoff.Reset()
 			continue
 		}
@@ -252,7 +269,7 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 				return err
 			}
 			items = items[1:]
-			p, attempt = w.newPlan(items), 1
+			p, attempt = next(), 1
 		default:
 			p.n, p.after = k, out.fail
 		}
@@ -291,8 +308,7 @@ func (w *worker) reportFailure(ctx context.Context, msg *Message, f *failure) {
 // afterCommit reports the committed messages and hands their offset to the
 // Kafka committer. This is the only path to an offset commit, and it runs
 // only after the database commit succeeded.
-func (w *worker) afterCommit(ctx context.Context, items []item, p *plan) {
-	st := &w.batch
+func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *batchState) {
 	for _, cf := range st.conflicts {
 		w.c.log.Error("message id reused for different content; the message was set aside", w.logAttrs(
 			slog.Int64("offset", cf.Offset), slog.String("message_id", cf.MessageID), slog.String("error", cf.Error()))...)

@@ -52,14 +52,33 @@ type Consumer struct {
 	retry       retry.Policy
 	// publish wakes the dead-letter topic publisher (nil without one).
 	publish chan struct{}
-	// oneTripHeadSQL opens a one-trip batch (see setSession and oneTrip).
-	oneTripHeadSQL string
-	// sessionSQL sets the session timeouts at the start of every
-	// transaction; empty when all are LeaveUnset.
-	sessionSQL  string
-	sessionArgs []any
-	running     atomic.Bool
+	// sess holds the session settings every transaction starts with. Run
+	// replaces it once it knows the server's version, while Redrive may
+	// already be reading it from another goroutine.
+	sess    atomic.Pointer[session]
+	running atomic.Bool
 }
+
+// session is what every transaction of the consumer starts with: the
+// configured timeouts, set for that transaction only.
+type session struct {
+	// sql sets them; empty when all are LeaveUnset.
+	sql  string
+	args []any
+	// oneTripHead opens a one-trip batch: the same settings and the
+	// checked advance of the position in one SELECT (see oneTrip).
+	oneTripHead string
+}
+
+// queue adds the settings to b, which runs in a transaction.
+func (s *session) queue(b *pgx.Batch) {
+	if s.sql != "" {
+		b.Queue(s.sql, s.args...)
+	}
+}
+
+// session returns the current session settings.
+func (c *Consumer) session() *session { return c.sess.Load() }
 
 // New validates cfg and returns a Consumer. It does not connect to Kafka or
 // Postgres; Run does. The error lists every invalid field, each with the rule
@@ -117,12 +136,13 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 // the one that opens a one-trip batch: the same settings and the checked
 // advance of the position in one SELECT.
 func (c *Consumer) setSession(sql string, args []any) {
-	c.sessionSQL, c.sessionArgs = sql, args
+	s := &session{sql: sql, args: args}
 	if sql == "" {
-		c.oneTripHeadSQL = "SELECT " + c.offsets.AdvanceChecked(1)
+		s.oneTripHead = "SELECT " + c.offsets.AdvanceChecked(1)
 	} else {
-		c.oneTripHeadSQL = sql + ", " + c.offsets.AdvanceChecked(len(args)+1)
+		s.oneTripHead = sql + ", " + c.offsets.AdvanceChecked(len(args)+1)
 	}
+	c.sess.Store(s)
 }
 
 // sessionSettings builds the statement that applies the configured timeouts

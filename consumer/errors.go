@@ -7,6 +7,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/txguard"
+	"github.com/kafkaonce/kafkaonce/internal/usercall"
 )
 
 var (
@@ -34,7 +35,7 @@ var (
 
 	// ErrHandlerPanicked: the handler panicked. The panic value and stack
 	// are in the wrapping MessageError's text and the log.
-	ErrHandlerPanicked = errors.New("handler panicked")
+	ErrHandlerPanicked = usercall.ErrPanicked
 )
 
 // MessageError is an error about one message. Errors the consumer reports
@@ -106,10 +107,13 @@ var (
 	// transaction had failed, so the transaction was aborted and could not
 	// have committed. A handler that ignores a SQL error is a bug; the
 	// message is treated as failed (and retried) rather than skipped.
-	ErrTxAborted = errors.New("the handler returned nil but its transaction is aborted: a SQL error was ignored")
+	ErrTxAborted = usercall.ErrTxAborted
 
 	// ErrHandlerTimeout: the handler ran longer than Config.HandlerTimeout.
-	ErrHandlerTimeout = errors.New("the handler exceeded HandlerTimeout")
+	// Its context was cancelled; one that did not return within a short
+	// grace after that was abandoned and its connection closed, and its
+	// transaction and Batch refuse whatever it does later.
+	ErrHandlerTimeout = usercall.ErrTimeout
 )
 
 // Permanent marks err as a failure that retrying cannot fix (a payload that

@@ -2,8 +2,11 @@ package consumer
 
 import (
 	"context"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkaonce/kafkaonce/internal/txguard"
 )
 
 // A Handler applies the effect of one message inside the transaction the
@@ -92,16 +95,23 @@ type BatchHandlerFunc func(ctx context.Context, b *Batch) error
 // HandleBatch calls f(ctx, b).
 func (f BatchHandlerFunc) HandleBatch(ctx context.Context, b *Batch) error { return f(ctx, b) }
 
-// A Batch is what a BatchHandler applies.
+// A Batch is what a BatchHandler applies. It belongs to one call: once
+// HandleBatch returns (or is abandoned after HandlerTimeout), Queue drops
+// what it is given and the consumer logs an error, and Tx refuses every
+// use, so a goroutine the handler left behind cannot add a statement to a
+// later transaction.
 type Batch struct {
 	// Tx is the consumer's transaction, as a Handler gets it.
 	Tx pgx.Tx
 	// Messages are the newly claimed messages, in offset order.
 	Messages []*Message
 
+	mu     sync.Mutex
+	sealed bool
 	queued pgx.Batch
-	nQueue int
 	index  []int // Messages[k] is the transaction's item index[k]
+	// late is told about a statement queued after the call.
+	late func(sql string)
 }
 
 // Queue adds a statement to run in the transaction after HandleBatch
@@ -110,25 +120,48 @@ type Batch struct {
 // are all queued costs one round trip to Postgres in all when its messages
 // are new (see BatchHandler), two otherwise: one to claim, one to apply and
 // commit. Use it for writes whose results the handler does not need; use Tx
-// for anything it must read. A queued statement that fails
-// fails the batch, as an error returned by HandleBatch does.
+// for anything it must read. A queued statement that fails fails the
+// batch, as an error returned by HandleBatch does. Queue may be called from
+// several goroutines of the call; after the call it drops the statement.
 func (b *Batch) Queue(sql string, args ...any) {
-	b.queued.Queue(sql, args...)
-	b.nQueue++
-}
-
-// runQueued runs the queued statements in tx now (one message's call, in
-// its savepoint).
-func (b *Batch) runQueued(ctx context.Context, tx pgx.Tx) error {
-	if b.nQueue == 0 {
-		return nil
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.sealed || callOver(b.Tx) {
+		if b.late != nil {
+			b.late(sql)
+		}
+		return
 	}
-	return tx.SendBatch(ctx, &b.queued).Close()
+	b.queued.Queue(sql, args...)
 }
 
-// reset empties b for reuse.
-func (b *Batch) reset(tx pgx.Tx) {
-	b.Tx, b.Messages = tx, b.Messages[:0]
-	b.queued.QueuedQueries = b.queued.QueuedQueries[:0]
-	b.nQueue = 0
+// callOver reports whether tx is a handler's transaction whose call ended.
+func callOver(tx pgx.Tx) bool {
+	g, ok := tx.(*txguard.Tx)
+	return ok && g.Sealed()
+}
+
+// seal ends the call: Queue drops statements from now on, and those queued
+// so far may be read without a lock.
+func (b *Batch) seal() {
+	b.mu.Lock()
+	b.sealed = true
+	b.mu.Unlock()
+}
+
+// statements returns the queued statements; call it after seal.
+func (b *Batch) statements() []*pgx.QueuedQuery { return b.queued.QueuedQueries }
+
+// runQueued seals b and runs its statements in tx, one at a time (one
+// message's call, in its savepoint: a failure path, where telling which
+// statement failed, and keeping the connection usable when pgx cannot
+// encode an argument, matter more than round trips).
+func (b *Batch) runQueued(ctx context.Context, tx pgx.Tx) error {
+	b.seal()
+	for _, q := range b.statements() {
+		if _, err := tx.Exec(ctx, q.SQL, q.Arguments...); err != nil {
+			return err
+		}
+	}
+	return nil
 }

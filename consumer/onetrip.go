@@ -13,6 +13,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/notx"
 	"github.com/kafkaonce/kafkaonce/internal/pipetx"
+	"github.com/kafkaonce/kafkaonce/internal/usercall"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
@@ -39,40 +40,41 @@ import (
 // commit, then offset commit" is unchanged: the Kafka offset is committed by
 // the caller after this returns, as for any batch.
 
-// oneTripEligible reports whether items may be tried in one round trip: a
-// BatchHandler that has not needed Tx (and no Config.ClaimFirst), a plain
-// plan (no savepoints, nothing to set aside, no attempts to clear), valid
-// ids, no suspect to skip, no duplicates in the previous batch, a known
-// stored position, and a DB that lends connections.
-func (w *worker) oneTripEligible(items []item, p *plan) bool {
-	if w.c.cfg.BatchHandler == nil || w.c.cfg.ClaimFirst || w.c.batchUsesTx.Load() || !w.positionKnown {
+// oneTripEligible reports whether the attempt may be tried in one round
+// trip: a BatchHandler that has not needed Tx (and no Config.ClaimFirst), a
+// plain plan (no savepoints, nothing to set aside, no attempts to clear),
+// valid ids, no suspect to skip, no duplicates in the previous batch, a
+// known stored position, and a DB that lends connections.
+func (a *txAttempt) oneTripEligible() bool {
+	if a.c.cfg.BatchHandler == nil || a.c.cfg.ClaimFirst || a.c.batchUsesTx.Load() || !a.positionKnown {
 		return false
 	}
-	if _, ok := w.c.db.(connLender); !ok {
+	if _, ok := a.c.db.(connLender); !ok {
 		return false
 	}
-	if p.savepointFrom < len(items) || len(p.deadLetter) > 0 || p.clearAttempts {
+	if a.p.savepointFrom < len(a.items) || len(a.p.deadLetter) > 0 || a.p.clearAttempts {
 		return false
 	}
-	if w.sawDuplicates {
+	if a.sawDuplicates {
 		// Unforeseen duplicates come in runs (a replay, a producer
 		// re-sending a range from before this worker's time): an attempt
 		// would most likely fail, costing a round trip and a handler call.
 		// The ordinary path tells when the run is over.
 		return false
 	}
-	for i := range items {
-		if items[i].idErr != nil || items[i].suspect != nil && w.c.cfg.SuspectDuplicates == SkipSuspects {
+	for i := range a.items {
+		if a.items[i].idErr != nil || a.items[i].suspect != nil && a.c.cfg.SuspectDuplicates == SkipSuspects {
 			return false
 		}
 	}
 	return true
 }
 
-// oneTrip tries items in one round trip (see above). ok is false when the
-// attempt was dropped without committing anything; the caller then runs
+// oneTrip tries the attempt in one round trip (see above). ok is false when
+// the try was dropped without committing anything; the caller then runs
 // the batch the ordinary way.
-func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState, run *txRun) (out txOutcome, ok bool) {
+func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) {
+	items, st := a.items, a.st
 	n := len(items)
 	st.reset(n)
 	// Duplicates foreseen from memory are skipped without a claim: a
@@ -83,7 +85,7 @@ func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState
 	var resentIDs []string
 	var resentFps []dedupe.Fingerprint
 	for i := range items {
-		if items[i].resent(w.next) {
+		if items[i].resent(a.next) {
 			st.fates[i] = fateSkipped
 			resentIDs = append(resentIDs, items[i].msg.ID)
 			resentFps = append(resentFps, items[i].fp)
@@ -98,27 +100,26 @@ func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState
 		st.claimed[i] = true // and st.fates[i] is fateApplied
 	}
 
-	ahead := &notx.Tx{}
-	b := &w.batchCall
-	b.reset(ahead)
-	b.index = b.index[:0]
-	for _, i := range st.claimItem {
-		b.Messages = append(b.Messages, &items[i].msg)
-		b.index = append(b.index, i)
-	}
+	var b *Batch
 	var took time.Duration
-	if len(b.Messages) > 0 {
-		run.current.Store(int32(b.index[0]))
-		began := time.Now()
-		run.handlerSince.Store(began.UnixNano())
-		err := w.c.callBatchHandler(hctx, b)
-		took = time.Since(began)
-		run.handlerSince.Store(0)
-		if ahead.Used() {
-			w.c.batchUsesTx.Store(true)
-			w.c.log.Info("the batch handler uses Batch.Tx; batches open their transaction before calling it from now on", w.logAttrs()...)
+	if len(st.claimItem) > 0 {
+		msgs := make([]*Message, len(st.claimItem))
+		for k, i := range st.claimItem {
+			msgs[k] = &items[i].msg
 		}
-		if err != nil || ahead.Used() || run.timedOut.Load() {
+		b = a.c.newBatch(msgs, st.claimItem)
+		ahead := &notx.Tx{}
+		began := time.Now()
+		err := a.c.handleBatch(hctx, a.uc, ahead, b)
+		took = time.Since(began)
+		if errors.Is(err, usercall.ErrAbandoned) {
+			return infra(err), true // nobody reads it: the worker has moved on
+		}
+		if ahead.Used() {
+			a.c.batchUsesTx.Store(true)
+			a.c.log.Info("the batch handler uses Batch.Tx; batches open their transaction before calling it from now on", a.logAttrs()...)
+		}
+		if err != nil || ahead.Used() || a.uc.TimedOut() {
 			// The ordinary way calls the handler again, in an open
 			// transaction, and deals with its failure there.
 			return txOutcome{}, false
@@ -128,40 +129,55 @@ func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState
 	// Four statements and the handler's: as few as the position check, the
 	// session settings and the claims allow (on small batches each costs
 	// the server about as much as the claim itself).
+	sess := a.c.session()
 	q := &pgx.Batch{}
 	q.Queue("BEGIN")
-	head := append(make([]any, 0, len(w.c.sessionArgs)+5), w.c.sessionArgs...)
-	q.Queue(w.c.oneTripHeadSQL, append(head, w.c.cfg.Name, w.topic, w.partition, w.next, items[n-1].msg.Offset+1)...)
+	head := append(make([]any, 0, len(sess.args)+5), sess.args...)
+	q.Queue(sess.oneTripHead, append(head, a.c.cfg.Name, a.topic, a.partition, a.next, items[n-1].msg.Offset+1)...)
 	claimed := len(st.claims) == 0
 	if !claimed {
-		w.c.claims.QueueClaimNew(q, w.c.cfg.Name, w.topic, w.partition, st.claims, &claimed)
+		a.c.claims.QueueClaimNew(q, a.c.cfg.Name, a.topic, a.partition, st.claims, &claimed)
 	}
 	if len(resentIDs) > 0 {
-		w.c.claims.QueueExpectClaimed(q, w.c.cfg.Name, resentIDs, resentFps)
+		a.c.claims.QueueExpectClaimed(q, a.c.cfg.Name, resentIDs, resentFps)
 	}
-	if len(b.Messages) > 0 {
-		q.QueuedQueries = append(q.QueuedQueries, b.queued.QueuedQueries...)
+	if b != nil {
+		q.QueuedQueries = append(q.QueuedQueries, b.statements()...)
 	}
-	w.queueSuspects(q, items, st, n)
-	q.Queue("COMMIT")
+	a.queueSuspects(q, n)
+	q.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() == "ROLLBACK" {
+			return pgx.ErrTxCommitRollback
+		}
+		return nil
+	})
 
-	conn, err := w.c.db.(connLender).Acquire(ctx)
+	conn, err := a.c.db.(connLender).Acquire(ctx)
 	if err != nil {
 		return infra(fmt.Errorf("begin: %w", err)), true
 	}
 	bt := &batchTx{tx: pipetx.New(conn.Conn()), pool: conn}
 	defer bt.rollback(ctx)
-	run.conn.Store(bt.netConn())
+	a.uc.SetConn(bt.netConn())
 	err = conn.SendBatch(ctx, q).Close()
 	var pgErr *pgconn.PgError
+	var pre pgx.ErrPreprocessingBatch
 	switch {
 	case err == nil:
 		bt.done = true
 		conn.Release()
-		if len(b.Messages) > 0 {
-			w.reportBatchCall(ctx, b, took, nil)
+		if b != nil {
+			a.reportBatchCall(ctx, b, took, nil)
 		}
 		return txOutcome{committed: n, failedAt: -1}, true
+	case errors.As(err, &pre), errors.Is(err, pgx.ErrTxCommitRollback):
+		// pgx refused to send a statement (an argument it cannot encode,
+		// one the server could not prepare), or the block was rolled back
+		// at COMMIT: nothing committed. The ordinary path runs the batch
+		// and finds the culprit.
+		a.c.log.Debug("one-round-trip attempt dropped; running the batch claim-first", a.logAttrs(
+			slog.Int64("offset", items[0].msg.Offset), slog.String("why", "the pipeline was refused"), slog.String("error", err.Error()))...)
+		return txOutcome{}, false
 	case errors.As(err, &pgErr):
 		// The server refused a statement, so it skipped the rest of the
 		// pipeline: nothing committed. A claim taken, a position moved or
@@ -181,27 +197,28 @@ func (w *worker) oneTrip(hctx, ctx context.Context, items []item, st *batchState
 		case !claimed:
 			return infra(fmt.Errorf("begin and claim: %w", err)), true
 		}
-		w.c.log.Debug("one-round-trip attempt dropped; running the batch claim-first", w.logAttrs(
+		a.c.log.Debug("one-round-trip attempt dropped; running the batch claim-first", a.logAttrs(
 			slog.Int64("offset", items[0].msg.Offset), slog.String("why", why), slog.String("error", pgErr.Error()))...)
 		return txOutcome{}, false
 	}
 	bt.done = true
 	conn.Release()
-	return w.commitUnknown(items, err), true
+	return a.commitUnknown(err), true
 }
 
 // queueSuspects adds the suspect duplicates among items[:end] that the
 // transaction applies or skips to b.
-func (w *worker) queueSuspects(b *pgx.Batch, items []item, st *batchState, end int) {
+func (a *txAttempt) queueSuspects(b *pgx.Batch, end int) {
 	var suspects []dedupe.Suspect
-	for i := range items[:end] {
-		if s := items[i].suspect; s != nil && (st.fates[i] == fateApplied || st.fates[i] == fateSkippedSuspect) {
-			suspects = append(suspects, dedupe.Suspect{Offset: items[i].msg.Offset, MessageID: items[i].msg.ID, Fingerprint: items[i].fp,
-				FirstMessageID: s.MessageID, FirstOffset: s.Offset, Skipped: st.fates[i] == fateSkippedSuspect})
+	for i := range a.items[:end] {
+		it := &a.items[i]
+		if s := it.suspect; s != nil && (a.st.fates[i] == fateApplied || a.st.fates[i] == fateSkippedSuspect) {
+			suspects = append(suspects, dedupe.Suspect{Offset: it.msg.Offset, MessageID: it.msg.ID, Fingerprint: it.fp,
+				FirstMessageID: s.MessageID, FirstOffset: s.Offset, Skipped: a.st.fates[i] == fateSkippedSuspect})
 		}
 	}
 	if len(suspects) > 0 {
-		w.c.claims.QueueSuspects(b, w.c.cfg.Name, w.topic, w.partition, suspects)
+		a.c.claims.QueueSuspects(b, a.c.cfg.Name, a.topic, a.partition, suspects)
 	}
 }
 
@@ -209,8 +226,8 @@ func (w *worker) queueSuspects(b *pgx.Batch, items []item, st *batchState, end i
 // may not have been applied. Never guess (pgconn.SafeToRetry says nothing
 // about a COMMIT that was sent): leave the Kafka offset alone and run the
 // batch again on a new connection, where the claims tell which it was.
-func (w *worker) commitUnknown(items []item, err error) txOutcome {
-	w.c.log.Warn("COMMIT outcome unknown; the batch will run again and its claims decide", w.logAttrs(
-		slog.Int64("offset", items[0].msg.Offset), slog.String("error", err.Error()))...)
+func (a *txAttempt) commitUnknown(err error) txOutcome {
+	a.c.log.Warn("COMMIT outcome unknown; the batch will run again and its claims decide", a.logAttrs(
+		slog.Int64("offset", a.items[0].msg.Offset), slog.String("error", err.Error()))...)
 	return infra(fmt.Errorf("commit outcome unknown: %w", err))
 }

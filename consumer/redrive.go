@@ -10,7 +10,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
-	"github.com/kafkaonce/kafkaonce/internal/txguard"
+	"github.com/kafkaonce/kafkaonce/internal/usercall"
 )
 
 // RedriveFilter selects the dead letters of this consumer to redrive. Only
@@ -100,58 +100,58 @@ func (c *Consumer) Redrive(ctx context.Context, f RedriveFilter) (RedriveResult,
 var errAlreadyApplied = errors.New("already applied")
 
 // redriveOne redrives one letter; applied is false when it turned out to be
-// applied already.
+// applied already. Its transaction runs as an attempt under the handler
+// watchdog, as a worker's batch does: a handler that hangs is abandoned
+// after HandlerTimeout (or, once ctx ends, after a short grace), so neither
+// Redrive nor the consumer's shutdown waits on it.
 func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool, err error) {
 	var msg *Message
-	err = c.inTx(ctx, func(q querier) error {
-		tx := q.(pgx.Tx)
-		l, err := c.letters.GetForUpdate(ctx, tx, c.cfg.Name, letterID)
-		if err != nil {
-			return err
-		}
-		if l.RedrivenAt != nil {
-			return errAlreadyApplied
-		}
-		msg = messageOfLetter(&l)
-		id := l.MessageID
-		if id == "" {
-			if id, err = messageID(c.cfg.MessageID, msg); err != nil {
+	err, abandoned := usercall.Run(ctx, c.limits(), func(hctx, ctx context.Context, uc *usercall.Attempt) error {
+		return c.inTx(ctx, func(q querier) error {
+			tx := q.(pgx.Tx)
+			uc.SetConn(tx.Conn().PgConn().Conn())
+			l, err := c.letters.GetForUpdate(ctx, tx, c.cfg.Name, letterID)
+			if err != nil {
 				return err
 			}
-		}
-		msg.ID = id
-		claim := dedupe.Claim{MessageID: id, Fingerprint: dedupe.FingerprintOf(msg.Key, msg.Value), Offset: l.Offset}
-		ok, existing, err := c.claims.Reclaim(ctx, tx, c.cfg.Name, l.Topic, l.Partition, claim)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			if existing.Fingerprint != claim.Fingerprint {
-				return &FingerprintConflictError{Topic: l.Topic, Partition: l.Partition, Offset: l.Offset, MessageID: id,
-					Fingerprint: claim.Fingerprint, Existing: existing}
+			if l.RedrivenAt != nil {
+				return errAlreadyApplied
 			}
-			// The id was applied meanwhile (a later copy of the message):
-			// the letter is settled.
-			if err := c.letters.MarkRedriven(ctx, tx, l.ID); err != nil {
+			m := messageOfLetter(&l)
+			id := l.MessageID
+			if id == "" {
+				if id, err = messageID(c.cfg.MessageID, m); err != nil {
+					return err
+				}
+			}
+			m.ID = id
+			claim := dedupe.Claim{MessageID: id, Fingerprint: dedupe.FingerprintOf(m.Key, m.Value), Offset: l.Offset}
+			ok, existing, err := c.claims.Reclaim(ctx, tx, c.cfg.Name, l.Topic, l.Partition, claim)
+			if err != nil {
 				return err
 			}
-			return errAlreadySettled
-		}
-		hctx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout)
-		defer cancel()
-		gtx := txguard.Wrap(tx)
-		herr := c.callHandler(hctx, gtx, msg)
-		switch {
-		case herr == nil && gtx.Misused():
-			herr = ErrTxControlledByConsumer
-		case herr == nil && tx.Conn().PgConn().TxStatus() == 'E':
-			herr = ErrTxAborted
-		}
-		if herr != nil {
-			return fmt.Errorf("handler: %w", herr)
-		}
-		return c.letters.MarkRedriven(ctx, tx, l.ID)
+			if !ok {
+				if existing.Fingerprint != claim.Fingerprint {
+					return &FingerprintConflictError{Topic: l.Topic, Partition: l.Partition, Offset: l.Offset, MessageID: id,
+						Fingerprint: claim.Fingerprint, Existing: existing}
+				}
+				// The id was applied meanwhile (a later copy of the
+				// message): the letter is settled.
+				if err := c.letters.MarkRedriven(ctx, tx, l.ID); err != nil {
+					return err
+				}
+				return errAlreadySettled
+			}
+			if err := c.handle(hctx, uc, 0, tx, m); err != nil {
+				return fmt.Errorf("handler: %w", err)
+			}
+			msg = m
+			return c.letters.MarkRedriven(ctx, tx, l.ID)
+		})
 	})
+	if abandoned != nil {
+		return false, fmt.Errorf("handler: %w", abandoned.Err())
+	}
 	switch {
 	case errors.Is(err, errAlreadyApplied):
 		return false, nil
@@ -182,33 +182,4 @@ func messageOfLetter(l *deadletter.Letter) *Message {
 		m.Headers = append(m.Headers, Header{Key: h.Key, Value: h.Value})
 	}
 	return m
-}
-
-// callHandler runs the handler, turning a panic into an error that keeps
-// the stack.
-func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, msg *Message) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v\n%s", ErrHandlerPanicked, r, stack())
-		}
-	}()
-	if c.cfg.BatchHandler != nil {
-		b := &Batch{Tx: tx, Messages: []*Message{msg}}
-		if err := c.cfg.BatchHandler.HandleBatch(ctx, b); err != nil {
-			return err
-		}
-		return b.runQueued(ctx, tx)
-	}
-	return c.cfg.Handler.Handle(ctx, tx, msg)
-}
-
-// callBatchHandler runs the BatchHandler over b, turning a panic into an
-// error as callHandler does. b's queued statements are left to the caller.
-func (c *Consumer) callBatchHandler(ctx context.Context, b *Batch) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v\n%s", ErrHandlerPanicked, r, stack())
-		}
-	}()
-	return c.cfg.BatchHandler.HandleBatch(ctx, b)
 }

@@ -59,39 +59,108 @@ func (c *Consumer) beginWith(ctx context.Context, b *pgx.Batch) (*batchTx, error
 }
 
 // commitWith runs b and commits, in one round trip when the DB lends
-// connections. An error that is not a *pgconn.PgError leaves the outcome
-// unknown: the COMMIT may have been applied.
+// connections. When the transaction did not commit, or may not have, the
+// error is a *commitError that says how far it got.
 func (t *batchTx) commitWith(ctx context.Context, b *pgx.Batch) error {
+	n := len(b.QueuedQueries)
+	done := countDone(b)
 	if t.pool == nil {
 		if err := t.tx.SendBatch(ctx, b).Close(); err != nil {
-			return &beforeCommitError{err}
+			// COMMIT is a round trip of its own here: it was not sent.
+			return &commitError{stmt: failedStatement(b, *done, err), err: err}
 		}
 		err := t.tx.Commit(ctx)
 		t.done = true
-		return err
-	}
-	b.Queue("COMMIT")
-	err := t.pool.SendBatch(ctx, b).Close()
-	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
-			// The server answered with an error, so it skipped the rest of
-			// the pipeline, COMMIT included: the block is still open, in
-			// its failed state, for rollback to end.
-			return &beforeCommitError{err}
+		if err == nil {
+			return nil
 		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) {
+			return &commitError{stmt: n, err: err}
+		}
+		return &commitError{stmt: -1, err: err}
 	}
+	b.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() == "ROLLBACK" {
+			// The block was already aborted: the server rolled it back.
+			return pgx.ErrTxCommitRollback
+		}
+		return nil
+	})
+	err := t.pool.SendBatch(ctx, b).Close()
+	if err == nil {
+		t.done = true
+		t.pool.Release()
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	var pre pgx.ErrPreprocessingBatch
+	switch {
+	case errors.As(err, &pre), errors.As(err, &pgErr), errors.Is(err, pgx.ErrTxCommitRollback):
+		// pgx refused a statement before sending it (an argument it cannot
+		// encode, a statement the server could not prepare), or the server
+		// answered with an error and skipped the rest of the pipeline,
+		// COMMIT included, or rolled back at COMMIT. Either way nothing
+		// committed; rollback ends what is left of the block.
+		return &commitError{stmt: failedStatement(b, *done, err), err: err}
+	}
+	// No answer: the COMMIT may or may not have been applied.
 	t.done = true
 	t.pool.Release()
-	return err
+	return &commitError{stmt: -1, err: err}
 }
 
-// beforeCommitError: a statement before the COMMIT failed; nothing was
-// committed.
-type beforeCommitError struct{ err error }
+// commitError: the transaction did not commit, or may not have.
+type commitError struct {
+	// stmt is the index in the batch of the statement that failed, the
+	// batch's length for the COMMIT itself, or -1 when the outcome is
+	// unknown (the connection broke once the COMMIT may have been sent).
+	stmt int
+	err  error
+}
 
-func (e *beforeCommitError) Error() string { return e.err.Error() }
-func (e *beforeCommitError) Unwrap() error { return e.err }
+func (e *commitError) Error() string { return e.err.Error() }
+func (e *commitError) Unwrap() error { return e.err }
+
+// unknown reports whether the COMMIT may have been applied.
+func (e *commitError) unknown() bool { return e.stmt < 0 }
+
+// countDone makes each of b's statements count itself once it succeeded,
+// so that a failure can be placed.
+func countDone(b *pgx.Batch) *int {
+	done := new(int)
+	for _, q := range b.QueuedQueries {
+		fn := q.Fn
+		q.Fn = func(br pgx.BatchResults) error {
+			var err error
+			if fn != nil {
+				err = fn(br)
+			} else {
+				_, err = br.Exec()
+			}
+			if err == nil {
+				*done++
+			}
+			return err
+		}
+	}
+	return done
+}
+
+// failedStatement is the index in b of the statement err is about: the
+// one pgx named when it refused to send the batch, else the first that did
+// not succeed.
+func failedStatement(b *pgx.Batch, done int, err error) int {
+	var pre pgx.ErrPreprocessingBatch
+	if errors.As(err, &pre) {
+		for i, q := range b.QueuedQueries {
+			if q.SQL == pre.SQL() {
+				return i
+			}
+		}
+	}
+	return done
+}
 
 // rollback ends the transaction unless it was committed. On a broken
 // connection the ROLLBACK fails too; pgx then closes the connection and the

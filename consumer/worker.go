@@ -53,12 +53,13 @@ type worker struct {
 	positionKnown bool
 	assignedStart int64
 
-	// Buffers reused from batch to batch.
+	// Buffers reused from batch to batch: dropped when an attempt that
+	// may still read them is abandoned.
 	raw   []kafka.Message
 	items []item
-	batch batchState
-	// batchCall is the Batch passed to a BatchHandler, reused.
-	batchCall Batch
+	// scratch is the scratch space of the last attempt that returned, for
+	// the next (see txAttempt).
+	scratch *batchState
 
 	// sawDuplicates: the last batch held messages already claimed that
 	// were not foreseen, so the next one probably does too and claims
@@ -145,8 +146,11 @@ func (w *worker) consume(stop, work context.Context) error {
 		var lost *positionLostError
 		if errors.As(err, &lost) {
 			w.c.log.Error("the database lost committed transactions; fetching again from the stored position", w.logAttrs(
-				slog.Int64("stored_position", lost.stored), slog.Int64("committed_up_to", lost.believed))...)
-			w.next = lost.stored
+				slog.Int64("stored_position", lost.stored), slog.Int64("committed_up_to", lost.believed), slog.Bool("position_missing", lost.missing))...)
+			// Without a stored position, the next commit creates one, as
+			// the first commit of a run does: until then there is nothing
+			// to compare with.
+			w.next, w.positionKnown = lost.stored, !lost.missing
 			continue
 		}
 		if errors.Is(err, kafka.OffsetOutOfRange) {

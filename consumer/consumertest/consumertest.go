@@ -12,24 +12,21 @@
 //		// query tx to check the balances
 //	}
 //
-// Handle runs the handler the way the consumer does: with a transaction the
-// handler cannot commit or roll back, and with a panic turned into an error
-// wrapping consumer.ErrHandlerPanicked. It does not claim the message id:
-// deduplication is the consumer's job and is tested in kafkaonce itself.
+// Handle runs the handler through the consumer's own code for calling
+// handlers (see Handle). It does not claim the message id: deduplication
+// is the consumer's job and is tested in kafkaonce itself.
 package consumertest
 
 import (
 	"context"
 	"errors"
-	"fmt"
-	"runtime/debug"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
-	"github.com/kafkaonce/kafkaonce/internal/txguard"
+	"github.com/kafkaonce/kafkaonce/internal/usercall"
 )
 
 // Defaults of NewMessage.
@@ -93,24 +90,31 @@ func Tx(tb testing.TB, db consumer.DB) pgx.Tx {
 }
 
 // Handle runs h for msg inside tx, as the consumer would, and returns the
-// handler's error. The handler runs in a savepoint: when it fails, its
-// writes are undone (as the consumer's rollback would) and tx stays usable,
-// so a test can check that a failing message left no trace.
+// handler's error. It calls the handler through the consumer's own code
+// for calling handlers: a panic becomes an error wrapping
+// consumer.ErrHandlerPanicked; a handler that commits or rolls back gets
+// consumer.ErrTxControlledByConsumer, and Handle returns that error even
+// if the handler then returns nil; one that swallows a SQL error gets
+// consumer.ErrTxAborted; one that runs past consumer.DefaultHandlerTimeout
+// has its context cancelled and fails with consumer.ErrHandlerTimeout; and
+// the transaction refuses every use once the handler has returned.
 //
-// A handler that commits or rolls back the transaction gets
-// consumer.ErrTxControlledByConsumer, and Handle returns that error even if
-// the handler then returns nil: the consumer would treat the message as
-// failed.
+// The handler runs in a savepoint: when it fails, its writes are undone
+// (as the consumer's rollback would) and tx stays usable, so a test can
+// check that a failing message left no trace.
 func Handle(ctx context.Context, tb testing.TB, tx pgx.Tx, h consumer.Handler, msg *consumer.Message) error {
 	tb.Helper()
 	sp, err := tx.Begin(ctx)
 	if err != nil {
 		tb.Fatalf("consumertest: savepoint: %v", err)
 	}
-	guarded := txguard.Wrap(sp)
-	herr := call(ctx, h, guarded, msg)
-	if herr == nil && guarded.Misused() {
-		herr = consumer.ErrTxControlledByConsumer
+	limits := usercall.Limits{Timeout: consumer.DefaultHandlerTimeout, Grace: 2 * time.Second}
+	herr, abandoned := usercall.Run(ctx, limits, func(hctx, _ context.Context, a *usercall.Attempt) error {
+		a.SetConn(tx.Conn().PgConn().Conn())
+		return a.Call(hctx, 0, sp, func(ctx context.Context, tx pgx.Tx) error { return h.Handle(ctx, tx, msg) })
+	})
+	if abandoned != nil {
+		tb.Fatalf("consumertest: the handler hung: %v (its connection was closed, so tx is gone)", abandoned.Err())
 	}
 	if herr != nil {
 		if err := sp.Rollback(ctx); err != nil {
@@ -118,25 +122,8 @@ func Handle(ctx context.Context, tb testing.TB, tx pgx.Tx, h consumer.Handler, m
 		}
 		return herr
 	}
-	if tx.Conn().PgConn().TxStatus() == 'E' {
-		// The handler swallowed an error and left the transaction aborted:
-		// the consumer treats the message as failed.
-		if rerr := sp.Rollback(ctx); rerr != nil {
-			tb.Fatalf("consumertest: roll back to savepoint: %v", rerr)
-		}
-		return consumer.ErrTxAborted
-	}
 	if err := sp.Commit(ctx); err != nil {
 		tb.Fatalf("consumertest: release savepoint: %v", err)
 	}
 	return nil
-}
-
-func call(ctx context.Context, h consumer.Handler, tx pgx.Tx, msg *consumer.Message) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v\n%s", consumer.ErrHandlerPanicked, r, debug.Stack())
-		}
-	}()
-	return h.Handle(ctx, tx, msg)
 }

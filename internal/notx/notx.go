@@ -1,11 +1,13 @@
-// Package notx provides a pgx.Tx that is not open yet: every use fails with
-// ErrNotOpen and is recorded.
+// Package notx provides a pgx.Tx that has no transaction behind it: every
+// use fails with its error and is recorded.
 //
-// The consumer hands it to a BatchHandler when it tries to send the whole
+// The consumer hands one to a BatchHandler when it tries to send the whole
 // batch in one round trip, before any transaction exists. A handler that
 // only queues statements never notices; one that uses the Tx gets an error,
 // the attempt is dropped, and the consumer runs the batch the ordinary way
 // (and from then on only that way, since the handler evidently needs Tx).
+// The handler guard (internal/txguard) answers with one once a handler's
+// call is over.
 package notx
 
 import (
@@ -21,13 +23,26 @@ import (
 // ErrNotOpen is what every use of a Tx returns.
 var ErrNotOpen = errors.New("kafkaonce: the transaction is not open yet (this batch is being tried in one round trip; it will run again with an open transaction)")
 
-// Tx is a transaction that is not open. The zero value is ready to use.
-type Tx struct{ used atomic.Bool }
+// Tx is a transaction that is not open. The zero value is ready to use and
+// fails with ErrNotOpen.
+type Tx struct {
+	used atomic.Bool
+	err  error
+}
+
+// Refusing returns a Tx whose every use fails with err.
+func Refusing(err error) *Tx { return &Tx{err: err} }
 
 // Used reports whether anything was called on t.
 func (t *Tx) Used() bool { return t.used.Load() }
 
-func (t *Tx) use() error { t.used.Store(true); return ErrNotOpen }
+func (t *Tx) use() error {
+	t.used.Store(true)
+	if t.err != nil {
+		return t.err
+	}
+	return ErrNotOpen
+}
 
 func (t *Tx) Begin(context.Context) (pgx.Tx, error) { return nil, t.use() }
 func (t *Tx) Commit(context.Context) error          { return t.use() }
@@ -58,7 +73,7 @@ func (t *Tx) Query(context.Context, string, ...any) (pgx.Rows, error) {
 
 func (t *Tx) QueryRow(context.Context, string, ...any) pgx.Row { return failed{t.use()} }
 
-// Conn returns nil: there is no connection yet.
+// Conn returns nil: there is no connection.
 func (t *Tx) Conn() *pgx.Conn { _ = t.use(); return nil }
 
 // failed is the rows and row of a use: empty, with the error.

@@ -59,3 +59,14 @@ func TestEveryUseFailsAndIsRecorded(t *testing.T) {
 		}
 	}
 }
+
+func TestRefusingFailsWithItsOwnError(t *testing.T) {
+	over := errors.New("over")
+	tx := Refusing(over)
+	if _, err := tx.Exec(context.Background(), "SELECT 1"); !errors.Is(err, over) {
+		t.Fatalf("got %v, want the Tx's own error", err)
+	}
+	if !tx.Used() {
+		t.Fatal("not recorded")
+	}
+}

@@ -1,0 +1,220 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"time"
+
+	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/usercall"
+)
+
+// txAttempt is one try at one transaction of a partition: what it needs
+// from the worker, copied when it starts, and the state it fills in. It
+// runs on a goroutine of its own (see runTx), where the handler watchdog
+// may abandon it, so it shares nothing the worker goes on changing: every
+// attempt is a new txAttempt with its own copy of the plan, its own Batch
+// for the handler, and scratch space that is reused only after the attempt
+// that had it returned. An abandoned attempt, when its handler finally
+// returns, sees usercall.ErrAbandoned and ends without a write.
+type txAttempt struct {
+	c         *Consumer
+	topic     string
+	partition int
+	items     []item
+	p         plan
+	uc        *usercall.Attempt
+	st        *batchState
+
+	// What the worker knew when the attempt started.
+	next          int64 // its position: where its last commit left the partition
+	positionKnown bool  // whether a stored position exists
+	assignedStart int64
+	sawDuplicates bool // the previous batch held unforeseen duplicates
+}
+
+// fate is what a transaction did with one message.
+type fate uint8
+
+const (
+	fateApplied fate = iota
+	fateSkipped
+	fateSkippedInBatch
+	fateDeadLettered
+	fateSkippedSuspect
+)
+
+// batchState is a transaction attempt's scratch space.
+type batchState struct {
+	claims     []dedupe.Claim
+	claimItem  []int // claims[j] is for items[claimItem[j]]
+	claimedBy  []bool
+	claimed    []bool
+	fates      []fate
+	fails      []*failure // why fateDeadLettered messages were set aside
+	conflicts  []*FingerprintConflictError
+	failedInTx []int // messages that failed inside a savepoint and were set aside
+	// sawDuplicates: the batch held messages already claimed that were
+	// not foreseen, so the next one probably does too and claims first
+	// (see oneTrip).
+	sawDuplicates bool
+}
+
+func (st *batchState) reset(n int) {
+	st.claims, st.claimItem = st.claims[:0], st.claimItem[:0]
+	st.claimed = resize(st.claimed, n)
+	st.fates = resize(st.fates, n)
+	st.fails = resize(st.fails, n)
+	st.conflicts, st.failedInTx = st.conflicts[:0], st.failedInTx[:0]
+}
+
+// txOutcome is the result of one transaction.
+type txOutcome struct {
+	// committed counts the items committed: all of the plan on success, a
+	// prefix when a savepoint transaction was cut short, else 0.
+	committed int
+	// err is nil when the whole plan committed.
+	err error
+	// failedAt is the index of the message that failed, or -1 when the
+	// transaction failed as a whole (infrastructure).
+	failedAt int
+	fail     *failure
+	// lost is set when the stored position turned out to be behind what
+	// this worker committed: the database lost transactions.
+	lost *positionLostError
+	// isolate is set when a BatchHandler call over several messages failed:
+	// the transaction runs again with one message per call.
+	isolate bool
+	// oneByOne is set when the server refused the COMMIT of several
+	// messages for their content (a deferred constraint): which message is
+	// at fault only a transaction per message can tell.
+	oneByOne bool
+	// st is the attempt's scratch space, with the fates of the messages,
+	// when the attempt was not abandoned.
+	st *batchState
+}
+
+func infra(err error) txOutcome {
+	return txOutcome{failedAt: -1, err: err, fail: newFailure(classInfra, "", err)}
+}
+
+// runTx runs one transaction over items per p, between the batch hooks, as
+// an attempt on a goroutine of its own (see txAttempt), so that a handler
+// that hangs, ignoring its context, can be cut off: after HandlerTimeout its
+// context is cancelled, and if it has not returned handlerCutoffGrace later,
+// its connection is closed (the server rolls the transaction back) and the
+// attempt is abandoned.
+func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int) txOutcome {
+	items = items[:p.n]
+	info := BatchInfo{Topic: w.topic, Partition: w.partition, FirstOffset: items[0].msg.Offset,
+		LastOffset: items[len(items)-1].msg.Offset, Size: len(items), Attempt: attempt, HighWaterMark: w.hwm}
+	for _, h := range w.c.hooks.start {
+		h.OnBatchStart(work, info)
+	}
+	began := time.Now()
+	a := &txAttempt{c: w.c, topic: w.topic, partition: w.partition, items: items, p: p.clone(),
+		next: w.next, positionKnown: w.positionKnown, assignedStart: w.assignedStart, sawDuplicates: w.sawDuplicates,
+		st: w.scratch}
+	if a.st == nil {
+		a.st = &batchState{}
+	}
+	w.scratch = nil
+	out, abandoned := usercall.Run(work, w.c.limits(), func(hctx, ctx context.Context, uc *usercall.Attempt) txOutcome {
+		a.uc = uc
+		out := a.tx(hctx, ctx)
+		out.st = a.st
+		return out
+	})
+	if abandoned != nil {
+		// The abandoned attempt keeps its scratch space, and the handler
+		// may still read the messages: the next fetch gets new buffers.
+		w.items = nil
+		out = w.abandonedOutcome(items, abandoned)
+	} else {
+		w.scratch = out.st
+		w.sawDuplicates = out.st.sawDuplicates
+	}
+	if len(w.c.hooks.end) > 0 {
+		r := BatchResult{Duration: time.Since(began), Err: out.err}
+		if out.st != nil {
+			for _, f := range out.st.fates[:out.committed] {
+				switch f {
+				case fateApplied:
+					r.Applied++
+				case fateDeadLettered:
+				default:
+					r.Skipped++
+				}
+			}
+		}
+		for _, h := range w.c.hooks.end {
+			h.OnBatchEnd(work, info, r)
+		}
+	}
+	return out
+}
+
+// abandonedOutcome is the outcome of an attempt whose handler hung: the
+// message it was handling failed.
+func (w *worker) abandonedOutcome(items []item, ab *usercall.Abandoned) txOutcome {
+	msg := &items[ab.Index].msg
+	err := &MessageError{Topic: w.topic, Partition: w.partition, Offset: msg.Offset, MessageID: msg.ID, Err: ab.Err()}
+	w.c.log.Error("handler hung; abandoned it", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
+		slog.Bool("timed_out", ab.TimedOut))...)
+	return txOutcome{failedAt: ab.Index, err: err, fail: newFailure(classTransient, deadletter.ClassRetriesExhausted, err)}
+}
+
+// clone copies p for an attempt, so that the worker may change its own
+// (set a message aside, cut the plan) while an abandoned attempt still
+// reads the copy.
+func (p *plan) clone() plan {
+	c := *p
+	c.deadLetter = maps.Clone(p.deadLetter)
+	return c
+}
+
+func (a *txAttempt) logAttrs(extra ...any) []any {
+	return append([]any{slog.String("topic", a.topic), slog.Int("partition", a.partition)}, extra...)
+}
+
+// positionLostError: the stored position is behind what this worker
+// committed, so the database lost committed transactions (a crash with
+// asynchronous commit, a failover to a lagging replica, a restore). Their
+// effects, claims and positions are gone together; the worker must fetch
+// again from the stored position.
+type positionLostError struct {
+	stored, believed int64
+	// missing: the partition has no stored position at all any more; the
+	// worker goes on from where its run started, as it would at assignment
+	// without one.
+	missing bool
+}
+
+func (e *positionLostError) Error() string {
+	return fmt.Sprintf("the stored position is %d but this worker had committed up to %d: the database lost committed transactions; processing again from %d", e.stored, e.believed, e.stored)
+}
+
+// positionLost compares the stored position found by the transaction with
+// the one the worker committed last.
+func (a *txAttempt) positionLost(prev *int64) *positionLostError {
+	switch {
+	case !a.positionKnown:
+		return nil
+	case prev == nil:
+		return &positionLostError{stored: a.assignedStart, believed: a.next, missing: true}
+	case *prev < a.next:
+		return &positionLostError{stored: *prev, believed: a.next}
+	}
+	return nil
+}
+
+// messageFailure names the message in err and classifies it.
+func (a *txAttempt) messageFailure(msg *Message, err error) (*MessageError, *failure) {
+	merr := &MessageError{Topic: a.topic, Partition: a.partition, Offset: msg.Offset, MessageID: msg.ID, Err: err}
+	f := classifyHandlerError(err)
+	f.err = merr
+	return merr, f
+}

@@ -1,0 +1,207 @@
+// Package usercall is the one place kafkaonce runs code it did not write:
+// handlers, whether the consumer's workers call them, a redrive does, or
+// consumertest. Every call gets the same rules:
+//
+//   - a panic becomes an error wrapping ErrPanicked, with the stack;
+//   - the transaction it gets cannot be committed or rolled back by it, and
+//     refuses every use once the call is over (see internal/txguard);
+//   - a handler that returns nil while its transaction is aborted (it
+//     swallowed a SQL error) has failed, with ErrTxAborted;
+//   - a call that runs past Limits.Timeout has its context cancelled, and
+//     if it has not returned Limits.Grace later, or Grace after the
+//     caller's own context ended, the attempt's connection is closed (the
+//     server rolls its transaction back) and the attempt is abandoned.
+//
+// Run runs a whole attempt — the transaction and every call in it — on a
+// goroutine of its own, so that what is abandoned is the attempt and
+// everything it holds: the caller never touches that attempt's connection,
+// transaction or state again, and the attempt, once its call returns,
+// learns that it was abandoned and ends without writing anything.
+package usercall
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkaonce/kafkaonce/internal/notx"
+	"github.com/kafkaonce/kafkaonce/internal/txguard"
+)
+
+var (
+	// ErrPanicked wraps the value of a handler's panic.
+	ErrPanicked = errors.New("handler panicked")
+	// ErrTimeout: the handler ran longer than its timeout.
+	ErrTimeout = errors.New("the handler exceeded HandlerTimeout")
+	// ErrTxAborted: the handler returned nil, but a statement in its
+	// transaction had failed, so the transaction could not commit.
+	ErrTxAborted = errors.New("the handler returned nil but its transaction is aborted: a SQL error was ignored")
+	// ErrAbandoned is what a call returns, once it does return, in an
+	// attempt that was abandoned meanwhile: the attempt must end at once.
+	ErrAbandoned = errors.New("the handler's attempt was abandoned while the handler ran")
+)
+
+// Limits bound the calls of an attempt.
+type Limits struct {
+	// Timeout bounds one call; then its context is cancelled.
+	Timeout time.Duration
+	// Grace is how long a call whose context was cancelled may take to
+	// return before its attempt is abandoned.
+	Grace time.Duration
+}
+
+// Phases of an attempt, moved only by compare-and-swap so that a call
+// returning and the watchdog giving up on it cannot both win.
+const (
+	phaseIdle int32 = iota
+	phaseCalling
+	phaseAbandoned
+)
+
+// Attempt is one attempt's state, shared by the goroutine running it and
+// the watchdog in Run. Run makes one per attempt; nothing reuses it.
+type Attempt struct {
+	limits   Limits
+	phase    atomic.Int32
+	since    atomic.Int64 // unix nanoseconds the current call started
+	index    atomic.Int32 // the item the current call is for
+	timedOut atomic.Bool
+	conn     atomic.Pointer[connRef]
+	guard    atomic.Pointer[txguard.Tx] // the current call's
+}
+
+type connRef struct{ net.Conn }
+
+// SetConn names the network connection of the attempt's transaction: the
+// one the watchdog closes to cut off a call that will not return.
+func (a *Attempt) SetConn(c net.Conn) { a.conn.Store(&connRef{c}) }
+
+// TimedOut reports whether a call of this attempt ran past the timeout.
+// The transaction should then end: the handler may have left it anywhere.
+func (a *Attempt) TimedOut() bool { return a.timedOut.Load() }
+
+// Call runs fn, user code, for the item at index i (the one named if the
+// call hangs), with tx guarded, and returns what the call comes to: fn's
+// error, or ErrTimeout, txguard.ErrTxControlled, ErrTxAborted or a panic
+// it hid. ErrAbandoned means the attempt was given up on while fn ran: the
+// caller must return at once. tx may be a notx.Tx (no transaction yet).
+func (a *Attempt) Call(ctx context.Context, i int, tx pgx.Tx, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	g := txguard.Wrap(tx)
+	a.guard.Store(g)
+	a.index.Store(int32(i))
+	a.since.Store(time.Now().UnixNano())
+	if !a.phase.CompareAndSwap(phaseIdle, phaseCalling) {
+		return ErrAbandoned
+	}
+	err := protect(ctx, g, fn)
+	g.Seal()
+	if !a.phase.CompareAndSwap(phaseCalling, phaseIdle) {
+		return ErrAbandoned
+	}
+	switch {
+	case a.timedOut.Load():
+		return fmt.Errorf("%w (%v)", ErrTimeout, a.limits.Timeout)
+	case err == nil && g.Misused():
+		return txguard.ErrTxControlled
+	case err == nil && aborted(tx):
+		return ErrTxAborted
+	}
+	return err
+}
+
+// protect calls fn, turning a panic into an error that keeps the stack.
+func protect(ctx context.Context, tx pgx.Tx, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v\n%s", ErrPanicked, r, debug.Stack())
+		}
+	}()
+	return fn(ctx, tx)
+}
+
+// aborted reports whether tx's transaction is in the failed state.
+func aborted(tx pgx.Tx) bool {
+	if _, notOpen := tx.(*notx.Tx); notOpen {
+		return false
+	}
+	c := tx.Conn()
+	return c != nil && c.PgConn().TxStatus() == 'E'
+}
+
+// Abandoned describes an attempt given up on.
+type Abandoned struct {
+	// Index is the item the hung call was for.
+	Index int
+	// TimedOut: the call ran past the timeout (otherwise the caller's
+	// context ended and the call did not return within the grace).
+	TimedOut bool
+	limits   Limits
+}
+
+// Err says what happened, wrapping ErrTimeout when the call timed out and
+// ErrAbandoned otherwise.
+func (ab *Abandoned) Err() error {
+	if ab.TimedOut {
+		return fmt.Errorf("%w (%v) and did not return within %v after its context was cancelled; it was abandoned and its connection closed", ErrTimeout, ab.limits.Timeout, ab.limits.Grace)
+	}
+	return fmt.Errorf("%w: it did not return within %v after its context was cancelled (shutting down); its connection was closed", ErrAbandoned, ab.limits.Grace)
+}
+
+// Run runs body, an attempt that calls user code through the Attempt it
+// gets, on a goroutine of its own, and returns its result. body gets two
+// contexts: hctx for the calls (the watchdog cancels it) and ctx, the
+// caller's, for the attempt's own statements.
+//
+// If a call outlives its limits (see the package documentation), Run
+// closes the attempt's connection and returns the zero T and a non-nil
+// *Abandoned without waiting for body, which ends on its own: its call
+// gets ErrAbandoned when it finally returns, and its transaction is gone
+// with the connection.
+func Run[T any](ctx context.Context, l Limits, body func(hctx, ctx context.Context, a *Attempt) T) (T, *Abandoned) {
+	hctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	a := &Attempt{limits: l}
+	done := make(chan T, 1)
+	go func() { done <- body(hctx, ctx, a) }()
+	tick := time.NewTicker(max(min(l.Timeout/4, time.Second), time.Millisecond))
+	defer tick.Stop()
+	var cutoff <-chan time.Time
+	stopping := ctx.Done()
+	for {
+		select {
+		case out := <-done:
+			return out, nil
+		case <-stopping:
+			stopping = nil
+		case <-tick.C:
+		case <-cutoff:
+			if a.phase.CompareAndSwap(phaseCalling, phaseAbandoned) {
+				// The hung call's transaction refuses from now on, and
+				// its connection goes: nothing it does later can land.
+				a.guard.Load().Seal()
+				if c := a.conn.Load(); c != nil {
+					_ = c.Close()
+				}
+				var zero T
+				return zero, &Abandoned{Index: int(a.index.Load()), TimedOut: a.timedOut.Load(), limits: l}
+			}
+			cutoff = nil // the call returned in time; the attempt goes on
+		}
+		if cutoff == nil && a.phase.Load() == phaseCalling {
+			overdue := time.Since(time.Unix(0, a.since.Load())) > l.Timeout
+			if overdue || ctx.Err() != nil {
+				if overdue {
+					a.timedOut.Store(true)
+				}
+				cancel()
+				cutoff = time.After(l.Grace)
+			}
+		}
+	}
+}

@@ -63,13 +63,22 @@ func NewStore(schemaName string) (*Store, error) {
 // Begin records, and commits, that an attempt of the message at k starts.
 // initial is the count to store when no attempt was recorded before (2 when
 // the message already failed once inside a batch, where nothing is counted).
+//
+// A row at k that holds another message id belongs to another message: one
+// of a topic since deleted and re-created, whose stored positions were reset
+// so that its offsets came round again. The count starts over at initial.
 func (s *Store) Begin(ctx context.Context, db schema.Beginner, k Key, messageID string, initial int) (Record, error) {
 	var r Record
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		return tx.QueryRow(ctx, `INSERT INTO `+s.attempts+` AS a (consumer, topic, partition, kafka_offset, message_id, attempts)
 VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6)
-ON CONFLICT (consumer, topic, partition, kafka_offset)
-DO UPDATE SET attempts = a.attempts + 1, last_attempt_at = now()
+ON CONFLICT (consumer, topic, partition, kafka_offset) DO UPDATE
+SET message_id = EXCLUDED.message_id, last_attempt_at = now(),
+    attempts           = CASE WHEN a.message_id IS NOT DISTINCT FROM EXCLUDED.message_id THEN a.attempts + 1 ELSE EXCLUDED.attempts END,
+    first_attempt_at   = CASE WHEN a.message_id IS NOT DISTINCT FROM EXCLUDED.message_id THEN a.first_attempt_at ELSE now() END,
+    last_error_class   = CASE WHEN a.message_id IS NOT DISTINCT FROM EXCLUDED.message_id THEN a.last_error_class END,
+    last_error         = CASE WHEN a.message_id IS NOT DISTINCT FROM EXCLUDED.message_id THEN a.last_error END,
+    last_error_attempt = CASE WHEN a.message_id IS NOT DISTINCT FROM EXCLUDED.message_id THEN a.last_error_attempt END
 RETURNING attempts, first_attempt_at, coalesce(last_error_class, ''), coalesce(last_error, ''), coalesce(last_error_attempt = attempts - 1, false)`,
 			k.Consumer, k.Topic, k.Partition, k.Offset, messageID, initial).Scan(&r.Attempts, &r.FirstAttemptAt, &r.LastErrorClass, &r.LastError, &r.PreviousErrored)
 	})

@@ -64,3 +64,39 @@ func TestARunThatEndsCleanlyIsNotCountedAsAStart(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, starts, "a run that starts further on made progress")
 }
+
+// After a topic is deleted and re-created and its positions are reset, a
+// row left at an offset by a message of the old topic must not count the
+// attempts of the new message at that offset.
+func TestAttemptsOfAnotherMessageAtTheSameOffsetStartOver(t *testing.T) {
+	t.Parallel()
+	db, s := setup(t)
+	ctx := context.Background()
+	k := attempts.Key{Consumer: "c", Topic: "t", Partition: 0, Offset: 5}
+
+	rec, err := s.Begin(ctx, db.Pool, k, "old", 1)
+	require.NoError(t, err)
+	oldFirst := rec.FirstAttemptAt
+	require.NoError(t, s.Fail(ctx, db.Pool, k, "retries_exhausted", "old failure"))
+	rec, err = s.Begin(ctx, db.Pool, k, "old", 1)
+	require.NoError(t, err)
+	require.Equal(t, 2, rec.Attempts)
+	require.True(t, rec.PreviousErrored)
+	require.Equal(t, "old failure", rec.LastError)
+
+	rec, err = s.Begin(ctx, db.Pool, k, "new", 1)
+	require.NoError(t, err)
+	require.Equal(t, 1, rec.Attempts, "the old message's attempts are not the new one's")
+	require.Empty(t, rec.LastError)
+	require.Empty(t, rec.LastErrorClass)
+	require.False(t, rec.PreviousErrored)
+	require.True(t, rec.FirstAttemptAt.After(oldFirst), "the new message's first attempt is now")
+
+	rec, err = s.Begin(ctx, db.Pool, k, "new", 1)
+	require.NoError(t, err)
+	require.Equal(t, 2, rec.Attempts, "the new message's own attempts are counted")
+
+	rec, err = s.Begin(ctx, db.Pool, attempts.Key{Consumer: "c", Topic: "t", Partition: 0, Offset: 6}, "other", 2)
+	require.NoError(t, err)
+	require.Equal(t, 2, rec.Attempts, "a first record starts at initial")
+}

@@ -18,6 +18,9 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
 // letters returns the test consumer's dead letters by message id (or by
@@ -170,6 +173,59 @@ func TestEveryFailureClassIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 		require.EqualValues(t, 3, positions[p])
 	}
 	require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("message_attempts")), "attempt rows are cleared with the message")
+}
+
+// The documented procedure after a topic is deleted and re-created: reset
+// the stored positions. The new topic's messages then come at the offsets
+// of the old one's, and a new poison message at the offset of an old letter
+// must be set aside in a letter of its own. Were it taken for the old
+// letter, the position would move past it: neither applied nor set aside.
+func TestAPoisonMessageOfARecreatedTopicIsSetAsideAtTheOffsetOfAnOldLetter(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "old-poison" || m.ID == "new-poison" {
+			return consumer.Permanent(errors.New("rejected"))
+		}
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	e.kafka.Produce(t, e.topic, msg(0, "old-0", "a"), msg(0, "old-poison", "old poison"), msg(0, "old-2", "c"))
+	r := e.start(e.config(h))
+	e.waitEffects(2, 30*time.Second)
+	r.stop()
+	require.Contains(t, e.letters(), "old-poison")
+
+	ctx := context.Background()
+	require.NoError(t, devenv.DeleteTopic(ctx, e.kafka.Brokers, e.topic))
+	admin := kafkaadmin.New(e.kafka.Brokers, nil)
+	defer admin.Close()
+	waitFor(t, 30*time.Second, "the topic to be re-created, empty", func() bool {
+		if devenv.CreateTopic(ctx, e.kafka.Brokers, e.topic, 1) != nil {
+			return false
+		}
+		bounds, err := admin.LogBounds(ctx, e.topic, []int{0})
+		return err == nil && bounds[0].End == 0
+	})
+	positions, err := offsets.NewStore(e.db.Schema)
+	require.NoError(t, err)
+	require.NoError(t, positions.Reset(ctx, e.db.Pool, e.name, e.topic, 0, 0))
+	e.kafka.Produce(t, e.topic, msg(0, "new-0", "d"), msg(0, "new-poison", "new poison"), msg(0, "new-2", "f"))
+
+	r = e.start(e.config(h))
+	e.waitEffects(4, 30*time.Second) // new-2 comes after the poison: it was dealt with
+	r.stop()
+
+	e.requireExactlyOnce([]string{"old-0", "old-2", "new-0", "new-2"})
+	letters := e.letters()
+	require.Len(t, letters, 2)
+	for id, value := range map[string]string{"old-poison": "old poison", "new-poison": "new poison"} {
+		l, ok := letters[id]
+		require.True(t, ok, "the letter of %s", id)
+		require.EqualValues(t, 1, l.Offset, id)
+		require.Equal(t, value, string(l.Value), id)
+	}
+	require.Equal(t, "dead_lettered", e.claimStatus("new-poison"))
+	require.EqualValues(t, 3, e.storedPositions()[0])
 }
 
 func TestBackoffWaitEndsOnShutdown(t *testing.T) {

@@ -44,9 +44,9 @@ type worker struct {
 	recent *recent.Window
 	// hwm is the log end offset as of the last fetch.
 	hwm int64
-	// started is set once the run recorded its start at startOffset.
-	started     bool
-	startOffset int64
+	// started is set once the run recorded its start, as run number runID.
+	started bool
+	runID   int64
 	// positionKnown: the stored position is w.next (a row existed at
 	// assignment, or this worker committed one). assignedStart is where the
 	// run started.
@@ -93,7 +93,7 @@ func (w *worker) endCleanly(work context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(work), 2*time.Second)
 	defer cancel()
-	if err := w.c.attempts.Ended(ctx, w.c.db, w.c.cfg.Name, w.topic, w.partition, w.startOffset); err != nil {
+	if err := w.c.attempts.Ended(ctx, w.c.db, w.c.cfg.Name, w.topic, w.partition, w.runID); err != nil {
 		w.c.log.Warn("could not record a clean end of the partition run", w.logAttrs(slog.String("error", err.Error()))...)
 	}
 }
@@ -287,13 +287,13 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	var starts int
 	var inProgress bool
 	err = w.retryUntil(stop, "record the start", func() (err error) {
-		starts, inProgress, w.attemptsUpTo, err = w.c.attempts.Assigned(work, w.c.db, w.c.cfg.Name, w.topic, w.partition, start)
+		w.runID, starts, inProgress, w.attemptsUpTo, err = w.c.attempts.Assigned(work, w.c.db, w.c.cfg.Name, w.topic, w.partition, start)
 		return err
 	})
 	if err != nil {
 		return 0, err
 	}
-	w.started, w.startOffset = true, start
+	w.started = true
 	if starts >= 2 || inProgress {
 		// The previous run did not get past this offset: it may have died on
 		// a message of its first batch. Go one message at a time, counting

@@ -30,8 +30,12 @@ func NewStore(schemaName string) (*Store, error) {
 	t := schema.Table(schemaName, "dead_letters")
 	return &Store{
 		table: t,
-		// A letter for the same position may be written twice (two members
-		// racing on a partition); the first one stands.
+		// The same message may be set aside twice (a batch run again after
+		// an unknown COMMIT outcome, two members racing on a partition);
+		// the first letter stands. A letter is unique per message, not per
+		// offset (see migration 008): after a topic is re-created and its
+		// positions reset, another message at the offset of an old letter
+		// gets a letter of its own.
 		insertSQL: `INSERT INTO ` + t + ` (consumer, topic, partition, kafka_offset, message_id, message_key, message_value,
 	headers, message_time, error_class, error, attempts, first_failed_at, last_failed_at)
 SELECT $1, $2, $3, l.kafka_offset, l.message_id, l.message_key, l.message_value, l.headers, l.message_time,
@@ -39,7 +43,8 @@ SELECT $1, $2, $3, l.kafka_offset, l.message_id, l.message_key, l.message_value,
 FROM unnest($4::bigint[], $5::text[], $6::bytea[], $7::bytea[], $8::jsonb[], $9::timestamptz[], $10::text[], $11::text[],
 	$12::int[], $13::timestamptz[], $14::timestamptz[])
 	AS l(kafka_offset, message_id, message_key, message_value, headers, message_time, error_class, error, attempts, first_failed_at, last_failed_at)
-ON CONFLICT (consumer, topic, partition, kafka_offset) DO NOTHING`,
+ON CONFLICT (consumer, topic, partition, kafka_offset, fingerprint, (coalesce(message_id, '')), (coalesce(message_time, '-infinity'::timestamptz)))
+DO NOTHING`,
 	}, nil
 }
 

@@ -33,7 +33,7 @@ func TestInsertListAndMark(t *testing.T) {
 	}))
 	require.NoError(t, s.QueueInsert(b, "c", "t", 1, []deadletter.Letter{letter(5, "b", deadletter.ClassPanic)}))
 	require.NoError(t, s.QueueInsert(b, "other", "t", 0, []deadletter.Letter{letter(1, "a", deadletter.ClassPermanent)}))
-	// The same position twice: the first letter stands.
+	// The same message twice: the first letter stands.
 	require.NoError(t, s.QueueInsert(b, "c", "t", 0, []deadletter.Letter{letter(1, "a", deadletter.ClassCrashed)}))
 	require.NoError(t, db.Pool.SendBatch(ctx, b).Close())
 
@@ -90,4 +90,56 @@ func TestLongErrorsAreCut(t *testing.T) {
 	require.NoError(t, err)
 	require.LessOrEqual(t, len(ls[0].Error), deadletter.MaxErrorLen+len("... [truncated]"))
 	require.True(t, strings.HasSuffix(ls[0].Error, "... [truncated]"))
+}
+
+// After a topic is deleted and re-created and its positions are reset, a
+// new message can come at the offset of an old letter. It must get a letter
+// of its own: inserting it must not be taken for a repeat of the old one,
+// or the position would move past a message neither applied nor set aside.
+// The same message set aside twice (a batch run again after an unknown
+// COMMIT outcome) still gives one letter, with or without an id.
+func TestAnotherMessageAtTheOffsetOfALetterGetsALetterOfItsOwn(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	s, err := deadletter.NewStore(db.Schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	then := time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)
+	letter := func(id, key, value string, at time.Time) deadletter.Letter {
+		return deadletter.Letter{Offset: 7, MessageID: id, Key: []byte(key), Value: []byte(value), MessageTime: at,
+			Class: deadletter.ClassPermanent, Error: "boom", Attempts: 1, FirstFailedAt: then, LastFailedAt: then}
+	}
+	insert := func(ls ...deadletter.Letter) {
+		t.Helper()
+		b := &pgx.Batch{}
+		require.NoError(t, s.QueueInsert(b, "c", "t", 0, ls))
+		require.NoError(t, db.Pool.SendBatch(ctx, b).Close())
+	}
+	count := func() int {
+		t.Helper()
+		ls, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c"})
+		require.NoError(t, err)
+		return len(ls)
+	}
+
+	insert(letter("a", "k", "old", then), letter("", "k", "old", then))
+	require.Equal(t, 2, count())
+	insert(letter("a", "k", "old", then), letter("", "k", "old", then))
+	require.Equal(t, 2, count(), "the same messages set aside again")
+
+	for _, l := range []deadletter.Letter{
+		letter("b", "k", "old", then),                      // another id
+		letter("a", "k", "new", then),                      // other content
+		letter("a", "k2", "old", then),                     // another key
+		letter("", "k", "new", then),                       // no id, other content
+		letter("", "k", "old", then.Add(time.Millisecond)), // no id, same content, written at another time
+		letter("", "", "kold", then),                       // the same bytes split differently
+		letter("", "k", "old", time.Time{}),                // no timestamp
+	} {
+		before := count()
+		insert(l)
+		require.Equal(t, before+1, count(), "letter %+v", l)
+	}
+	insert(letter("", "k", "old", time.Time{}))
+	require.Equal(t, 9, count(), "the same message without a timestamp set aside again")
 }

@@ -347,20 +347,29 @@ func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, window *re
 	if err != nil {
 		return err
 	}
-	letters := map[int64]bool{}
-	rows, err := a.pool.Query(ctx, `SELECT kafka_offset FROM `+schema.Table(a.schema, "dead_letters")+`
+	// A letter accounts for the message whose content it holds: after a
+	// topic is re-created and its positions reset, a letter of the old
+	// topic's message may sit at the same offset as the new one's.
+	type letterOf struct {
+		offset      int64
+		fingerprint dedupe.Fingerprint
+	}
+	letters := map[letterOf]bool{}
+	rows, err := a.pool.Query(ctx, `SELECT kafka_offset, fingerprint FROM `+schema.Table(a.schema, "dead_letters")+`
 WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset BETWEEN $4 AND $5`,
 		a.consumer, a.topic, ap.Partition, chunk[0].Offset, chunk[len(chunk)-1].Offset)
 	if err != nil {
 		return err
 	}
 	for rows.Next() {
-		var off int64
-		if err := rows.Scan(&off); err != nil {
+		var l letterOf
+		var fp []byte
+		if err := rows.Scan(&l.offset, &fp); err != nil {
 			rows.Close()
 			return err
 		}
-		letters[off] = true
+		copy(l.fingerprint[:], fp)
+		letters[l] = true
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -384,7 +393,7 @@ WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset BETWEEN $
 		}
 		rec, claimed := existing[ids[i]]
 		switch {
-		case letters[off]:
+		case letters[letterOf{off, fps[i]}]:
 			ap.DeadLettered++
 		case idErrs[i] != nil && below:
 			ap.Missing++

@@ -348,3 +348,32 @@ func TestReplayForwardSkipsForGood(t *testing.T) {
 	w.requireEffectsOnce(15) // g0..g4 skipped on purpose
 	require.Zero(t, w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("effects")+` WHERE message_id IN ('g0','g1','g2','g3','g4')`))
 }
+
+// A letter only accounts for the message it holds: after a topic is
+// re-created and its positions reset, a letter of the old topic's message
+// at an offset says nothing about the new message there.
+func TestAuditDoesNotTakeALetterOfAnotherMessageAtTheOffsetForItsOwn(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	w.kafka.Produce(t, w.topic,
+		kafka.Message{Key: []byte("a0"), Value: []byte("va0"), Headers: []kafka.Header{{Key: "message-id", Value: []byte("a0")}}},
+		kafka.Message{Key: []byte("k"), Value: []byte("no id, new topic")},
+		kafka.Message{Key: []byte("a2"), Value: []byte("va2"), Headers: []kafka.Header{{Key: "message-id", Value: []byte("a2")}}})
+	w.consume(nil, 3)
+	out, errOut, code := w.cli("audit", "--consumer", w.name, "--topic", w.topic, "--json")
+	require.Equal(t, 0, code, out+errOut)
+	var r auditReport
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	require.EqualValues(t, 1, r.Total.DeadLettered, "the message without an id is set aside")
+
+	// Its letter is replaced by a letter of another message at the same
+	// offset: the message is now neither applied nor set aside.
+	w.db.Exec(t, `UPDATE `+w.db.Table("dead_letters")+` SET message_value = 'no id, old topic'::bytea WHERE consumer = $1`, w.name)
+	out, _, code = w.cli("audit", "--consumer", w.name, "--topic", w.topic, "--json")
+	require.Equal(t, 1, code, out)
+	r = auditReport{}
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	require.EqualValues(t, 0, r.Total.DeadLettered)
+	require.EqualValues(t, 1, r.Total.Missing)
+	require.EqualValues(t, 1, r.Findings[0].Offset)
+}

@@ -63,13 +63,22 @@ func NewStore(schemaName string) (*Store, error) {
 // Begin records, and commits, that an attempt of the message at k starts.
 // initial is the count to store when no attempt was recorded before (2 when
 // the message already failed once inside a batch, where nothing is counted).
+//
+// A row at k that holds another message id belongs to another message: one
+// of a topic since deleted and re-created, whose stored positions were reset
+// so that its offsets came round again. The count starts over at initial.
 func (s *Store) Begin(ctx context.Context, db schema.Beginner, k Key, messageID string, initial int) (Record, error) {
 	var r Record
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		return tx.QueryRow(ctx, `INSERT INTO `+s.attempts+` AS a (consumer, topic, partition, kafka_offset, message_id, attempts)
 VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6)
-ON CONFLICT (consumer, topic, partition, kafka_offset)
-DO UPDATE SET attempts = a.attempts + 1, last_attempt_at = now()
+ON CONFLICT (consumer, topic, partition, kafka_offset) DO UPDATE
+SET message_id = EXCLUDED.message_id, last_attempt_at = now(),
+    attempts           = CASE WHEN a.message_id IS NOT DISTINCT FROM EXCLUDED.message_id THEN a.attempts + 1 ELSE EXCLUDED.attempts END,
+    first_attempt_at   = CASE WHEN a.message_id IS NOT DISTINCT FROM EXCLUDED.message_id THEN a.first_attempt_at ELSE now() END,
+    last_error_class   = CASE WHEN a.message_id IS NOT DISTINCT FROM EXCLUDED.message_id THEN a.last_error_class END,
+    last_error         = CASE WHEN a.message_id IS NOT DISTINCT FROM EXCLUDED.message_id THEN a.last_error END,
+    last_error_attempt = CASE WHEN a.message_id IS NOT DISTINCT FROM EXCLUDED.message_id THEN a.last_error_attempt END
 RETURNING attempts, first_attempt_at, coalesce(last_error_class, ''), coalesce(last_error, ''), coalesce(last_error_attempt = attempts - 1, false)`,
 			k.Consumer, k.Topic, k.Partition, k.Offset, messageID, initial).Scan(&r.Attempts, &r.FirstAttemptAt, &r.LastErrorClass, &r.LastError, &r.PreviousErrored)
 	})
@@ -101,17 +110,19 @@ func (s *Store) QueueClear(b *pgx.Batch, consumer, topic string, partition int, 
 }
 
 // Assigned records that a run of the partition starts at start and returns
-// what a careful start needs: how many runs in a row started there, whether
-// an attempt of the message at start was in progress, and the highest offset
-// with attempt rows (-1 when none). Rows below start are stale (those
-// messages were processed) and are removed.
-func (s *Store) Assigned(ctx context.Context, db schema.Beginner, consumer, topic string, partition int, start int64) (starts int, inProgress bool, maxOffset int64, err error) {
+// the run's number, for Ended, and what a careful start needs: how many runs
+// in a row started there, whether an attempt of the message at start was in
+// progress, and the highest offset with attempt rows (-1 when none). Rows
+// below start are stale (those messages were processed) and are removed.
+func (s *Store) Assigned(ctx context.Context, db schema.Beginner, consumer, topic string, partition int, start int64) (run int64, starts int, inProgress bool, maxOffset int64, err error) {
 	b := &pgx.Batch{}
+	// EXCLUDED.run is the number the sequence gave the proposed row: each
+	// start gets a new one, whether it inserts the record or takes it over.
 	b.Queue(`INSERT INTO `+s.runs+` AS r (consumer, topic, partition, start_offset, starts) VALUES ($1, $2, $3, $4, 1)
 ON CONFLICT (consumer, topic, partition) DO UPDATE
 SET starts = CASE WHEN r.start_offset = EXCLUDED.start_offset THEN r.starts + 1 ELSE 1 END,
-    start_offset = EXCLUDED.start_offset, started_at = now()
-RETURNING starts`, consumer, topic, partition, start).QueryRow(func(row pgx.Row) error { return row.Scan(&starts) })
+    start_offset = EXCLUDED.start_offset, started_at = now(), run = EXCLUDED.run
+RETURNING run, starts`, consumer, topic, partition, start).QueryRow(func(row pgx.Row) error { return row.Scan(&run, &starts) })
 	b.Queue(`DELETE FROM `+s.attempts+` WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset < $4`,
 		consumer, topic, partition, start)
 	b.Queue(`SELECT coalesce(bool_or(kafka_offset = $4), false), coalesce(max(kafka_offset), -1) FROM `+s.attempts+`
@@ -119,9 +130,9 @@ WHERE consumer = $1 AND topic = $2 AND partition = $3`, consumer, topic, partiti
 		return row.Scan(&inProgress, &maxOffset)
 	})
 	if err := inOneTransaction(ctx, db, b); err != nil {
-		return 0, false, 0, fmt.Errorf("attempts: record start of %s/%d: %w", topic, partition, err)
+		return 0, 0, false, 0, fmt.Errorf("attempts: record start of %s/%d: %w", topic, partition, err)
 	}
-	return starts, inProgress, maxOffset, nil
+	return run, starts, inProgress, maxOffset, nil
 }
 
 // batchSender runs a batch of statements in one round trip; *pgxpool.Pool
@@ -148,13 +159,17 @@ func inOneTransaction(ctx context.Context, db schema.Beginner, b *pgx.Batch) err
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return tx.SendBatch(ctx, b).Close() })
 }
 
-// Ended records that a run of the partition that started at start ended
-// cleanly (revocation or shutdown, not a crash), so the next run there does
-// not take it for a run that died.
-func (s *Store) Ended(ctx context.Context, db schema.Beginner, consumer, topic string, partition int, start int64) error {
+// Ended records that the run of the partition numbered run (as Assigned
+// returned it) ended cleanly (revocation or shutdown, not a crash), so the
+// next run there does not take it for a run that died. Only the run's own
+// record is cleared: a member expelled from the group may end its run after
+// the new owner's run started, at the same offset when it got nowhere, and
+// clearing that record would hide a crash of the new owner from the run
+// after it.
+func (s *Store) Ended(ctx context.Context, db schema.Beginner, consumer, topic string, partition int, run int64) error {
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE `+s.runs+` SET starts = 0 WHERE consumer = $1 AND topic = $2 AND partition = $3 AND start_offset = $4`,
-			consumer, topic, partition, start)
+		_, err := tx.Exec(ctx, `UPDATE `+s.runs+` SET starts = 0 WHERE consumer = $1 AND topic = $2 AND partition = $3 AND run = $4`,
+			consumer, topic, partition, run)
 		return err
 	})
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
@@ -180,4 +181,46 @@ ON CONFLICT (consumer_id, message_id) DO NOTHING`, append(ids, "new"))
 	require.EqualValues(t, 1, db.Int(t, `SELECT count(*) FROM information_schema.role_table_grants
 WHERE grantee = $1 AND table_schema = $2 AND table_name = 'processed_messages' AND privilege_type = 'SELECT'`, role, db.Schema),
 		"what was granted on the table is granted on the new one")
+}
+
+// Migration 008 gives every dead letter the fingerprint of its message's
+// content, computed in SQL exactly as dedupe.FingerprintOf computes it in
+// Go (a NULL key or value is the same as an empty one), and every
+// partition run an identity of its own.
+func TestMigrateFingerprintsTheLettersAndNumbersTheRunsOfAnOlderSchema(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewEmptyDB(t)
+	ctx := context.Background()
+
+	_, err := schema.MigrateTo(ctx, db.Pool, db.Schema, 7)
+	require.NoError(t, err)
+	contents := []struct{ key, value []byte }{
+		{[]byte("k"), []byte("v")},
+		{nil, []byte("v")},
+		{[]byte{}, []byte("v")},
+		{[]byte("k"), nil},
+		{nil, nil},
+		{[]byte("kv"), []byte{}},
+		{[]byte{0, 0xff, 0x10}, []byte(strings.Repeat("x", 100_000))},
+	}
+	letters := db.Table("dead_letters")
+	for i, c := range contents {
+		db.Exec(t, `INSERT INTO `+letters+` (consumer, topic, partition, kafka_offset, message_id, message_key, message_value,
+	error_class, error, attempts, first_failed_at, last_failed_at)
+VALUES ('ledger', 'transfers', 0, $1, NULLIF($2, ''), $3, $4, 'permanent', 'boom', 1, now(), now())`, i, []string{"a", ""}[i%2], c.key, c.value)
+	}
+	runs := db.Table("partition_runs")
+	db.Exec(t, `INSERT INTO `+runs+` (consumer, topic, partition, start_offset, starts) VALUES ('ledger', 'transfers', 0, 5, 2), ('ledger', 'transfers', 1, 5, 1)`)
+
+	_, err = schema.Migrate(ctx, db.Pool, db.Schema)
+	require.NoError(t, err)
+	require.NoError(t, schema.RequireLatest(ctx, db.Pool, db.Schema))
+	for i, c := range contents {
+		var fp []byte
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT fingerprint FROM `+letters+` WHERE kafka_offset = $1`, i).Scan(&fp))
+		want := dedupe.FingerprintOf(c.key, c.value)
+		require.Equal(t, want[:], fp, "letter %d (key %q)", i, c.key)
+	}
+	require.EqualValues(t, 2, db.Int(t, `SELECT count(DISTINCT run) FROM `+runs+` WHERE run IS NOT NULL`))
+	require.EqualValues(t, 2, db.Int(t, `SELECT starts FROM `+runs+` WHERE partition = 0`), "the counts are kept")
 }

@@ -1,0 +1,102 @@
+package attempts_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/internal/attempts"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func setup(t *testing.T) (*testenv.DB, *attempts.Store) {
+	t.Helper()
+	db := testenv.NewDB(t)
+	s, err := attempts.NewStore(db.Schema)
+	require.NoError(t, err)
+	return db, s
+}
+
+// A member expelled from the group (a zombie) may still be finishing its
+// run when the new owner's run starts, at the same offset when the zombie
+// got nowhere. The zombie's clean end must not clear the new owner's
+// record: if the new owner then dies too, the next run must see two starts
+// at that offset and go one message at a time.
+func TestAZombieRunEndingDoesNotClearTheNewOwnersRun(t *testing.T) {
+	t.Parallel()
+	db, s := setup(t)
+	ctx := context.Background()
+
+	zombie, starts, _, _, err := s.Assigned(ctx, db.Pool, "c", "t", 0, 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, starts)
+	owner, starts, _, _, err := s.Assigned(ctx, db.Pool, "c", "t", 0, 10)
+	require.NoError(t, err)
+	require.Equal(t, 2, starts, "the zombie's run had not ended")
+	require.NotEqual(t, zombie, owner, "each run has an identity of its own")
+
+	require.NoError(t, s.Ended(ctx, db.Pool, "c", "t", 0, zombie))
+	// The owner dies without ending; the next run starts at the same offset.
+	_, starts, _, _, err = s.Assigned(ctx, db.Pool, "c", "t", 0, 10)
+	require.NoError(t, err)
+	require.Equal(t, 3, starts, "the zombie's end must leave the owner's record alone")
+}
+
+func TestARunThatEndsCleanlyIsNotCountedAsAStart(t *testing.T) {
+	t.Parallel()
+	db, s := setup(t)
+	ctx := context.Background()
+
+	run, starts, _, _, err := s.Assigned(ctx, db.Pool, "c", "t", 0, 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, starts)
+	require.NoError(t, s.Ended(ctx, db.Pool, "c", "t", 0, run))
+	_, starts, _, _, err = s.Assigned(ctx, db.Pool, "c", "t", 0, 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, starts, "the previous run ended cleanly")
+	_, starts, _, _, err = s.Assigned(ctx, db.Pool, "c", "t", 0, 10)
+	require.NoError(t, err)
+	require.Equal(t, 2, starts, "the previous run did not end")
+	_, starts, _, _, err = s.Assigned(ctx, db.Pool, "c", "t", 0, 11)
+	require.NoError(t, err)
+	require.Equal(t, 1, starts, "a run that starts further on made progress")
+}
+
+// After a topic is deleted and re-created and its positions are reset, a
+// row left at an offset by a message of the old topic must not count the
+// attempts of the new message at that offset.
+func TestAttemptsOfAnotherMessageAtTheSameOffsetStartOver(t *testing.T) {
+	t.Parallel()
+	db, s := setup(t)
+	ctx := context.Background()
+	k := attempts.Key{Consumer: "c", Topic: "t", Partition: 0, Offset: 5}
+
+	rec, err := s.Begin(ctx, db.Pool, k, "old", 1)
+	require.NoError(t, err)
+	oldFirst := rec.FirstAttemptAt
+	require.NoError(t, s.Fail(ctx, db.Pool, k, "retries_exhausted", "old failure"))
+	rec, err = s.Begin(ctx, db.Pool, k, "old", 1)
+	require.NoError(t, err)
+	require.Equal(t, 2, rec.Attempts)
+	require.True(t, rec.PreviousErrored)
+	require.Equal(t, "old failure", rec.LastError)
+
+	rec, err = s.Begin(ctx, db.Pool, k, "new", 1)
+	require.NoError(t, err)
+	require.Equal(t, 1, rec.Attempts, "the old message's attempts are not the new one's")
+	require.Empty(t, rec.LastError)
+	require.Empty(t, rec.LastErrorClass)
+	require.False(t, rec.PreviousErrored)
+	require.True(t, rec.FirstAttemptAt.After(oldFirst), "the new message's first attempt is now")
+
+	rec, err = s.Begin(ctx, db.Pool, k, "new", 1)
+	require.NoError(t, err)
+	require.Equal(t, 2, rec.Attempts, "the new message's own attempts are counted")
+
+	rec, err = s.Begin(ctx, db.Pool, attempts.Key{Consumer: "c", Topic: "t", Partition: 0, Offset: 6}, "other", 2)
+	require.NoError(t, err)
+	require.Equal(t, 2, rec.Attempts, "a first record starts at initial")
+}

@@ -173,6 +173,7 @@ func (w *worker) abandonedOutcome(items []item, ab *usercall.Abandoned) txOutcom
 func (p *plan) clone() plan {
 	c := *p
 	c.deadLetter = maps.Clone(p.deadLetter)
+	c.savepointFrom = min(c.savepointFrom, c.n)
 	return c
 }
 

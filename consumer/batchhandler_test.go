@@ -3,9 +3,11 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -198,4 +200,49 @@ func TestConfigHandlerAndBatchHandler(t *testing.T) {
 	cfg.BatchHandler = consumer.BatchHandlerFunc(func(context.Context, *consumer.Batch) error { return nil })
 	_, err = consumer.New(unusedPool(t), cfg)
 	require.NoError(t, err)
+}
+
+// A BatchHandler call that ignores its context is abandoned after
+// HandlerTimeout, and the batch runs again. When the abandoned call finally
+// queues its statements, they must land nowhere: not in the transaction
+// running by then, which would apply its messages a second time.
+func TestAnAbandonedBatchHandlerCannotQueueIntoALaterTransaction(t *testing.T) {
+	t.Parallel()
+	for _, claimFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ClaimFirst=%v", claimFirst), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, 1)
+			ids := e.produceIDs("a", 5)
+			release := make(chan struct{})
+			queuedLate := make(chan struct{})
+			var calls atomic.Int32
+			h := &batchEffects{e: e}
+			cfg := batchConfig(e, consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
+				switch calls.Add(1) {
+				case 1:
+					<-release // ignores its context, so it is abandoned
+					err := h.HandleBatch(ctx, b)
+					close(queuedLate)
+					return err
+				case 2:
+					// The next call lets the abandoned one queue, and
+					// returns only once it has.
+					close(release)
+					select {
+					case <-queuedLate:
+					case <-time.After(10 * time.Second):
+						return errors.New("the abandoned call did not come back")
+					}
+				}
+				return h.HandleBatch(ctx, b)
+			}))
+			cfg.ClaimFirst = claimFirst
+			cfg.HandlerTimeout = 100 * time.Millisecond
+			r := e.start(cfg)
+			e.waitCommitted(map[int]int64{0: 5}, 30*time.Second)
+			r.stop()
+			require.GreaterOrEqual(t, calls.Load(), int32(2))
+			e.requireExactlyOnce(ids)
+		})
+	}
 }

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -71,6 +72,64 @@ func TestOperatorRequestedRedriveIsPerformedByTheRunningConsumer(t *testing.T) {
 	require.Nil(t, l.RedrivenAt)
 
 	fixed.Store(true)
+	_, err = letters.RequestRedrive(ctx, e.db.Pool, e.name, []int64{id})
+	require.NoError(t, err)
+	waitFor(t, 30*time.Second, "the redrive", func() bool { return e.letters()["o-1"].RedrivenAt != nil })
+	r.stop()
+	e.requireExactlyOnce([]string{"o-0", "o-1", "o-2"})
+}
+
+// A handler that hangs in a redrive the running consumer performs for an
+// operator is cut off as in a batch: shutdown does not wait for it, and
+// later redrives are not held up behind it.
+func TestAHungHandlerInARequestedRedriveDoesNotHoldUpTheConsumer(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	e.produceIDs("o", 3)
+	var redriving atomic.Int32
+	hung := make(chan struct{}, 8)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // let the abandoned handlers end before the leak check
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID != "o-1" {
+			return e.applyHandler().Handle(ctx, tx, m)
+		}
+		switch redriving.Load() {
+		case 0:
+			return consumer.Permanent(errors.New("not yet"))
+		case 1:
+			hung <- struct{}{}
+			<-release // ignores its context
+		}
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	cfg := e.config(h)
+	cfg.HandlerTimeout = time.Hour // only the shutdown can cut it off
+	r := e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 3}, 30*time.Second)
+	letters, _ := deadletter.NewStore(e.db.Schema)
+	id := e.letters()["o-1"].ID
+	ctx := context.Background()
+
+	redriving.Store(1)
+	_, err := letters.RequestRedrive(ctx, e.db.Pool, e.name, []int64{id})
+	require.NoError(t, err)
+	<-hung
+	began := time.Now()
+	r.stop()
+	require.Less(t, time.Since(began), 10*time.Second, "Run returns soon after cancel, a hung redrive or not")
+	require.Nil(t, e.letters()["o-1"].RedrivenAt)
+
+	// A consumer with a timeout cuts the hung redrive off, records the
+	// failure, and redrives once the handler is fixed.
+	cfg.HandlerTimeout = 200 * time.Millisecond
+	r = e.start(cfg)
+	_, err = letters.RequestRedrive(ctx, e.db.Pool, e.name, []int64{id})
+	require.NoError(t, err)
+	waitFor(t, 30*time.Second, "the hung redrive recorded as failed", func() bool {
+		return strings.Contains(e.letters()["o-1"].RedriveError, "HandlerTimeout")
+	})
+	redriving.Store(2)
 	_, err = letters.RequestRedrive(ctx, e.db.Pool, e.name, []int64{id})
 	require.NoError(t, err)
 	waitFor(t, 30*time.Second, "the redrive", func() bool { return e.letters()["o-1"].RedrivenAt != nil })

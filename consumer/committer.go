@@ -61,9 +61,10 @@ func (m *committer) mark(topic string, partition int, next int64) {
 // is left and returns.
 //
 // run must not return before stop is done, even when this member has no
-// partition: kafka-go ends the generation for the whole group as soon as any
-// function started with gen.Start returns, so a member with nothing to do
-// that returned at once would make the group rebalance without end.
+// partition: kafka-go ends this member's generation as soon as any function
+// started with gen.Start returns, and the member then joins again, which
+// rebalances the whole group. A member with nothing to do that returned at
+// once would make the group rebalance without end.
 func (m *committer) run(stop context.Context, workers *sync.WaitGroup) {
 	retryTick := time.NewTicker(time.Second)
 	defer retryTick.Stop()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // ForEachKey calls fn for every message of msgs, up to concurrency keys at
@@ -11,7 +12,10 @@ import (
 // order of msgs (offset order within a partition), messages with different
 // keys in parallel. It returns when all calls have returned; if any failed,
 // the others not yet started are skipped and the first error is returned,
-// naming its message.
+// naming its message. If ctx ends first, the messages not yet started are
+// skipped and, unless a call failed, an error wrapping ctx.Err() is
+// returned: ForEachKey returns nil only when fn returned nil for every
+// message.
 //
 // It is for a BatchHandler whose per-message work is slow and need not be
 // serial across keys — a computation, a lookup in a read-only service —
@@ -43,12 +47,14 @@ func ForEachKey(ctx context.Context, msgs []*Message, concurrency int, fn func(c
 		}
 		lanes[k] = append(lanes[k], i)
 	}
+	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
 		wg       sync.WaitGroup
 		once     sync.Once
 		firstErr error
+		handled  atomic.Int64
 		next     = make(chan []int)
 	)
 	for range min(concurrency, len(order)) {
@@ -67,6 +73,7 @@ func ForEachKey(ctx context.Context, msgs []*Message, concurrency int, fn func(c
 						})
 						break
 					}
+					handled.Add(1)
 				}
 			}
 		}()
@@ -79,5 +86,12 @@ func ForEachKey(ctx context.Context, msgs []*Message, concurrency int, fn func(c
 	}
 	close(next)
 	wg.Wait()
-	return firstErr
+	if firstErr != nil {
+		return firstErr
+	}
+	if n := handled.Load(); n < int64(len(msgs)) {
+		// Only the end of ctx skips messages when no call failed.
+		return fmt.Errorf("%d of %d messages not handled: %w", int64(len(msgs))-n, len(msgs), parent.Err())
+	}
+	return nil
 }

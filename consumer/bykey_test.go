@@ -71,3 +71,67 @@ func TestForEachKeyStopsAtTheFirstError(t *testing.T) {
 	require.ErrorContains(t, err, "t/0/10")
 	require.EqualValues(t, 11, calls.Load(), "nothing after the failure was called")
 }
+
+func TestForEachKeyReportsMessagesSkippedBecauseTheContextEnded(t *testing.T) {
+	t.Parallel()
+	boom := errors.New("bad quote")
+	expired, cancelExpired := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancelExpired()
+	for _, tc := range []struct {
+		name string
+		// ctx makes the context ForEachKey gets; fn calls its cancel at
+		// message cancelAt (-1 for never).
+		ctx      func() (context.Context, context.CancelFunc)
+		cancelAt int
+		failAt   int // fn fails at this message; -1 for never
+		keys     int
+		want     error // nil: ForEachKey returns nil
+		calls    int32 // -1: not checked (keys in parallel)
+	}{
+		{name: "cancelled before the call", ctx: cancelled, cancelAt: -1, failAt: -1, keys: 4, want: context.Canceled, calls: 0},
+		{name: "deadline already passed", ctx: func() (context.Context, context.CancelFunc) { return expired, func() {} }, cancelAt: -1, failAt: -1, keys: 4, want: context.DeadlineExceeded, calls: 0},
+		{name: "cancelled midway, one key", ctx: cancellable, cancelAt: 10, failAt: -1, keys: 1, want: context.Canceled, calls: 11},
+		{name: "cancelled midway, many keys", ctx: cancellable, cancelAt: 10, failAt: -1, keys: 20, want: context.Canceled, calls: -1},
+		{name: "cancelled at the last message", ctx: cancellable, cancelAt: 99, failAt: -1, keys: 1, want: nil, calls: 100},
+		{name: "a failure before the cancel is the first error", ctx: cancellable, cancelAt: 10, failAt: 10, keys: 1, want: boom, calls: 11},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := tc.ctx()
+			defer cancel()
+			msgs := keyedMessages(100, tc.keys)
+			var calls atomic.Int32
+			err := consumer.ForEachKey(ctx, msgs, 4, func(_ context.Context, i int, _ *consumer.Message) error {
+				calls.Add(1)
+				if i == tc.cancelAt {
+					cancel()
+				}
+				if i == tc.failAt {
+					return boom
+				}
+				return nil
+			})
+			if tc.want == nil {
+				require.NoError(t, err)
+			} else {
+				require.ErrorIs(t, err, tc.want)
+			}
+			if tc.calls >= 0 {
+				require.Equal(t, tc.calls, calls.Load(), "calls of fn")
+			}
+			if tc.want != nil && tc.want != boom {
+				require.Less(t, calls.Load(), int32(len(msgs)), "some messages were skipped")
+			}
+		})
+	}
+}
+
+func cancelled() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx, cancel
+}
+
+func cancellable() (context.Context, context.CancelFunc) {
+	return context.WithCancel(context.Background())
+}

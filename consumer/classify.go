@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/internal/permanent"
 )
 
 // errClass says how a failure is retried.
@@ -57,11 +58,10 @@ func newFailure(class errClass, kind deadletter.Class, err error) *failure {
 
 // classifyHandlerError sorts the error a handler returned.
 func classifyHandlerError(err error) *failure {
-	var perm *permanentError
 	var syntax *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	switch {
-	case errors.As(err, &perm):
+	case permanent.Is(err):
 		return newFailure(classPermanent, deadletter.ClassPermanent, err)
 	case errors.Is(err, ErrHandlerPanicked):
 		return newFailure(classPermanent, deadletter.ClassPanic, err)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/outbox"
 )
 
 func TestClassifyHandlerError(t *testing.T) {
@@ -27,6 +28,8 @@ func TestClassifyHandlerError(t *testing.T) {
 		{"plain error", errors.New("partner down"), classTransient, deadletter.ClassRetriesExhausted},
 		{"permanent", Permanent(errors.New("rejected")), classPermanent, deadletter.ClassPermanent},
 		{"wrapped permanent", fmt.Errorf("ctx: %w", Permanent(errors.New("x"))), classPermanent, deadletter.ClassPermanent},
+		{"outbox permanent", outbox.Permanent(errors.New("rejected")), classPermanent, deadletter.ClassPermanent},
+		{"wrapped outbox permanent", fmt.Errorf("relay: %w", outbox.Permanent(errors.New("x"))), classPermanent, deadletter.ClassPermanent},
 		{"panic", fmt.Errorf("%w: boom", ErrHandlerPanicked), classPermanent, deadletter.ClassPanic},
 		{"tx misuse", ErrTxControlledByConsumer, classPermanent, deadletter.ClassTxMisuse},
 		{"json syntax", syntax, classPermanent, deadletter.ClassUndecodable},

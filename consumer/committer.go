@@ -56,21 +56,35 @@ func (m *committer) mark(topic string, partition int, next int64) {
 	}
 }
 
-// run commits marks as they come until stop is done and all workers have
-// returned, then commits what is left and returns.
+// run commits marks as they come until stop is done, then until all workers
+// have returned (they finish their batches and mark them), then commits what
+// is left and returns.
+//
+// run must not return before stop is done, even when this member has no
+// partition: kafka-go ends this member's generation as soon as any function
+// started with gen.Start returns, and the member then joins again, which
+// rebalances the whole group. A member with nothing to do that returned at
+// once would make the group rebalance without end.
 func (m *committer) run(stop context.Context, workers *sync.WaitGroup) {
-	workersDone := make(chan struct{})
-	go func() { workers.Wait(); close(workersDone) }()
 	retryTick := time.NewTicker(time.Second)
 	defer retryTick.Stop()
+	m.commitUntil(stop, stop.Done(), retryTick.C)
+	workersDone := make(chan struct{})
+	go func() { workers.Wait(); close(workersDone) }()
+	m.commitUntil(stop, workersDone, retryTick.C)
+	m.flush(stop)
+}
+
+// commitUntil commits marks as they come, and retries failed commits on
+// each tick, until done is closed.
+func (m *committer) commitUntil(ctx context.Context, done <-chan struct{}, tick <-chan time.Time) {
 	for {
 		select {
 		case <-m.wake:
-			m.flush(stop)
-		case <-retryTick.C:
-			m.flush(stop)
-		case <-workersDone:
-			m.flush(stop)
+			m.flush(ctx)
+		case <-tick:
+			m.flush(ctx)
+		case <-done:
 			return
 		}
 	}

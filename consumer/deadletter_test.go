@@ -21,6 +21,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/offsets"
+	"github.com/kafkaonce/kafkaonce/outbox"
 )
 
 // letters returns the test consumer's dead letters by message id (or by
@@ -226,6 +227,41 @@ func TestAPoisonMessageOfARecreatedTopicIsSetAsideAtTheOffsetOfAnOldLetter(t *te
 	}
 	require.Equal(t, "dead_lettered", e.claimStatus("new-poison"))
 	require.EqualValues(t, 3, e.storedPositions()[0])
+}
+
+// An error marked by outbox.Permanent is as permanent to the consumer as one
+// marked by consumer.Permanent: the message is dead-lettered after one call,
+// with class permanent, and the partition moves on.
+func TestOutboxPermanentIsDeadLetteredAtOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	e.kafka.Produce(t, e.topic, msg(0, "before", `{}`), msg(0, "rejected", `{}`), msg(0, "after", `{}`))
+	var calls atomic.Int32
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "rejected" {
+			calls.Add(1)
+			return fmt.Errorf("notify partner: %w", outbox.Permanent(errors.New("partner rejected the transfer")))
+		}
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	cfg := e.config(h)
+	cfg.MaxAttempts = 5
+	cfg.RetryInitialInterval = time.Millisecond
+	cfg.RetryMaxInterval = 5 * time.Millisecond
+	r := e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 3}, 60*time.Second)
+	r.stop()
+
+	e.requireExactlyOnce([]string{"before", "after"})
+	letters := e.letters()
+	require.Len(t, letters, 1)
+	l := letters["rejected"]
+	require.Equal(t, deadletter.ClassPermanent, l.Class)
+	require.Equal(t, 1, l.Attempts, "a permanent failure is not retried")
+	require.Contains(t, l.Error, "partner rejected the transfer")
+	require.EqualValues(t, 1, calls.Load(), "one handler call")
+	require.Empty(t, e.events.snapshot().stopped, "no partition stopped")
+	e.check(expectation{ids: []string{"before", "rejected", "after"}, poison: []string{"rejected"}})
 }
 
 func TestBackoffWaitEndsOnShutdown(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/permanent"
 	"github.com/kafkaonce/kafkaonce/internal/txguard"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
 )
@@ -124,15 +125,8 @@ var (
 //		return consumer.Permanent(err)
 //	}
 //
-// Permanent(nil) is nil.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &permanentError{err}
-}
-
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
-func (e *permanentError) Unwrap() error { return e.err }
+// Permanent(nil) is nil. Permanent and outbox.Permanent are the same
+// mark: an error marked by either is permanent to the consumer and to the
+// outbox relay, so a handler may return an error that a delivery function
+// marked, and the reverse.
+func Permanent(err error) error { return permanent.Mark(err) }

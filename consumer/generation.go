@@ -14,7 +14,10 @@ import (
 // started with gen.Start to return before it joins the next generation or
 // leaves the group, and keeps the generation's coordinator connection open
 // until then, so the workers' final offset commits still go out through this
-// generation.
+// generation. Since any of them returning ends the member's generation and
+// so rebalances the group, none returns before the generation ends or Run is
+// cancelled, not even the committer of a member that was assigned no
+// partition.
 func (c *Consumer) startGeneration(runCtx context.Context, gen *kafka.Generation, all *sync.WaitGroup) {
 	committer := newCommitter(c, gen)
 	var workers sync.WaitGroup

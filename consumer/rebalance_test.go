@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -248,4 +249,134 @@ func TestMemberJoinsAndLeavesWhileBatchesAreInFlight(t *testing.T) {
 	require.Equal(t, total, e.events.snapshot().applied+joiner.snapshot().applied)
 	t.Logf("first member applied %d, the member that came and went applied %d", e.events.snapshot().applied, joiner.snapshot().applied)
 	e.check(expectation{ids: ids})
+}
+
+// TestIdleMembersDoNotRebalanceTheGroup runs more members than partitions:
+// once the group has settled, the members with no partition must sit
+// quietly, so the group stays in one generation and the busy member keeps
+// its partition while it processes what is produced meanwhile.
+func TestIdleMembersDoNotRebalanceTheGroup(t *testing.T) {
+	t.Parallel()
+	for _, members := range []int{2, 3} {
+		t.Run(strconv.Itoa(members)+" members", func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, 1)
+			ids := e.produceIDs("before", 20)
+
+			gens := make([]*generationLog, members)
+			recs := make([]*recorder, members)
+			runs := make([]*running, members)
+			for i := range members {
+				gens[i], recs[i] = newGenerationLog(testLogger(t).Handler()), &recorder{}
+				cfg := e.config(e.applyHandler())
+				cfg.Logger = slog.New(gens[i])
+				cfg.Hooks = []consumer.Hook{recs[i]}
+				runs[i] = e.start(cfg)
+			}
+			waitFor(t, 60*time.Second, "every member in the same generation", func() bool {
+				first := gens[0].latest()
+				for _, g := range gens {
+					if g.latest() < 0 || g.latest() != first {
+						return false
+					}
+				}
+				return true
+			})
+			e.waitEffects(len(ids), 30*time.Second)
+			settled := gens[0].latest()
+			assigned := make([]int, members)
+			for i, r := range recs {
+				assigned[i] = len(r.snapshot().assigned)
+			}
+
+			// A quiet period with traffic: nothing changes in the group.
+			w := e.kafka.Writer(e.topic)
+			for i := range 40 {
+				id := "during-" + strconv.Itoa(i)
+				require.NoError(t, w.WriteMessages(context.Background(), msg(0, id, "v-"+id)))
+				ids = append(ids, id)
+				time.Sleep(200 * time.Millisecond)
+			}
+			require.NoError(t, w.Close())
+			e.waitEffects(len(ids), 30*time.Second)
+
+			newGenerations, newAssignments := make([]int, members), make([]int, members)
+			for i := range members {
+				newGenerations[i] = len(gens[i].since(settled)) - 1
+				newAssignments[i] = len(recs[i].snapshot().assigned) - assigned[i]
+			}
+			require.Equal(t, make([]int, members), newAssignments, "partition assignments per member during the quiet period")
+			require.Equal(t, make([]int, members), newGenerations, "generations started per member after generation %d", settled)
+			for _, r := range runs {
+				r.stop()
+			}
+			e.requireExactlyOnce(ids)
+			e.check(expectation{ids: ids})
+		})
+	}
+}
+
+// generationLog is a slog handler that keeps the id of every generation a
+// member started, and passes every record on.
+type generationLog struct {
+	next slog.Handler
+	seen *generationsSeen
+}
+
+type generationsSeen struct {
+	mu  sync.Mutex
+	ids []int
+}
+
+func newGenerationLog(next slog.Handler) *generationLog {
+	return &generationLog{next: next, seen: &generationsSeen{}}
+}
+
+func (g *generationLog) Enabled(context.Context, slog.Level) bool { return true }
+
+func (g *generationLog) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "consumer group: generation started" {
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "generation" {
+				g.seen.mu.Lock()
+				g.seen.ids = append(g.seen.ids, int(a.Value.Int64()))
+				g.seen.mu.Unlock()
+			}
+			return true
+		})
+	}
+	if g.next.Enabled(ctx, r.Level) {
+		return g.next.Handle(ctx, r)
+	}
+	return nil
+}
+
+func (g *generationLog) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return &generationLog{next: g.next.WithAttrs(attrs), seen: g.seen}
+}
+
+func (g *generationLog) WithGroup(name string) slog.Handler {
+	return &generationLog{next: g.next.WithGroup(name), seen: g.seen}
+}
+
+// latest returns the id of the last generation started, or -1.
+func (g *generationLog) latest() int {
+	g.seen.mu.Lock()
+	defer g.seen.mu.Unlock()
+	if len(g.seen.ids) == 0 {
+		return -1
+	}
+	return g.seen.ids[len(g.seen.ids)-1]
+}
+
+// since returns the ids of the generations started from id on.
+func (g *generationLog) since(id int) []int {
+	g.seen.mu.Lock()
+	defer g.seen.mu.Unlock()
+	for i, got := range g.seen.ids {
+		if got == id {
+			return append([]int(nil), g.seen.ids[i:]...)
+		}
+	}
+	return nil
 }

@@ -9,22 +9,19 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/kafkaonce/kafkaonce/internal/permanent"
 )
 
 // Permanent marks a delivery error that retrying cannot fix (the receiver
 // rejected the request as invalid, unauthorised, unknown): the row is parked
-// at once.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &permanentError{err}
-}
-
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
-func (e *permanentError) Unwrap() error { return e.err }
+// at once. Permanent(nil) is nil.
+//
+// Permanent and consumer.Permanent are the same mark: an error marked by
+// either is permanent to the relay and to the consumer, so a delivery
+// function may return an error that a consumer handler's code marked, and
+// the reverse.
+func Permanent(err error) error { return permanent.Mark(err) }
 
 // RetryAfter marks a delivery error after which the receiver asked to wait
 // at least d (HTTP 429 or 503 with Retry-After).

@@ -324,6 +324,30 @@ func TestSeveralRelaysKeepEachKeysOrder(t *testing.T) {
 	require.Equal(t, n, total, "each row delivered once (no crashes here)")
 }
 
+// An error marked by consumer.Permanent is as permanent to the relay as one
+// marked by outbox.Permanent: the row is parked after one call.
+func TestConsumerPermanentParksTheRowAtOnce(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	var calls atomic.Int32
+	deliver := func(context.Context, *outbox.Delivery) error {
+		calls.Add(1)
+		return fmt.Errorf("deliver: %w", consumer.Permanent(errors.New("the receiver rejected the message")))
+	}
+	write(t, db, outbox.Message{Destination: "api", Key: []byte("k"), Value: []byte("v")})
+	runRelay(t, db, outbox.RelayConfig{Deliver: deliver, RetryInitialInterval: time.Millisecond, RetryMaxInterval: 5 * time.Millisecond,
+		MaxAttempts: 5, MinRetriesPerMinute: 1000})
+	waitFor(t, func() bool { return pending(t, db) == 0 }, "the row parked")
+
+	o, _ := outbox.New(db.Schema)
+	parked, err := o.Parked(context.Background(), db.Pool, 10)
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+	require.Equal(t, 1, parked[0].Attempts, "parked at the first failure")
+	require.Contains(t, parked[0].LastError, "the receiver rejected the message")
+	require.EqualValues(t, 1, calls.Load(), "not retried")
+}
+
 func TestRetryBudget(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(0, 0)

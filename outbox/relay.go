@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kafkaonce/kafkaonce/internal/permanent"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
@@ -469,8 +470,7 @@ func (r *Relay) judge(rw *row, err error) outcome {
 		return outcome{}
 	}
 	attempt := rw.attempts + 1
-	var perm *permanentError
-	if errors.As(err, &perm) || attempt >= r.cfg.MaxAttempts {
+	if permanent.Is(err) || attempt >= r.cfg.MaxAttempts {
 		return outcome{err: err, park: true}
 	}
 	wait := r.backoff.Wait(attempt)

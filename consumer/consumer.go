@@ -126,6 +126,7 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 		retry:    retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
 	}
 	out.setSession(sessionSettings(&c, false))
+	tries.Session = func(b *pgx.Batch) { out.session().queue(b) }
 	if c.DeadLetterTopic != "" {
 		out.publish = make(chan struct{}, 1)
 	}
@@ -287,6 +288,9 @@ func (c *Consumer) checkSchema(ctx context.Context) error {
 		return fmt.Errorf("consumer: connect to Postgres: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := c.applySession(ctx, tx); err != nil {
+		return fmt.Errorf("consumer: connect to Postgres: %w", err)
+	}
 	if err := schema.RequireLatest(ctx, tx, c.cfg.Schema); err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}

@@ -44,3 +44,27 @@ func (c *Consumer) applySession(ctx context.Context, tx pgx.Tx) error {
 	}
 	return nil
 }
+
+// batchSender runs a batch of statements in one round trip;
+// *pgxpool.Pool is one.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// inOneTrip runs b's statements in a transaction with the session
+// settings applied: BEGIN, the settings, b and COMMIT pipelined in one
+// round trip when the DB sends batches, else with Begin.
+func (c *Consumer) inOneTrip(ctx context.Context, b *pgx.Batch) error {
+	sender, ok := c.db.(batchSender)
+	if !ok {
+		return c.inTx(ctx, func(q querier) error { return q.(pgx.Tx).SendBatch(ctx, b).Close() })
+	}
+	full := &pgx.Batch{}
+	full.Queue("BEGIN")
+	c.session().queue(full)
+	full.QueuedQueries = append(full.QueuedQueries, b.QueuedQueries...)
+	full.Queue("COMMIT")
+	// A statement that fails leaves the block open in its failed state;
+	// the pool closes a connection given back like that.
+	return sender.SendBatch(ctx, full).Close()
+}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
@@ -333,4 +335,100 @@ func TestRunWaitsForPostgresAtStartup(t *testing.T) {
 	e.waitCommitted(map[int]int64{0: 5}, 30*time.Second)
 	r.stop()
 	e.check(expectation{ids: ids})
+}
+
+// sessionWatch is a DB that only begins transactions (so every one of the
+// consumer's goes through Begin) and records each transaction's first
+// statement.
+type sessionWatch struct {
+	pool  *pgxpool.Pool
+	mu    sync.Mutex
+	first []string
+}
+
+func (s *sessionWatch) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &firstStatement{Tx: tx, w: s}, nil
+}
+
+func (s *sessionWatch) record(sql string) {
+	s.mu.Lock()
+	s.first = append(s.first, sql)
+	s.mu.Unlock()
+}
+
+type firstStatement struct {
+	pgx.Tx
+	w    *sessionWatch
+	seen bool
+}
+
+func (f *firstStatement) note(sql string) {
+	if !f.seen {
+		f.seen = true
+		f.w.record(sql)
+	}
+}
+
+func (f *firstStatement) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	f.note(sql)
+	return f.Tx.Exec(ctx, sql, args...)
+}
+
+func (f *firstStatement) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	f.note(sql)
+	return f.Tx.Query(ctx, sql, args...)
+}
+
+func (f *firstStatement) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	f.note(sql)
+	return f.Tx.QueryRow(ctx, sql, args...)
+}
+
+func (f *firstStatement) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if len(b.QueuedQueries) > 0 {
+		f.note(b.QueuedQueries[0].SQL)
+	}
+	return f.Tx.SendBatch(ctx, b)
+}
+
+// Every transaction the consumer runs starts by setting the session
+// timeouts: batches, attempts recorded and failed, a partition's start and
+// end, reading its position, dead letters written and redriven.
+func TestEveryTransactionSetsTheSessionTimeouts(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ids := e.produceIDs("s", 4)
+	var fixed atomic.Bool
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		switch {
+		case m.ID == "s-1" && !fixed.Load():
+			return consumer.Permanent(errors.New("rejected"))
+		case m.ID == "s-2" && !fixed.Load():
+			fixed.Store(true)
+			return errors.New("flaky") // retried alone: attempts recorded
+		}
+		return e.applyHandler().Handle(ctx, tx, m)
+	})
+	db := &sessionWatch{pool: e.db.Pool}
+	cfg := e.config(h)
+	r := e.start(cfg, db)
+	e.waitCommitted(map[int]int64{0: 4}, 30*time.Second)
+	r.stop()
+	c, err := consumer.New(db, cfg)
+	require.NoError(t, err)
+	res, err := c.Redrive(context.Background(), consumer.RedriveFilter{})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Applied)
+
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	require.Greater(t, len(db.first), 8)
+	for _, sql := range db.first {
+		require.Contains(t, sql, "set_config('statement_timeout'", "a transaction that starts without the timeouts")
+	}
+	e.requireExactlyOnce(ids)
 }

@@ -190,3 +190,30 @@ func TestStopPartitionPolicyStopsInsteadOfSettingAside(t *testing.T) {
 	require.ErrorContains(t, e.events.snapshot().stopped[0], "still failing")
 	require.Equal(t, map[int]int64{0: 1}, e.storedPositions())
 }
+
+// Redrive may be called from any goroutine, while Run is starting up and
+// settling its session settings (run with -race).
+func TestRedriveWhileRunStarts(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	e.produceIDs("x", 1)
+	cfg := e.config(consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error {
+		return consumer.Permanent(errors.New("rejected"))
+	}))
+	r := e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 1}, 30*time.Second)
+	r.stop()
+
+	c, err := consumer.New(e.db.Pool, cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	for range 20 {
+		res, err := c.Redrive(context.Background(), consumer.RedriveFilter{})
+		require.NoError(t, err)
+		require.Len(t, res.Failed, 1, "the letter's redrive ran, and failed")
+	}
+	cancel()
+	require.NoError(t, <-done)
+}

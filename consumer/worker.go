@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkafetch"
@@ -327,15 +328,13 @@ func (w *worker) retryUntil(stop context.Context, what string, fn func() error) 
 }
 
 func (w *worker) loadPosition(ctx context.Context) (pos int64, has bool, err error) {
-	if q, ok := w.c.db.(querier); ok {
-		// A lone SELECT needs no transaction: one round trip, not three.
-		return w.c.offsets.Load(ctx, q, w.c.cfg.Name, w.topic, w.partition)
+	// One round trip, in a transaction that carries the session timeouts.
+	b := &pgx.Batch{}
+	w.c.offsets.QueueLoad(b, w.c.cfg.Name, w.topic, w.partition, &pos, &has)
+	if err := w.c.inOneTrip(ctx, b); err != nil {
+		return 0, false, fmt.Errorf("offsets: load %s/%d: %w", w.topic, w.partition, err)
 	}
-	err = w.c.readOnly(ctx, func(q querier) (loadErr error) {
-		pos, has, loadErr = w.c.offsets.Load(ctx, q, w.c.cfg.Name, w.topic, w.partition)
-		return loadErr
-	})
-	return pos, has, err
+	return pos, has, nil
 }
 
 // checkDeleted tells, after an out-of-range fetch, whether messages from

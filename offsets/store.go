@@ -121,6 +121,20 @@ func (s *Store) Load(ctx context.Context, q schema.Querier, consumer, topic stri
 	return next, true, nil
 }
 
+// QueueLoad adds to b the read of a partition's stored position: *next
+// and *ok are set when b runs (ok false when there is none).
+func (s *Store) QueueLoad(b *pgx.Batch, consumer, topic string, partition int, next *int64, ok *bool) {
+	b.Queue(`SELECT next_offset FROM `+s.table+` WHERE consumer = $1 AND topic = $2 AND partition = $3`,
+		consumer, topic, partition).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(next)
+		*ok = err == nil
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+}
+
 // List returns every stored position of a consumer, ordered by topic and
 // partition.
 func (s *Store) List(ctx context.Context, q schema.Querier, consumer string) ([]Position, error) {

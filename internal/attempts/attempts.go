@@ -47,9 +47,15 @@ type Record struct {
 	PreviousErrored bool
 }
 
-// Store reads and writes message_attempts and partition_runs.
+// Store reads and writes message_attempts and partition_runs. Each of its
+// transactions is one round trip when the database sends batches.
 type Store struct {
 	attempts, runs string
+	// Session, when set, queues the statements every transaction of the
+	// store starts with: the consumer's timeouts, set for that transaction
+	// only, so that no transaction of kafkaonce's can hold its locks
+	// without bound.
+	Session func(b *pgx.Batch)
 }
 
 // NewStore returns a Store for the tables in schemaName.
@@ -69,8 +75,8 @@ func NewStore(schemaName string) (*Store, error) {
 // so that its offsets came round again. The count starts over at initial.
 func (s *Store) Begin(ctx context.Context, db schema.Beginner, k Key, messageID string, initial int) (Record, error) {
 	var r Record
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, `INSERT INTO `+s.attempts+` AS a (consumer, topic, partition, kafka_offset, message_id, attempts)
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO `+s.attempts+` AS a (consumer, topic, partition, kafka_offset, message_id, attempts)
 VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6)
 ON CONFLICT (consumer, topic, partition, kafka_offset) DO UPDATE
 SET message_id = EXCLUDED.message_id, last_attempt_at = now(),
@@ -80,9 +86,10 @@ SET message_id = EXCLUDED.message_id, last_attempt_at = now(),
     last_error         = CASE WHEN a.message_id IS NOT DISTINCT FROM EXCLUDED.message_id THEN a.last_error END,
     last_error_attempt = CASE WHEN a.message_id IS NOT DISTINCT FROM EXCLUDED.message_id THEN a.last_error_attempt END
 RETURNING attempts, first_attempt_at, coalesce(last_error_class, ''), coalesce(last_error, ''), coalesce(last_error_attempt = attempts - 1, false)`,
-			k.Consumer, k.Topic, k.Partition, k.Offset, messageID, initial).Scan(&r.Attempts, &r.FirstAttemptAt, &r.LastErrorClass, &r.LastError, &r.PreviousErrored)
+		k.Consumer, k.Topic, k.Partition, k.Offset, messageID, initial).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&r.Attempts, &r.FirstAttemptAt, &r.LastErrorClass, &r.LastError, &r.PreviousErrored)
 	})
-	if err != nil {
+	if err := s.inOneTransaction(ctx, db, b); err != nil {
 		return Record{}, fmt.Errorf("attempts: record attempt of %s/%d/%d: %w", k.Topic, k.Partition, k.Offset, err)
 	}
 	return r, nil
@@ -90,12 +97,10 @@ RETURNING attempts, first_attempt_at, coalesce(last_error_class, ''), coalesce(l
 
 // Fail records, and commits, how the current attempt of the message failed.
 func (s *Store) Fail(ctx context.Context, db schema.Beginner, k Key, class, text string) error {
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE `+s.attempts+` SET last_error_class = $5, last_error = $6, last_error_attempt = attempts
+	b := &pgx.Batch{}
+	b.Queue(`UPDATE `+s.attempts+` SET last_error_class = $5, last_error = $6, last_error_attempt = attempts
 WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset = $4`, k.Consumer, k.Topic, k.Partition, k.Offset, class, text)
-		return err
-	})
-	if err != nil {
+	if err := s.inOneTransaction(ctx, db, b); err != nil {
 		return fmt.Errorf("attempts: record failure of %s/%d/%d: %w", k.Topic, k.Partition, k.Offset, err)
 	}
 	return nil
@@ -129,7 +134,7 @@ RETURNING run, starts`, consumer, topic, partition, start).QueryRow(func(row pgx
 WHERE consumer = $1 AND topic = $2 AND partition = $3`, consumer, topic, partition, start).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&inProgress, &maxOffset)
 	})
-	if err := inOneTransaction(ctx, db, b); err != nil {
+	if err := s.inOneTransaction(ctx, db, b); err != nil {
 		return 0, 0, false, 0, fmt.Errorf("attempts: record start of %s/%d: %w", topic, partition, err)
 	}
 	return run, starts, inProgress, maxOffset, nil
@@ -141,12 +146,18 @@ type batchSender interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// inOneTransaction runs b's statements in a transaction: in one round trip
-// (BEGIN, the statements, COMMIT, pipelined) when db sends batches, else
-// with db.Begin. Every partition records the start of its run, all of them
-// at once after a rebalance, so the round trips saved shorten each
-// rebalance.
-func inOneTransaction(ctx context.Context, db schema.Beginner, b *pgx.Batch) error {
+// inOneTransaction runs the session statements and b's in a transaction:
+// in one round trip (BEGIN, the statements, COMMIT, pipelined) when db
+// sends batches, else with db.Begin. Every partition records the start of
+// its run, all of them at once after a rebalance, so the round trips saved
+// shorten each rebalance.
+func (s *Store) inOneTransaction(ctx context.Context, db schema.Beginner, b *pgx.Batch) error {
+	if s.Session != nil {
+		withSession := &pgx.Batch{}
+		s.Session(withSession)
+		withSession.QueuedQueries = append(withSession.QueuedQueries, b.QueuedQueries...)
+		b = withSession
+	}
 	if sender, ok := db.(batchSender); ok {
 		full := &pgx.Batch{}
 		full.Queue("BEGIN")
@@ -167,12 +178,10 @@ func inOneTransaction(ctx context.Context, db schema.Beginner, b *pgx.Batch) err
 // clearing that record would hide a crash of the new owner from the run
 // after it.
 func (s *Store) Ended(ctx context.Context, db schema.Beginner, consumer, topic string, partition int, run int64) error {
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE `+s.runs+` SET starts = 0 WHERE consumer = $1 AND topic = $2 AND partition = $3 AND run = $4`,
-			consumer, topic, partition, run)
-		return err
-	})
-	if err != nil {
+	b := &pgx.Batch{}
+	b.Queue(`UPDATE `+s.runs+` SET starts = 0 WHERE consumer = $1 AND topic = $2 AND partition = $3 AND run = $4`,
+		consumer, topic, partition, run)
+	if err := s.inOneTransaction(ctx, db, b); err != nil {
 		return fmt.Errorf("attempts: record end of %s/%d: %w", topic, partition, err)
 	}
 	return nil

@@ -198,8 +198,9 @@ func Migrate(ctx context.Context, db DB, schemaName string) (int, error) {
 //
 // Run returns an error at once when the schema is not migrated (or is newer
 // than this build). Postgres or Kafka being unreachable is not an error: Run
-// waits for them, logging why. A message that cannot be
-// processed stops its partition (see PartitionError), not Run.
+// waits for them, logging why. A message that cannot be processed is set
+// aside (Config.OnPermanentFailure) or stops its partition (see
+// PartitionError); it never ends Run.
 //
 // Run may be called once per Consumer.
 func (c *Consumer) Run(ctx context.Context) error {

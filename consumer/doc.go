@@ -40,8 +40,10 @@
 // log position, or your own function. The id should be chosen once per
 // logical message at the producer. The same id arriving with different
 // content is reported as a FingerprintConflictError, never skipped
-// silently; an id that cannot be read stops its partition with
-// ErrInvalidMessageID rather than retrying forever.
+// silently; a message whose id cannot be read fails with
+// ErrInvalidMessageID rather than being retried forever. Both are set aside
+// by Config.OnPermanentFailure: in the dead_letters table by default, or by
+// stopping the partition at them.
 //
 // # Partitions and ordering
 //
@@ -52,11 +54,15 @@
 //
 // # Rewinds and replays
 //
-// The processed position stored in Postgres only moves forward. When a
-// partition is assigned, processing starts at the larger of the group's
-// committed offset and the stored position, so rewinding the consumer group
-// (to replay a topic, say) applies nothing twice, even after old
-// processed_messages rows were pruned.
+// The processed position stored in Postgres only moves forward, and it is
+// where a partition's processing starts when it is assigned; the group's
+// committed offset is only a copy of it, used when there is no stored
+// position yet. So rewinding the consumer group (to replay a topic, say)
+// applies nothing twice, even after old processed_messages rows were
+// pruned, and a group offset ahead of the stored position (the database
+// lost committed transactions) is processed again rather than skipped.
+// To skip or replay messages on purpose, move the stored position
+// (kafkaonce replay).
 //
 // # Observability
 //

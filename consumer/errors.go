@@ -14,13 +14,18 @@ import (
 var (
 	// ErrInvalidMessageID: the message's id could not be derived, or is
 	// empty, longer than MaxMessageIDLen, contains NUL or is not valid
-	// UTF-8. Retrying cannot fix it; the partition stops at that message.
+	// UTF-8. Retrying cannot fix it: the message is set aside by
+	// Config.OnPermanentFailure (a dead letter with class invalid_id, or
+	// its partition stops at it under StopPartition).
 	ErrInvalidMessageID = errors.New("invalid message id")
 
 	// ErrFingerprintConflict: a message arrived with an id that was already
 	// claimed for different content (key and value). That is a producer bug
 	// (an id reused), not a duplicate, so the message is neither applied nor
-	// skipped: the partition stops at it and the conflict is reported.
+	// skipped: it is set aside by Config.OnPermanentFailure (a dead letter
+	// with class conflict, or its partition stops at it under
+	// StopPartition), and the conflict is reported through
+	// HookFingerprintConflict.
 	ErrFingerprintConflict = errors.New("message id already claimed for different content")
 
 	// ErrPositionAheadOfLog: the stored processed position of a partition is

@@ -25,8 +25,9 @@ import (
 //
 // An error, or an id that is empty, longer than MaxMessageIDLen, contains NUL
 // or is not valid UTF-8, is ErrInvalidMessageID: the message cannot be
-// claimed, and the partition stops at it rather than retrying forever or
-// skipping it silently.
+// claimed, and rather than retrying it forever or skipping it silently the
+// consumer sets it aside by Config.OnPermanentFailure — in dead_letters
+// (the default), or by stopping its partition at it (StopPartition).
 type MessageIDFunc func(msg *Message) (string, error)
 
 // DefaultMessageIDHeader is the header IDFromHeader reads when given no name,

@@ -3,7 +3,6 @@ package consumer_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -85,39 +84,36 @@ func batchConfig(e *env, h consumer.BatchHandler) *consumer.Config {
 // claim-first). Claiming first, the handler never sees a re-send at all.
 func TestBatchHandlerAppliesEachMessageOnce(t *testing.T) {
 	t.Parallel()
-	for _, claimFirst := range []bool{false, true} {
-		t.Run("claim first "+strconv.FormatBool(claimFirst), func(t *testing.T) {
-			t.Parallel()
-			e := setup(t, 2)
-			ids := e.produceIDs("b", 300)
-			var again []kafka.Message
-			for i := 0; i < 300; i += 10 {
-				again = append(again, msg(i%2, ids[i], "v-"+ids[i]))
-			}
-			e.kafka.Produce(t, e.topic, again...)
+	bothWays(t, batchPaths, func(t *testing.T, claimFirst bool) {
+		e := setup(t, 2)
+		ids := e.produceIDs("b", 300)
+		var again []kafka.Message
+		for i := 0; i < 300; i += 10 {
+			again = append(again, msg(i%2, ids[i], "v-"+ids[i]))
+		}
+		e.kafka.Produce(t, e.topic, again...)
 
-			h := &batchEffects{e: e}
-			cfg := batchConfig(e, h)
-			cfg.ClaimFirst = claimFirst
-			r := e.start(cfg)
-			e.waitCommitted(map[int]int64{0: 180, 1: 150}, 30*time.Second) // the re-sends all went to partition 0
-			r.stop()
+		h := &batchEffects{e: e}
+		cfg := batchConfig(e, h)
+		cfg.ClaimFirst = claimFirst
+		r := e.start(cfg)
+		e.waitCommitted(map[int]int64{0: 180, 1: 150}, 30*time.Second) // the re-sends all went to partition 0
+		r.stop()
 
-			e.requireExactlyOnce(ids)
-			e.check(expectation{ids: ids})
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			require.Greater(t, h.largest, 1, "messages were handled in batches")
-			if claimFirst {
-				for id, n := range h.seenIDs {
-					require.Equalf(t, 1, n, "message %s was passed to the handler once (duplicates are not)", id)
-				}
+		e.requireExactlyOnce(ids)
+		e.check(expectation{ids: ids})
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		require.Greater(t, h.largest, 1, "messages were handled in batches")
+		if claimFirst {
+			for id, n := range h.seenIDs {
+				require.Equalf(t, 1, n, "message %s was passed to the handler once (duplicates are not)", id)
 			}
-			require.Equal(t, 330-30, e.events.snapshot().applied)
-			skipped := e.events.snapshot().skipped
-			require.Equal(t, 30, skipped[consumer.SkipAlreadyClaimed]+skipped[consumer.SkipDuplicateInBatch])
-		})
-	}
+		}
+		require.Equal(t, 330-30, e.events.snapshot().applied)
+		skipped := e.events.snapshot().skipped
+		require.Equal(t, 30, skipped[consumer.SkipAlreadyClaimed]+skipped[consumer.SkipDuplicateInBatch])
+	})
 }
 
 func TestBatchHandlerFailureIsIsolated(t *testing.T) {
@@ -208,41 +204,38 @@ func TestConfigHandlerAndBatchHandler(t *testing.T) {
 // running by then, which would apply its messages a second time.
 func TestAnAbandonedBatchHandlerCannotQueueIntoALaterTransaction(t *testing.T) {
 	t.Parallel()
-	for _, claimFirst := range []bool{false, true} {
-		t.Run(fmt.Sprintf("ClaimFirst=%v", claimFirst), func(t *testing.T) {
-			t.Parallel()
-			e := setup(t, 1)
-			ids := e.produceIDs("a", 5)
-			release := make(chan struct{})
-			queuedLate := make(chan struct{})
-			var calls atomic.Int32
-			h := &batchEffects{e: e}
-			cfg := batchConfig(e, consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
-				switch calls.Add(1) {
-				case 1:
-					<-release // ignores its context, so it is abandoned
-					err := h.HandleBatch(ctx, b)
-					close(queuedLate)
-					return err
-				case 2:
-					// The next call lets the abandoned one queue, and
-					// returns only once it has.
-					close(release)
-					select {
-					case <-queuedLate:
-					case <-time.After(10 * time.Second):
-						return errors.New("the abandoned call did not come back")
-					}
+	bothWays(t, batchPaths, func(t *testing.T, claimFirst bool) {
+		e := setup(t, 1)
+		ids := e.produceIDs("a", 5)
+		release := make(chan struct{})
+		queuedLate := make(chan struct{})
+		var calls atomic.Int32
+		h := &batchEffects{e: e}
+		cfg := batchConfig(e, consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
+			switch calls.Add(1) {
+			case 1:
+				<-release // ignores its context, so it is abandoned
+				err := h.HandleBatch(ctx, b)
+				close(queuedLate)
+				return err
+			case 2:
+				// The next call lets the abandoned one queue, and
+				// returns only once it has.
+				close(release)
+				select {
+				case <-queuedLate:
+				case <-time.After(10 * time.Second):
+					return errors.New("the abandoned call did not come back")
 				}
-				return h.HandleBatch(ctx, b)
-			}))
-			cfg.ClaimFirst = claimFirst
-			cfg.HandlerTimeout = 100 * time.Millisecond
-			r := e.start(cfg)
-			e.waitCommitted(map[int]int64{0: 5}, 30*time.Second)
-			r.stop()
-			require.GreaterOrEqual(t, calls.Load(), int32(2))
-			e.requireExactlyOnce(ids)
-		})
-	}
+			}
+			return h.HandleBatch(ctx, b)
+		}))
+		cfg.ClaimFirst = claimFirst
+		cfg.HandlerTimeout = 100 * time.Millisecond
+		r := e.start(cfg)
+		e.waitCommitted(map[int]int64{0: 5}, 30*time.Second)
+		r.stop()
+		require.GreaterOrEqual(t, calls.Load(), int32(2))
+		e.requireExactlyOnce(ids)
+	})
 }

@@ -404,36 +404,29 @@ func TestMessagesLargerThanTheFetchSize(t *testing.T) {
 // the next rebalance.
 func TestAPositionLostWithItsRowIsRecoveredOnce(t *testing.T) {
 	t.Parallel()
-	for _, batched := range []bool{false, true} {
-		name := "Handler"
+	bothWays(t, handlerKinds, func(t *testing.T, batched bool) {
+		e := setup(t, 1)
+		ids := e.produceIDs("p", 5)
+		cfg := e.config(e.applyHandler())
 		if batched {
-			name = "BatchHandler"
+			cfg = batchConfig(e, &batchEffects{e: e})
 		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			e := setup(t, 1)
-			ids := e.produceIDs("p", 5)
-			cfg := e.config(e.applyHandler())
-			if batched {
-				cfg = batchConfig(e, &batchEffects{e: e})
-			}
-			r := e.start(cfg)
-			waitFor(t, 30*time.Second, "the first messages", func() bool { return e.storedPositions()[0] == 5 })
-			// Everything the partition's transactions wrote, lost at once.
-			e.db.Exec(t, `DELETE FROM `+e.db.Table("consumer_offsets"))
-			e.db.Exec(t, `DELETE FROM `+e.db.Table("processed_messages"))
-			e.db.Exec(t, `DELETE FROM `+e.db.Table("effects"))
-			more := make([]kafka.Message, 5)
-			for i := range more {
-				id := fmt.Sprintf("p-%d", 5+i)
-				ids = append(ids, id)
-				more[i] = msg(0, id, "v-"+id)
-			}
-			e.kafka.Produce(t, e.topic, more...)
-			e.waitEffects(10, 15*time.Second)
-			waitFor(t, 15*time.Second, "the position back", func() bool { return e.storedPositions()[0] == 10 })
-			r.stop()
-			e.check(expectation{ids: ids})
-		})
-	}
+		r := e.start(cfg)
+		waitFor(t, 30*time.Second, "the first messages", func() bool { return e.storedPositions()[0] == 5 })
+		// Everything the partition's transactions wrote, lost at once.
+		e.db.Exec(t, `DELETE FROM `+e.db.Table("consumer_offsets"))
+		e.db.Exec(t, `DELETE FROM `+e.db.Table("processed_messages"))
+		e.db.Exec(t, `DELETE FROM `+e.db.Table("effects"))
+		more := make([]kafka.Message, 5)
+		for i := range more {
+			id := fmt.Sprintf("p-%d", 5+i)
+			ids = append(ids, id)
+			more[i] = msg(0, id, "v-"+id)
+		}
+		e.kafka.Produce(t, e.topic, more...)
+		e.waitEffects(10, 15*time.Second)
+		waitFor(t, 15*time.Second, "the position back", func() bool { return e.storedPositions()[0] == 10 })
+		r.stop()
+		e.check(expectation{ids: ids})
+	})
 }

@@ -313,3 +313,20 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(string(p))
 	return len(p), nil
 }
+
+// Names of the two ways bothWays runs a test.
+var (
+	handlerKinds = [2]string{"Handler", "BatchHandler"}
+	batchPaths   = [2]string{"one round trip", "ClaimFirst"}
+)
+
+// bothWays runs test as two parallel subtests named by names: with
+// second false, then true.
+func bothWays(t *testing.T, names [2]string, test func(t *testing.T, second bool)) {
+	for i, name := range names {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, i == 1)
+		})
+	}
+}

@@ -23,55 +23,48 @@ import (
 // applies them one per transaction.
 func TestADeferredConstraintBrokenAtCommitSetsAsideItsMessage(t *testing.T) {
 	t.Parallel()
-	for _, batched := range []bool{false, true} {
-		name := "Handler"
-		if batched {
-			name = "BatchHandler"
+	bothWays(t, handlerKinds, func(t *testing.T, batched bool) {
+		e := setup(t, 1)
+		refs := e.db.Table("refs")
+		e.db.Exec(t, `CREATE TABLE `+refs+` (ref text, CONSTRAINT refs_unique UNIQUE (ref) DEFERRABLE INITIALLY DEFERRED)`)
+		ids := e.produceIDs("d", 6)
+		insertRef := `INSERT INTO ` + refs + ` (ref) VALUES ($1)`
+		// d-3 reuses d-1's reference: the deferred unique constraint
+		// fails at COMMIT.
+		ref := func(m *consumer.Message) string {
+			if m.ID == "d-3" {
+				return "ref-d-1"
+			}
+			return "ref-" + m.ID
 		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			e := setup(t, 1)
-			refs := e.db.Table("refs")
-			e.db.Exec(t, `CREATE TABLE `+refs+` (ref text, CONSTRAINT refs_unique UNIQUE (ref) DEFERRABLE INITIALLY DEFERRED)`)
-			ids := e.produceIDs("d", 6)
-			insertRef := `INSERT INTO ` + refs + ` (ref) VALUES ($1)`
-			// d-3 reuses d-1's reference: the deferred unique constraint
-			// fails at COMMIT.
-			ref := func(m *consumer.Message) string {
-				if m.ID == "d-3" {
-					return "ref-d-1"
+		failed := &batchErrors{}
+		var cfg *consumer.Config
+		if batched {
+			cfg = batchConfig(e, &batchEffects{e: e, extra: func(b *consumer.Batch) {
+				for _, m := range b.Messages {
+					b.Queue(insertRef, ref(m))
 				}
-				return "ref-" + m.ID
-			}
-			failed := &batchErrors{}
-			var cfg *consumer.Config
-			if batched {
-				cfg = batchConfig(e, &batchEffects{e: e, extra: func(b *consumer.Batch) {
-					for _, m := range b.Messages {
-						b.Queue(insertRef, ref(m))
-					}
-				}})
-			} else {
-				cfg = e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-					if _, err := tx.Exec(ctx, insertRef, ref(m)); err != nil {
-						return err
-					}
-					return e.applyHandler().Handle(ctx, tx, m)
-				}))
-			}
-			cfg.Hooks = append(cfg.Hooks, failed)
-			r := e.start(cfg)
-			e.waitCommitted(map[int]int64{0: 6}, 30*time.Second)
-			r.stop()
+			}})
+		} else {
+			cfg = e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if _, err := tx.Exec(ctx, insertRef, ref(m)); err != nil {
+					return err
+				}
+				return e.applyHandler().Handle(ctx, tx, m)
+			}))
+		}
+		cfg.Hooks = append(cfg.Hooks, failed)
+		r := e.start(cfg)
+		e.waitCommitted(map[int]int64{0: 6}, 30*time.Second)
+		r.stop()
 
-			l := e.letters()["d-3"]
-			require.Equal(t, deadletter.ClassData, l.Class, "a unique violation is data the database will always refuse")
-			require.Contains(t, l.Error, "refs_unique")
-			require.Zero(t, failed.containing("outcome unknown"))
-			require.LessOrEqual(t, len(failed.errs), 4, "failed transactions: %v", failed.errs)
-			e.check(expectation{ids: ids, poison: []string{"d-3"}})
-		})
-	}
+		l := e.letters()["d-3"]
+		require.Equal(t, deadletter.ClassData, l.Class, "a unique violation is data the database will always refuse")
+		require.Contains(t, l.Error, "refs_unique")
+		require.Zero(t, failed.containing("outcome unknown"))
+		require.LessOrEqual(t, len(failed.errs), 4, "failed transactions: %v", failed.errs)
+		e.check(expectation{ids: ids, poison: []string{"d-3"}})
+	})
 }
 
 // A queued argument pgx cannot encode never reaches the server: nothing
@@ -79,37 +72,30 @@ func TestADeferredConstraintBrokenAtCommitSetsAsideItsMessage(t *testing.T) {
 // (retried, then set aside), and the rest of its batch is applied.
 func TestAQueuedArgumentThatCannotBeEncodedFailsItsMessage(t *testing.T) {
 	t.Parallel()
-	for _, claimFirst := range []bool{false, true} {
-		name := "one round trip"
-		if claimFirst {
-			name = "ClaimFirst"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			e := setup(t, 1)
-			ids := e.produceIDs("u", 6)
-			failed := &batchErrors{}
-			cfg := batchConfig(e, &batchEffects{e: e, extra: func(b *consumer.Batch) {
-				for _, m := range b.Messages {
-					if m.ID == "u-2" {
-						b.Queue(`SELECT $1::int`, make(chan int)) // no encoding for a channel
-					}
+	bothWays(t, batchPaths, func(t *testing.T, claimFirst bool) {
+		e := setup(t, 1)
+		ids := e.produceIDs("u", 6)
+		failed := &batchErrors{}
+		cfg := batchConfig(e, &batchEffects{e: e, extra: func(b *consumer.Batch) {
+			for _, m := range b.Messages {
+				if m.ID == "u-2" {
+					b.Queue(`SELECT $1::int`, make(chan int)) // no encoding for a channel
 				}
-			}})
-			cfg.ClaimFirst = claimFirst
-			cfg.MaxAttempts = 2
-			cfg.Hooks = append(cfg.Hooks, failed)
-			r := e.start(cfg)
-			e.waitCommitted(map[int]int64{0: 6}, 30*time.Second)
-			r.stop()
+			}
+		}})
+		cfg.ClaimFirst = claimFirst
+		cfg.MaxAttempts = 2
+		cfg.Hooks = append(cfg.Hooks, failed)
+		r := e.start(cfg)
+		e.waitCommitted(map[int]int64{0: 6}, 30*time.Second)
+		r.stop()
 
-			l := e.letters()["u-2"]
-			require.Equal(t, deadletter.ClassRetriesExhausted, l.Class)
-			require.Contains(t, l.Error, "chan int")
-			require.Zero(t, failed.containing("outcome unknown"))
-			e.check(expectation{ids: ids, poison: []string{"u-2"}})
-		})
-	}
+		l := e.letters()["u-2"]
+		require.Equal(t, deadletter.ClassRetriesExhausted, l.Class)
+		require.Contains(t, l.Error, "chan int")
+		require.Zero(t, failed.containing("outcome unknown"))
+		e.check(expectation{ids: ids, poison: []string{"u-2"}})
+	})
 }
 
 var _ = errors.New

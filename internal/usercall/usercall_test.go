@@ -24,7 +24,13 @@ var quick = usercall.Limits{Timeout: 100 * time.Millisecond, Grace: 200 * time.M
 // the call's error (or the abandonment).
 func inTx(t *testing.T, ctx context.Context, l usercall.Limits, fn func(ctx context.Context, tx pgx.Tx) error) (error, *usercall.Abandoned) {
 	t.Helper()
-	db := testenv.NewEmptyDB(t)
+	return inTxOn(t, testenv.NewEmptyDB(t), ctx, l, fn, nil)
+}
+
+// inTxOn is inTx on db; after, when set, gets what the call returned,
+// inside the attempt, even when the attempt was abandoned meanwhile.
+func inTxOn(t *testing.T, db *testenv.DB, ctx context.Context, l usercall.Limits, fn func(ctx context.Context, tx pgx.Tx) error, after func(ctx context.Context, callErr error)) (error, *usercall.Abandoned) {
+	t.Helper()
 	return usercall.Run(ctx, l, func(hctx, ctx context.Context, a *usercall.Attempt) error {
 		pooled, err := db.Pool.Acquire(ctx)
 		if err != nil {
@@ -38,7 +44,11 @@ func inTx(t *testing.T, ctx context.Context, l usercall.Limits, fn func(ctx cont
 			return err
 		}
 		a.SetConn(conn.PgConn().Conn())
-		return a.Call(hctx, 0, tx, fn)
+		err = a.Call(hctx, 7, tx, fn)
+		if after != nil {
+			after(ctx, err)
+		}
+		return err
 	})
 }
 
@@ -85,27 +95,14 @@ func TestAHungCallIsAbandonedAndCannotWriteAfterwards(t *testing.T) {
 	began := time.Now()
 	db := testenv.NewEmptyDB(t)
 	db.Exec(t, `CREATE TABLE `+db.Table("effects")+` (v int)`)
-	_, ab := usercall.Run(context.Background(), quick, func(hctx, ctx context.Context, a *usercall.Attempt) error {
-		pooled, err := db.Pool.Acquire(ctx)
-		if err != nil {
-			return err
-		}
-		conn := pooled.Hijack()
-		defer conn.Close(context.WithoutCancel(ctx))
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		a.SetConn(conn.PgConn().Conn())
-		err = a.Call(hctx, 7, tx, func(_ context.Context, tx pgx.Tx) error {
-			txAfter = tx
-			<-release
-			return nil
-		})
+	_, ab := inTxOn(t, db, context.Background(), quick, func(_ context.Context, tx pgx.Tx) error {
+		txAfter = tx
+		<-release
+		return nil
+	}, func(ctx context.Context, err error) {
 		callErr.Store(err)
 		_, lateErr := txAfter.Exec(ctx, `INSERT INTO `+db.Table("effects")+` VALUES (1)`)
 		late <- lateErr
-		return err
 	})
 	require.NotNil(t, ab)
 	require.Equal(t, 7, ab.Index)

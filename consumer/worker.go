@@ -177,6 +177,10 @@ func (w *worker) fetchAndProcess(stop, work context.Context) error {
 		MaxBytes:  w.c.cfg.FetchMaxBytes,
 		Logger:    kafkaLogger(w.c.log, levelKafkaChatter),
 		ErrLog:    kafkaLogger(w.c.log, slog.LevelDebug),
+		// Every fetch hands out the offset expected next or explains the
+		// gap (kafka-go skips deleted messages silently): a loss ends the
+		// batches before it, and comes back as a DeletedError.
+		Processed: w.processedPosition,
 	})
 	if err != nil {
 		return err
@@ -187,7 +191,12 @@ func (w *worker) fetchAndProcess(stop, work context.Context) error {
 		if stop.Err() != nil {
 			// Revoked or shutting down: start no new batch. Messages
 			// fetched but not processed are fetched again by the next owner.
+			// (A loss found meanwhile is the next owner's to report.)
 			return nil
+		}
+		var gone *kafkafetch.DeletedError
+		if errors.As(err, &gone) {
+			return w.deletedError(gone.From, gone.LogStart)
 		}
 		if err != nil {
 			return err
@@ -335,17 +344,27 @@ func (w *worker) loadPosition(ctx context.Context) (pos int64, has bool, err err
 }
 
 // checkDeleted tells, after an out-of-range fetch, whether messages from
-// w.next on were deleted before we processed them.
+// w.next on were deleted before anyone processed them: the stored position
+// is read first, then the log start, and judged as a fetch gap is.
 func (w *worker) checkDeleted(ctx context.Context) error {
-	logStart, _, err := kafkafetch.Bounds(ctx, w.c.cfg.Dialer, w.c.cfg.Brokers, w.topic, w.partition)
-	if err != nil || w.next < 0 || w.next >= logStart {
+	if w.next < 0 {
 		return nil
 	}
-	return w.deletedError(w.next, logStart)
+	processed, err := w.processedPosition(ctx)
+	if err != nil {
+		return nil
+	}
+	logStart, _, err := w.bounds(ctx)
+	if err != nil {
+		return nil
+	}
+	if lost, from := kafkafetch.Gap(w.next, processed, logStart); lost && ctx.Err() == nil {
+		return w.deletedError(from, logStart)
+	}
+	return nil
 }
 
 func (w *worker) deletedError(from, logStart int64) error {
-	return &PartitionError{Topic: w.topic, Partition: w.partition, Err: fmt.Errorf(
-		"%w: offsets %d to %d are gone (the log now starts at %d), most likely removed by retention while this consumer was behind; to accept the loss and go on, reset the stored position (offsets.Store.Reset) and the group offset to %d",
-		ErrMessagesDeleted, from, logStart-1, logStart, logStart)}
+	return &PartitionError{Topic: w.topic, Partition: w.partition,
+		Err: &MessagesDeletedError{Topic: w.topic, Partition: w.partition, From: from, To: logStart - 1, LogStart: logStart}}
 }

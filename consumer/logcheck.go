@@ -2,7 +2,10 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
+
+	"github.com/segmentio/kafka-go"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkafetch"
 )
@@ -34,6 +37,73 @@ func (e *MessagesDeletedError) Error() string {
 }
 
 func (e *MessagesDeletedError) Unwrap() error { return ErrMessagesDeleted }
+
+// logView is what a partition's start is decided from: the stored position
+// and the log's bounds.
+type logView struct {
+	pos              int64
+	hasPos           bool
+	logStart, logEnd int64
+}
+
+// start is where the partition would start from v and the group's
+// committed offset: the stored position when there is one (see assign).
+func (v logView) start(kafkaOffset int64) int64 {
+	switch {
+	case v.hasPos:
+		return v.pos
+	case kafkaOffset == kafka.FirstOffset:
+		return v.logStart
+	case kafkaOffset == kafka.LastOffset:
+		return v.logEnd
+	}
+	return kafkaOffset
+}
+
+// outside reports whether the log does not hold start: beyond its end, or
+// below its start.
+func (v logView) outside(start int64) bool { return start > v.logEnd || start < v.logStart }
+
+// readLog reads the stored position and the log's bounds for assign.
+//
+// The fast path reads them at the same time: after a rebalance every
+// partition starts at once, and the start is on the rebalance's clock. Two
+// reads made at the same time can still be far apart: a process paused
+// between them (SIGSTOP, a long GC, a VM migration) may read the log end
+// before the pause and the stored position after it, when another member
+// has moved the position on and the log has grown, and the position then
+// lies beyond that old end. So when the fast reads put the start outside
+// the log, they are read again one after the other, position first. The
+// log end only grows, and a position is only stored for messages that were
+// in the log, so an end read after the position is at least the position:
+// the ordered reads disagree only when the log really is behind the
+// position. (A log start read after the position may have passed it
+// meanwhile; that is reported as a loss, the side to err on.)
+func (w *worker) readLog(stop, work context.Context) (logView, error) {
+	var v logView
+	var boundsErr error
+	bounds := make(chan struct{})
+	go func() {
+		defer close(bounds)
+		v.logStart, v.logEnd, boundsErr = w.bounds(stop)
+	}()
+	var posErr error
+	v.pos, v.hasPos, posErr = w.loadPosition(work)
+	<-bounds
+	if err := errors.Join(posErr, boundsErr); err != nil || !v.outside(v.start(w.kafkaOffset)) {
+		return v, err
+	}
+	return w.readLogInOrder(stop, work)
+}
+
+// readLogInOrder reads the stored position, then the log's bounds.
+func (w *worker) readLogInOrder(stop, work context.Context) (v logView, err error) {
+	if v.pos, v.hasPos, err = w.loadPosition(work); err != nil {
+		return v, err
+	}
+	v.logStart, v.logEnd, err = w.bounds(stop)
+	return v, err
+}
 
 func (w *worker) bounds(ctx context.Context) (first, end int64, err error) {
 	return kafkafetch.Bounds(ctx, w.c.cfg.Dialer, w.c.cfg.Brokers, w.topic, w.partition)

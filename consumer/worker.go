@@ -211,29 +211,15 @@ func (w *worker) fetchAndProcess(stop, work context.Context) error {
 // stored position and the log's bounds, and whether to start carefully.
 // Errors reaching Postgres or Kafka are retried until stop.
 func (w *worker) assign(stop, work context.Context) (int64, error) {
-	var (
-		pos              int64
-		hasPos           bool
-		logStart, logEnd int64
-	)
-	err := w.retryUntil(stop, "read positions", func() error {
-		// The stored position from Postgres and the log's bounds from the
-		// broker, at the same time: after a rebalance every partition
-		// starts at once, and the start is on the rebalance's clock.
-		var boundsErr error
-		bounds := make(chan struct{})
-		go func() {
-			defer close(bounds)
-			logStart, logEnd, boundsErr = kafkafetch.Bounds(stop, w.c.cfg.Dialer, w.c.cfg.Brokers, w.topic, w.partition)
-		}()
-		var posErr error
-		pos, hasPos, posErr = w.loadPosition(work)
-		<-bounds
-		return errors.Join(posErr, boundsErr)
+	var v logView
+	err := w.retryUntil(stop, "read positions", func() (err error) {
+		v, err = w.readLog(stop, work)
+		return err
 	})
 	if err != nil {
 		return 0, err
 	}
+	pos, hasPos, logStart, logEnd := v.pos, v.hasPos, v.logStart, v.logEnd
 
 	a := PartitionAssignment{Topic: w.topic, Partition: w.partition, KafkaOffset: -1, StoredPosition: -1, LogStart: logStart, LogEnd: logEnd}
 	if w.kafkaOffset >= 0 {
@@ -275,6 +261,11 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	a.Start = start
 	for _, h := range w.c.hooks.assigned {
 		h.OnPartitionAssigned(stop, a)
+	}
+	if v.outside(start) && stop.Err() != nil {
+		// The generation ended: the partition may be another member's
+		// by now, and these reads are its business.
+		return 0, errInterrupted
 	}
 	if start > logEnd {
 		which := "stored position"

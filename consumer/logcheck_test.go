@@ -231,3 +231,64 @@ func (e *env) logBounds(p int) [2]int64 {
 	require.NoError(e.t, err)
 	return [2]int64{first, end}
 }
+
+// Bug: a member paused between its two reads at assignment (read at the
+// same time) read the log end before the pause and the stored position
+// after it, when another member had processed further and the log had
+// grown. Here the position read waits on a table lock while the log's
+// bounds come back (end 40); meanwhile 80 more messages arrive and the
+// position moves to 100. Before the fix the partition stopped with
+// "the stored position is 100 but the log ends at 40"
+// (ErrPositionAheadOfLog), which was false.
+func TestPausedMemberDoesNotReportAPositionAheadOfTheLog(t *testing.T) {
+	t.Parallel()
+	k := ownKafka(t)
+	e := setupOn(t, 1, k)
+	e.produceIDs("p", 40)
+	boundsRead := make(chan struct{})
+	var once sync.Once
+	k.Fake.ControlKey(kmsg.ListOffsets.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		req := kreq.(*kmsg.ListOffsetsRequest)
+		for _, rt := range req.Topics {
+			for _, rp := range rt.Partitions {
+				if rt.Topic == e.topic && rp.Timestamp == -1 { // the log end
+					// The broker answers right after this returns, before
+					// it reads the next request.
+					once.Do(func() { close(boundsRead) })
+				}
+			}
+		}
+		return nil, nil, false
+	})
+
+	ctx := context.Background()
+	lock, err := e.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(ctx) }()
+	_, err = lock.Exec(ctx, `LOCK TABLE `+e.db.Table("consumer_offsets")+` IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	r := e.start(e.config(e.applyHandler()))
+	<-boundsRead
+	waitFor(t, 30*time.Second, "the position read waiting on the lock", func() bool {
+		return e.db.Int(t, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::regclass`, e.db.Table("consumer_offsets")) > 0
+	})
+	// The pause: another member processes up to 100 while the log grows.
+	later := e.produceIDs("q", 80) // offsets 40 to 119
+	_, err = lock.Exec(ctx, `INSERT INTO `+e.db.Table("consumer_offsets")+` (consumer, topic, partition, next_offset) VALUES ($1, $2, 0, 100)`, e.name, e.topic)
+	require.NoError(t, err)
+	require.NoError(t, lock.Commit(ctx))
+
+	waitFor(t, 60*time.Second, "the partition processed to the end, or stopped", func() bool {
+		return e.storedPositions()[0] == 120 || len(e.events.snapshot().stopped) > 0
+	})
+	r.stop()
+	stopped := e.events.snapshot().stopped
+	require.Emptyf(t, stopped, "no partition stopped: %v", stopped)
+	require.Equal(t, map[int]int64{0: 120}, e.storedPositions())
+	e.requireExactlyOnce(later[60:])
+	assigned := e.events.snapshot().assigned
+	require.Len(t, assigned, 1)
+	require.Equal(t, consumer.PartitionAssignment{Topic: e.topic, Partition: 0, KafkaOffset: -1, StoredPosition: 100, LogStart: 0, LogEnd: 120, Start: 100},
+		assigned[0], "the assignment was decided from reads made in order")
+}

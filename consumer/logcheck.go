@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/segmentio/kafka-go"
 
@@ -93,6 +94,8 @@ func (w *worker) readLog(stop, work context.Context) (logView, error) {
 	if err := errors.Join(posErr, boundsErr); err != nil || !v.outside(v.start(w.kafkaOffset)) {
 		return v, err
 	}
+	w.c.log.Info("the partition's start is outside the log's bounds read at the same time; reading them again, the stored position first",
+		w.logAttrs(slog.Int64("offset", v.start(w.kafkaOffset)), slog.Int64("log_start", v.logStart), slog.Int64("log_end", v.logEnd))...)
 	return w.readLogInOrder(stop, work)
 }
 

@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 )
 
@@ -25,6 +27,12 @@ type expectation struct {
 	// abandoned counts handlers the test made hang for good: each keeps its
 	// pooled connection checked out until it returns.
 	abandoned int
+	// deleted are the records the test deleted from the log, as retention
+	// would (nil: none). A message deleted before it was processed must be
+	// inside a range the consumer reported as deleted (ErrMessagesDeleted,
+	// through HookPartitionStopped), and every range reported must really
+	// have been deleted.
+	deleted *deletions
 }
 
 // commitWatch sees every OffsetCommit the in-process broker receives for a
@@ -81,10 +89,13 @@ func (e *env) watchCommits() {
 }
 
 // check drains and verifies the end-to-end invariants: no double effect, no
-// loss, no phantom, processed_messages one to one with the effects, offsets
-// never committed ahead of durable processing, every partition drained,
-// dead letters exactly the poison, and no session left in a transaction or
-// connection left checked out. Stop the consumers first.
+// loss (a message the test deleted from the log may go unprocessed only
+// inside a range the consumer reported deleted, and every range reported
+// was deleted), no phantom, processed_messages one to one with the
+// effects, offsets never committed ahead of durable processing, every
+// partition drained, dead letters exactly the poison (less poison reported
+// deleted), and no session left in a transaction or connection left
+// checked out. Stop the consumers first.
 func (e *env) check(exp expectation) {
 	t := e.t
 	t.Helper()
@@ -120,6 +131,31 @@ func (e *env) check(exp expectation) {
 		produced[id] = true
 	}
 
+	// Deletions: every range the consumer reported was deleted by the
+	// test; a message it deleted may go unprocessed only inside them.
+	reported := e.reportedDeletions()
+	for p, ranges := range reported {
+		below := int64(0)
+		if exp.deleted != nil {
+			below = exp.deleted.below[p]
+		}
+		for _, r := range ranges {
+			require.Truef(t, r.From <= r.To && r.To < below,
+				"partition %d: offsets %d to %d reported deleted, but the test deleted only below %d", p, r.From, r.To, below)
+		}
+	}
+	reportedLost := func(id string) bool {
+		if exp.deleted == nil || len(exp.deleted.at[id]) == 0 {
+			return false
+		}
+		for _, at := range exp.deleted.at[id] {
+			if !reported.cover(at) {
+				return false
+			}
+		}
+		return true
+	}
+
 	// Effects: once for every good id, never for poison, nothing else.
 	effects := e.countsBy(`SELECT message_id, count(*) FROM ` + e.db.Table("effects") + ` GROUP BY 1`)
 	var double, lost, phantom, poisoned []string
@@ -127,7 +163,7 @@ func (e *env) check(exp expectation) {
 		switch n := effects[id]; {
 		case poison[id] && n > 0:
 			poisoned = append(poisoned, id)
-		case !poison[id] && n == 0:
+		case !poison[id] && n == 0 && !reportedLost(id):
 			lost = append(lost, id)
 		case n > 1:
 			double = append(double, fmt.Sprintf("%s×%d", id, n))
@@ -139,7 +175,7 @@ func (e *env) check(exp expectation) {
 		}
 	}
 	require.Empty(t, sorted(double), "double effects")
-	require.Empty(t, sorted(lost), "lost messages (acknowledged, never applied nor dead-lettered)")
+	require.Empty(t, sorted(lost), "lost messages (acknowledged, never applied nor dead-lettered, nor reported deleted)")
 	require.Empty(t, sorted(phantom), "phantom effects (never produced)")
 	require.Empty(t, sorted(poisoned), "poison applied")
 
@@ -155,14 +191,19 @@ func (e *env) check(exp expectation) {
 	}
 	require.Empty(t, sorted(unclaimed), "effects without their claims")
 	letters := e.countsBy(`SELECT coalesce(message_id, '<no id>'), count(*) FROM `+e.db.Table("dead_letters")+` WHERE consumer = $1 GROUP BY 1`, e.name)
-	require.Equal(t, len(poison), len(letters), "dead letters: %v, poison: %v", letters, exp.poison)
-	var unlettered []string
+	var unlettered, stray []string
 	for id := range poison {
-		if letters[id] != 1 {
+		if letters[id] != 1 && !(letters[id] == 0 && reportedLost(id)) {
 			unlettered = append(unlettered, fmt.Sprintf("%s×%d", id, letters[id]))
 		}
 	}
-	require.Empty(t, sorted(unlettered), "poison not dead-lettered exactly once")
+	for id := range letters {
+		if !poison[id] {
+			stray = append(stray, id)
+		}
+	}
+	require.Empty(t, sorted(unlettered), "poison not dead-lettered exactly once (nor reported deleted)")
+	require.Empty(t, sorted(stray), "dead letters for messages that are not poison")
 
 	// Kafka offsets caught up, and never ran ahead.
 	e.waitCommitted(ends, 30*time.Second)
@@ -199,4 +240,94 @@ func sorted(s []string) []string {
 		return append(s[:20], fmt.Sprintf("... and %d more", len(s)-20))
 	}
 	return s
+}
+
+// deletions are the records a test deleted from the log, as retention
+// would, and the ids that were in them.
+type deletions struct {
+	mu sync.Mutex
+	// below is each partition's log start as the test set it.
+	below map[int]int64
+	// at says where each id's deleted copies were.
+	at map[string][]logOffset
+}
+
+// count is how many deleted copies of messages the test noted.
+func (d *deletions) count() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, at := range d.at {
+		n += len(at)
+	}
+	return n
+}
+
+type logOffset struct {
+	partition int
+	offset    int64
+}
+
+// deleteRecordsBefore deletes partition p's records below offset, as
+// retention would, and notes in d the ids of those still in the log.
+func (e *env) deleteRecordsBefore(d *deletions, p int, before int64) {
+	e.t.Helper()
+	admin := kafkaadmin.New(e.kafka.Brokers, nil)
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	bounds, err := admin.LogBounds(ctx, e.topic, []int{p})
+	require.NoError(e.t, err)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.below == nil {
+		d.below, d.at = map[int]int64{}, map[string][]logOffset{}
+	}
+	if start := bounds[p].Start; start < before {
+		r := kafka.NewReader(kafka.ReaderConfig{Brokers: e.kafka.Brokers, Topic: e.topic, Partition: p, MaxBytes: 1 << 20})
+		defer r.Close()
+		require.NoError(e.t, r.SetOffset(start))
+		for next := start; next < before; {
+			m, err := r.FetchMessage(ctx)
+			require.NoError(e.t, err, "reading the records to delete")
+			if m.Offset >= before {
+				break
+			}
+			id := ""
+			for _, h := range m.Headers {
+				if h.Key == consumer.DefaultMessageIDHeader {
+					id = string(h.Value)
+				}
+			}
+			d.at[id] = append(d.at[id], logOffset{p, m.Offset})
+			next = m.Offset + 1
+		}
+	}
+	e.kafka.DeleteRecordsBefore(e.t, e.topic, p, before)
+	d.below[p] = max(d.below[p], before)
+}
+
+// deletedRanges are the ranges a consumer reported deleted, by partition.
+type deletedRanges map[int][]*consumer.MessagesDeletedError
+
+func (r deletedRanges) cover(at logOffset) bool {
+	for _, d := range r[at.partition] {
+		if d.From <= at.offset && at.offset <= d.To {
+			return true
+		}
+	}
+	return false
+}
+
+// reportedDeletions collects the ErrMessagesDeleted the consumers reported
+// through HookPartitionStopped.
+func (e *env) reportedDeletions() deletedRanges {
+	out := deletedRanges{}
+	for _, s := range e.events.snapshot().stopped {
+		var d *consumer.MessagesDeletedError
+		if errors.As(s, &d) && d.Topic == e.topic {
+			out[d.Partition] = append(out[d.Partition], d)
+		}
+	}
+	return out
 }

@@ -192,13 +192,14 @@ func soak(t *testing.T, seed uint64, n int) {
 	}()
 
 	// Faults, until the producer is done and 95% of the messages are
-	// applied (at most ten minutes).
+	// applied, less those deleted (at most ten minutes).
 	faults := map[string]int{}
+	deleted := &deletions{}
 	limit := time.Now().Add(10 * time.Minute)
 	done := func() bool {
 		select {
 		case <-produced:
-			return e.effectsOr0() >= int64(n)*95/100
+			return e.effectsOr0() >= int64(n)*95/100-int64(deleted.count())
 		default:
 			return false
 		}
@@ -209,19 +210,24 @@ func soak(t *testing.T, seed uint64, n int) {
 	// generation, with any broker (the in-process one is slower to settle
 	// than Kafka). The invariants are checked all the same; only liveness
 	// needs the pause.
-	watch := &stuckGroupWatch{e: e, group: cfg.GroupID, faults: faults, restartAll: func() {
+	stopAll := func() {
 		for _, m := range members {
 			m.stop()
 		}
+	}
+	startAll := func() {
 		for i := range members {
 			members[i] = startMember()
 		}
-	}}
+	}
+	watch := &stuckGroupWatch{e: e, group: cfg.GroupID, faults: faults, restartAll: func() { stopAll(); startAll() }}
+	operator := &lossOperator{e: e, faults: faults, stopAll: stopAll, startAll: startAll}
 	var lastEffects int64
 	lastProgress := time.Now()
+	retentionMet := false
 	for !done() && time.Now().Before(limit) {
 		time.Sleep(time.Duration(300+rng.IntN(600)) * time.Millisecond)
-		if watch.check() {
+		if watch.check() || operator.check() {
 			continue
 		}
 		if n := e.effectsOr0(); n > lastEffects {
@@ -231,7 +237,15 @@ func soak(t *testing.T, seed uint64, n int) {
 			faults["paused: no progress"]++
 			continue
 		}
-		switch f := rng.IntN(8); f {
+		f := rng.IntN(8)
+		if !retentionMet {
+			// Every run meets retention at least once, early: ahead of
+			// the stored position, unless the members are caught up.
+			retentionMet, f = true, -1
+		}
+		switch f {
+		case -1:
+			faults[retentionDelete(e, deleted, rng, true)]++
 		case 0:
 			i := rng.IntN(len(members))
 			members[i].stop()
@@ -255,6 +269,8 @@ func soak(t *testing.T, seed uint64, n int) {
 				kl.SetLatency(d)
 			}
 			faults["latency changed"]++
+		case 5:
+			faults[retentionDelete(e, deleted, rng, rng.IntN(2) == 0)]++
 		}
 	}
 	proxy.SetLatency(0)
@@ -262,7 +278,7 @@ func soak(t *testing.T, seed uint64, n int) {
 	if kl != nil {
 		kl.SetLatency(0)
 	}
-	e.waitDrained(3*time.Minute, func() { watch.check() })
+	e.waitDrained(3*time.Minute, func() { watch.check(); operator.check() })
 	// Kafka's offsets catch up while the members run; stopping them one by
 	// one causes rebalances in which the last commits are refused as
 	// fenced (harmless: the stored positions decide, and the next
@@ -276,7 +292,71 @@ func soak(t *testing.T, seed uint64, n int) {
 		m.stop()
 	}
 	t.Logf("seed %d: %d messages (%d poison) over %d partitions with 3 members; faults: %v", seed, n, len(poison), partitions, faults)
-	e.check(expectation{ids: ids, poison: poison})
+	e.check(expectation{ids: ids, poison: poison, deleted: deleted})
+}
+
+// retentionDelete deletes the records of a random partition below a random
+// offset, as retention would: ahead of the stored position, anywhere up to
+// the log end (the members may have fetched the messages, which are then
+// processed, or not, and then they must report them), or behind it
+// (processed messages: nothing to report). It returns the fault's name.
+func retentionDelete(e *env, deleted *deletions, rng *rand.Rand, ahead bool) string {
+	p := rng.IntN(e.parts)
+	stored := e.storedPositions()[p]
+	b := e.logBounds(p)
+	before := stored - int64(rng.IntN(100))
+	what := "retention delete behind the stored position"
+	if ahead && b[1] > stored {
+		before = stored + 1 + rng.Int64N(b[1]-stored)
+		what = "retention delete ahead of the stored position"
+	}
+	if before <= b[0] {
+		return what + ": nothing to delete"
+	}
+	e.deleteRecordsBefore(deleted, p, before)
+	e.t.Logf("retention delete: partition %d below %d (stored position %d, log %d to %d)", p, before, stored, b[0], b[1])
+	return what
+}
+
+// lossOperator does what the operator of a partition stopped by
+// ErrMessagesDeleted does to accept the loss: with the members stopped,
+// move its stored position and group offset to the log start reported,
+// then start the members again.
+type lossOperator struct {
+	e                 *env
+	faults            map[string]int
+	stopAll, startAll func()
+	handled           int // reports seen
+}
+
+// check acts on the reports that came since the last look, and reports
+// whether it did.
+func (o *lossOperator) check() bool {
+	stopped := o.e.events.snapshot().stopped
+	reset := map[int]int64{}
+	for _, s := range stopped[o.handled:] {
+		var d *consumer.MessagesDeletedError
+		if errors.As(s, &d) {
+			reset[d.Partition] = max(reset[d.Partition], d.LogStart)
+		}
+	}
+	o.handled = len(stopped)
+	stored := o.e.storedPositions()
+	for p, to := range reset {
+		if stored[p] >= to {
+			delete(reset, p) // reported by a member that lost the partition meanwhile
+		}
+	}
+	if len(reset) == 0 {
+		return false
+	}
+	o.stopAll()
+	for p, to := range reset {
+		o.e.acceptLoss(p, to)
+	}
+	o.startAll()
+	o.faults["messages deleted unprocessed: the operator reset the partition"]++
+	return true
 }
 
 // stuckGroupWatch ends a stall that is the broker's own. kfake's classic

@@ -182,6 +182,10 @@ func (w *worker) fetchAndProcess(stop, work context.Context) error {
 		MaxBytes:  w.c.cfg.FetchMaxBytes,
 		Logger:    kafkaLogger(w.c.log, levelKafkaChatter),
 		ErrLog:    kafkaLogger(w.c.log, slog.LevelDebug),
+		// Every fetch hands out the offset expected next or explains the
+		// gap (kafka-go skips deleted messages silently): a loss ends the
+		// batches before it, and comes back as a DeletedError.
+		Processed: w.processedPosition,
 	})
 	if err != nil {
 		return err
@@ -192,7 +196,12 @@ func (w *worker) fetchAndProcess(stop, work context.Context) error {
 		if stop.Err() != nil {
 			// Revoked or shutting down: start no new batch. Messages
 			// fetched but not processed are fetched again by the next owner.
+			// (A loss found meanwhile is the next owner's to report.)
 			return nil
+		}
+		var gone *kafkafetch.DeletedError
+		if errors.As(err, &gone) {
+			return w.deletedError(gone.From, gone.LogStart)
 		}
 		if err != nil {
 			return err
@@ -207,29 +216,15 @@ func (w *worker) fetchAndProcess(stop, work context.Context) error {
 // stored position and the log's bounds, and whether to start carefully.
 // Errors reaching Postgres or Kafka are retried until stop.
 func (w *worker) assign(stop, work context.Context) (int64, error) {
-	var (
-		pos              int64
-		hasPos           bool
-		logStart, logEnd int64
-	)
-	err := w.retryUntil(stop, "read positions", func() error {
-		// The stored position from Postgres and the log's bounds from the
-		// broker, at the same time: after a rebalance every partition
-		// starts at once, and the start is on the rebalance's clock.
-		var boundsErr error
-		bounds := make(chan struct{})
-		go func() {
-			defer close(bounds)
-			logStart, logEnd, boundsErr = kafkafetch.Bounds(stop, w.c.cfg.Dialer, w.c.cfg.Brokers, w.topic, w.partition)
-		}()
-		var posErr error
-		pos, hasPos, posErr = w.loadPosition(work)
-		<-bounds
-		return errors.Join(posErr, boundsErr)
+	var v logView
+	err := w.retryUntil(stop, "read positions", func() (err error) {
+		v, err = w.readLog(stop, work)
+		return err
 	})
 	if err != nil {
 		return 0, err
 	}
+	pos, hasPos, logStart, logEnd := v.pos, v.hasPos, v.logStart, v.logEnd
 
 	a := PartitionAssignment{Topic: w.topic, Partition: w.partition, KafkaOffset: -1, StoredPosition: -1, LogStart: logStart, LogEnd: logEnd}
 	if w.kafkaOffset >= 0 {
@@ -271,6 +266,11 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	a.Start = start
 	for _, h := range w.c.hooks.assigned {
 		h.OnPartitionAssigned(stop, a)
+	}
+	if v.outside(start) && stop.Err() != nil {
+		// The generation ended: the partition may be another member's
+		// by now, and these reads are its business.
+		return 0, errInterrupted
 	}
 	if start > logEnd {
 		which := "stored position"
@@ -338,17 +338,27 @@ func (w *worker) loadPosition(ctx context.Context) (pos int64, has bool, err err
 }
 
 // checkDeleted tells, after an out-of-range fetch, whether messages from
-// w.next on were deleted before we processed them.
+// w.next on were deleted before anyone processed them: the stored position
+// is read first, then the log start, and judged as a fetch gap is.
 func (w *worker) checkDeleted(ctx context.Context) error {
-	logStart, _, err := kafkafetch.Bounds(ctx, w.c.cfg.Dialer, w.c.cfg.Brokers, w.topic, w.partition)
-	if err != nil || w.next < 0 || w.next >= logStart {
+	if w.next < 0 {
 		return nil
 	}
-	return w.deletedError(w.next, logStart)
+	processed, err := w.processedPosition(ctx)
+	if err != nil {
+		return nil
+	}
+	logStart, _, err := w.bounds(ctx)
+	if err != nil {
+		return nil
+	}
+	if lost, from := kafkafetch.Gap(w.next, processed, logStart); lost && ctx.Err() == nil {
+		return w.deletedError(from, logStart)
+	}
+	return nil
 }
 
 func (w *worker) deletedError(from, logStart int64) error {
-	return &PartitionError{Topic: w.topic, Partition: w.partition, Err: fmt.Errorf(
-		"%w: offsets %d to %d are gone (the log now starts at %d), most likely removed by retention while this consumer was behind; to accept the loss and go on, reset the stored position (offsets.Store.Reset) and the group offset to %d",
-		ErrMessagesDeleted, from, logStart-1, logStart, logStart)}
+	return &PartitionError{Topic: w.topic, Partition: w.partition,
+		Err: &MessagesDeletedError{Topic: w.topic, Partition: w.partition, From: from, To: logStart - 1, LogStart: logStart}}
 }

@@ -1,5 +1,12 @@
 // Package kafkafetch reads one partition's messages in batches with
 // kafka-go, and looks up a partition's log bounds.
+//
+// A Fetcher hands out the partition's offsets in order and accounts for
+// every offset it does not hand out: kafka-go moves a reader that is below
+// the log start up to it without a word (when it opens, and in its read
+// loop), so every offset fetched is compared with the one expected, and a
+// gap between them is explained before anything after it is handed out
+// (see gap.go).
 package kafkafetch
 
 import (
@@ -28,6 +35,12 @@ type Config struct {
 	MaxBytes int
 	Logger   kafka.Logger
 	ErrLog   kafka.Logger
+	// Processed, if set, returns the offset below which the partition is
+	// known to be processed (the consumer's stored position), or -1. A gap
+	// that messages deleted from the log would explain is no loss when
+	// they lie below it: another reader processed them before they went
+	// (see Gap). It is read before the log bounds.
+	Processed func(ctx context.Context) (int64, error)
 }
 
 // QuietFor is the quiet time that goes with a linger time: a fifth of it.
@@ -42,6 +55,20 @@ type Fetcher struct {
 	maxBatch int
 	linger   time.Duration
 	quiet    time.Duration
+
+	topic     string
+	partition int
+	// next is the offset expected next: the one after the last message
+	// handed out, or the start (-1 while a FirstOffset or LastOffset start
+	// is not resolved by the first message).
+	next int64
+	// held is a gap's verdict found with the messages before it: those
+	// went out first, the error goes out with the next call, and every
+	// call after it.
+	held error
+	// processed and bounds are looked up to explain a gap.
+	processed func(ctx context.Context) (int64, error)
+	bounds    func(ctx context.Context) (first, end int64, err error)
 }
 
 // Open starts reading cfg.Topic/cfg.Partition at cfg.Start. kafka-go's
@@ -67,7 +94,12 @@ func Open(cfg Config) (*Fetcher, error) {
 		r.Close()
 		return nil, fmt.Errorf("kafkafetch: seek %s/%d to %d: %w", cfg.Topic, cfg.Partition, cfg.Start, err)
 	}
-	return &Fetcher{r: r, maxBatch: cfg.MaxBatch, linger: cfg.Linger, quiet: cfg.Quiet}, nil
+	f := &Fetcher{r: r, maxBatch: cfg.MaxBatch, linger: cfg.Linger, quiet: cfg.Quiet,
+		topic: cfg.Topic, partition: cfg.Partition, next: max(cfg.Start, -1), processed: cfg.Processed}
+	f.bounds = func(ctx context.Context) (int64, int64, error) {
+		return Bounds(ctx, cfg.Dialer, cfg.Brokers, cfg.Topic, cfg.Partition)
+	}
+	return f, nil
 }
 
 // Next appends the next batch to buf[:0] and returns it: it waits for one
@@ -76,6 +108,14 @@ func Open(cfg Config) (*Fetcher, error) {
 // arrived for the quiet time. A message is never lost by a context ending:
 // kafka-go hands out only messages it returns.
 //
+// The batch holds consecutive offsets from the one expected, except across
+// gaps explained as offsets that hold no record, or as messages deleted
+// after they were processed (see Gap). A batch ends before a gap of
+// messages deleted unprocessed: Next returns the messages before it, and a
+// *DeletedError from then on. If the gap cannot be looked into (a lookup
+// fails), the messages before it go out and the lookup's error comes next;
+// open a new Fetcher at the offset expected to try again.
+//
 // Why the quiet time: a fetch response brings the messages the broker had,
 // and kafka-go queues them all at once. Once they are taken and nothing
 // follows, the partition is between bursts, and lingering on only delays
@@ -83,6 +123,18 @@ func Open(cfg Config) (*Fetcher, error) {
 // Under full load the queue never runs dry, so batches still fill up.
 func (f *Fetcher) Next(ctx context.Context, buf []kafka.Message) ([]kafka.Message, error) {
 	buf = buf[:0]
+	if f.held != nil {
+		return buf, f.held
+	}
+	buf, err := f.fetch(ctx, buf)
+	if err != nil {
+		return buf, err
+	}
+	return f.check(ctx, buf)
+}
+
+// fetch is Next without the check of offsets.
+func (f *Fetcher) fetch(ctx context.Context, buf []kafka.Message) ([]kafka.Message, error) {
 	m, err := f.r.FetchMessage(ctx)
 	if err != nil {
 		return buf, err

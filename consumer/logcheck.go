@@ -1,0 +1,124 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kafkaonce/kafkaonce/internal/kafkafetch"
+)
+
+// MessagesDeletedError says which messages of a partition were deleted from
+// the log before this consumer processed them. It matches
+// ErrMessagesDeleted with errors.Is, and comes wrapped in the PartitionError
+// the partition stops with (HookPartitionStopped).
+//
+// It is found when a partition is assigned (the stored position is below
+// the log start), and by every fetch: kafka-go moves a reader below the log
+// start up to it without an error, so the fetcher compares each offset
+// fetched with the one it expects and looks into any gap (see
+// docs/guarantee.md). A gap on a compacted topic is no loss and is passed;
+// one that retention also reached before it was looked into is reported,
+// as a loss cannot be ruled out.
+type MessagesDeletedError struct {
+	Topic     string
+	Partition int
+	// From and To are the first and the last offset deleted unprocessed.
+	From, To int64
+	// LogStart is where the log started when the loss was found: To+1.
+	LogStart int64
+}
+
+func (e *MessagesDeletedError) Error() string {
+	return fmt.Sprintf("%v: offsets %d to %d are gone (the log now starts at %d), most likely removed by retention while this consumer was behind; to accept the loss and go on, reset the stored position (offsets.Store.Reset) and the group offset to %d",
+		ErrMessagesDeleted, e.From, e.To, e.LogStart, e.LogStart)
+}
+
+func (e *MessagesDeletedError) Unwrap() error { return ErrMessagesDeleted }
+
+// logView is what a partition's start is decided from: the stored position
+// and the log's bounds.
+type logView struct {
+	pos              int64
+	hasPos           bool
+	logStart, logEnd int64
+}
+
+// start is where the partition would start from v and the group's
+// committed offset: the stored position when there is one (see assign).
+func (v logView) start(kafkaOffset int64) int64 {
+	switch {
+	case v.hasPos:
+		return v.pos
+	case kafkaOffset == kafka.FirstOffset:
+		return v.logStart
+	case kafkaOffset == kafka.LastOffset:
+		return v.logEnd
+	}
+	return kafkaOffset
+}
+
+// outside reports whether the log does not hold start: beyond its end, or
+// below its start.
+func (v logView) outside(start int64) bool { return start > v.logEnd || start < v.logStart }
+
+// readLog reads the stored position and the log's bounds for assign.
+//
+// The fast path reads them at the same time: after a rebalance every
+// partition starts at once, and the start is on the rebalance's clock. Two
+// reads made at the same time can still be far apart: a process paused
+// between them (SIGSTOP, a long GC, a VM migration) may read the log end
+// before the pause and the stored position after it, when another member
+// has moved the position on and the log has grown, and the position then
+// lies beyond that old end. So when the fast reads put the start outside
+// the log, they are read again one after the other, position first. The
+// log end only grows, and a position is only stored for messages that were
+// in the log, so an end read after the position is at least the position:
+// the ordered reads disagree only when the log really is behind the
+// position. (A log start read after the position may have passed it
+// meanwhile; that is reported as a loss, the side to err on.)
+func (w *worker) readLog(stop, work context.Context) (logView, error) {
+	var v logView
+	var boundsErr error
+	bounds := make(chan struct{})
+	go func() {
+		defer close(bounds)
+		v.logStart, v.logEnd, boundsErr = w.bounds(stop)
+	}()
+	var posErr error
+	v.pos, v.hasPos, posErr = w.loadPosition(work)
+	<-bounds
+	if err := errors.Join(posErr, boundsErr); err != nil || !v.outside(v.start(w.kafkaOffset)) {
+		return v, err
+	}
+	w.c.log.Info("the partition's start is outside the log's bounds read at the same time; reading them again, the stored position first",
+		w.logAttrs(slog.Int64("offset", v.start(w.kafkaOffset)), slog.Int64("log_start", v.logStart), slog.Int64("log_end", v.logEnd))...)
+	return w.readLogInOrder(stop, work)
+}
+
+// readLogInOrder reads the stored position, then the log's bounds.
+func (w *worker) readLogInOrder(stop, work context.Context) (v logView, err error) {
+	if v.pos, v.hasPos, err = w.loadPosition(work); err != nil {
+		return v, err
+	}
+	v.logStart, v.logEnd, err = w.bounds(stop)
+	return v, err
+}
+
+func (w *worker) bounds(ctx context.Context) (first, end int64, err error) {
+	return kafkafetch.Bounds(ctx, w.c.cfg.Dialer, w.c.cfg.Brokers, w.topic, w.partition)
+}
+
+// processedPosition is the stored position, -1 when there is none: the
+// fetcher reads it before the log bounds to tell a loss from messages
+// another member processed before they were deleted.
+func (w *worker) processedPosition(ctx context.Context) (int64, error) {
+	pos, has, err := w.loadPosition(ctx)
+	if err != nil || !has {
+		return -1, err
+	}
+	return pos, nil
+}

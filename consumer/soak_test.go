@@ -18,6 +18,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/faultproxy"
@@ -224,7 +225,7 @@ func soak(t *testing.T, seed uint64, n int) {
 	operator := &lossOperator{e: e, faults: faults, stopAll: stopAll, startAll: startAll}
 	var lastEffects int64
 	lastProgress := time.Now()
-	retentionMet := false
+	retentionMet, crowded := false, false
 	for !done() && time.Now().Before(limit) {
 		time.Sleep(time.Duration(300+rng.IntN(600)) * time.Millisecond)
 		if watch.check() || operator.check() {
@@ -238,12 +239,19 @@ func soak(t *testing.T, seed uint64, n int) {
 			continue
 		}
 		f := rng.IntN(8)
-		if !retentionMet {
+		switch {
+		case !retentionMet:
 			// Every run meets retention at least once, early: ahead of
 			// the stored position, unless the members are caught up.
 			retentionMet, f = true, -1
+		case !crowded:
+			// And more members than partitions, once.
+			crowded, f = true, -2
 		}
 		switch f {
+		case -2:
+			crowd(t, e, cfg.GroupID, partitions+2-len(members), startMember)
+			faults["members outnumbered partitions: the group stayed quiet"]++
 		case -1:
 			faults[retentionDelete(e, deleted, rng, true)]++
 		case 0:
@@ -278,6 +286,11 @@ func soak(t *testing.T, seed uint64, n int) {
 	if kl != nil {
 		kl.SetLatency(0)
 	}
+	if !crowded {
+		// A short run: it meets the crowd while it drains.
+		crowd(t, e, cfg.GroupID, partitions+2-len(members), startMember)
+		faults["members outnumbered partitions: the group stayed quiet"]++
+	}
 	e.waitDrained(3*time.Minute, func() { watch.check(); operator.check() })
 	// Kafka's offsets catch up while the members run; stopping them one by
 	// one causes rebalances in which the last commits are refused as
@@ -293,6 +306,47 @@ func soak(t *testing.T, seed uint64, n int) {
 	}
 	t.Logf("seed %d: %d messages (%d poison) over %d partitions with 3 members; faults: %v", seed, n, len(poison), partitions, faults)
 	e.check(expectation{ids: ids, poison: poison, deleted: deleted})
+}
+
+// crowd starts extra members, so that some get no partition, waits for
+// the group to settle, and requires it to stay quiet for a while: no
+// partition assigned anew, and (with the in-process broker) no JoinGroup at
+// all. An idle member that ended its generation would rejoin at once, and
+// when it leads the group, make every member rebalance. Then the extra
+// members leave.
+func crowd(t *testing.T, e *env, group string, extra int, startMember func() *running) {
+	t.Helper()
+	var joins atomic.Int64
+	var counting atomic.Bool
+	if e.kafka.Fake != nil {
+		e.kafka.Fake.ControlKey(kmsg.JoinGroup.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			if counting.Load() && req.(*kmsg.JoinGroupRequest).Group == group {
+				joins.Add(1)
+			}
+			return nil, nil, false // observe only
+		})
+	}
+	added := make([]*running, extra)
+	for i := range added {
+		added[i] = startMember()
+	}
+	assignments := func() int { return len(e.events.snapshot().assigned) }
+	last, since := assignments(), time.Now()
+	waitFor(t, time.Minute, "the crowded group to settle", func() bool {
+		if n := assignments(); n != last {
+			last, since = n, time.Now()
+		}
+		state, err := e.kafka.GroupState(group)
+		return err == nil && state == "Stable" && time.Since(since) > 2*time.Second
+	})
+	counting.Store(true)
+	time.Sleep(4 * time.Second)
+	counting.Store(false)
+	require.Equal(t, last, assignments(), "partitions assigned while the crowded group should have stayed quiet")
+	require.Zero(t, joins.Load(), "members joined the group again while it should have stayed quiet")
+	for _, m := range added {
+		m.stop()
+	}
 }
 
 // retentionDelete deletes the records of a random partition below a random

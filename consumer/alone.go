@@ -63,6 +63,9 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 		if out.lost != nil {
 			return out.lost
 		}
+		if out.stop {
+			return out.err
+		}
 		if out.failedAt < 0 {
 			// The database failed, not the message: try again without
 			// counting an attempt.
@@ -174,6 +177,9 @@ func (w *worker) setAside(stop, work context.Context, one []item, f *failure) er
 		}
 		if out.lost != nil {
 			return out.lost
+		}
+		if out.stop {
+			return out.err
 		}
 		w.c.log.Warn("could not write a dead letter; retrying", w.logAttrs(slog.Int64("offset", one[0].msg.Offset), slog.String("error", out.err.Error()))...)
 		if retry.Sleep(stop, backoff.Next()) != nil {

@@ -92,6 +92,9 @@ type txOutcome struct {
 	// messages for their content (a deferred constraint): which message is
 	// at fault only a transaction per message can tell.
 	oneByOne bool
+	// stop is set when the partition must stop: err is the
+	// *PartitionError that says why.
+	stop bool
 	// st is the attempt's scratch space, with the fates of the messages,
 	// when the attempt was not abandoned.
 	st *batchState

@@ -217,6 +217,9 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 		if out.lost != nil {
 			return out.lost
 		}
+		if out.stop {
+			return out.err
+		}
 		if out.isolate {
 			// Not an attempt of any message: which one failed is not known
 			// yet. The same messages run again, one per call, each in a
@@ -309,7 +312,13 @@ func (w *worker) reportFailure(ctx context.Context, msg *Message, f *failure) {
 // Kafka committer. This is the only path to an offset commit, and it runs
 // only after the database commit succeeded.
 func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *batchState) {
+	last := items[len(items)-1].msg.Offset
 	for _, cf := range st.conflicts {
+		if cf.Offset > last {
+			// Behind where a savepoint transaction was cut: not set aside
+			// yet (the next transaction does, and reports it).
+			continue
+		}
 		w.c.log.Error("message id reused for different content; the message was set aside", w.logAttrs(
 			slog.Int64("offset", cf.Offset), slog.String("message_id", cf.MessageID), slog.String("error", cf.Error()))...)
 		for _, h := range w.c.hooks.conflict {
@@ -348,7 +357,6 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 			}
 		}
 	}
-	last := items[len(items)-1].msg.Offset
 	if p.clearAttempts && last >= w.attemptsUpTo {
 		w.attemptsUpTo = -1
 	}

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 )
@@ -15,7 +16,8 @@ import (
 // naming its message. If ctx ends first, the messages not yet started are
 // skipped and, unless a call failed, an error wrapping ctx.Err() is
 // returned: ForEachKey returns nil only when fn returned nil for every
-// message.
+// message. A panic in fn is such a failure, an error wrapping
+// ErrHandlerPanicked, as in the handler itself.
 //
 // It is for a BatchHandler whose per-message work is slow and need not be
 // serial across keys — a computation, a lookup in a read-only service —
@@ -66,7 +68,7 @@ func ForEachKey(ctx context.Context, msgs []*Message, concurrency int, fn func(c
 					if ctx.Err() != nil {
 						break
 					}
-					if err := fn(ctx, i, msgs[i]); err != nil {
+					if err := protected(ctx, i, msgs[i], fn); err != nil {
 						once.Do(func() {
 							firstErr = fmt.Errorf("message %s (key %q): %w", msgs[i].Position(), msgs[i].Key, err)
 							cancel()
@@ -94,4 +96,16 @@ func ForEachKey(ctx context.Context, msgs []*Message, concurrency int, fn func(c
 		return fmt.Errorf("%d of %d messages not handled: %w", int64(len(msgs))-n, len(msgs), parent.Err())
 	}
 	return nil
+}
+
+// protected calls fn, turning a panic into an error as a handler's is: fn
+// runs on a goroutine of ForEachKey's, which the recovery around the
+// handler does not cover.
+func protected(ctx context.Context, i int, m *Message, fn func(ctx context.Context, i int, m *Message) error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v\n%s", ErrHandlerPanicked, r, debug.Stack())
+		}
+	}()
+	return fn(ctx, i, m)
 }

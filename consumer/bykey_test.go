@@ -135,3 +135,18 @@ func cancelled() (context.Context, context.CancelFunc) {
 func cancellable() (context.Context, context.CancelFunc) {
 	return context.WithCancel(context.Background())
 }
+
+// fn runs on goroutines of ForEachKey's, out of reach of the recovery
+// around the handler: a panic there is returned as the handler's would be,
+// not a crash of the process.
+func TestForEachKeyReturnsAPanicAsAnError(t *testing.T) {
+	t.Parallel()
+	err := consumer.ForEachKey(context.Background(), keyedMessages(10, 3), 4, func(_ context.Context, i int, _ *consumer.Message) error {
+		if i == 5 {
+			panic("lookup blew up")
+		}
+		return nil
+	})
+	require.ErrorIs(t, err, consumer.ErrHandlerPanicked)
+	require.ErrorContains(t, err, "lookup blew up")
+}

@@ -65,7 +65,7 @@ func classifyHandlerError(err error) *failure {
 		return newFailure(classPermanent, deadletter.ClassPermanent, err)
 	case errors.Is(err, ErrHandlerPanicked):
 		return newFailure(classPermanent, deadletter.ClassPanic, err)
-	case errors.Is(err, ErrTxControlledByConsumer):
+	case errors.Is(err, ErrTxControlledByConsumer), errors.Is(err, ErrRowsLeftOpen):
 		return newFailure(classPermanent, deadletter.ClassTxMisuse, err)
 	case errors.As(err, &syntax), errors.As(err, &typ):
 		return newFailure(classPermanent, deadletter.ClassUndecodable, err)

@@ -188,7 +188,9 @@ type Config struct {
 	// StatementTimeout, LockTimeout and IdleInTransactionTimeout are set
 	// (SET LOCAL) in every transaction the consumer runs, so that a hung
 	// statement, a lock wait or a client that died mid-transaction cannot
-	// hold a message's claim, and so its partition, forever. Defaults:
+	// hold a message's claim, and so its partition, forever.
+	// IdleInTransactionTimeout must be longer than HandlerTimeout: a
+	// handler may work for that long without a statement. Defaults:
 	// DefaultStatementTimeout, DefaultLockTimeout,
 	// DefaultIdleInTransactionTimeout. LeaveUnset keeps the server's value.
 	StatementTimeout         time.Duration
@@ -424,6 +426,10 @@ func (c *Config) validate() error {
 	}
 	if c.HandlerTimeout < 10*time.Millisecond {
 		bad("HandlerTimeout must be at least 10ms (got %v)", c.HandlerTimeout)
+	}
+	if c.IdleInTransactionTimeout != LeaveUnset && c.IdleInTransactionTimeout >= time.Millisecond && c.IdleInTransactionTimeout <= c.HandlerTimeout {
+		bad("IdleInTransactionTimeout must be longer than HandlerTimeout (got %v and %v): a handler working without statements (a slow lookup) would have its transaction ended by the server on every attempt, and the batch would be retried for ever; raise IdleInTransactionTimeout or lower HandlerTimeout",
+			c.IdleInTransactionTimeout, c.HandlerTimeout)
 	}
 	if c.OnPermanentFailure != DeadLetter && c.OnPermanentFailure != StopPartition {
 		bad("OnPermanentFailure must be DeadLetter or StopPartition (got %d)", c.OnPermanentFailure)

@@ -68,6 +68,7 @@ func TestNewRejectsBadConfigNamingTheField(t *testing.T) {
 		{"retry inverted", func(c *consumer.Config) { c.RetryInitialInterval = time.Minute }, []string{"RetryInitialInterval must be positive and at most RetryMaxInterval"}},
 		{"hook of no kind", func(c *consumer.Config) { c.Hooks = []consumer.Hook{42} }, []string{"Hooks[0] (int) implements no hook interface"}},
 		{"negative shutdown", func(c *consumer.Config) { c.ShutdownTimeout = -time.Second }, []string{"ShutdownTimeout must not be negative"}},
+		{"idle timeout within the handler's", func(c *consumer.Config) { c.IdleInTransactionTimeout = 20 * time.Second }, []string{"IdleInTransactionTimeout must be longer than HandlerTimeout (got 20s and 30s)"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -52,6 +52,9 @@ type Consumer struct {
 	retry       retry.Policy
 	// publish wakes the dead-letter topic publisher (nil without one).
 	publish chan struct{}
+	// stillOpenSQL raises unless the transaction is still the one the
+	// consumer opened (see migration 009).
+	stillOpenSQL string
 	// sess holds the session settings every transaction starts with. Run
 	// replaces it once it knows the server's version, while Redrive may
 	// already be reading it from another goroutine.
@@ -62,7 +65,7 @@ type Consumer struct {
 // session is what every transaction of the consumer starts with: the
 // configured timeouts, set for that transaction only.
 type session struct {
-	// sql sets them; empty when all are LeaveUnset.
+	// sql sets them, and marks the transaction as the consumer's.
 	sql  string
 	args []any
 	// oneTripHead opens a one-trip batch: the same settings and the
@@ -71,11 +74,7 @@ type session struct {
 }
 
 // queue adds the settings to b, which runs in a transaction.
-func (s *session) queue(b *pgx.Batch) {
-	if s.sql != "" {
-		b.Queue(s.sql, s.args...)
-	}
-}
+func (s *session) queue(b *pgx.Batch) { b.Queue(s.sql, s.args...) }
 
 // session returns the current session settings.
 func (c *Consumer) session() *session { return c.sess.Load() }
@@ -124,6 +123,8 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 		letters:  letters,
 		attempts: tries,
 		retry:    retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
+
+		stillOpenSQL: "SELECT " + schema.Table(c.Schema, "transaction_still_open") + "()",
 	}
 	out.setSession(sessionSettings(&c, false))
 	tries.Session = func(b *pgx.Batch) { out.session().queue(b) }
@@ -137,18 +138,13 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 // the one that opens a one-trip batch: the same settings and the checked
 // advance of the position in one SELECT.
 func (c *Consumer) setSession(sql string, args []any) {
-	s := &session{sql: sql, args: args}
-	if sql == "" {
-		s.oneTripHead = "SELECT " + c.offsets.AdvanceChecked(1)
-	} else {
-		s.oneTripHead = sql + ", " + c.offsets.AdvanceChecked(len(args)+1)
-	}
-	c.sess.Store(s)
+	c.sess.Store(&session{sql: sql, args: args, oneTripHead: sql + ", " + c.offsets.AdvanceChecked(len(args)+1)})
 }
 
 // sessionSettings builds the statement that applies the configured timeouts
 // to the current transaction only (set_config(..., true) is SET LOCAL), so
-// the pool's connections go back to the application unchanged. On Postgres
+// the pool's connections go back to the application unchanged, and marks
+// the transaction as the consumer's. On Postgres
 // 14 and later it also sets client_connection_check_interval, so that a
 // statement whose client is gone (a hung handler cut off by closing its
 // connection) is aborted within a second instead of running to its end.
@@ -174,11 +170,13 @@ func sessionSettings(c *Config, checkClient bool) (string, []any) {
 	if checkClient {
 		add("client_connection_check_interval", "1000")
 	}
-	if len(sets) == 0 {
-		return "", nil
-	}
+	// The mark transaction_still_open looks for (see migration 009).
+	add(openMark, "open")
 	return "SELECT " + strings.Join(sets, ", "), args
 }
+
+// openMark is the setting that marks the transaction the consumer opened.
+const openMark = "kafkaonce.transaction"
 
 // Migrate creates or upgrades kafkaonce's tables in schemaName
 // (DefaultSchema when empty) and returns the schema version. Call it at

@@ -37,12 +37,9 @@ func (c *Consumer) readOnly(ctx context.Context, fn func(q querier) error) error
 
 // applySession sets the session settings for the rest of tx.
 func (c *Consumer) applySession(ctx context.Context, tx pgx.Tx) error {
-	if s := c.session(); s.sql != "" {
-		if _, err := tx.Exec(ctx, s.sql, s.args...); err != nil {
-			return err
-		}
-	}
-	return nil
+	s := c.session()
+	_, err := tx.Exec(ctx, s.sql, s.args...)
+	return err
 }
 
 // batchSender runs a batch of statements in one round trip;

@@ -339,3 +339,31 @@ func TestIDsWithAnyCharacterAreClaimedExactly(t *testing.T) {
 	after := e.events.snapshot()
 	require.Equal(t, len(all), after.skipped[consumer.SkipAlreadyClaimed]-before.skipped[consumer.SkipAlreadyClaimed])
 }
+
+// A conflict behind where a savepoint transaction was cut is not set aside
+// by that transaction: it is reported once, by the transaction that sets
+// it aside.
+func TestAConflictBehindACutTransactionIsReportedOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	e.kafka.Produce(t, e.topic, msg(0, "dup", "first content"))
+	apply := e.applyHandler()
+	var flaked bool
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		switch {
+		case m.ID == "a-0":
+			return consumer.Permanent(errors.New("poison")) // savepoints from here on
+		case m.ID == "a-1" && !flaked:
+			flaked = true
+			return errors.New("flaky") // cuts the savepoint transaction at a-1
+		}
+		return apply.Handle(ctx, tx, m)
+	})
+	r := e.start(e.config(h))
+	e.waitCommitted(map[int]int64{0: 1}, 30*time.Second)
+	e.kafka.Produce(t, e.topic, msg(0, "a-0", "v"), msg(0, "a-1", "v"), msg(0, "dup", "other content"))
+	e.waitCommitted(map[int]int64{0: 4}, 30*time.Second)
+	r.stop()
+	require.Len(t, e.letters(), 2, "a-0 and the conflicting dup")
+	require.Len(t, e.events.snapshot().conflicts, 1, "the conflict is reported once, when its message is set aside")
+}

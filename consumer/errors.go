@@ -39,6 +39,13 @@ var (
 	// transaction's outcome.
 	ErrTxControlledByConsumer = txguard.ErrTxControlled
 
+	// ErrTxCallOver is returned by every use of a handler's tx after its
+	// call ended (it returned, or was abandoned after HandlerTimeout): a
+	// goroutine the handler left behind cannot write into a transaction it
+	// no longer belongs to. (tx.Conn() returns the raw connection during
+	// the call, which the guard cannot follow: do not keep it.)
+	ErrTxCallOver = txguard.ErrCallOver
+
 	// ErrHandlerPanicked: the handler panicked. The panic value and stack
 	// are in the wrapping MessageError's text and the log.
 	ErrHandlerPanicked = usercall.ErrPanicked
@@ -114,6 +121,22 @@ var (
 	// have committed. A handler that ignores a SQL error is a bug; the
 	// message is treated as failed (and retried) rather than skipped.
 	ErrTxAborted = usercall.ErrTxAborted
+
+	// ErrTxEnded: the handler ended the consumer's transaction with a
+	// COMMIT or ROLLBACK statement (through tx.Exec, or queued with
+	// Batch.Queue), which the guard around tx cannot refuse. What of the
+	// batch was then made durable, and what not, can no longer be told:
+	// its partition stops (a PartitionError wrapping it), whatever
+	// Config.OnPermanentFailure says, so that nothing is retried over it
+	// or skipped. Fix the handler, check the batch's messages (kafkaonce
+	// audit), then restart. It matches ErrTxControlledByConsumer too.
+	ErrTxEnded = usercall.ErrTxEnded
+
+	// ErrRowsLeftOpen: the handler returned with a query's rows still open
+	// (rows.Close not called): the transaction's connection can run nothing
+	// else. It is a bug of the handler's, so the message is set aside at
+	// once, as for ErrTxControlledByConsumer.
+	ErrRowsLeftOpen = usercall.ErrRowsLeftOpen
 
 	// ErrHandlerTimeout: the handler ran longer than Config.HandlerTimeout.
 	// Its context was cancelled; one that did not return within a short

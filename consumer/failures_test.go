@@ -181,6 +181,7 @@ func TestSessionTimeoutsAreSetForTheTransactionOnly(t *testing.T) {
 	cfg.StatementTimeout = 1500 * time.Millisecond
 	cfg.LockTimeout = 700 * time.Millisecond
 	cfg.IdleInTransactionTimeout = 20 * time.Second
+	cfg.HandlerTimeout = 10 * time.Second
 	r := e.start(cfg)
 	require.Equal(t, [3]string{"1500ms", "700ms", "20s"}, <-got)
 	r.stop()

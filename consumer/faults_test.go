@@ -66,6 +66,7 @@ func TestCommitSwallowedWithTheSessionLeftOpen(t *testing.T) {
 	errs := &batchErrors{}
 	cfg := e.config(e.applyHandler())
 	cfg.IdleInTransactionTimeout = 2 * time.Second
+	cfg.HandlerTimeout = time.Second
 	cfg.LockTimeout = 300 * time.Millisecond
 	cfg.Hooks = append(cfg.Hooks, errs, swallowOnFirstBatch{proxy: proxy, once: &sync.Once{}})
 	c, err := consumer.New(e.db.PoolVia(t, proxy.Addr()), cfg)

@@ -105,6 +105,7 @@ func TestAHungHandlerInARequestedRedriveDoesNotHoldUpTheConsumer(t *testing.T) {
 	})
 	cfg := e.config(h)
 	cfg.HandlerTimeout = time.Hour // only the shutdown can cut it off
+	cfg.IdleInTransactionTimeout = consumer.LeaveUnset
 	r := e.start(cfg)
 	e.waitCommitted(map[int]int64{0: 3}, 30*time.Second)
 	letters, _ := deadletter.NewStore(e.db.Schema)

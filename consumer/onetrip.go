@@ -143,6 +143,9 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	}
 	if b != nil {
 		q.QueuedQueries = append(q.QueuedQueries, b.statements()...)
+		// A queued COMMIT or ROLLBACK ended the transaction (and undid
+		// the position's advance): stop before COMMIT.
+		q.Queue(a.c.stillOpenSQL)
 	}
 	a.queueSuspects(q, n)
 	q.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
@@ -158,7 +161,7 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	}
 	bt := &batchTx{tx: pipetx.New(conn.Conn()), pool: conn}
 	defer bt.rollback(ctx)
-	a.uc.SetConn(bt.netConn())
+	a.uc.Hold(bt.cutLoose)
 	err = conn.SendBatch(ctx, q).Close()
 	var pgErr *pgconn.PgError
 	var pre pgx.ErrPreprocessingBatch
@@ -192,6 +195,10 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 			why = "the stored position is not where this worker left it"
 		case pgErr.Code == dedupe.ExpectFailed:
 			why = "a message taken for a re-send is not claimed with the same content"
+		case pgErr.Code == codeTxEnded:
+			// A queued COMMIT may have made part of the pipeline durable,
+			// the position's advance included.
+			return a.txEnded(err), true
 		case !claimed && pgErr.Code == "23505":
 			why = "a message id was already claimed"
 		case !claimed:
@@ -200,6 +207,10 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 		a.c.log.Debug("one-round-trip attempt dropped; running the batch claim-first", a.logAttrs(
 			slog.Int64("offset", items[0].msg.Offset), slog.String("why", why), slog.String("error", pgErr.Error()))...)
 		return txOutcome{}, false
+	}
+	if pgconn.SafeToRetry(err) {
+		// Nothing was sent: nothing committed.
+		return infra(fmt.Errorf("commit: nothing was sent: %w", err)), true
 	}
 	bt.done = true
 	conn.Release()

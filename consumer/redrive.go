@@ -107,9 +107,16 @@ var errAlreadyApplied = errors.New("already applied")
 func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool, err error) {
 	var msg *Message
 	err, abandoned := usercall.Run(ctx, c.limits(), func(hctx, ctx context.Context, uc *usercall.Attempt) error {
-		return c.inTx(ctx, func(q querier) error {
-			tx := q.(pgx.Tx)
-			uc.SetConn(tx.Conn().PgConn().Conn())
+		b := &pgx.Batch{}
+		c.session().queue(b)
+		bt, err := c.beginWith(ctx, b)
+		if err != nil {
+			return err
+		}
+		defer bt.rollback(ctx)
+		uc.Hold(bt.cutLoose)
+		tx := bt.tx
+		err = func() error {
 			l, err := c.letters.GetForUpdate(ctx, tx, c.cfg.Name, letterID)
 			if err != nil {
 				return err
@@ -147,7 +154,11 @@ func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool
 			}
 			msg = m
 			return c.letters.MarkRedriven(ctx, tx, l.ID)
-		})
+		}()
+		if err != nil {
+			return err
+		}
+		return bt.commitWith(ctx, &pgx.Batch{})
 	})
 	if abandoned != nil {
 		return false, fmt.Errorf("handler: %w", abandoned.Err())

@@ -2,7 +2,6 @@ package consumer_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -97,5 +96,3 @@ func TestAQueuedArgumentThatCannotBeEncodedFailsItsMessage(t *testing.T) {
 		e.check(expectation{ids: ids, poison: []string{"u-2"}})
 	})
 }
-
-var _ = errors.New

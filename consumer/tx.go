@@ -63,7 +63,7 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 	}
 	defer bt.rollback(ctx)
 	tx := bt.tx
-	a.uc.SetConn(bt.netConn())
+	a.uc.Hold(bt.cutLoose)
 	if lost := a.positionLost(prev); lost != nil {
 		return txOutcome{failedAt: -1, err: lost, fail: newFailure(classInfra, "", lost), lost: lost}
 	}
@@ -127,6 +127,9 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 			continue
 		}
 		merr, f := a.messageFailure(&items[i].msg, err)
+		if errors.Is(err, ErrTxEnded) {
+			return a.txEnded(merr)
+		}
 		switch {
 		case f.class == classInfra:
 			// A deadlock or a lost connection inside the handler is not the
@@ -161,13 +164,16 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 	}
 
 	// The BatchHandler's queued statements go first, so that a failure
-	// among them is told from one of ours by its place.
+	// among them is told from one of ours by its place; then the check that
+	// no statement of the handlers' ended the transaction, before any of
+	// ours runs.
 	b = &pgx.Batch{}
 	userStatements := 0
 	if batch != nil {
 		b.QueuedQueries = append(b.QueuedQueries, batch.statements()...)
 		userStatements = len(b.QueuedQueries)
 	}
+	b.Queue(a.c.stillOpenSQL)
 	if len(dlIDs) > 0 {
 		a.c.claims.QueueSetStatus(b, a.c.cfg.Name, dlIDs, dlAttempts, dedupe.StatusDeadLettered)
 	}
@@ -206,12 +212,16 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 		switch {
 		case ce.unknown():
 			return a.commitUnknown(ce.err)
+		case ce.stmt == notSent:
+			return infra(fmt.Errorf("commit: nothing was sent: %w", ce.err))
 		case ce.stmt < userStatements:
 			return a.batchFailed(batch, ce.err)
+		case ce.stmt == userStatements:
+			return a.txEnded(ce.err)
 		case ce.stmt == closing:
 			return a.commitRefused(end, ce.err)
 		}
-		return infra(fmt.Errorf("record position: %w", ce.err))
+		return a.ownStatementFailed(ce.err)
 	}
 	out.committed = end
 	if cut >= 0 {
@@ -222,11 +232,34 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 
 // commitRefused is the outcome of a COMMIT the server refused. A
 // serialisation failure is the database's; anything else was caused by
-// what the handlers wrote (a deferred constraint checked at COMMIT): with
-// one message that message failed, with several a transaction per message
-// tells which.
+// what the handlers wrote (a deferred constraint checked at COMMIT).
 func (a *txAttempt) commitRefused(end int, err error) txOutcome {
-	err = fmt.Errorf("commit refused: %w", err)
+	return a.handlersFailed(end, fmt.Errorf("commit refused: %w", err))
+}
+
+// codeTxEnded is the SQLSTATE transaction_still_open raises.
+const codeTxEnded = "KO003"
+
+// txEnded is the outcome of a transaction that a handler ended with a
+// COMMIT or ROLLBACK statement of its own (seen after its call, or by
+// transaction_still_open). What of the batch was made durable by then, and
+// what not, can no longer be told: a retry could skip messages whose
+// claims were committed without their effects. The partition stops,
+// saying why.
+func (a *txAttempt) txEnded(err error) txOutcome {
+	if !errors.Is(err, ErrTxEnded) {
+		err = fmt.Errorf("%w (%w)", ErrTxEnded, err)
+	}
+	return txOutcome{failedAt: -1, stop: true, err: &PartitionError{Topic: a.topic, Partition: a.partition,
+		Err: fmt.Errorf("the batch at offsets %d to %d: %w; the claims and effects of its messages may be partly committed: fix the handler, check these messages (kafkaonce audit), then restart",
+			a.items[0].msg.Offset, a.items[len(a.items)-1].msg.Offset, err)}}
+}
+
+// handlersFailed is the outcome of a transaction that what its handlers
+// did made fail, at the end, when it can no longer tell which of them:
+// with one message that message failed, with several a transaction per
+// message tells which. A failure of the database's is retried.
+func (a *txAttempt) handlersFailed(end int, err error) txOutcome {
 	f := classifyHandlerError(err)
 	switch {
 	case f.class == classInfra:
@@ -237,6 +270,21 @@ func (a *txAttempt) commitRefused(end int, err error) txOutcome {
 	}
 	return txOutcome{failedAt: -1, oneByOne: true, err: fmt.Errorf("the %d messages at offsets %d to %d: %w; applying them one per transaction",
 		end, a.items[0].msg.Offset, a.items[end-1].msg.Offset, err)}
+}
+
+// ownStatementFailed is the outcome of a failure of one of the
+// consumer's own closing statements (the position, dead letters, claims'
+// status). The database's failures are retried. Data it refuses (a value
+// out of range, a constraint of the table's) it would refuse again on
+// every retry, stalling the partition without a word: the partition
+// stops instead, saying why.
+func (a *txAttempt) ownStatementFailed(err error) txOutcome {
+	if !isPermanentSQLError(err) {
+		return infra(fmt.Errorf("record position: %w", err))
+	}
+	return txOutcome{failedAt: -1, stop: true, err: &PartitionError{Topic: a.topic, Partition: a.partition,
+		Err: fmt.Errorf("the consumer's own statements closing the batch at offsets %d to %d were refused, and would be again: %w",
+			a.items[0].msg.Offset, a.items[len(a.items)-1].msg.Offset, err)}}
 }
 
 // handleBatch calls the BatchHandler once with every newly claimed message
@@ -262,6 +310,9 @@ func (a *txAttempt) handleBatch(hctx, ctx context.Context, tx pgx.Tx) (*Batch, t
 		return nil, infra(err) // nobody reads it: the worker has moved on
 	}
 	a.reportBatchCall(ctx, b, time.Since(began), err)
+	if errors.Is(err, ErrTxEnded) {
+		return nil, a.txEnded(err)
+	}
 	if err != nil {
 		return nil, a.batchFailed(b, err)
 	}

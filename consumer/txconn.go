@@ -25,6 +25,24 @@ type batchTx struct {
 	tx   pgx.Tx        // what statements (and the handler) run on
 	pool *pgxpool.Conn // the lent connection; nil on the Begin path
 	done bool
+	// hijacked is set once an abandoned attempt's connection was taken
+	// out of the pool (see cutLoose): closing it is then ours to do.
+	hijacked bool
+}
+
+// cutLoose lets go of the transaction of an abandoned attempt (see
+// usercall.Attempt.Hold): it takes the connection out of the pool, so the
+// pool has its slot back at once rather than when the hung handler
+// returns, and closes its network connection, so that the server rolls
+// the transaction back and releases its locks. The handler may still be
+// using the connection: closing a net.Conn is safe from any goroutine.
+func (t *batchTx) cutLoose() {
+	netConn := t.netConn()
+	if t.pool != nil {
+		t.pool.Hijack()
+		t.pool, t.hijacked = nil, true
+	}
+	_ = netConn.Close()
 }
 
 // beginWith begins a transaction and runs b in it, in one round trip when
@@ -104,6 +122,11 @@ func (t *batchTx) commitWith(ctx context.Context, b *pgx.Batch) error {
 		// committed; rollback ends what is left of the block.
 		return &commitError{stmt: failedStatement(b, *done, err), err: err}
 	}
+	if pgconn.SafeToRetry(err) {
+		// Nothing was sent (a connection pgx found busy or closed): no
+		// statement is to blame, and nothing committed.
+		return &commitError{stmt: notSent, err: err}
+	}
 	// No answer: the COMMIT may or may not have been applied.
 	t.done = true
 	t.pool.Release()
@@ -113,17 +136,21 @@ func (t *batchTx) commitWith(ctx context.Context, b *pgx.Batch) error {
 // commitError: the transaction did not commit, or may not have.
 type commitError struct {
 	// stmt is the index in the batch of the statement that failed, the
-	// batch's length for the COMMIT itself, or -1 when the outcome is
-	// unknown (the connection broke once the COMMIT may have been sent).
+	// batch's length for the COMMIT itself, notSent when nothing was sent,
+	// or -1 when the outcome is unknown (the connection broke once the
+	// COMMIT may have been sent).
 	stmt int
 	err  error
 }
+
+// notSent is commitError.stmt when nothing of the batch was sent.
+const notSent = -2
 
 func (e *commitError) Error() string { return e.err.Error() }
 func (e *commitError) Unwrap() error { return e.err }
 
 // unknown reports whether the COMMIT may have been applied.
-func (e *commitError) unknown() bool { return e.stmt < 0 }
+func (e *commitError) unknown() bool { return e.stmt == -1 }
 
 // countDone makes each of b's statements count itself once it succeeded,
 // so that a failure can be placed.
@@ -171,6 +198,10 @@ func (t *batchTx) rollback(ctx context.Context) {
 	}
 	t.done = true
 	ctx = context.WithoutCancel(ctx)
+	if t.hijacked {
+		_ = t.tx.Conn().Close(ctx)
+		return
+	}
 	if t.pool == nil {
 		_ = t.tx.Rollback(ctx)
 		return

@@ -1,7 +1,10 @@
 package deadletter
 
 import (
+	"encoding/json"
 	"time"
+
+	"github.com/kafkaonce/kafkaonce/internal/pgtext"
 )
 
 // Class says why a message was set aside. It is stored as text; these are
@@ -39,6 +42,37 @@ const (
 type Header struct {
 	Key   string `json:"key"`
 	Value []byte `json:"value"`
+}
+
+// headerJSON is how a header is stored: a key Postgres accepts in JSON as
+// text, any other key (a NUL byte, invalid UTF-8) in base64, so that the
+// letter keeps the message as it was.
+type headerJSON struct {
+	Key    string `json:"key,omitempty"`
+	KeyB64 []byte `json:"key_b64,omitempty"`
+	Value  []byte `json:"value"`
+}
+
+// MarshalJSON stores the key as text when it can, in key_b64 otherwise.
+func (h Header) MarshalJSON() ([]byte, error) {
+	j := headerJSON{Key: h.Key, Value: h.Value}
+	if !pgtext.Storable(h.Key) {
+		j.Key, j.KeyB64 = "", []byte(h.Key)
+	}
+	return json.Marshal(j)
+}
+
+// UnmarshalJSON reads either form.
+func (h *Header) UnmarshalJSON(b []byte) error {
+	var j headerJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	h.Key, h.Value = j.Key, j.Value
+	if j.KeyB64 != nil {
+		h.Key = string(j.KeyB64)
+	}
+	return nil
 }
 
 // Letter is one dead-lettered message.
@@ -79,7 +113,10 @@ type Letter struct {
 // the start (where the cause is) and saying how much was cut.
 const MaxErrorLen = 16 << 10
 
+// truncateError makes an error text storable: cleaned of what Postgres
+// refuses in text (see internal/pgtext), and cut to MaxErrorLen.
 func truncateError(s string) string {
+	s = pgtext.Clean(s)
 	if len(s) <= MaxErrorLen {
 		return s
 	}

@@ -82,7 +82,8 @@ func Tx(tb testing.TB, db consumer.DB) pgx.Tx {
 		tb.Fatalf("consumertest: begin: %v", err)
 	}
 	tb.Cleanup(func() {
-		if err := tx.Rollback(context.Background()); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		unusable := tx.Conn().IsClosed() || tx.Conn().PgConn().IsBusy() // left so by a handler (see Handle)
+		if err := tx.Rollback(context.Background()); err != nil && !errors.Is(err, pgx.ErrTxClosed) && !unusable {
 			tb.Errorf("consumertest: rollback: %v", err)
 		}
 	})
@@ -94,7 +95,10 @@ func Tx(tb testing.TB, db consumer.DB) pgx.Tx {
 // for calling handlers: a panic becomes an error wrapping
 // consumer.ErrHandlerPanicked; a handler that commits or rolls back gets
 // consumer.ErrTxControlledByConsumer, and Handle returns that error even
-// if the handler then returns nil; one that swallows a SQL error gets
+// if the handler then returns nil (consumer.ErrTxEnded when it ended tx
+// with a COMMIT or ROLLBACK statement: tx is then unusable); one that
+// leaves a query's rows open gets consumer.ErrRowsLeftOpen; one that
+// swallows a SQL error gets
 // consumer.ErrTxAborted; one that runs past consumer.DefaultHandlerTimeout
 // has its context cancelled and fails with consumer.ErrHandlerTimeout; and
 // the transaction refuses every use once the handler has returned.
@@ -115,6 +119,11 @@ func Handle(ctx context.Context, tb testing.TB, tx pgx.Tx, h consumer.Handler, m
 	})
 	if abandoned != nil {
 		tb.Fatalf("consumertest: the handler hung: %v (its connection was closed, so tx is gone)", abandoned.Err())
+	}
+	if errors.Is(herr, consumer.ErrTxEnded) || errors.Is(herr, consumer.ErrRowsLeftOpen) {
+		// tx is unusable: ended by the handler, savepoint and all, or
+		// busy with rows the handler left open.
+		return herr
 	}
 	if herr != nil {
 		if err := sp.Rollback(ctx); err != nil {

@@ -78,6 +78,35 @@ func TestHandleReportsMisuseLikeTheConsumer(t *testing.T) {
 	require.NoError(t, err, "the test's transaction is still usable")
 }
 
+// Handlers that leave the test's transaction unusable are reported as the
+// consumer reports them.
+func TestHandleReportsAnUnusableTransaction(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewEmptyDB(t)
+	for name, tc := range map[string]struct {
+		h    consumer.HandlerFunc
+		want []error
+	}{
+		"ends it with a statement": {func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
+			_, err := tx.Exec(ctx, `COMMIT`)
+			return err
+		}, []error{consumer.ErrTxEnded, consumer.ErrTxControlledByConsumer}},
+		"leaves rows open": {func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
+			rows, err := tx.Query(ctx, `SELECT generate_series(1, 3)`)
+			rows.Next()
+			return err
+		}, []error{consumer.ErrRowsLeftOpen}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			tx := consumertest.Tx(t, db.Pool)
+			err := consumertest.Handle(context.Background(), t, tx, tc.h, consumertest.NewMessage(nil))
+			for _, want := range tc.want {
+				require.ErrorIs(t, err, want)
+			}
+		})
+	}
+}
+
 func TestNewMessageDefaultsAndOptions(t *testing.T) {
 	t.Parallel()
 	m := consumertest.NewMessage([]byte("v"))

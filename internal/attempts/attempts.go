@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/kafkaonce/kafkaonce/internal/pgtext"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
 
@@ -99,7 +100,7 @@ RETURNING attempts, first_attempt_at, coalesce(last_error_class, ''), coalesce(l
 func (s *Store) Fail(ctx context.Context, db schema.Beginner, k Key, class, text string) error {
 	b := &pgx.Batch{}
 	b.Queue(`UPDATE `+s.attempts+` SET last_error_class = $5, last_error = $6, last_error_attempt = attempts
-WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset = $4`, k.Consumer, k.Topic, k.Partition, k.Offset, class, text)
+WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset = $4`, k.Consumer, k.Topic, k.Partition, k.Offset, class, pgtext.Clean(text))
 	if err := s.inOneTransaction(ctx, db, b); err != nil {
 		return fmt.Errorf("attempts: record failure of %s/%d/%d: %w", k.Topic, k.Partition, k.Offset, err)
 	}

@@ -6,7 +6,10 @@
 //   - the transaction it gets cannot be committed or rolled back by it, and
 //     refuses every use once the call is over (see internal/txguard);
 //   - a handler that returns nil while its transaction is aborted (it
-//     swallowed a SQL error) has failed, with ErrTxAborted;
+//     swallowed a SQL error) has failed, with ErrTxAborted; one that ended
+//     the transaction with a COMMIT or ROLLBACK statement, with
+//     txguard.ErrTxControlled; one that left a query's rows open, with
+//     ErrRowsLeftOpen;
 //   - a call that runs past Limits.Timeout has its context cancelled, and
 //     if it has not returned Limits.Grace later, or Grace after the
 //     caller's own context ended, the attempt's connection is closed (the
@@ -42,6 +45,15 @@ var (
 	// ErrTxAborted: the handler returned nil, but a statement in its
 	// transaction had failed, so the transaction could not commit.
 	ErrTxAborted = errors.New("the handler returned nil but its transaction is aborted: a SQL error was ignored")
+	// ErrTxEnded: the handler ended its transaction with a COMMIT or
+	// ROLLBACK statement (the guard refuses only tx.Commit and
+	// tx.Rollback). It wraps txguard.ErrTxControlled.
+	ErrTxEnded = fmt.Errorf("%w: it ended the transaction with a COMMIT or ROLLBACK statement", txguard.ErrTxControlled)
+	// ErrRowsLeftOpen: the handler returned with the rows of a query
+	// still open (rows.Close was not called, or the rows were not read to
+	// the end): the connection can run nothing else, so the transaction
+	// cannot go on.
+	ErrRowsLeftOpen = errors.New("the handler returned with a query's rows still open: close rows (defer rows.Close()) before returning")
 	// ErrAbandoned is what a call returns, once it does return, in an
 	// attempt that was abandoned meanwhile: the attempt must end at once.
 	ErrAbandoned = errors.New("the handler's attempt was abandoned while the handler ran")
@@ -61,26 +73,38 @@ type Limits struct {
 const (
 	phaseIdle int32 = iota
 	phaseCalling
+	phaseCutting // the watchdog gave up on the call and is cutting it loose
 	phaseAbandoned
 )
 
 // Attempt is one attempt's state, shared by the goroutine running it and
 // the watchdog in Run. Run makes one per attempt; nothing reuses it.
 type Attempt struct {
-	limits   Limits
-	phase    atomic.Int32
-	since    atomic.Int64 // unix nanoseconds the current call started
+	limits Limits
+	phase  atomic.Int32
+	// since is when the current call started, counted from began on the
+	// monotonic clock: a step of the wall clock cuts off nothing.
+	began    time.Time
+	since    atomic.Int64
 	index    atomic.Int32 // the item the current call is for
 	timedOut atomic.Bool
-	conn     atomic.Pointer[connRef]
+	cut      atomic.Pointer[func()]
 	guard    atomic.Pointer[txguard.Tx] // the current call's
+	// cutDone is closed once an abandoned attempt was cut loose.
+	cutDone chan struct{}
 }
 
-type connRef struct{ net.Conn }
+// Hold says how to let go of what the attempt holds if it is abandoned:
+// cut closes the connection of its transaction, so that the server rolls
+// it back and releases its locks, and gives back what the connection
+// takes (its slot in a pool), so that a hung handler keeps nothing the
+// rest of the process needs. cut runs on the watchdog's goroutine while
+// the attempt's is held in user code, and before that goroutine learns
+// that it was abandoned: what cut changes, the attempt then sees.
+func (a *Attempt) Hold(cut func()) { a.cut.Store(&cut) }
 
-// SetConn names the network connection of the attempt's transaction: the
-// one the watchdog closes to cut off a call that will not return.
-func (a *Attempt) SetConn(c net.Conn) { a.conn.Store(&connRef{c}) }
+// SetConn is Hold with a cut that closes c.
+func (a *Attempt) SetConn(c net.Conn) { a.Hold(func() { _ = c.Close() }) }
 
 // TimedOut reports whether a call of this attempt ran past the timeout.
 // The transaction should then end: the handler may have left it anywhere.
@@ -95,13 +119,14 @@ func (a *Attempt) Call(ctx context.Context, i int, tx pgx.Tx, fn func(ctx contex
 	g := txguard.Wrap(tx)
 	a.guard.Store(g)
 	a.index.Store(int32(i))
-	a.since.Store(time.Now().UnixNano())
+	a.since.Store(int64(time.Since(a.began)))
 	if !a.phase.CompareAndSwap(phaseIdle, phaseCalling) {
 		return ErrAbandoned
 	}
 	err := protect(ctx, g, fn)
 	g.Seal()
 	if !a.phase.CompareAndSwap(phaseCalling, phaseIdle) {
+		<-a.cutDone
 		return ErrAbandoned
 	}
 	switch {
@@ -109,8 +134,26 @@ func (a *Attempt) Call(ctx context.Context, i int, tx pgx.Tx, fn func(ctx contex
 		return fmt.Errorf("%w (%v)", ErrTimeout, a.limits.Timeout)
 	case err == nil && g.Misused():
 		return txguard.ErrTxControlled
-	case err == nil && aborted(tx):
-		return ErrTxAborted
+	}
+	c := conn(tx)
+	if c == nil {
+		return err
+	}
+	if c.PgConn().IsBusy() {
+		// A statement's rows are still open: the connection can do
+		// nothing else until they are closed, the consumer's statements
+		// included.
+		return ErrRowsLeftOpen
+	}
+	switch c.PgConn().TxStatus() {
+	case 'I':
+		// Not in a transaction any more: the handler ended it with a
+		// COMMIT or ROLLBACK statement, which the guard cannot refuse.
+		return ErrTxEnded
+	case 'E':
+		if err == nil {
+			return ErrTxAborted
+		}
 	}
 	return err
 }
@@ -125,13 +168,16 @@ func protect(ctx context.Context, tx pgx.Tx, fn func(ctx context.Context, tx pgx
 	return fn(ctx, tx)
 }
 
-// aborted reports whether tx's transaction is in the failed state.
-func aborted(tx pgx.Tx) bool {
+// conn is tx's open connection, or nil.
+func conn(tx pgx.Tx) *pgx.Conn {
 	if _, notOpen := tx.(*notx.Tx); notOpen {
-		return false
+		return nil
 	}
 	c := tx.Conn()
-	return c != nil && c.PgConn().TxStatus() == 'E'
+	if c == nil || c.IsClosed() {
+		return nil
+	}
+	return c
 }
 
 // Abandoned describes an attempt given up on.
@@ -166,7 +212,7 @@ func (ab *Abandoned) Err() error {
 func Run[T any](ctx context.Context, l Limits, body func(hctx, ctx context.Context, a *Attempt) T) (T, *Abandoned) {
 	hctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	a := &Attempt{limits: l}
+	a := &Attempt{limits: l, began: time.Now(), cutDone: make(chan struct{})}
 	done := make(chan T, 1)
 	go func() { done <- body(hctx, ctx, a) }()
 	tick := time.NewTicker(max(min(l.Timeout/4, time.Second), time.Millisecond))
@@ -181,20 +227,22 @@ func Run[T any](ctx context.Context, l Limits, body func(hctx, ctx context.Conte
 			stopping = nil
 		case <-tick.C:
 		case <-cutoff:
-			if a.phase.CompareAndSwap(phaseCalling, phaseAbandoned) {
+			if a.phase.CompareAndSwap(phaseCalling, phaseCutting) {
 				// The hung call's transaction refuses from now on, and
 				// its connection goes: nothing it does later can land.
 				a.guard.Load().Seal()
-				if c := a.conn.Load(); c != nil {
-					_ = c.Close()
+				if cut := a.cut.Load(); cut != nil {
+					(*cut)()
 				}
+				a.phase.Store(phaseAbandoned)
+				close(a.cutDone)
 				var zero T
 				return zero, &Abandoned{Index: int(a.index.Load()), TimedOut: a.timedOut.Load(), limits: l}
 			}
 			cutoff = nil // the call returned in time; the attempt goes on
 		}
 		if cutoff == nil && a.phase.Load() == phaseCalling {
-			overdue := time.Since(time.Unix(0, a.since.Load())) > l.Timeout
+			overdue := time.Since(a.began)-time.Duration(a.since.Load()) > l.Timeout
 			if overdue || ctx.Err() != nil {
 				if overdue {
 					a.timedOut.Store(true)

@@ -1,0 +1,147 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+)
+
+// A letter holds text kafkaonce does not control: the handler's error
+// (which may quote a binary payload) and the message's header names (NUL
+// is legal in Kafka). Postgres refuses invalid UTF-8 and NUL in text and
+// JSON; the letter is written all the same, with the header names intact,
+// and the partition moves on.
+func TestLettersOfTextPostgresRefusesAreWritten(t *testing.T) {
+	t.Parallel()
+	bothWays(t, handlerKinds, func(t *testing.T, batched bool) {
+		e := setup(t, 1)
+		ids := e.produceIDs("g", 2)
+		// A binary payload, and a message without an id whose header name
+		// holds a NUL byte.
+		e.kafka.Produce(t, e.topic,
+			kafka.Message{Key: []byte("bin"), Value: []byte{0xff, 0xfe, 0x00, 0x01},
+				Headers: []kafka.Header{{Key: consumer.DefaultMessageIDHeader, Value: []byte("g-bin")}, {Key: "trace\x00id\xff", Value: []byte{0}}}},
+			kafka.Message{Key: []byte("k"), Value: []byte("no id"), Headers: []kafka.Header{{Key: "trace\x00id", Value: []byte("1")}}})
+		ids = append(ids, "g-bin")
+		ids = append(ids, e.produceIDs("h", 2)...)
+		decode := func(m *consumer.Message) error {
+			if m.ID == "g-bin" {
+				return consumer.Permanent(fmt.Errorf("cannot decode payload %s", m.Value))
+			}
+			return nil
+		}
+		var cfg *consumer.Config
+		if batched {
+			cfg = batchConfig(e, &batchEffects{e: e, before: func(msgs []*consumer.Message) error {
+				for _, m := range msgs {
+					if err := decode(m); err != nil {
+						return err
+					}
+				}
+				return nil
+			}})
+		} else {
+			apply := e.applyHandler()
+			cfg = e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if err := decode(m); err != nil {
+					return err
+				}
+				return apply.Handle(ctx, tx, m)
+			}))
+		}
+		r := e.start(cfg)
+		e.waitCommitted(map[int]int64{0: 6}, 30*time.Second)
+		r.stop()
+		letters := e.letters()
+		require.Contains(t, letters["g-bin"].Error, "cannot decode payload")
+		require.Equal(t, "trace\x00id\xff", letters["g-bin"].Headers[1].Key, "header names are kept as they were")
+		require.Equal(t, "trace\x00id", letters["offset:3"].Headers[0].Key)
+		e.check(expectation{ids: append(ids, "<no id>"), poison: []string{"g-bin", "<no id>"}})
+	})
+}
+
+// When Postgres refuses one of the consumer's own closing statements for
+// its data (here a trigger on dead_letters stands for any such refusal),
+// it would refuse it again on every retry: the partition stops, saying
+// why, instead of retrying without a word for ever.
+func TestOwnStatementsRefusedForTheirDataStopThePartition(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	e.db.Exec(t, `CREATE FUNCTION `+e.db.Schema+`.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'letters refused' USING ERRCODE = '22023'; END $$`)
+	e.db.Exec(t, `CREATE TRIGGER refuse BEFORE INSERT ON `+e.db.Table("dead_letters")+` FOR EACH ROW EXECUTE FUNCTION `+e.db.Schema+`.refuse()`)
+	e.produceIDs("o", 3)
+	apply := e.applyHandler()
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "o-1" {
+			return consumer.Permanent(errors.New("poison"))
+		}
+		return apply.Handle(ctx, tx, m)
+	})
+	r := e.start(e.config(h))
+	waitFor(t, 30*time.Second, "the partition to stop", func() bool { return len(e.events.snapshot().stopped) > 0 })
+	r.stop()
+	stopped := e.events.snapshot().stopped
+	require.ErrorContains(t, stopped[0], "letters refused")
+	require.ErrorContains(t, stopped[0], "would be again")
+	require.Empty(t, e.storedPositions(), "nothing of the batch committed")
+	require.Zero(t, e.effects())
+}
+
+// Each abandoned attempt gives its pool connection back at once: a handler
+// that hangs on every attempt is set aside after MaxAttempts even with a
+// pool of a connection per partition plus a few, and the pool closes as
+// soon as Run returns.
+func TestAbandonedHandlersGiveTheirPoolSlotsBack(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	pool := e.db.PoolVia(t, e.db.ServerAddr(t), testenv.MaxConns(4))
+	ids := e.produceIDs("p", 4)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	hung := make(chan struct{}, 16)
+	apply := e.applyHandler()
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "p-1" || m.ID == "p-9" {
+			hung <- struct{}{}
+			<-release // hangs for good, ignoring ctx
+			return ctx.Err()
+		}
+		return apply.Handle(ctx, tx, m)
+	})
+	cfg := e.config(h)
+	cfg.HandlerTimeout = 100 * time.Millisecond
+	cfg.RetryInitialInterval, cfg.RetryMaxInterval = time.Millisecond, 10*time.Millisecond
+	c, err := consumer.New(pool, cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	e.waitCommitted(map[int]int64{0: 4}, 60*time.Second)
+	require.Contains(t, e.letters(), "p-1", "the hung message was set aside after MaxAttempts")
+	require.Len(t, hung, consumer.DefaultMaxAttempts)
+	require.Zero(t, pool.Stat().AcquiredConns(), "abandoned attempts hold no pool connection")
+
+	// Once more, hung at shutdown.
+	e.kafka.Produce(t, e.topic, msg(0, "p-9", "v"))
+	<-hung
+	cancel()
+	require.NoError(t, <-done)
+	closed := make(chan struct{})
+	go func() { pool.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("pool.Close was still waiting 10s after Run returned")
+	}
+	e.requireExactlyOnce([]string{ids[0], ids[2], ids[3]})
+}

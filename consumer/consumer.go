@@ -30,7 +30,11 @@ import (
 // A DB that also lends whole connections, as *pgxpool.Pool does with
 // Acquire, gets batches in two round trips: BEGIN is sent with the claim
 // and COMMIT with the closing statements. With Begin alone, each of them
-// is a round trip of its own.
+// is a round trip of its own, and a handler abandoned after HandlerTimeout
+// keeps its connection (its network connection is closed, so its
+// transaction is rolled back, but the DB gets it back only when the
+// handler returns); with a *pgxpool.Pool the connection leaves the pool at
+// once.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
@@ -52,9 +56,6 @@ type Consumer struct {
 	retry       retry.Policy
 	// publish wakes the dead-letter topic publisher (nil without one).
 	publish chan struct{}
-	// stillOpenSQL raises unless the transaction is still the one the
-	// consumer opened (see migration 009).
-	stillOpenSQL string
 	// sess holds the session settings every transaction starts with. Run
 	// replaces it once it knows the server's version, while Redrive may
 	// already be reading it from another goroutine.
@@ -65,7 +66,7 @@ type Consumer struct {
 // session is what every transaction of the consumer starts with: the
 // configured timeouts, set for that transaction only.
 type session struct {
-	// sql sets them, and marks the transaction as the consumer's.
+	// sql sets them (a bare SELECT when all are LeaveUnset).
 	sql  string
 	args []any
 	// oneTripHead opens a one-trip batch: the same settings and the
@@ -123,8 +124,6 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 		letters:  letters,
 		attempts: tries,
 		retry:    retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
-
-		stillOpenSQL: "SELECT " + schema.Table(c.Schema, "transaction_still_open") + "()",
 	}
 	out.setSession(sessionSettings(&c, false))
 	tries.Session = func(b *pgx.Batch) { out.session().queue(b) }
@@ -138,13 +137,18 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 // the one that opens a one-trip batch: the same settings and the checked
 // advance of the position in one SELECT.
 func (c *Consumer) setSession(sql string, args []any) {
-	c.sess.Store(&session{sql: sql, args: args, oneTripHead: sql + ", " + c.offsets.AdvanceChecked(len(args)+1)})
+	// The one-trip head also opens the batch (see offsets.QueueOpen),
+	// with the advance's consumer, topic and partition.
+	head := sql + " " + c.offsets.AdvanceChecked(len(args)+1) + ", " + c.offsets.OpenExpr(len(args)+1)
+	if len(args) > 0 {
+		head = sql + ", " + c.offsets.AdvanceChecked(len(args)+1) + ", " + c.offsets.OpenExpr(len(args)+1)
+	}
+	c.sess.Store(&session{sql: sql, args: args, oneTripHead: head})
 }
 
 // sessionSettings builds the statement that applies the configured timeouts
 // to the current transaction only (set_config(..., true) is SET LOCAL), so
-// the pool's connections go back to the application unchanged, and marks
-// the transaction as the consumer's. On Postgres
+// the pool's connections go back to the application unchanged. On Postgres
 // 14 and later it also sets client_connection_check_interval, so that a
 // statement whose client is gone (a hung handler cut off by closing its
 // connection) is aborted within a second instead of running to its end.
@@ -170,13 +174,11 @@ func sessionSettings(c *Config, checkClient bool) (string, []any) {
 	if checkClient {
 		add("client_connection_check_interval", "1000")
 	}
-	// The mark transaction_still_open looks for (see migration 009).
-	add(openMark, "open")
+	if len(sets) == 0 {
+		return "SELECT", nil
+	}
 	return "SELECT " + strings.Join(sets, ", "), args
 }
-
-// openMark is the setting that marks the transaction the consumer opened.
-const openMark = "kafkaonce.transaction"
 
 // Migrate creates or upgrades kafkaonce's tables in schemaName
 // (DefaultSchema when empty) and returns the schema version. Call it at

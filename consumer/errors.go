@@ -124,12 +124,10 @@ var (
 
 	// ErrTxEnded: the handler ended the consumer's transaction with a
 	// COMMIT or ROLLBACK statement (through tx.Exec, or queued with
-	// Batch.Queue), which the guard around tx cannot refuse. What of the
-	// batch was then made durable, and what not, can no longer be told:
-	// its partition stops (a PartitionError wrapping it), whatever
-	// Config.OnPermanentFailure says, so that nothing is retried over it
-	// or skipped. Fix the handler, check the batch's messages (kafkaonce
-	// audit), then restart. It matches ErrTxControlledByConsumer too.
+	// Batch.Queue), which the guard around tx cannot refuse. Postgres
+	// refuses such a COMMIT for the consumer (the transaction rolls back:
+	// nothing of the batch becomes durable early), and the message is set
+	// aside as for ErrTxControlledByConsumer, which it matches too.
 	ErrTxEnded = usercall.ErrTxEnded
 
 	// ErrRowsLeftOpen: the handler returned with a query's rows still open

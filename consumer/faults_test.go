@@ -431,3 +431,67 @@ func TestAPositionLostWithItsRowIsRecoveredOnce(t *testing.T) {
 		e.check(expectation{ids: ids})
 	})
 }
+
+// A session the server ends under a running handler (an operator's
+// pg_terminate_backend, a restart, a failover) is the database's failure:
+// the batch runs again; it is no handler ending its transaction.
+func TestASessionTerminatedUnderAHandlerIsRetried(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		later bool // the second batch: its statements are prepared on the connection already
+	}{
+		{name: "first batch on the connection"},
+		{name: "a later batch", later: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, 1)
+			ids := e.produceIDs("k", 5)
+			victim := "k-4" // the last message of the batch: the closing round trip comes next
+			if tc.later {
+				victim = "l-4"
+			}
+			var killed atomic.Bool
+			apply := e.applyHandler()
+			h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if err := apply.Handle(ctx, tx, m); err != nil {
+					return err
+				}
+				if m.ID == victim && killed.CompareAndSwap(false, true) {
+					// An operator (or a restart) terminates the session
+					// while the handler works on something else.
+					var pid int32
+					if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+						return err
+					}
+					if _, err := e.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+						return err
+					}
+					for e.db.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid) != 0 {
+						time.Sleep(10 * time.Millisecond)
+					}
+				}
+				return nil
+			})
+			r := e.start(e.config(h))
+			end := int64(5)
+			if tc.later {
+				e.waitCommitted(map[int]int64{0: 5}, 30*time.Second)
+				ids = append(ids, e.produceIDs("l", 5)...)
+				end = 10
+			}
+			waitFor(t, 30*time.Second, "the batch to be committed or the partition to stop", func() bool {
+				return len(e.events.snapshot().stopped) > 0 || e.kafka.CommittedOffsets(t, e.group, e.topic, 1)[0] == end
+			})
+			r.stop()
+			require.True(t, killed.Load())
+			var msgs []string
+			for _, s := range e.events.snapshot().stopped {
+				msgs = append(msgs, s.Error())
+			}
+			require.Empty(t, msgs, "a terminated session stopped the partition")
+			e.check(expectation{ids: ids})
+		})
+	}
+}

@@ -1,15 +1,19 @@
 package consumer_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
@@ -144,4 +148,60 @@ func TestAbandonedHandlersGiveTheirPoolSlotsBack(t *testing.T) {
 		t.Fatal("pool.Close was still waiting 10s after Run returned")
 	}
 	e.requireExactlyOnce([]string{ids[0], ids[2], ids[3]})
+}
+
+// A letter keeps the message's timestamp, which Kafka lets a producer set
+// to any int64 of milliseconds (one writing nanoseconds, a clock gone
+// wrong): far past the year 294276 where Postgres' timestamptz ends. The
+// message is set aside all the same, without its time, and the messages
+// around it are applied.
+func TestAPoisonMessageWithATimestampPostgresCannotStoreIsSetAside(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ids := e.produceIDs("t", 2)
+	require.NotNil(t, e.kafka.Fake, "needs the in-process broker")
+	// Clients written in Go compute the timestamp through UnixNano and
+	// cannot send it; a Java producer sends any long. The broker stores
+	// what it is sent: the batch's timestamps are set here, as such a
+	// producer would have sent them. 13446744073709551 ms after the epoch
+	// is about the year 426000.
+	const ts = int64(13446744073709551)
+	e.kafka.Fake.ControlKey(kmsg.Produce.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		req := kreq.(*kmsg.ProduceRequest)
+		for i := range req.Topics {
+			for j := range req.Topics[i].Partitions {
+				r := req.Topics[i].Partitions[j].Records
+				if req.Topics[i].Topic != e.topic || !bytes.Contains(r, []byte("t-bad")) {
+					continue
+				}
+				binary.BigEndian.PutUint64(r[27:], uint64(ts)) // FirstTimestamp
+				binary.BigEndian.PutUint64(r[35:], uint64(ts)) // MaxTimestamp
+				binary.BigEndian.PutUint32(r[17:], crc32.Checksum(r[21:], crc32.MakeTable(crc32.Castagnoli)))
+			}
+		}
+		return nil, nil, false
+	})
+	e.kafka.Produce(t, e.topic, msg(0, "t-bad", "bad"))
+	ids = append(ids, "t-bad")
+	ids = append(ids, e.produceIDs("u", 2)...)
+
+	apply := e.applyHandler()
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "t-bad" {
+			return consumer.Permanent(errors.New("undecodable"))
+		}
+		return apply.Handle(ctx, tx, m)
+	})
+	r := e.start(e.config(h))
+	waitFor(t, 30*time.Second, "the partition to be drained or stopped", func() bool {
+		return len(e.events.snapshot().stopped) > 0 || e.kafka.CommittedOffsets(t, e.group, e.topic, 1)[0] == 5
+	})
+	r.stop()
+	var msgs []string
+	for _, s := range e.events.snapshot().stopped {
+		msgs = append(msgs, s.Error())
+	}
+	require.Empty(t, msgs, "a poison message stopped the partition instead of being set aside")
+	e.check(expectation{ids: ids, poison: []string{"t-bad"}})
+	require.True(t, e.letters()["t-bad"].MessageTime.IsZero(), "no time stored, got %v", e.letters()["t-bad"].MessageTime)
 }

@@ -143,10 +143,11 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	}
 	if b != nil {
 		q.QueuedQueries = append(q.QueuedQueries, b.statements()...)
-		// A queued COMMIT or ROLLBACK ended the transaction (and undid
-		// the position's advance): stop before COMMIT.
-		q.Queue(a.c.stillOpenSQL)
 	}
+	// The batch's closing fails if a queued COMMIT or ROLLBACK ended the
+	// transaction (a queued COMMIT itself is refused: see
+	// offsets.QueueOpen).
+	a.c.offsets.QueueClose(q, a.c.cfg.Name, a.topic, a.partition)
 	a.queueSuspects(q, n)
 	q.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
 		if tag.String() == "ROLLBACK" {
@@ -195,10 +196,8 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 			why = "the stored position is not where this worker left it"
 		case pgErr.Code == dedupe.ExpectFailed:
 			why = "a message taken for a re-send is not claimed with the same content"
-		case pgErr.Code == codeTxEnded:
-			// A queued COMMIT may have made part of the pipeline durable,
-			// the position's advance included.
-			return a.txEnded(err), true
+		case pgErr.Code == offsets.TxEnded:
+			why = "a queued statement ended the transaction"
 		case !claimed && pgErr.Code == "23505":
 			why = "a message id was already claimed"
 		case !claimed:

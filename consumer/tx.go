@@ -7,10 +7,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
+	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
 // tx runs the attempt's transaction: claim the ids, sort out duplicates and
@@ -48,12 +50,14 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 	st.claimedBy = resize(st.claimedBy, len(st.claims))
 
 	// One round trip: BEGIN, the session settings, the stored position
-	// (locked until COMMIT, so nothing moves it under this transaction) and
-	// the claims.
+	// (locked until COMMIT, so nothing moves it under this transaction),
+	// the opening of the batch (only the consumer can commit it now: see
+	// offsets.QueueOpen) and the claims.
 	b := &pgx.Batch{}
 	a.c.session().queue(b)
 	var prev *int64
 	a.c.offsets.QueueLock(b, a.c.cfg.Name, a.topic, a.partition, &prev)
+	a.c.offsets.QueueOpen(b, a.c.cfg.Name, a.topic, a.partition)
 	if len(st.claims) > 0 {
 		a.c.claims.QueueClaim(b, a.c.cfg.Name, a.topic, a.partition, st.claims, st.claimedBy)
 	}
@@ -127,9 +131,6 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 			continue
 		}
 		merr, f := a.messageFailure(&items[i].msg, err)
-		if errors.Is(err, ErrTxEnded) {
-			return a.txEnded(merr)
-		}
 		switch {
 		case f.class == classInfra:
 			// A deadlock or a lost connection inside the handler is not the
@@ -164,16 +165,16 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 	}
 
 	// The BatchHandler's queued statements go first, so that a failure
-	// among them is told from one of ours by its place; then the check that
-	// no statement of the handlers' ended the transaction, before any of
-	// ours runs.
+	// among them is told from one of ours by its place; then the batch's
+	// closing, which fails if a statement of the handlers' ended the
+	// transaction, before any of ours runs.
 	b = &pgx.Batch{}
 	userStatements := 0
 	if batch != nil {
 		b.QueuedQueries = append(b.QueuedQueries, batch.statements()...)
 		userStatements = len(b.QueuedQueries)
 	}
-	b.Queue(a.c.stillOpenSQL)
+	a.c.offsets.QueueClose(b, a.c.cfg.Name, a.topic, a.partition)
 	if len(dlIDs) > 0 {
 		a.c.claims.QueueSetStatus(b, a.c.cfg.Name, dlIDs, dlAttempts, dedupe.StatusDeadLettered)
 	}
@@ -209,15 +210,16 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 	if err := bt.commitWith(ctx, b); err != nil {
 		var ce *commitError
 		errors.As(err, &ce)
+		var pgErr *pgconn.PgError
 		switch {
 		case ce.unknown():
 			return a.commitUnknown(ce.err)
 		case ce.stmt == notSent:
 			return infra(fmt.Errorf("commit: nothing was sent: %w", ce.err))
+		case errors.As(ce.err, &pgErr) && pgErr.Code == offsets.TxEnded:
+			return a.txEnded(batch, end, ce.err)
 		case ce.stmt < userStatements:
 			return a.batchFailed(batch, ce.err)
-		case ce.stmt == userStatements:
-			return a.txEnded(ce.err)
 		case ce.stmt == closing:
 			return a.commitRefused(end, ce.err)
 		}
@@ -237,22 +239,20 @@ func (a *txAttempt) commitRefused(end int, err error) txOutcome {
 	return a.handlersFailed(end, fmt.Errorf("commit refused: %w", err))
 }
 
-// codeTxEnded is the SQLSTATE transaction_still_open raises.
-const codeTxEnded = "KO003"
-
-// txEnded is the outcome of a transaction that a handler ended with a
-// COMMIT or ROLLBACK statement of its own (seen after its call, or by
-// transaction_still_open). What of the batch was made durable by then, and
-// what not, can no longer be told: a retry could skip messages whose
-// claims were committed without their effects. The partition stops,
-// saying why.
-func (a *txAttempt) txEnded(err error) txOutcome {
-	if !errors.Is(err, ErrTxEnded) {
-		err = fmt.Errorf("%w (%w)", ErrTxEnded, err)
+// txEnded is the outcome of a transaction that a statement of the
+// handlers' ended (a COMMIT, refused with the rollback of all of it, or a
+// ROLLBACK), found by the batch's closing or its COMMIT (see
+// offsets.QueueOpen). Nothing of the batch is durable: the handler that
+// did it failed, a misuse to set aside. When the statement was queued,
+// the Batch's messages are tried one per call; otherwise one per
+// transaction (a handler whose COMMIT or ROLLBACK left the connection
+// outside any transaction is caught after its call instead).
+func (a *txAttempt) txEnded(batch *Batch, end int, err error) txOutcome {
+	err = fmt.Errorf("%w (%w)", ErrTxEnded, err)
+	if batch != nil {
+		return a.batchFailed(batch, err)
 	}
-	return txOutcome{failedAt: -1, stop: true, err: &PartitionError{Topic: a.topic, Partition: a.partition,
-		Err: fmt.Errorf("the batch at offsets %d to %d: %w; the claims and effects of its messages may be partly committed: fix the handler, check these messages (kafkaonce audit), then restart",
-			a.items[0].msg.Offset, a.items[len(a.items)-1].msg.Offset, err)}}
+	return a.handlersFailed(end, err)
 }
 
 // handlersFailed is the outcome of a transaction that what its handlers
@@ -310,9 +310,6 @@ func (a *txAttempt) handleBatch(hctx, ctx context.Context, tx pgx.Tx) (*Batch, t
 		return nil, infra(err) // nobody reads it: the worker has moved on
 	}
 	a.reportBatchCall(ctx, b, time.Since(began), err)
-	if errors.Is(err, ErrTxEnded) {
-		return nil, a.txEnded(err)
-	}
 	if err != nil {
 		return nil, a.batchFailed(b, err)
 	}

@@ -83,7 +83,7 @@ func (s *Store) QueueInsert(b *pgx.Batch, consumer, topic string, partition int,
 			return fmt.Errorf("deadletter: encode headers: %w", err)
 		}
 		headers[i] = string(raw)
-		if !l.MessageTime.IsZero() {
+		if storableTime(l.MessageTime) {
 			times[i] = &l.MessageTime
 		}
 		classes[i] = string(l.Class)
@@ -275,4 +275,18 @@ func (s *Store) Count(ctx context.Context, q schema.Querier, consumer string) (t
 		return 0, 0, fmt.Errorf("deadletter: count: %w", err)
 	}
 	return total, pending, nil
+}
+
+// Kafka timestamps are any int64 of milliseconds a producer sends; a
+// timestamptz holds years 4713 BC to 294276 AD (and pgx's encoding less
+// than that at the far end). A letter keeps a message time it can store;
+// beyond these bounds (a producer's bug) it stores none rather than fail,
+// which would keep the message from being set aside at all.
+var (
+	earliestTime = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
+	latestTime   = time.Date(294275, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
+func storableTime(t time.Time) bool {
+	return !t.IsZero() && !t.Before(earliestTime) && t.Before(latestTime)
 }

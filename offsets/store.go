@@ -28,6 +28,8 @@ type Store struct {
 	advanceSQL string
 	lockSQL    string
 	advanceFn  string
+	// openFn and closeFn open and close a batch (see QueueOpen).
+	openFn, closeFn string
 }
 
 // NewStore returns a Store for the tables in schemaName.
@@ -47,6 +49,8 @@ ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.ne
 WHERE o.next_offset < EXCLUDED.next_offset`,
 		lockSQL:   `SELECT next_offset FROM ` + t + ` WHERE consumer = $1 AND topic = $2 AND partition = $3 FOR UPDATE`,
 		advanceFn: schema.Table(schemaName, "advance_position"),
+		openFn:    schema.Table(schemaName, "open_batch"),
+		closeFn:   schema.Table(schemaName, "close_batch"),
 	}, nil
 }
 

@@ -1,0 +1,37 @@
+package offsets
+
+import (
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// TxEnded is the SQLSTATE raised when a batch's transaction is not the one
+// that opened the batch any more, or is being committed before the batch
+// was closed: a statement of the handler's (a COMMIT or ROLLBACK) ended
+// it. See QueueOpen.
+const TxEnded = "KO003"
+
+// QueueOpen adds to b the statement that opens a batch of the partition in
+// the transaction (migration 009). Until QueueClose's statement has run in
+// the same transaction, the transaction cannot commit: a COMMIT is refused
+// with TxEnded and the transaction rolls back, so nothing a handler does
+// can make a batch durable before the consumer closes it.
+func (s *Store) QueueOpen(b *pgx.Batch, consumer, topic string, partition int) {
+	b.Queue("SELECT "+s.OpenExpr(1), consumer, topic, partition)
+}
+
+// OpenExpr is QueueOpen's statement as an expression, taking parameters
+// $first to $first+2: consumer, topic, partition (AdvanceChecked's first
+// three), to share a SELECT with others.
+func (s *Store) OpenExpr(first int) string {
+	return fmt.Sprintf("%s($%d, $%d, $%d)", s.openFn, first, first+1, first+2)
+}
+
+// QueueClose adds to b the statement that closes the partition's batch:
+// it fails with TxEnded when the transaction is not the one that opened it
+// (a ROLLBACK, then statements in a transaction of their own). Run it after
+// the handlers' statements and before the consumer's own.
+func (s *Store) QueueClose(b *pgx.Batch, consumer, topic string, partition int) {
+	b.Queue("SELECT "+s.closeFn+"($1, $2, $3)", consumer, topic, partition)
+}

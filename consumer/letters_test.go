@@ -157,9 +157,7 @@ func TestAbandonedHandlersGiveTheirPoolSlotsBack(t *testing.T) {
 // around it are applied.
 func TestAPoisonMessageWithATimestampPostgresCannotStoreIsSetAside(t *testing.T) {
 	t.Parallel()
-	e := setup(t, 1)
-	ids := e.produceIDs("t", 2)
-	require.NotNil(t, e.kafka.Fake, "needs the in-process broker")
+	e := setupOn(t, 1, ownKafka(t)) // the in-process broker, whatever KAFKA_BROKERS says: its requests are rewritten
 	// Clients written in Go compute the timestamp through UnixNano and
 	// cannot send it; a Java producer sends any long. The broker stores
 	// what it is sent: the batch's timestamps are set here, as such a
@@ -181,6 +179,7 @@ func TestAPoisonMessageWithATimestampPostgresCannotStoreIsSetAside(t *testing.T)
 		}
 		return nil, nil, false
 	})
+	ids := e.produceIDs("t", 2)
 	e.kafka.Produce(t, e.topic, msg(0, "t-bad", "bad"))
 	ids = append(ids, "t-bad")
 	ids = append(ids, e.produceIDs("u", 2)...)

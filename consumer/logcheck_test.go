@@ -59,13 +59,13 @@ func (e *env) acceptLoss(p int, logStart int64) {
 	e.kafka.CommitGroupOffsets(e.t, e.group, e.topic, map[int]int64{p: logStart})
 }
 
-// Bug: kafka-go moves a reader below the log start up to it without an
-// error. Here it had fetched offsets 0 to 19 when the handler blocked on
-// offset 0 (MaxBatch 5: 0-4 in the batch, 5-9 in its queue, 10-19 in the
-// fetch it was handing out); 40 more arrived and everything below 50 was
-// deleted; released, it asked for 20, found the log starting at 50, and
-// went on from there. Before the fix: no stop, offsets 20 to 49 never
-// processed, the stored position at 60.
+// kafka-go moves a reader below the log start up to it without an error.
+// Here it had fetched offsets 0 to 19 when the handler blocked on offset 0
+// (MaxBatch 5: 0-4 in the batch, 5-9 in its queue, 10-19 in the fetch it
+// was handing out); 40 more arrive and everything below 50 is deleted;
+// released, it asks for 20 and finds the log starting at 50. The gap must
+// stop the partition, naming offsets 20 to 49, not be passed silently
+// (the stored position at 60, offsets 20 to 49 never processed).
 func TestMessagesDeletedWhileTheHandlerIsBlocked(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
@@ -87,6 +87,16 @@ func TestMessagesDeletedWhileTheHandlerIsBlocked(t *testing.T) {
 	e.deleteRecordsBefore(deleted, 0, 50)
 	close(release)
 
+	e.requireLossOf20To49(r, ids, deleted)
+}
+
+// requireLossOf20To49 requires the partition stopped at the deletion of
+// offsets 20 to 49 with only what came before committed, then accepts the
+// loss as an operator would: the partition drains, and the checker finds
+// every message applied or inside the range reported.
+func (e *env) requireLossOf20To49(r *running, ids []string, deleted *deletions) {
+	t := e.t
+	t.Helper()
 	d := e.stopOrDrain(60)
 	r.stop()
 	require.Equal(t, consumer.MessagesDeletedError{Topic: e.topic, Partition: 0, From: 20, To: 49, LogStart: 50}, *d,
@@ -95,8 +105,6 @@ func TestMessagesDeletedWhileTheHandlerIsBlocked(t *testing.T) {
 	require.Equal(t, map[int]int64{0: 20}, e.storedPositions(), "the messages before the gap were committed, nothing after it")
 	e.requireExactlyOnce(ids[:20])
 
-	// The operator accepts the loss; the partition drains, and the checker
-	// finds every message applied or inside the range reported.
 	e.acceptLoss(0, 50)
 	r = e.start(e.config(e.applyHandler()))
 	e.waitCommitted(map[int]int64{0: 60}, 60*time.Second)
@@ -104,11 +112,10 @@ func TestMessagesDeletedWhileTheHandlerIsBlocked(t *testing.T) {
 	e.check(expectation{ids: ids, deleted: deleted})
 }
 
-// Bug: the same jump when the reader opens again after a fetch failed:
-// the worker reopens its fetcher after an error the broker answers with,
+// The same jump when the reader opens again after a fetch failed: the
+// worker reopens its fetcher after an error the broker answers with,
 // kafka-go reconnects by itself after a dropped connection. Either way it
 // seeks to offset 20, below the new log start, and kafka-go starts at 50.
-// Before the fix: no stop, the stored position at 60.
 func TestMessagesDeletedWhileFetchesFail(t *testing.T) {
 	t.Parallel()
 	for _, drop := range []bool{false, true} {
@@ -160,17 +167,7 @@ func TestMessagesDeletedWhileFetchesFail(t *testing.T) {
 			// The next attempt seeks to 20, below the log start.
 			failing.Store(false)
 
-			d := e.stopOrDrain(60)
-			r.stop()
-			require.Equal(t, consumer.MessagesDeletedError{Topic: e.topic, Partition: 0, From: 20, To: 49, LogStart: 50}, *d)
-			require.Equal(t, map[int]int64{0: 20}, e.storedPositions())
-			e.requireExactlyOnce(ids[:20])
-
-			e.acceptLoss(0, 50)
-			r = e.start(e.config(e.applyHandler()))
-			e.waitCommitted(map[int]int64{0: 60}, 60*time.Second)
-			r.stop()
-			e.check(expectation{ids: ids, deleted: deleted})
+			e.requireLossOf20To49(r, ids, deleted)
 		})
 	}
 }
@@ -232,14 +229,14 @@ func (e *env) logBounds(p int) [2]int64 {
 	return [2]int64{first, end}
 }
 
-// Bug: a member paused between its two reads at assignment (read at the
-// same time) read the log end before the pause and the stored position
-// after it, when another member had processed further and the log had
-// grown. Here the position read waits on a table lock while the log's
-// bounds come back (end 40); meanwhile 80 more messages arrive and the
-// position moves to 100. Before the fix the partition stopped with
-// "the stored position is 100 but the log ends at 40"
-// (ErrPositionAheadOfLog), which was false.
+// A member paused between its two reads at assignment (read at the same
+// time) reads the log end before the pause and the stored position after
+// it, when another member has processed further and the log has grown.
+// Here the position read waits on a table lock while the log's bounds come
+// back (end 40); meanwhile 80 more messages arrive and the position moves
+// to 100. The partition must start at 100, not stop with "the stored
+// position is 100 but the log ends at 40" (ErrPositionAheadOfLog), which
+// would be false.
 func TestPausedMemberDoesNotReportAPositionAheadOfTheLog(t *testing.T) {
 	t.Parallel()
 	k := ownKafka(t)

@@ -66,7 +66,7 @@ type Consumer struct {
 // session is what every transaction of the consumer starts with: the
 // configured timeouts, set for that transaction only.
 type session struct {
-	// sql sets them (a bare SELECT when all are LeaveUnset).
+	// sql sets them; empty when all are LeaveUnset.
 	sql  string
 	args []any
 	// oneTripHead opens a one-trip batch: the same settings and the
@@ -75,7 +75,11 @@ type session struct {
 }
 
 // queue adds the settings to b, which runs in a transaction.
-func (s *session) queue(b *pgx.Batch) { b.Queue(s.sql, s.args...) }
+func (s *session) queue(b *pgx.Batch) {
+	if s.sql != "" {
+		b.Queue(s.sql, s.args...)
+	}
+}
 
 // session returns the current session settings.
 func (c *Consumer) session() *session { return c.sess.Load() }
@@ -139,9 +143,11 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 func (c *Consumer) setSession(sql string, args []any) {
 	// The one-trip head also opens the batch (see offsets.QueueOpen),
 	// with the advance's consumer, topic and partition.
-	head := sql + " " + c.offsets.AdvanceChecked(len(args)+1) + ", " + c.offsets.OpenExpr(len(args)+1)
-	if len(args) > 0 {
-		head = sql + ", " + c.offsets.AdvanceChecked(len(args)+1) + ", " + c.offsets.OpenExpr(len(args)+1)
+	head := c.offsets.AdvanceChecked(len(args)+1) + ", " + c.offsets.OpenExpr(len(args)+1)
+	if sql == "" {
+		head = "SELECT " + head
+	} else {
+		head = sql + ", " + head
 	}
 	c.sess.Store(&session{sql: sql, args: args, oneTripHead: head})
 }
@@ -175,7 +181,7 @@ func sessionSettings(c *Config, checkClient bool) (string, []any) {
 		add("client_connection_check_interval", "1000")
 	}
 	if len(sets) == 0 {
-		return "SELECT", nil
+		return "", nil
 	}
 	return "SELECT " + strings.Join(sets, ", "), args
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/kafkaonce/kafkaonce/internal/pipetx"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
 
@@ -38,30 +39,18 @@ func (c *Consumer) readOnly(ctx context.Context, fn func(q querier) error) error
 // applySession sets the session settings for the rest of tx.
 func (c *Consumer) applySession(ctx context.Context, tx pgx.Tx) error {
 	s := c.session()
+	if s.sql == "" {
+		return nil
+	}
 	_, err := tx.Exec(ctx, s.sql, s.args...)
 	return err
 }
 
-// batchSender runs a batch of statements in one round trip;
-// *pgxpool.Pool is one.
-type batchSender interface {
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
-
 // inOneTrip runs b's statements in a transaction with the session
-// settings applied: BEGIN, the settings, b and COMMIT pipelined in one
-// round trip when the DB sends batches, else with Begin.
+// settings applied, in one round trip when the DB sends batches.
 func (c *Consumer) inOneTrip(ctx context.Context, b *pgx.Batch) error {
-	sender, ok := c.db.(batchSender)
-	if !ok {
-		return c.inTx(ctx, func(q querier) error { return q.(pgx.Tx).SendBatch(ctx, b).Close() })
-	}
 	full := &pgx.Batch{}
-	full.Queue("BEGIN")
 	c.session().queue(full)
 	full.QueuedQueries = append(full.QueuedQueries, b.QueuedQueries...)
-	full.Queue("COMMIT")
-	// A statement that fails leaves the block open in its failed state;
-	// the pool closes a connection given back like that.
-	return sender.SendBatch(ctx, full).Close()
+	return pipetx.InOneTrip(ctx, c.db, full)
 }

@@ -149,12 +149,7 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	// offsets.QueueOpen).
 	a.c.offsets.QueueClose(q, a.c.cfg.Name, a.topic, a.partition)
 	a.queueSuspects(q, n)
-	q.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
-		if tag.String() == "ROLLBACK" {
-			return pgx.ErrTxCommitRollback
-		}
-		return nil
-	})
+	queueCommit(q)
 
 	conn, err := a.c.db.(connLender).Acquire(ctx)
 	if err != nil {

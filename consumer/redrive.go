@@ -107,9 +107,7 @@ var errAlreadyApplied = errors.New("already applied")
 func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool, err error) {
 	var msg *Message
 	err, abandoned := usercall.Run(ctx, c.limits(), func(hctx, ctx context.Context, uc *usercall.Attempt) error {
-		b := &pgx.Batch{}
-		c.session().queue(b)
-		bt, err := c.beginWith(ctx, b)
+		bt, err := c.beginWith(ctx, &pgx.Batch{})
 		if err != nil {
 			return err
 		}

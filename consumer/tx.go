@@ -54,7 +54,6 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 	// the opening of the batch (only the consumer can commit it now: see
 	// offsets.QueueOpen) and the claims.
 	b := &pgx.Batch{}
-	a.c.session().queue(b)
 	var prev *int64
 	a.c.offsets.QueueLock(b, a.c.cfg.Name, a.topic, a.partition, &prev)
 	a.c.offsets.QueueOpen(b, a.c.cfg.Name, a.topic, a.partition)

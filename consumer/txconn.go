@@ -45,9 +45,12 @@ func (t *batchTx) cutLoose() {
 	_ = netConn.Close()
 }
 
-// beginWith begins a transaction and runs b in it, in one round trip when
-// the DB lends connections.
+// beginWith begins a transaction, applies the session settings and runs b
+// in it, in one round trip when the DB lends connections.
 func (c *Consumer) beginWith(ctx context.Context, b *pgx.Batch) (*batchTx, error) {
+	first := &pgx.Batch{}
+	c.session().queue(first)
+	b = &pgx.Batch{QueuedQueries: append(first.QueuedQueries, b.QueuedQueries...)}
 	lender, ok := c.db.(connLender)
 	if !ok {
 		tx, err := c.db.Begin(ctx)
@@ -98,13 +101,7 @@ func (t *batchTx) commitWith(ctx context.Context, b *pgx.Batch) error {
 		}
 		return &commitError{stmt: -1, err: err}
 	}
-	b.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
-		if tag.String() == "ROLLBACK" {
-			// The block was already aborted: the server rolled it back.
-			return pgx.ErrTxCommitRollback
-		}
-		return nil
-	})
+	queueCommit(b)
 	err := t.pool.SendBatch(ctx, b).Close()
 	if err == nil {
 		t.done = true
@@ -215,3 +212,14 @@ func (t *batchTx) rollback(ctx context.Context) {
 // netConn is the transaction's network connection, for the handler
 // watchdog to close.
 func (t *batchTx) netConn() net.Conn { return t.tx.Conn().PgConn().Conn() }
+
+// queueCommit adds COMMIT to b, failing with pgx.ErrTxCommitRollback when
+// the server answers ROLLBACK (the block was already aborted).
+func queueCommit(b *pgx.Batch) {
+	b.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() == "ROLLBACK" {
+			return pgx.ErrTxCommitRollback
+		}
+		return nil
+	})
+}

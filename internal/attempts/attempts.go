@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkaonce/kafkaonce/internal/pgtext"
+	"github.com/kafkaonce/kafkaonce/internal/pipetx"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
 
@@ -141,17 +142,11 @@ WHERE consumer = $1 AND topic = $2 AND partition = $3`, consumer, topic, partiti
 	return run, starts, inProgress, maxOffset, nil
 }
 
-// batchSender runs a batch of statements in one round trip; *pgxpool.Pool
-// is one.
-type batchSender interface {
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
-
-// inOneTransaction runs the session statements and b's in a transaction:
-// in one round trip (BEGIN, the statements, COMMIT, pipelined) when db
-// sends batches, else with db.Begin. Every partition records the start of
-// its run, all of them at once after a rebalance, so the round trips saved
-// shorten each rebalance.
+// inOneTransaction runs the session statements and b's in a transaction
+// of their own, in one round trip when db sends batches (see
+// pipetx.InOneTrip). Every partition records the start of its run, all of
+// them at once after a rebalance, so the round trips saved shorten each
+// rebalance.
 func (s *Store) inOneTransaction(ctx context.Context, db schema.Beginner, b *pgx.Batch) error {
 	if s.Session != nil {
 		withSession := &pgx.Batch{}
@@ -159,16 +154,7 @@ func (s *Store) inOneTransaction(ctx context.Context, db schema.Beginner, b *pgx
 		withSession.QueuedQueries = append(withSession.QueuedQueries, b.QueuedQueries...)
 		b = withSession
 	}
-	if sender, ok := db.(batchSender); ok {
-		full := &pgx.Batch{}
-		full.Queue("BEGIN")
-		full.QueuedQueries = append(full.QueuedQueries, b.QueuedQueries...)
-		full.Queue("COMMIT")
-		// A statement that fails leaves the transaction open in its
-		// failed state; the pool closes a connection released like that.
-		return sender.SendBatch(ctx, full).Close()
-	}
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return tx.SendBatch(ctx, b).Close() })
+	return pipetx.InOneTrip(ctx, db, b)
 }
 
 // Ended records that the run of the partition numbered run (as Assigned

@@ -141,3 +141,29 @@ var (
 	_ pgx.Tx = (*Tx)(nil)
 	_ pgx.Tx = (*savepoint)(nil)
 )
+
+// Beginner begins transactions; *pgxpool.Pool is one.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// batchSender runs a batch of statements in one round trip;
+// *pgxpool.Pool is one.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// InOneTrip runs b's statements in a transaction of their own: BEGIN, the
+// statements and COMMIT pipelined in one round trip when db sends batches,
+// else with db.Begin. A statement that fails leaves the block open in its
+// failed state; the pool closes a connection given back like that.
+func InOneTrip(ctx context.Context, db Beginner, b *pgx.Batch) error {
+	if sender, ok := db.(batchSender); ok {
+		full := &pgx.Batch{}
+		full.Queue("BEGIN")
+		full.QueuedQueries = append(full.QueuedQueries, b.QueuedQueries...)
+		full.Queue("COMMIT")
+		return sender.SendBatch(ctx, full).Close()
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return tx.SendBatch(ctx, b).Close() })
+}

@@ -29,7 +29,7 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 		return w.setAside(stop, work, one, exhausted(prior))
 	}
 	key := attempts.Key{Consumer: w.c.cfg.Name, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset}
-	backoff := w.c.retry.New()
+	backoff, short := w.c.retry.New(), contentionWaits.New()
 	last := prior
 	initial := 1
 	if prior != nil {
@@ -70,10 +70,8 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 			// The database failed, not the message: try again without
 			// counting an attempt.
 			count = false
-			w.c.log.Warn("transaction failed; retrying", w.logAttrs(slog.Int64("offset", it.msg.Offset),
-				slog.String("class", classInfra.String()), slog.String("error", out.err.Error()))...)
-			if retry.Sleep(stop, backoff.Next()) != nil {
-				return errInterrupted
+			if err := w.waitToRetry(stop, it.msg.Offset, "transaction", &out, backoff, short); err != nil {
+				return err
 			}
 			continue
 		}
@@ -163,7 +161,7 @@ func (w *worker) setAside(stop, work context.Context, one []item, f *failure) er
 	if w.c.cfg.OnPermanentFailure == StopPartition {
 		return &PartitionError{Topic: w.topic, Partition: w.partition, Err: f.err}
 	}
-	backoff := w.c.retry.New()
+	backoff, short := w.c.retry.New(), contentionWaits.New()
 	for {
 		p := w.newPlan(one)
 		p.deadLetter = map[int]*failure{0: f}
@@ -181,9 +179,8 @@ func (w *worker) setAside(stop, work context.Context, one []item, f *failure) er
 		if out.stop {
 			return out.err
 		}
-		w.c.log.Warn("could not write a dead letter; retrying", w.logAttrs(slog.Int64("offset", one[0].msg.Offset), slog.String("error", out.err.Error()))...)
-		if retry.Sleep(stop, backoff.Next()) != nil {
-			return errInterrupted
+		if err := w.waitToRetry(stop, one[0].msg.Offset, "writing a dead letter", &out, backoff, short); err != nil {
+			return err
 		}
 	}
 }

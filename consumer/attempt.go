@@ -9,6 +9,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/attempts"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
 )
 
@@ -34,6 +35,10 @@ type txAttempt struct {
 	positionKnown bool  // whether a stored position exists
 	assignedStart int64
 	sawDuplicates bool // the previous batch held unforeseen duplicates
+	// serialized: the transaction takes the consumer's gate first.
+	serialized bool
+	// paceRow, when set, is written to the run's record with the commit.
+	paceRow *attempts.Pace
 }
 
 // fate is what a transaction did with one message.
@@ -95,13 +100,18 @@ type txOutcome struct {
 	// stop is set when the partition must stop: err is the
 	// *PartitionError that says why.
 	stop bool
+	// contention is set when the transaction failed because it lost a race
+	// for rows to another one (see isContention): not the messages' fault.
+	contention bool
 	// st is the attempt's scratch space, with the fates of the messages,
 	// when the attempt was not abandoned.
 	st *batchState
 }
 
+// infra is the outcome of a transaction that failed as a whole, not for
+// any message: it runs again.
 func infra(err error) txOutcome {
-	return txOutcome{failedAt: -1, err: err, fail: newFailure(classInfra, "", err)}
+	return txOutcome{failedAt: -1, err: err, fail: newFailure(classInfra, "", err), contention: isContention(err)}
 }
 
 // runTx runs one transaction over items per p, between the batch hooks, as
@@ -113,14 +123,15 @@ func infra(err error) txOutcome {
 func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int) txOutcome {
 	items = items[:p.n]
 	info := BatchInfo{Topic: w.topic, Partition: w.partition, FirstOffset: items[0].msg.Offset,
-		LastOffset: items[len(items)-1].msg.Offset, Size: len(items), Attempt: attempt, HighWaterMark: w.hwm}
+		LastOffset: items[len(items)-1].msg.Offset, Size: len(items), Attempt: attempt, HighWaterMark: w.hwm,
+		BatchLimit: w.pace.Limit(), Serialized: w.serializedNow()}
 	for _, h := range w.c.hooks.start {
 		h.OnBatchStart(work, info)
 	}
 	began := time.Now()
 	a := &txAttempt{c: w.c, topic: w.topic, partition: w.partition, items: items, p: p.clone(),
 		next: w.next, positionKnown: w.positionKnown, assignedStart: w.assignedStart, sawDuplicates: w.sawDuplicates,
-		st: w.scratch}
+		st: w.scratch, serialized: info.Serialized, paceRow: w.paceRow()}
 	if a.st == nil {
 		a.st = &batchState{}
 	}
@@ -140,8 +151,13 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 		w.scratch = out.st
 		w.sawDuplicates = out.st.sawDuplicates
 	}
+	took := time.Since(began)
+	if out.committed > 0 && a.paceRow != nil {
+		w.paceShown = *a.paceRow
+	}
+	w.paced(work, info, &out, took)
 	if len(w.c.hooks.end) > 0 {
-		r := BatchResult{Duration: time.Since(began), Err: out.err}
+		r := BatchResult{Duration: took, Err: out.err}
 		if out.st != nil {
 			for _, f := range out.st.fates[:out.committed] {
 				switch f {

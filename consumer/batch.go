@@ -175,10 +175,12 @@ func (w *worker) newPlan(items []item) plan {
 //
 // So a failure neither re-applies nor drops its neighbours, and the
 // partition stays in order. Failures of the infrastructure (connection lost,
-// COMMIT outcome unknown, serialisation failures, deadlocks) run the same
-// transaction again after a backoff.
+// COMMIT outcome unknown) run the same transaction again after a backoff. A
+// transaction that lost a race for rows (a deadlock, a serialization
+// failure) runs again soon over fewer messages, and a transaction covers no
+// more than the partition's pace allows (see contention.go).
 func (w *worker) apply(stop, work context.Context, items []item) error {
-	backoff := w.c.retry.New()
+	backoff, short := w.c.retry.New(), contentionWaits.New()
 	attempt := 1
 	// Up to this offset, messages go one per transaction: a COMMIT over
 	// several of them was refused for their content.
@@ -188,6 +190,7 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 		if len(items) > 0 && items[0].msg.Offset <= oneByOneTo {
 			p.n = 1
 		}
+		p.n = min(p.n, w.pace.Limit())
 		return p
 	}
 	p := next()
@@ -206,6 +209,7 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 			}
 			p, attempt = next(), 1
 			backoff.Reset()
+			short.Reset()
 			continue
 		}
 		if work.Err() != nil {
@@ -234,6 +238,18 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 				slog.Int64("offset", items[0].msg.Offset), slog.String("error", out.err.Error()))...)
 			oneByOneTo = items[p.n-1].msg.Offset
 			p = next()
+			continue
+		}
+		if out.contention {
+			// The same messages first, fewer of them: the failure after
+			// the smaller plan, if any, is found again when it is reached.
+			if limit := w.pace.Limit(); p.n > limit {
+				p.n, p.after = limit, nil
+			}
+			attempt++
+			if retry.Sleep(stop, short.Next()) != nil {
+				return errInterrupted
+			}
 			continue
 		}
 		if out.failedAt < 0 {

@@ -100,8 +100,9 @@ func isPermanentSQLError(err error) bool {
 }
 
 // isInfraError reports failures of the database or the connection to it
-// rather than of the message: serialisation failures and deadlocks (the
-// transaction lost a race and should simply run again), the server shutting
+// rather than of the message: serialisation failures, deadlocks and lock
+// timeouts (the transaction lost a race and should simply run again; see
+// isContention), the server shutting
 // down, and connections that broke.
 func isInfraError(err error) bool {
 	var pgErr *pgconn.PgError
@@ -109,6 +110,7 @@ func isInfraError(err error) bool {
 		switch pgErr.Code {
 		case "40001", // serialization_failure
 			"40P01", // deadlock_detected
+			"55P03", // lock_not_available (lock_timeout)
 			"57P01", // admin_shutdown
 			"57P02", // crash_shutdown
 			"57P03": // cannot_connect_now

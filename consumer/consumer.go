@@ -54,6 +54,9 @@ type Consumer struct {
 	letters     *deadletter.Store
 	attempts    *attempts.Store
 	retry       retry.Policy
+	// gate is the key of the consumer's gate, which serialized transactions
+	// wait for (see queueGate).
+	gate int32
 	// publish wakes the dead-letter topic publisher (nil without one).
 	publish chan struct{}
 	// sess holds the session settings every transaction starts with. Run
@@ -128,6 +131,7 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 		letters:  letters,
 		attempts: tries,
 		retry:    retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
+		gate:     gateKey(c.Schema, c.Name),
 	}
 	out.setSession(sessionSettings(&c, false))
 	tries.Session = func(b *pgx.Batch) { out.session().queue(b) }

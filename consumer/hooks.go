@@ -71,6 +71,34 @@ type BatchInfo struct {
 	// brought the batch: HighWaterMark - LastOffset - 1 is the lag once the
 	// batch commits.
 	HighWaterMark int64
+	// BatchLimit is the most messages the partition's transactions cover
+	// now: Config.MaxBatch, or less while they lose races for rows (see
+	// HookContention).
+	BatchLimit int
+	// Serialized is set when the transaction waits its turn at the
+	// consumer's gate instead of racing the consumer's other transactions
+	// (see HookContention).
+	Serialized bool
+}
+
+// HookContention is called when a batch transaction lost a race for rows
+// to another transaction: a deadlock, a serialization failure or a lock
+// timeout. It runs again shortly, with fewer messages; such retries are
+// not attempts of any message and never set one aside. See "Hot rows" in
+// docs/design.md.
+type HookContention interface {
+	OnContention(ctx context.Context, b BatchInfo, c Contention)
+}
+
+// Contention describes a transaction that lost a race for rows.
+type Contention struct {
+	// Err is the database's error (SQLSTATE 40P01, 40001 or 55P03).
+	Err error
+	// BatchLimit is the partition's batch size from now on.
+	BatchLimit int
+	// Serialized is set when the partition's transactions now wait their
+	// turn at the consumer's gate.
+	Serialized bool
 }
 
 // BatchResult is the outcome of one batch transaction.
@@ -188,18 +216,19 @@ type TopicPartitionOffset struct {
 // hooks holds Config.Hooks sorted by interface, so the loop calls only what
 // exists.
 type hooks struct {
-	assigned  []HookPartitionAssigned
-	stopped   []HookPartitionStopped
-	start     []HookBatchStart
-	end       []HookBatchEnd
-	applied   []HookMessageApplied
-	skipped   []HookMessageSkipped
-	conflict  []HookFingerprintConflict
-	committed []HookOffsetsCommitted
-	failed    []HookMessageFailed
-	dead      []HookMessageDeadLettered
-	suspect   []HookSuspectDuplicate
-	handler   []HookHandlerEnd
+	assigned   []HookPartitionAssigned
+	stopped    []HookPartitionStopped
+	start      []HookBatchStart
+	end        []HookBatchEnd
+	applied    []HookMessageApplied
+	skipped    []HookMessageSkipped
+	conflict   []HookFingerprintConflict
+	committed  []HookOffsetsCommitted
+	failed     []HookMessageFailed
+	dead       []HookMessageDeadLettered
+	suspect    []HookSuspectDuplicate
+	handler    []HookHandlerEnd
+	contention []HookContention
 }
 
 func sortHooks(hs []Hook) (hooks, error) {
@@ -252,6 +281,10 @@ func sortHooks(hs []Hook) (hooks, error) {
 		}
 		if v, ok := h.(HookHandlerEnd); ok {
 			out.handler = append(out.handler, v)
+			n++
+		}
+		if v, ok := h.(HookContention); ok {
+			out.contention = append(out.contention, v)
 			n++
 		}
 		if n == 0 {

@@ -132,6 +132,9 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	sess := a.c.session()
 	q := &pgx.Batch{}
 	q.Queue("BEGIN")
+	if a.serialized {
+		a.c.queueGate(q)
+	}
 	head := append(make([]any, 0, len(sess.args)+5), sess.args...)
 	q.Queue(sess.oneTripHead, append(head, a.c.cfg.Name, a.topic, a.partition, a.next, items[n-1].msg.Offset+1)...)
 	claimed := len(st.claims) == 0
@@ -149,6 +152,7 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	// offsets.QueueOpen).
 	a.c.offsets.QueueClose(q, a.c.cfg.Name, a.topic, a.partition)
 	a.queueSuspects(q, n)
+	a.queuePace(q)
 	queueCommit(q)
 
 	conn, err := a.c.db.(connLender).Acquire(ctx)
@@ -197,6 +201,10 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 			why = "a message id was already claimed"
 		case !claimed:
 			return infra(fmt.Errorf("begin and claim: %w", err)), true
+		case isContention(pgErr):
+			// Lost a race for rows: the ordinary path would run into the
+			// same rows. The worker adapts first (see contention.go).
+			return infra(fmt.Errorf("batch: %w", err)), true
 		}
 		a.c.log.Debug("one-round-trip attempt dropped; running the batch claim-first", a.logAttrs(
 			slog.Int64("offset", items[0].msg.Offset), slog.String("why", why), slog.String("error", pgErr.Error()))...)

@@ -54,6 +54,10 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 	// the opening of the batch (only the consumer can commit it now: see
 	// offsets.QueueOpen) and the claims.
 	b := &pgx.Batch{}
+	if a.serialized {
+		// Before anything else: nothing is locked while it waits.
+		a.c.queueGate(b)
+	}
 	var prev *int64
 	a.c.offsets.QueueLock(b, a.c.cfg.Name, a.topic, a.partition, &prev)
 	a.c.offsets.QueueOpen(b, a.c.cfg.Name, a.topic, a.partition)
@@ -204,6 +208,7 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 		a.c.attempts.QueueClear(b, a.c.cfg.Name, a.topic, a.partition, items[0].msg.Offset, items[end-1].msg.Offset)
 	}
 	a.c.offsets.QueueAdvance(b, a.c.cfg.Name, a.topic, a.partition, items[end-1].msg.Offset+1)
+	a.queuePace(b)
 	closing := len(b.QueuedQueries)
 	// One round trip: the queued effects, the closing statements, COMMIT.
 	if err := bt.commitWith(ctx, b); err != nil {

@@ -10,7 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kafkaonce/kafkaonce/internal/attempts"
 	"github.com/kafkaonce/kafkaonce/internal/kafkafetch"
+	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/recent"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
 )
@@ -66,6 +68,14 @@ type worker struct {
 	// were not foreseen, so the next one probably does too and claims
 	// first (see oneTrip).
 	sawDuplicates bool
+
+	// pace sizes the partition's transactions and says when they take the
+	// consumer's gate, from the races for rows they lost (see
+	// contention.go). wasSerialized is what the last transaction did;
+	// paceShown is what the run's record shows of the pace.
+	pace          *pace.Pace
+	wasSerialized bool
+	paceShown     attempts.Pace
 }
 
 // run processes the partition until stop is done. A partition that cannot
@@ -295,6 +305,8 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 		return 0, err
 	}
 	w.started = true
+	w.pace = pace.New(w.c.cfg.MaxBatch)
+	w.paceShown = attempts.Pace{Run: w.runID, BatchLimit: w.pace.Limit()}
 	if starts >= 2 || inProgress {
 		// The previous run did not get past this offset: it may have died on
 		// a message of its first batch. Go one message at a time, counting

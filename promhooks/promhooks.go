@@ -25,6 +25,9 @@
 //	kafkaonce_partition_lag{topic,partition}     messages behind the log end after the last commit
 //	kafkaonce_partition_last_commit_timestamp_seconds{topic,partition}
 //	kafkaonce_partition_stopped{topic,partition} 1 while a partition is stopped
+//	kafkaonce_contention_retries_total{topic,partition}  transactions that lost a race for rows and ran again
+//	kafkaonce_partition_batch_limit{topic,partition}     most messages the partition's next transaction covers
+//	kafkaonce_partition_serialized{topic,partition}      1 while its transactions wait their turn at the consumer's gate
 //
 // docs/metrics.md has example alerts.
 package promhooks
@@ -51,6 +54,8 @@ type Hooks struct {
 	handlerDuration                       *prometheus.HistogramVec
 	commits, commitErrors                 prometheus.Counter
 	lag, lastCommit, stopped              *prometheus.GaugeVec
+	contention                            *prometheus.CounterVec
+	batchLimit, serialized                *prometheus.GaugeVec
 }
 
 // New creates the metrics for one consumer (its Config.Name) and registers
@@ -81,6 +86,9 @@ func New(reg prometheus.Registerer, consumerName string) (*Hooks, error) {
 		lag:        gauge("partition_lag", "Messages between the last committed batch and the log end, as of its fetch."),
 		lastCommit: gauge("partition_last_commit_timestamp_seconds", "When a batch of the partition last committed."),
 		stopped:    gauge("partition_stopped", "1 while the partition is stopped at a message it cannot process."),
+		contention: counter("contention_retries_total", "Batch transactions that lost a race for rows (deadlock, serialization failure, lock timeout) and ran again.", "topic", "partition"),
+		batchLimit: gauge("partition_batch_limit", "Most messages the partition's next transaction covers: MaxBatch, or less under contention."),
+		serialized: gauge("partition_serialized", "1 while the partition's transactions wait their turn at the consumer's gate because of contention."),
 	}
 	batchSize := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kafkaonce", Name: "batch_size",
 		Help: "Messages per batch transaction.", ConstLabels: labels, Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000}})
@@ -88,7 +96,8 @@ func New(reg prometheus.Registerer, consumerName string) (*Hooks, error) {
 	commitErrors := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kafkaonce", Name: "offset_commit_errors_total", Help: "Offset commits to Kafka that failed.", ConstLabels: labels})
 	h.batchSize, h.commits, h.commitErrors = batchSize, commits, commitErrors
 	for _, c := range []prometheus.Collector{h.applied, h.skipped, h.conflicts, h.dead, h.failures, h.retries, h.suspects,
-		batchSize, h.txDuration, h.handlerDuration, commits, commitErrors, h.lag, h.lastCommit, h.stopped} {
+		batchSize, h.txDuration, h.handlerDuration, commits, commitErrors, h.lag, h.lastCommit, h.stopped,
+		h.contention, h.batchLimit, h.serialized} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("promhooks: register: %w", err)
 		}
@@ -108,6 +117,8 @@ var (
 	_ consumer.HookOffsetsCommitted    = (*Hooks)(nil)
 	_ consumer.HookPartitionStopped    = (*Hooks)(nil)
 	_ consumer.HookPartitionAssigned   = (*Hooks)(nil)
+	_ consumer.HookBatchStart          = (*Hooks)(nil)
+	_ consumer.HookContention          = (*Hooks)(nil)
 )
 
 func (h *Hooks) OnMessageApplied(_ context.Context, m *consumer.Message) {
@@ -135,6 +146,24 @@ func (h *Hooks) OnMessageFailed(_ context.Context, m *consumer.Message, f consum
 
 func (h *Hooks) OnSuspectDuplicate(_ context.Context, m *consumer.Message, _ consumer.SuspectOf) {
 	h.suspects.WithLabelValues(m.Topic).Inc()
+}
+
+// OnBatchStart shows the partition's pace: its batch size and whether its
+// transactions take the gate.
+func (h *Hooks) OnBatchStart(_ context.Context, b consumer.BatchInfo) {
+	p := strconv.Itoa(b.Partition)
+	h.batchLimit.WithLabelValues(b.Topic, p).Set(float64(b.BatchLimit))
+	serialized := 0.0
+	if b.Serialized {
+		serialized = 1
+	}
+	h.serialized.WithLabelValues(b.Topic, p).Set(serialized)
+}
+
+func (h *Hooks) OnContention(_ context.Context, b consumer.BatchInfo, c consumer.Contention) {
+	p := strconv.Itoa(b.Partition)
+	h.contention.WithLabelValues(b.Topic, p).Inc()
+	h.batchLimit.WithLabelValues(b.Topic, p).Set(float64(c.BatchLimit))
 }
 
 func (h *Hooks) OnBatchEnd(_ context.Context, b consumer.BatchInfo, r consumer.BatchResult) {

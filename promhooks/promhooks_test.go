@@ -85,14 +85,48 @@ kafkaonce_message_failures_total{class="retries_exhausted",consumer="ledger",per
 # HELP kafkaonce_partition_lag Messages between the last committed batch and the log end, as of its fetch.
 # TYPE kafkaonce_partition_lag gauge
 kafkaonce_partition_lag{consumer="ledger",partition="0",topic="`+topic+`"} 0
+# HELP kafkaonce_partition_batch_limit Most messages the partition's next transaction covers: MaxBatch, or less under contention.
+# TYPE kafkaonce_partition_batch_limit gauge
+kafkaonce_partition_batch_limit{consumer="ledger",partition="0",topic="`+topic+`"} 1000
+# HELP kafkaonce_partition_serialized 1 while the partition's transactions wait their turn at the consumer's gate because of contention.
+# TYPE kafkaonce_partition_serialized gauge
+kafkaonce_partition_serialized{consumer="ledger",partition="0",topic="`+topic+`"} 0
 `), "kafkaonce_messages_applied_total", "kafkaonce_messages_dead_lettered_total", "kafkaonce_messages_skipped_total",
-		"kafkaonce_message_retries_total", "kafkaonce_message_failures_total", "kafkaonce_partition_lag"))
+		"kafkaonce_message_retries_total", "kafkaonce_message_failures_total", "kafkaonce_partition_lag",
+		"kafkaonce_partition_batch_limit", "kafkaonce_partition_serialized", "kafkaonce_contention_retries_total"))
 
 	// Every handler call was timed (5 calls in the first batch before the
 	// poison rolled it back, then re-runs); every commit reached Kafka.
 	require.GreaterOrEqual(t, histogramCount(t, reg, "kafkaonce_handler_duration_seconds"), uint64(6))
 	require.GreaterOrEqual(t, testutil.ToFloat64(counterWith(t, reg, "kafkaonce_offset_commits_total")), 1.0)
 	require.Zero(t, testutil.ToFloat64(counterWith(t, reg, "kafkaonce_offset_commit_errors_total")))
+}
+
+// The consumer's contention tests make real deadlocks (see
+// consumer/contention_test.go); here, what the hooks they call record.
+func TestContentionMetrics(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	h, err := promhooks.New(reg, "ledger")
+	require.NoError(t, err)
+	ctx := context.Background()
+	b := consumer.BatchInfo{Topic: "transfers", Partition: 3, Size: 1000, BatchLimit: 1000}
+	h.OnBatchStart(ctx, b)
+	h.OnContention(ctx, b, consumer.Contention{Err: errors.New("deadlock detected"), BatchLimit: 500, Serialized: true})
+	b.Size, b.BatchLimit, b.Serialized = 500, 500, true
+	h.OnBatchStart(ctx, b)
+	h.OnContention(ctx, b, consumer.Contention{Err: errors.New("deadlock detected"), BatchLimit: 250, Serialized: true})
+	require.NoError(t, testutil.GatherAndCompare(reg, stringsReader(`
+# HELP kafkaonce_contention_retries_total Batch transactions that lost a race for rows (deadlock, serialization failure, lock timeout) and ran again.
+# TYPE kafkaonce_contention_retries_total counter
+kafkaonce_contention_retries_total{consumer="ledger",partition="3",topic="transfers"} 2
+# HELP kafkaonce_partition_batch_limit Most messages the partition's next transaction covers: MaxBatch, or less under contention.
+# TYPE kafkaonce_partition_batch_limit gauge
+kafkaonce_partition_batch_limit{consumer="ledger",partition="3",topic="transfers"} 250
+# HELP kafkaonce_partition_serialized 1 while the partition's transactions wait their turn at the consumer's gate because of contention.
+# TYPE kafkaonce_partition_serialized gauge
+kafkaonce_partition_serialized{consumer="ledger",partition="3",topic="transfers"} 1
+`), "kafkaonce_contention_retries_total", "kafkaonce_partition_batch_limit", "kafkaonce_partition_serialized"))
 }
 
 func TestNewRejectsAnEmptyName(t *testing.T) {

@@ -116,6 +116,40 @@ func (s *Store) QueueClear(b *pgx.Batch, consumer, topic string, partition int, 
 		consumer, topic, partition, first, last)
 }
 
+// Pace is what a run's record shows of how the run adapts to contention
+// (see kafkaonce status).
+type Pace struct {
+	// Run is the run's number, as Assigned returned it.
+	Run int64
+	// BatchLimit is the most messages the run's next transaction covers.
+	BatchLimit int
+	// ContentionRetries counts the run's transactions that lost a race for
+	// rows and ran again.
+	ContentionRetries int64
+	// LastContention is when the last of them lost (zero: never).
+	LastContention time.Time
+	// SerializedUntil is until when the run's transactions wait their turn
+	// at the consumer's gate (zero: never).
+	SerializedUntil time.Time
+}
+
+// QueuePace adds to b the statement that shows p in the run's record, for
+// the transaction that commits the run's next batch. A run that is not
+// the partition's latest any more (a member expelled from the group) writes
+// nothing.
+func (s *Store) QueuePace(b *pgx.Batch, consumer, topic string, partition int, p Pace) {
+	b.Queue(`UPDATE `+s.runs+` SET batch_limit = $5, contention_retries = $6, last_contention_at = $7, serialized_until = $8
+WHERE consumer = $1 AND topic = $2 AND partition = $3 AND run = $4`,
+		consumer, topic, partition, p.Run, p.BatchLimit, p.ContentionRetries, nullTime(p.LastContention), nullTime(p.SerializedUntil))
+}
+
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
 // Assigned records that a run of the partition starts at start and returns
 // the run's number, for Ended, and what a careful start needs: how many runs
 // in a row started there, whether an attempt of the message at start was in

@@ -1,0 +1,213 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+)
+
+// ledger is a table of a few hot accounts and transfers between them: each
+// message moves one unit from one account to another, and its handler
+// locks the two in sorted order, as a careful hand-written handler does.
+type ledger struct {
+	e        *env
+	accounts int
+	table    string
+}
+
+func newLedger(e *env, accounts int) *ledger {
+	l := &ledger{e: e, accounts: accounts, table: e.db.Table("accounts")}
+	e.db.Exec(e.t, `CREATE TABLE `+l.table+` (id int PRIMARY KEY, balance bigint NOT NULL DEFAULT 0, postings bigint NOT NULL DEFAULT 0)`)
+	e.db.Exec(e.t, `INSERT INTO `+l.table+` (id) SELECT generate_series(0, $1::int - 1)`, accounts)
+	return l
+}
+
+// produce writes n transfers over the partitions, with values "from:to".
+func (l *ledger) produce(prefix string, n int, seed uint64) []string {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	ids := make([]string, n)
+	msgs := make([]kafka.Message, n)
+	for i := range n {
+		from := rng.IntN(l.accounts)
+		to := (from + 1 + rng.IntN(l.accounts-1)) % l.accounts
+		ids[i] = fmt.Sprintf("%s-%d", prefix, i)
+		msgs[i] = msg(i%l.e.parts, ids[i], fmt.Sprintf("%d:%d", from, to))
+	}
+	l.e.kafka.Produce(l.e.t, l.e.topic, msgs...)
+	return ids
+}
+
+// handler applies a transfer: the effects row the checker reads, then the
+// two accounts, the lower id first.
+func (l *ledger) handler() consumer.Handler {
+	effect := l.e.applyHandler()
+	update := `UPDATE ` + l.table + ` SET balance = balance + $2, postings = postings + 1 WHERE id = $1`
+	return consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := effect.Handle(ctx, tx, m); err != nil {
+			return err
+		}
+		var from, to int
+		if _, err := fmt.Sscanf(string(m.Value), "%d:%d", &from, &to); err != nil {
+			return consumer.Permanent(err)
+		}
+		first, second, amount := from, to, int64(-1)
+		if to < from {
+			first, second, amount = to, from, 1
+		}
+		if _, err := tx.Exec(ctx, update, first, amount); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, update, second, -amount)
+		return err
+	})
+}
+
+// requireBalanced asserts that n transfers were each posted once.
+func (l *ledger) requireBalanced(n int) {
+	l.e.t.Helper()
+	require.EqualValues(l.e.t, 0, l.e.db.Int(l.e.t, `SELECT sum(balance) FROM `+l.table), "balances sum to zero")
+	require.EqualValues(l.e.t, 2*n, l.e.db.Int(l.e.t, `SELECT sum(postings) FROM `+l.table), "two postings per transfer")
+}
+
+// contentions counts the hook's reports.
+type contentions struct {
+	mu      sync.Mutex
+	n       int
+	serial  int
+	minSize int
+	failed  int
+}
+
+// OnMessageFailed counts failures of messages, which contention must never
+// cause.
+func (c *contentions) OnMessageFailed(context.Context, *consumer.Message, consumer.Failure) {
+	c.mu.Lock()
+	c.failed++
+	c.mu.Unlock()
+}
+
+func (c *contentions) OnContention(_ context.Context, _ consumer.BatchInfo, ct consumer.Contention) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n++
+	if ct.Serialized {
+		c.serial++
+	}
+	if c.minSize == 0 || ct.BatchLimit < c.minSize {
+		c.minSize = ct.BatchLimit
+	}
+}
+
+func (c *contentions) count() (n, serialized, failed int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n, c.serial, c.failed
+}
+
+// A per-message Handler on a handful of hot rows, many partitions, the
+// default batch size: every batch touches every account, each in its own
+// message order, so concurrent batches deadlock. They must adapt (smaller
+// batches, then their turn at the consumer's gate) and drain; retrying
+// the same batch the same way deadlocks again and again, for minutes.
+func TestADeadlockStormOnHotRowsDrains(t *testing.T) {
+	t.Parallel()
+	const partitions, transfers = 12, 12000
+	e := setup(t, partitions)
+	l := newLedger(e, 5)
+	ids := l.produce("t", transfers, 1)
+
+	seen := &contentions{}
+	cfg := e.config(l.handler())
+	cfg.MaxBatch = consumer.DefaultMaxBatch
+	cfg.Hooks = append(cfg.Hooks, seen)
+	r := e.start(cfg)
+	began := time.Now()
+	// Retrying each deadlocked batch unchanged misses this by far.
+	e.waitEffects(transfers, 60*time.Second)
+	t.Logf("drained %d transfers over %d partitions and 5 accounts in %v", transfers, partitions, time.Since(began).Round(time.Millisecond))
+	r.stop()
+
+	l.requireBalanced(transfers)
+	e.check(expectation{ids: ids})
+	n, serialized, failed := seen.count()
+	require.Positive(t, n, "the hook saw the contention")
+	require.Positive(t, serialized, "partitions took the gate")
+	require.Zero(t, failed, "contention is never a message's failure")
+	require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("dead_letters")))
+	require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("message_attempts")), "no attempt was counted")
+}
+
+// Handlers in REPEATABLE READ transactions (the pool's default isolation)
+// that read a hot row and write it back: concurrent partitions fail each
+// other's transactions with serialization failures, at the UPDATE or at
+// COMMIT. Each is run again, and every transfer is posted once.
+func TestSerializationFailuresUnderRepeatableReadAreRetried(t *testing.T) {
+	t.Parallel()
+	const partitions, transfers = 6, 1500
+	e := setup(t, partitions)
+	l := newLedger(e, 3)
+	ids := l.produce("rr", transfers, 2)
+	pool := e.db.PoolVia(t, e.db.ServerAddr(t), func(c *pgxpool.Config) {
+		c.MaxConns = 16
+		c.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+	})
+
+	effect := e.applyHandler()
+	read := `SELECT balance FROM ` + l.table + ` WHERE id = $1`
+	write := `UPDATE ` + l.table + ` SET balance = $2, postings = postings + 1 WHERE id = $1`
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		var iso string
+		if err := tx.QueryRow(ctx, `SHOW transaction_isolation`).Scan(&iso); err != nil {
+			return err
+		}
+		if iso != "repeatable read" {
+			return consumer.Permanent(fmt.Errorf("the handler runs in %s", iso))
+		}
+		if err := effect.Handle(ctx, tx, m); err != nil {
+			return err
+		}
+		var from, to int
+		if _, err := fmt.Sscanf(string(m.Value), "%d:%d", &from, &to); err != nil {
+			return consumer.Permanent(err)
+		}
+		for _, acct := range []struct {
+			id     int
+			amount int64
+		}{{min(from, to), 1}, {max(from, to), -1}} {
+			if from > to {
+				acct.amount = -acct.amount
+			}
+			var balance int64
+			if err := tx.QueryRow(ctx, read, acct.id).Scan(&balance); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, write, acct.id, balance+acct.amount); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	seen := &contentions{}
+	cfg := e.config(h)
+	cfg.MaxBatch = consumer.DefaultMaxBatch
+	cfg.Hooks = append(cfg.Hooks, seen)
+	e.start(cfg, pool)
+	e.waitEffects(transfers, 60*time.Second)
+
+	l.requireBalanced(transfers)
+	e.check(expectation{ids: ids})
+	n, _, failed := seen.count()
+	require.Positive(t, n, "transactions failed to serialize and were retried")
+	require.Zero(t, failed, "contention is never a message's failure")
+	require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("dead_letters")))
+}

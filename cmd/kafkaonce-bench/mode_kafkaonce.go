@@ -15,7 +15,7 @@ import (
 // per-message Handler: the way most handlers are written.
 func runKafkaonce(ctx context.Context, e *env, c cell, b backlog, rec *recorder) error {
 	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		return applyOne(ctx, tx, c.Effect, accountOf(m.Key))
+		return applyOne(ctx, tx, c.Effect, m.Key, m.Value)
 	})
 	return runConsumer(ctx, e, c, b, rec, "kafkaonce", func(cfg *consumer.Config) { cfg.Handler = h })
 }
@@ -34,6 +34,16 @@ func runKafkaonceBatch(ctx context.Context, e *env, c cell, b backlog, rec *reco
 				accs[i] = accountOf(m.Key)
 			}
 			bt.Queue(updateSetSQL, accs)
+		case effectTransfer:
+			// The optimum's two statements: the batch's accounts locked in
+			// id order, then the net change of each. A set per call, as for
+			// the UPDATE.
+			var t transferSet
+			for _, m := range bt.Messages {
+				t.add(m.Value)
+			}
+			bt.Queue(transferLockSQL, t.accounts())
+			bt.Queue(transferBatchSQL, t.src, t.dst)
 		case effectWait:
 			time.Sleep(time.Duration(len(bt.Messages)) * 2 * time.Millisecond)
 		}

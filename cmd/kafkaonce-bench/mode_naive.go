@@ -75,7 +75,7 @@ func naiveApply(ctx context.Context, e *env, c cell, table, name string, m *kafk
 		if err != nil || tag.RowsAffected() == 0 {
 			return err
 		}
-		return applyOne(ctx, tx, c.Effect, accountOf(m.Key))
+		return applyOne(ctx, tx, c.Effect, m.Key, m.Value)
 	})
 }
 

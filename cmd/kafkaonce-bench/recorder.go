@@ -28,6 +28,12 @@ type recorder struct {
 	// statements and per-partition buffers exist.
 	halfway     func()
 	halfwayOnce sync.Once
+
+	// ended, when set (unix nanoseconds), is when a run that did not
+	// finish its backlog was stopped: its time runs until then, not until
+	// its last commit, or a run that stopped making progress long before
+	// its time budget ran out would look fast.
+	ended atomic.Int64
 }
 
 func newRecorder(want int) *recorder {
@@ -65,8 +71,14 @@ func (r *recorder) observe(sent, now time.Time) {
 }
 
 func (r *recorder) elapsed() time.Duration {
+	if end := r.ended.Load(); end != 0 && r.done.Load() < r.want && r.first.Load() != 0 {
+		return time.Duration(end - r.first.Load())
+	}
 	return time.Duration(r.last.Load() - r.first.Load())
 }
+
+// stop records that the run stopped at t, its backlog done or not.
+func (r *recorder) stop(t time.Time) { r.ended.Store(t.UnixNano()) }
 
 // percentile of the recorded latencies (q in [0,1]).
 func (r *recorder) percentile(q float64) time.Duration {

@@ -88,12 +88,34 @@ func transferValue(from, to int) []byte {
 	return v
 }
 
+func TestLongestStall(t *testing.T) {
+	at := func(s float64) time.Time { return time.Unix(100, 0).Add(time.Duration(s * float64(time.Second))) }
+	rec := newRecorder(6)
+	rec.stalls = newStalls([]int{3, 3, 0})
+	rec.start(at(0))
+	rec.add(0, 1, at(1))
+	rec.add(1, 3, at(0.5)) // partition 1 done
+	rec.add(0, 1, at(3))   // 2 s since its last commit
+	rec.stop(at(3.5))
+	if got := rec.longestStall(); got != 2*time.Second {
+		t.Fatalf("longest stall %v, want 2s", got)
+	}
+	// Partition 0 never finished: stalled from its last commit to the end.
+	rec.stop(at(6))
+	if got := rec.longestStall(); got != 3*time.Second {
+		t.Fatalf("longest stall %v, want 3s", got)
+	}
+	if got := rec.elapsed(); got != 6*time.Second {
+		t.Fatalf("a partial run's time is %v, want 6s (until it stopped)", got)
+	}
+}
+
 func TestCheckTransfers(t *testing.T) {
 	c := base
 	c.Effect, c.Accounts = effectTransfer, 50
 	b := backlog{total: 10, unique: 8}
 	rec := newRecorder(10)
-	rec.add(10, time.Now())
+	rec.add(0, 10, time.Now())
 	if got, err := check(c, b, rec, totals{5, 100}, totals{5, 116}); err != nil || got != "once each" {
 		t.Fatalf("check: %q, %v", got, err)
 	}

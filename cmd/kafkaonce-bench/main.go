@@ -19,7 +19,9 @@
 // transfer effect moves 1 unit between two of a few hot accounts
 // (accounts=50, and 5), each mode locking the accounts in id order (see
 // transfer.go). The per-message loop stops at -slow-budget, the others at
-// -hot-budget; -only transfer runs these cells alone.
+// -hot-budget; -only transfer runs these cells alone. Every run records
+// its longest stall: the longest time a partition went without a commit
+// while it had messages left (see stalls).
 //
 // Each round produces a fresh topic per cell and runs every mode on it, in
 // an order that rotates between rounds; tables report the median of the
@@ -409,6 +411,7 @@ func runOne(ctx context.Context, e *env, m mode, c cell, b backlog, round int, o
 		return r, err
 	}
 	rec := newRecorder(b.total)
+	rec.stalls = newStalls(b.perPartition)
 	rctx, cancel := context.WithTimeout(ctx, budget(m, c, o))
 	defer cancel()
 	snap := takeSnapshot(e, rec)

@@ -114,11 +114,14 @@ func (k *kafkaonceHooks) OnBatchStart(context.Context, consumer.BatchInfo) {
 	k.rec.start(time.Now())
 }
 
-func (k *kafkaonceHooks) OnBatchEnd(_ context.Context, _ consumer.BatchInfo, r consumer.BatchResult) {
-	if r.Err == nil {
-		k.rec.batch()
+// OnBatchEnd records a committed batch; the partition's progress (for
+// the longest stall) only counts when something committed.
+func (k *kafkaonceHooks) OnBatchEnd(_ context.Context, b consumer.BatchInfo, r consumer.BatchResult) {
+	if r.Err != nil {
+		return
 	}
-	k.rec.add(r.Applied+r.Skipped, time.Now())
+	k.rec.batch()
+	k.rec.add(b.Partition, r.Applied+r.Skipped, time.Now())
 }
 
 func (k *kafkaonceHooks) OnMessageApplied(_ context.Context, m *consumer.Message) {

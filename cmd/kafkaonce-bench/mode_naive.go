@@ -43,7 +43,7 @@ func runNaiveOne(ctx context.Context, e *env, c cell, b backlog, rec *recorder) 
 		if sent, ok := sentAt(m.Headers); ok {
 			rec.observe(sent, now)
 		}
-		rec.add(1, now)
+		rec.add(m.Partition, 1, now)
 		if rec.done.Load() >= rec.want {
 			return nil
 		}

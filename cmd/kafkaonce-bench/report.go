@@ -71,6 +71,7 @@ func newReport(results []result, e *env, o options) *report {
 		m.SteadyRoundTripsPerBatch = med(func(r result) float64 { return r.SteadyRoundTripsPerBatch })
 		m.SteadyMsgsPerSec = med(func(r result) float64 { return r.SteadyMsgsPerSec })
 		m.PeakRSSMiB = med(func(r result) float64 { return r.PeakRSSMiB })
+		m.MaxStallSec = med(func(r result) float64 { return r.MaxStallSec })
 		for _, r := range rs {
 			if r.Correct != m.Correct {
 				m.Correct = "mixed"

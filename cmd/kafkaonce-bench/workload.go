@@ -78,6 +78,9 @@ type backlog struct {
 	topic  string
 	total  int // messages in the log
 	unique int // distinct ids among them
+	// perPartition counts the messages of each partition (nil when not
+	// known beforehand, as in latency runs).
+	perPartition []int
 }
 
 // runNames hands out the consumer names the modes claim ids under: one per
@@ -171,15 +174,18 @@ func (g *generator) partitionOf(key []byte) int {
 
 // produce writes n messages of the cell's workload to a new topic.
 // Position ids make every message unique (a re-send lands at a new
-// offset), so duplicates only exist for header ids.
+// offset), so duplicates only exist for header ids. The backlog counts the
+// messages of each partition, for the longest stall (see stalls).
 func produce(ctx context.Context, brokers []string, topic string, c cell, n int, seed uint64) (backlog, error) {
 	w := newWriter(brokers, topic)
 	defer w.Close()
 	g := newGenerator(c, seed)
 	ids := map[string]struct{}{}
 	buf := make([]kafka.Message, 0, 5000)
+	perPartition := make([]int, c.Partitions)
 	for i := 0; i < n; i++ {
 		m := g.next()
+		perPartition[m.Partition]++
 		m.Headers = append(m.Headers[:len(m.Headers):len(m.Headers)], kafka.Header{Key: sentHeader, Value: stamp(time.Now())})
 		// Without re-sends every id is new (UUIDs); the set is only kept
 		// when there are duplicates to count, so that a 10M backlog does not
@@ -195,7 +201,7 @@ func produce(ctx context.Context, brokers []string, topic string, c cell, n int,
 			buf = buf[:0]
 		}
 	}
-	b := backlog{topic: topic, total: n, unique: len(ids)}
+	b := backlog{topic: topic, total: n, unique: len(ids), perPartition: perPartition}
 	if c.IDs == idPosition || c.Dups == 0 {
 		b.unique = n
 	}

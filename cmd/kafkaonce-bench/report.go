@@ -325,15 +325,19 @@ func (rep *report) summary() summary {
 	return s
 }
 
-// ratio is mode a's msgs/s over mode b's on cell c, 0 when either was not
-// run.
-func (rep *report) ratio(a, b string, c cell) float64 {
+// ratio is mode a's msgs/s over mode b's on cell c to two decimals, 0
+// when either was not run.
+func (rep *report) ratio(a, b string, c cell) float64 { return round2(rep.exactRatio(a, b, c)) }
+
+// exactRatio is ratio unrounded: on hot rows a mode can be thousands of
+// times slower than another, which two decimals would show as 0.
+func (rep *report) exactRatio(a, b string, c cell) float64 {
 	x, ok1 := rep.find(a, c)
 	y, ok2 := rep.find(b, c)
 	if !ok1 || !ok2 || y.MsgsPerSec == 0 {
 		return 0
 	}
-	return round2(x.MsgsPerSec / y.MsgsPerSec)
+	return x.MsgsPerSec / y.MsgsPerSec
 }
 
 func (rep *report) writeJSON(path string) error {

@@ -34,11 +34,12 @@ func openPool(ctx context.Context, url string, wire *wireCounters, conns int) (*
 }
 
 // setupTables creates the benchmark's tables; the accounts start at 0.
+// postings counts the transfers applied to an account (see transfer.go).
 func setupTables(ctx context.Context, db *pgxpool.Pool) error {
 	_, err := db.Exec(ctx, `
 CREATE SCHEMA IF NOT EXISTS `+benchSchema+`;
 DROP TABLE IF EXISTS `+benchSchema+`.accounts;
-CREATE TABLE `+benchSchema+`.accounts (id int PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
+CREATE TABLE `+benchSchema+`.accounts (id int PRIMARY KEY, balance bigint NOT NULL DEFAULT 0, postings bigint NOT NULL DEFAULT 0);
 INSERT INTO `+benchSchema+`.accounts (id) SELECT generate_series(0, `+fmt.Sprint(accounts-1)+`);`)
 	return err
 }
@@ -129,12 +130,14 @@ func settle(ctx context.Context, db *pgxpool.Pool) error {
 	return nil
 }
 
-// balanceSum is the sum of all balances, to check that a run applied each
+// totals are the sums over all accounts, to check that a run applied each
 // message's effect once.
-func balanceSum(ctx context.Context, db *pgxpool.Pool) (int64, error) {
-	var n int64
-	err := db.QueryRow(ctx, `SELECT sum(balance) FROM `+benchSchema+`.accounts`).Scan(&n)
-	return n, err
+type totals struct{ balance, postings int64 }
+
+func accountTotals(ctx context.Context, db *pgxpool.Pool) (totals, error) {
+	var t totals
+	err := db.QueryRow(ctx, `SELECT sum(balance), sum(postings) FROM `+benchSchema+`.accounts`).Scan(&t.balance, &t.postings)
+	return t, err
 }
 
 // Effect SQL. The per-message form is what a per-message handler runs; the
@@ -145,12 +148,14 @@ const (
 FROM (SELECT id, count(*) AS n FROM unnest($1::int[]) AS id GROUP BY id) AS d WHERE a.id = d.id`
 )
 
-// applyOne is the per-message effect.
-func applyOne(ctx context.Context, tx pgx.Tx, e effect, account int32) error {
+// applyOne is the per-message effect of a message with this key and value.
+func applyOne(ctx context.Context, tx pgx.Tx, e effect, key, value []byte) error {
 	switch e {
 	case effectUpdate:
-		_, err := tx.Exec(ctx, updateOneSQL, account)
+		_, err := tx.Exec(ctx, updateOneSQL, accountOf(key))
 		return err
+	case effectTransfer:
+		return applyTransfer(ctx, tx, value)
 	case effectWait:
 		time.Sleep(2 * time.Millisecond)
 	}

@@ -15,6 +15,14 @@
 // BatchHandler running the waits of up to 32 keys at a time with
 // consumer.ForEachKey.
 //
+// Hot rows (full set; naive-pp, optimum, kafkaonce, kafkaonce-batch): the
+// transfer effect moves 1 unit between two of a few hot accounts
+// (accounts=50, and 5), each mode locking the accounts in id order (see
+// transfer.go). The per-message loop stops at -slow-budget, the others at
+// -hot-budget; -only transfer runs these cells alone. Every run records
+// its longest stall: the longest time a partition went without a commit
+// while it had messages left (see stalls).
+//
 // Each round produces a fresh topic per cell and runs every mode on it, in
 // an order that rotates between rounds; tables report the median of the
 // rounds. Every run claims under a consumer name of its own, short and of
@@ -83,6 +91,7 @@ type options struct {
 	rounds     int
 	messages   int
 	slowBudget time.Duration
+	hotBudget  time.Duration
 	prefill    int
 	jsonPath   string
 	markdown   string
@@ -109,6 +118,7 @@ func main() {
 	fs.IntVar(&o.rounds, "rounds", 0, "rounds of interleaved runs (default 2 quick, 3 full)")
 	fs.IntVar(&o.messages, "messages", 0, "backlog per cell and round (default 120,000 quick, 200,000 full)")
 	fs.DurationVar(&o.slowBudget, "slow-budget", 0, "how long the per-message loops run per cell (default 5s quick, 10s full)")
+	fs.DurationVar(&o.hotBudget, "hot-budget", 60*time.Second, "how long the other modes run per hot-rows cell at most (the per-message loops keep -slow-budget)")
 	fs.IntVar(&o.prefill, "prefill", 10_000_000, "rows in the pre-filled processed_messages table (full set)")
 	fs.StringVar(&o.jsonPath, "json", "bench-results/results.json", "where to write every run as JSON (empty: nowhere)")
 	fs.StringVar(&o.markdown, "markdown", "", "write BENCHMARKS.md here (full set; empty: not written)")
@@ -202,6 +212,23 @@ func buildPlan(o options) []planned {
 	}
 	for _, b := range []int{1, 10, 100} {
 		p = append(p, planned{c: with(func(c *cell) { c.MaxBatch = b }), modes: []string{"optimum", "kafkaonce", "kafkaonce-batch"}, msgs: min(5000*b, 200_000), group: "batch size"})
+	}
+	return append(p, hotPlan(with)...)
+}
+
+// hotMessages is the backlog of a hot-rows cell: enough for the batched
+// modes to run for a second or more, more than the per-message loop gets
+// through in its time budget (about 7,000 msgs/s at best, 50 accounts).
+const hotMessages = 200_000
+
+// hotPlan lists the hot-rows cells: transfers between 50 accounts, and
+// between 5 (the extreme), on the base cell's 12 partitions and batches
+// of 1000. No raw run: its figure would be the axes' own.
+func hotPlan(with func(func(*cell)) cell) []planned {
+	modes := []string{"naive-pp", "optimum", "kafkaonce", "kafkaonce-batch"}
+	var p []planned
+	for _, n := range []int{50, 5} {
+		p = append(p, planned{c: with(func(c *cell) { c.Effect, c.Accounts = effectTransfer, n }), modes: modes, msgs: hotMessages, group: "hot rows"})
 	}
 	return p
 }
@@ -379,30 +406,28 @@ func runOne(ctx context.Context, e *env, m mode, c cell, b backlog, round int, o
 	if err := settle(ctx, e.db); err != nil {
 		return r, err
 	}
-	before, err := balanceSum(ctx, e.db)
+	before, err := accountTotals(ctx, e.db)
 	if err != nil {
 		return r, err
 	}
 	rec := newRecorder(b.total)
-	limit := 10 * time.Minute
-	if m.slow {
-		limit = o.slowBudget
-	}
-	rctx, cancel := context.WithTimeout(ctx, limit)
+	rec.stalls = newStalls(b.perPartition)
+	rctx, cancel := context.WithTimeout(ctx, budget(m, c, o))
 	defer cancel()
 	snap := takeSnapshot(e, rec)
 	err = m.run(rctx, e, c, b, rec)
+	rec.stop(stoppedAt(rctx))
 	snap.finish(e, &r, rec)
 	if err != nil {
 		return r, err
 	}
 	r.Correct = "-"
 	if m.usesDB {
-		after, err := balanceSum(ctx, e.db)
+		after, err := accountTotals(ctx, e.db)
 		if err != nil {
 			return r, err
 		}
-		r.Correct, err = check(c, b, rec, after-before)
+		r.Correct, err = check(c, b, rec, before, after)
 		if err != nil {
 			return r, fmt.Errorf("%s: %w", m.name, err)
 		}
@@ -410,17 +435,53 @@ func runOne(ctx context.Context, e *env, m mode, c cell, b backlog, round int, o
 	return r, nil
 }
 
+// budget is how long a run may take: the per-message loops get
+// -slow-budget; the other modes get -hot-budget on hot rows, where a
+// consumer whose transactions deadlock could take hours over its backlog,
+// and 10 minutes elsewhere.
+func budget(m mode, c cell, o options) time.Duration {
+	switch {
+	case m.slow:
+		return o.slowBudget
+	case c.hot():
+		return o.hotBudget
+	}
+	return 10 * time.Minute
+}
+
+// stoppedAt is when a run under ctx stopped: now, or the end of its time
+// budget if that came first (a consumer may take a moment to stop).
+func stoppedAt(ctx context.Context) time.Time {
+	now := time.Now()
+	if d, ok := ctx.Deadline(); ok && d.Before(now) {
+		return d
+	}
+	return now
+}
+
 // check verifies a finished run applied each distinct message's effect
-// once (the UPDATE adds one per message to the accounts' total).
-func check(c cell, b backlog, rec *recorder, delta int64) (string, error) {
+// once: the UPDATE adds one per message to the balance sum; a transfer
+// leaves the balance sum as it was and adds one posting to each of its
+// two accounts. A run stopped by its time budget can only be checked for
+// transfers left half-applied.
+func check(c cell, b backlog, rec *recorder, before, after totals) (string, error) {
+	if c.Effect == effectTransfer && after.balance != before.balance {
+		return "", fmt.Errorf("the transfers changed the balance sum by %d", after.balance-before.balance)
+	}
 	if rec.done.Load() < int64(b.total) {
 		return "partial (time budget)", nil
 	}
-	if c.Effect != effectUpdate {
+	switch c.Effect {
+	case effectUpdate:
+		if delta := after.balance - before.balance; delta != int64(b.unique) {
+			return "", fmt.Errorf("the effect was applied %d times for %d distinct messages", delta, b.unique)
+		}
+	case effectTransfer:
+		if delta := after.postings - before.postings; delta != 2*int64(b.unique) {
+			return "", fmt.Errorf("the transfers made %d postings for %d distinct messages (2 each)", delta, b.unique)
+		}
+	default:
 		return "complete", nil
-	}
-	if delta != int64(b.unique) {
-		return "", fmt.Errorf("the effect was applied %d times for %d distinct messages", delta, b.unique)
 	}
 	return "once each", nil
 }

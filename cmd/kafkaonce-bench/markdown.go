@@ -49,14 +49,8 @@ func (rep *report) writeMarkdown(path, chart string) error {
 	}
 	sb.WriteString("\n## All runs (median of the rounds)\n\n")
 	sb.WriteString("Allocations and bytes per message are beyond raw kafka-go fetching of the same cell; DB round trips and offset commits are counted on the wire. \"2nd half\" columns count only the second half of each run's messages: the steady state, after connections, prepared statements and per-partition buffers exist. A figure beyond raw can come out below zero: kafka-go's own allocations per message are not the same at the raw loop's pace as at a consumer's (how full its fetches are differs), so the difference measures kafkaonce's allocations only to within that.\n\n")
-	first := true
-	rep.table(func(cols []string) {
-		fmt.Fprintf(&sb, "| %s |\n", strings.Join(cols, " | "))
-		if first {
-			fmt.Fprintf(&sb, "|%s\n", strings.Repeat("---|", len(cols)))
-			first = false
-		}
-	})
+	markdownTable(&sb, rep.table)
+	rep.hotMarkdown(&sb)
 	if chart != "" {
 		rel, err := filepath.Rel(filepath.Dir(path), chart)
 		if err != nil {
@@ -65,4 +59,16 @@ func (rep *report) writeMarkdown(path, chart string) error {
 		fmt.Fprintf(&sb, "\n## Chart\n\n![throughput by mode and by batch size](%s)\n", filepath.ToSlash(rel))
 	}
 	return os.WriteFile(path, []byte(sb.String()), 0o644)
+}
+
+// markdownTable writes a table (its first line the header) as Markdown.
+func markdownTable(sb *strings.Builder, table func(emit func([]string))) {
+	first := true
+	table(func(cols []string) {
+		fmt.Fprintf(sb, "| %s |\n", strings.Join(cols, " | "))
+		if first {
+			fmt.Fprintf(sb, "|%s\n", strings.Repeat("---|", len(cols)))
+			first = false
+		}
+	})
 }

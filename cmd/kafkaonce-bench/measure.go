@@ -32,7 +32,10 @@ type result struct {
 	SteadyRoundTripsPerBatch float64 `json:"steady_db_round_trips_per_batch"`
 	SteadyMsgsPerSec         float64 `json:"steady_msgs_per_sec"`
 	PeakRSSMiB               float64 `json:"peak_rss_mib"`
-	Correct                  string  `json:"correct"` // how the run's effect was checked
+	// MaxStallSec is the longest time any partition went without progress
+	// while it had messages left (see stalls); 0 where not measured.
+	MaxStallSec float64 `json:"max_stall_sec,omitempty"`
+	Correct     string  `json:"correct"` // how the run's effect was checked
 	// Latency runs only.
 	LoadMsgsPerSec float64 `json:"load_msgs_per_sec,omitempty"`
 	P50ms          float64 `json:"p50_ms,omitempty"`
@@ -104,6 +107,7 @@ func (s *snapshot) finish(e *env, r *result, rec *recorder) {
 		}
 	}
 	r.PeakRSSMiB = float64(peakRSS()) / (1 << 20)
+	r.MaxStallSec = rec.longestStall().Seconds()
 	if rec.latency {
 		r.P50ms = float64(rec.percentile(0.50)) / float64(time.Millisecond)
 		r.P99ms = float64(rec.percentile(0.99)) / float64(time.Millisecond)

@@ -15,7 +15,7 @@ import (
 // per-message Handler: the way most handlers are written.
 func runKafkaonce(ctx context.Context, e *env, c cell, b backlog, rec *recorder) error {
 	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		return applyOne(ctx, tx, c.Effect, accountOf(m.Key))
+		return applyOne(ctx, tx, c.Effect, m.Key, m.Value)
 	})
 	return runConsumer(ctx, e, c, b, rec, "kafkaonce", func(cfg *consumer.Config) { cfg.Handler = h })
 }
@@ -34,6 +34,16 @@ func runKafkaonceBatch(ctx context.Context, e *env, c cell, b backlog, rec *reco
 				accs[i] = accountOf(m.Key)
 			}
 			bt.Queue(updateSetSQL, accs)
+		case effectTransfer:
+			// The optimum's two statements: the batch's accounts locked in
+			// id order, then the net change of each. A set per call, as for
+			// the UPDATE.
+			var t transferSet
+			for _, m := range bt.Messages {
+				t.add(m.Value)
+			}
+			bt.Queue(transferLockSQL, t.accounts())
+			bt.Queue(transferBatchSQL, t.src, t.dst)
 		case effectWait:
 			time.Sleep(time.Duration(len(bt.Messages)) * 2 * time.Millisecond)
 		}
@@ -104,11 +114,14 @@ func (k *kafkaonceHooks) OnBatchStart(context.Context, consumer.BatchInfo) {
 	k.rec.start(time.Now())
 }
 
-func (k *kafkaonceHooks) OnBatchEnd(_ context.Context, _ consumer.BatchInfo, r consumer.BatchResult) {
-	if r.Err == nil {
-		k.rec.batch()
+// OnBatchEnd records a committed batch; the partition's progress (for
+// the longest stall) only counts when something committed.
+func (k *kafkaonceHooks) OnBatchEnd(_ context.Context, b consumer.BatchInfo, r consumer.BatchResult) {
+	if r.Err != nil {
+		return
 	}
-	k.rec.add(r.Applied+r.Skipped, time.Now())
+	k.rec.batch()
+	k.rec.add(b.Partition, r.Applied+r.Skipped, time.Now())
 }
 
 func (k *kafkaonceHooks) OnMessageApplied(_ context.Context, m *consumer.Message) {

@@ -43,7 +43,7 @@ func runNaiveOne(ctx context.Context, e *env, c cell, b backlog, rec *recorder) 
 		if sent, ok := sentAt(m.Headers); ok {
 			rec.observe(sent, now)
 		}
-		rec.add(1, now)
+		rec.add(m.Partition, 1, now)
 		if rec.done.Load() >= rec.want {
 			return nil
 		}
@@ -75,7 +75,7 @@ func naiveApply(ctx context.Context, e *env, c cell, table, name string, m *kafk
 		if err != nil || tag.RowsAffected() == 0 {
 			return err
 		}
-		return applyOne(ctx, tx, c.Effect, accountOf(m.Key))
+		return applyOne(ctx, tx, c.Effect, m.Key, m.Value)
 	})
 }
 

@@ -16,7 +16,9 @@ import (
 // 5 ms; ids made unique within the batch in Go; one round trip that claims
 // them with INSERT … SELECT unnest(…) ON CONFLICT DO NOTHING RETURNING and
 // applies the effect for the new ones in the same statement (autocommit);
-// offsets committed asynchronously, all partitions in one request.
+// offsets committed asynchronously, all partitions in one request. For
+// transfers the batch is a transaction of its own, sent in one round trip
+// too (see claimAndTransfer).
 func runOptimum(ctx context.Context, e *env, c cell, b backlog, rec *recorder) error {
 	table, err := handTable(ctx, e.db, c.Prefilled)
 	if err != nil {
@@ -28,6 +30,8 @@ UPDATE ` + benchSchema + `.accounts AS a SET balance = a.balance + d.n
 FROM (SELECT m.account AS id, count(*) AS n FROM unnest($2::text[], $3::int[]) AS m(message_id, account)
       JOIN claimed USING (message_id) GROUP BY m.account) AS d
 WHERE a.id = d.id`
+	claimTransferSQL := `WITH claimed AS (` + claimSQL + ` RETURNING message_id)
+` + transferSetSQL(`unnest($2::text[], $3::int[], $4::int[]) AS m(message_id, src, dst) JOIN claimed USING (message_id)`)
 	name := nextConsumerName()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -39,6 +43,7 @@ WHERE a.id = d.id`
 		ids  []string
 		accs []int32
 		seen map[string]struct{}
+		t    transferSet
 	}
 	scratches := make([]scratch, c.Partitions)
 	return eachPartition(ctx, e, c, b, rec, c.MaxBatch, func(ctx context.Context, p int, batch []kafka.Message) error {
@@ -47,6 +52,7 @@ WHERE a.id = d.id`
 			s.seen = map[string]struct{}{}
 		}
 		s.ids, s.accs = s.ids[:0], s.accs[:0]
+		s.t.reset()
 		clear(s.seen)
 		for i := range batch {
 			id := messageID(c.IDs, &batch[i])
@@ -55,7 +61,11 @@ WHERE a.id = d.id`
 			}
 			s.seen[id] = struct{}{}
 			s.ids = append(s.ids, id)
-			s.accs = append(s.accs, accountOf(batch[i].Key))
+			if c.Effect == effectTransfer {
+				s.t.add(batch[i].Value)
+			} else {
+				s.accs = append(s.accs, accountOf(batch[i].Key))
+			}
 		}
 		var err error
 		switch c.Effect {
@@ -63,6 +73,8 @@ WHERE a.id = d.id`
 			_, err = e.db.Exec(ctx, claimSQL, name, s.ids)
 		case effectUpdate:
 			_, err = e.db.Exec(ctx, claimUpdateSQL, name, s.ids, s.accs)
+		case effectTransfer:
+			err = claimAndTransfer(ctx, e, claimTransferSQL, name, s.ids, &s.t)
 		case effectWait:
 			err = claimAndWait(ctx, e, claimSQL, name, s.ids)
 		}
@@ -93,6 +105,29 @@ func claimAndWait(ctx context.Context, e *env, claimSQL, name string, ids []stri
 	time.Sleep(time.Duration(inserted) * 2 * time.Millisecond)
 	_, err = conn.Exec(ctx, "COMMIT")
 	return err
+}
+
+// claimAndTransfer is the optimum for transfers: BEGIN, the batch's
+// accounts locked in id order, the claim and the net change of each
+// account for the claimed ids, COMMIT, pipelined in one round trip. The
+// lock must come first and be a statement of its own: the UPDATE alone
+// would lock its rows in whatever order its plan meets them.
+func claimAndTransfer(ctx context.Context, e *env, claimTransferSQL, name string, ids []string, t *transferSet) error {
+	conn, err := e.db.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	var b pgx.Batch
+	b.Queue("BEGIN")
+	b.Queue(transferLockSQL, t.accounts())
+	b.Queue(claimTransferSQL, name, ids, t.src, t.dst)
+	b.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, &b).Close(); err != nil {
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		return err
+	}
+	return nil
 }
 
 // asyncCommitter commits the newest offset of every partition in the

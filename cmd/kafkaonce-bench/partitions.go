@@ -65,6 +65,6 @@ func fetchAndApply(ctx context.Context, e *env, b backlog, partition, maxBatch i
 				rec.observe(sent, now)
 			}
 		}
-		rec.add(len(buf), now)
+		rec.add(partition, len(buf), now)
 	}
 }

@@ -28,18 +28,28 @@ type recorder struct {
 	// statements and per-partition buffers exist.
 	halfway     func()
 	halfwayOnce sync.Once
+
+	// stalls, when set, follows each partition's progress (see stalls).
+	stalls *stalls
+	// ended, when set (unix nanoseconds), is when a run that did not
+	// finish its backlog was stopped: its time runs until then, not until
+	// its last commit, or a run that stopped making progress long before
+	// its time budget ran out would look fast.
+	ended atomic.Int64
 }
 
 func newRecorder(want int) *recorder {
 	return &recorder{want: int64(want), doneCh: make(chan struct{})}
 }
 
-// add records n more messages done at t (after their commit).
-func (r *recorder) add(n int, t time.Time) {
+// add records n more messages of partition p done at t (after their
+// commit).
+func (r *recorder) add(p, n int, t time.Time) {
 	if n == 0 {
 		return
 	}
 	r.first.CompareAndSwap(0, t.UnixNano())
+	r.stalls.commit(p, n, t, r.first.Load())
 	r.last.Store(t.UnixNano())
 	done := r.done.Add(int64(n))
 	if r.halfway != nil && done >= r.want/2 {
@@ -65,7 +75,23 @@ func (r *recorder) observe(sent, now time.Time) {
 }
 
 func (r *recorder) elapsed() time.Duration {
+	if end := r.ended.Load(); end != 0 && r.done.Load() < r.want && r.first.Load() != 0 {
+		return time.Duration(end - r.first.Load())
+	}
 	return time.Duration(r.last.Load() - r.first.Load())
+}
+
+// stop records that the run stopped at t, its backlog done or not.
+func (r *recorder) stop(t time.Time) { r.ended.Store(t.UnixNano()) }
+
+// longestStall is the longest time a partition went without progress
+// while it had messages left (0 when not followed).
+func (r *recorder) longestStall() time.Duration {
+	end := r.ended.Load()
+	if end == 0 {
+		end = r.last.Load()
+	}
+	return r.stalls.finish(r.first.Load(), end)
 }
 
 // percentile of the recorded latencies (q in [0,1]).

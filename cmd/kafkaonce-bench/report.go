@@ -71,6 +71,7 @@ func newReport(results []result, e *env, o options) *report {
 		m.SteadyRoundTripsPerBatch = med(func(r result) float64 { return r.SteadyRoundTripsPerBatch })
 		m.SteadyMsgsPerSec = med(func(r result) float64 { return r.SteadyMsgsPerSec })
 		m.PeakRSSMiB = med(func(r result) float64 { return r.PeakRSSMiB })
+		m.MaxStallSec = med(func(r result) float64 { return r.MaxStallSec })
 		for _, r := range rs {
 			if r.Correct != m.Correct {
 				m.Correct = "mixed"
@@ -102,13 +103,20 @@ func (rep *report) cells() []cell {
 }
 
 func (rep *report) printTable(w io.Writer) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	rep.table(func(cols []string) { fmt.Fprintln(tw, strings.Join(cols, "\t")+"\t") })
-	tw.Flush()
+	tabulate := func(table func(func([]string))) {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		table(func(cols []string) { fmt.Fprintln(tw, strings.Join(cols, "\t")+"\t") })
+		tw.Flush()
+	}
+	tabulate(rep.table)
+	if rep.hasHot() {
+		fmt.Fprintln(w, "\nHot rows:")
+		tabulate(rep.hotTable)
+	}
 }
 
 var tableHeader = []string{"cell", "mode", "msgs/s", "× optimum", "DB RT/batch", "DB RT/batch 2nd half", "DB RT/msg", "offset commits/batch",
-	"allocs/msg 2nd half", "bytes/msg 2nd half", "bytes/msg whole run", "peak RSS MiB", "p50 ms", "p99 ms", "effect check"}
+	"allocs/msg 2nd half", "bytes/msg 2nd half", "bytes/msg whole run", "peak RSS MiB", "p50 ms", "p99 ms", "longest stall s", "effect check"}
 
 // table emits the header and one line per row: throughput rows by cell,
 // then latency and memory rows. Allocations and bytes are beyond raw
@@ -137,7 +145,7 @@ func (rep *report) table(emit func([]string)) {
 			emit([]string{c.String(), r.Mode, fmt.Sprintf("%.0f", m.MsgsPerSec), ratio,
 				fmt.Sprintf("%.2f", m.RoundTripsPerBatch), fmt.Sprintf("%.2f", m.SteadyRoundTripsPerBatch),
 				fmt.Sprintf("%.3f", m.RoundTripsPerMsg), fmt.Sprintf("%.2f", m.OffsetCommitsPerBatch),
-				allocs, bytes, whole, fmt.Sprintf("%.0f", m.PeakRSSMiB), "-", "-", m.Correct})
+				allocs, bytes, whole, fmt.Sprintf("%.0f", m.PeakRSSMiB), "-", "-", stallText(m), m.Correct})
 		}
 	}
 	for _, r := range rep.rows {
@@ -160,8 +168,17 @@ func (rep *report) table(emit func([]string)) {
 		}
 		emit([]string{desc, r.Mode, fmt.Sprintf("%.0f", m.MsgsPerSec), "-", fmt.Sprintf("%.2f", m.RoundTripsPerBatch), "-",
 			fmt.Sprintf("%.3f", m.RoundTripsPerMsg), fmt.Sprintf("%.2f", m.OffsetCommitsPerBatch), "-", "-", "-",
-			fmt.Sprintf("%.0f", m.PeakRSSMiB), p50, p99, m.Correct})
+			fmt.Sprintf("%.0f", m.PeakRSSMiB), p50, p99, "-", m.Correct})
 	}
+}
+
+// stallText is a run's longest stall, or "-" where it was not measured
+// (latency runs, results saved before it was).
+func stallText(m result) string {
+	if m.MaxStallSec == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", m.MaxStallSec)
 }
 
 // summary is the last line: the key ratios, each on the base cell (one
@@ -188,6 +205,10 @@ type summary struct {
 	P99ms                    float64 `json:"p99_ms,omitempty"`
 	PeakRSS10MVs1M           float64 `json:"peak_rss_10m_vs_1m,omitempty"`
 	PerKeySpeedup            float64 `json:"per_key_speedup,omitempty"`
+	// HotRows has, for each hot-rows cell, its ratios and longest stalls
+	// (see hotSummary); hot cells are not in the worst-cell figures, which
+	// are about the axes of the issue.
+	HotRows map[string]hotSummary `json:"hot_rows,omitempty"`
 	// Beyond raw kafka-go fetching, kafkaonce on the no-op cell: the
 	// framework's own cost, without a handler's.
 	AllocsPerMsg       float64 `json:"allocs_per_msg_beyond_raw"`
@@ -216,14 +237,7 @@ type summary struct {
 
 func (rep *report) summary() summary {
 	s := summary{VsOptimumByCell: map[string]float64{}}
-	ratio := func(a, b string, c cell) float64 {
-		x, ok1 := rep.find(a, c)
-		y, ok2 := rep.find(b, c)
-		if !ok1 || !ok2 || y.MsgsPerSec == 0 {
-			return 0
-		}
-		return round2(x.MsgsPerSec / y.MsgsPerSec)
-	}
+	ratio := rep.ratio
 	s.VsOptimum = ratio("kafkaonce-batch", "optimum", base)
 	s.VsOptimumHandler = ratio("kafkaonce", "optimum", base)
 	s.VsNaive = ratio("kafkaonce", "naive-1", base)
@@ -232,6 +246,9 @@ func (rep *report) summary() summary {
 	for _, c := range rep.cells() {
 		if r := ratio("kafkaonce-batch", "optimum", c); r > 0 {
 			s.VsOptimumByCell[c.String()] = r
+			if c.hot() {
+				continue
+			}
 			s.VsOptimumWorst = min(s.VsOptimumWorst, r)
 			if c.MaxBatch == base.MaxBatch {
 				s.VsOptimumWorstFullBatch = min(s.VsOptimumWorstFullBatch, r)
@@ -304,7 +321,23 @@ func (rep *report) summary() summary {
 	if m1 > 0 {
 		s.PeakRSS10MVs1M = round2(m10 / m1)
 	}
+	s.HotRows = rep.hotSummaries()
 	return s
+}
+
+// ratio is mode a's msgs/s over mode b's on cell c to two decimals, 0
+// when either was not run.
+func (rep *report) ratio(a, b string, c cell) float64 { return round2(rep.exactRatio(a, b, c)) }
+
+// exactRatio is ratio unrounded: on hot rows a mode can be thousands of
+// times slower than another, which two decimals would show as 0.
+func (rep *report) exactRatio(a, b string, c cell) float64 {
+	x, ok1 := rep.find(a, c)
+	y, ok2 := rep.find(b, c)
+	if !ok1 || !ok2 || y.MsgsPerSec == 0 {
+		return 0
+	}
+	return x.MsgsPerSec / y.MsgsPerSec
 }
 
 func (rep *report) writeJSON(path string) error {

@@ -24,6 +24,10 @@ type cell struct {
 	Effect     effect  `json:"effect"`
 	Size       int     `json:"size"` // message value bytes
 	MaxBatch   int     `json:"max_batch"`
+	// Accounts is how many hot accounts the transfer effect moves units
+	// between (0 for the other effects, which spread over all accounts).
+	// Omitted when 0, so cells saved before it existed read back equal.
+	Accounts int `json:"accounts,omitempty"`
 }
 
 func (c cell) String() string {
@@ -31,8 +35,17 @@ func (c cell) String() string {
 	if c.Prefilled {
 		table = "prefilled"
 	}
-	return fmt.Sprintf("p=%d %s ids=%s dup=%d%% %s %dB batch=%d", c.Partitions, table, c.IDs, int(c.Dups*100+0.5), c.Effect, c.Size, c.MaxBatch)
+	s := fmt.Sprintf("p=%d %s ids=%s dup=%d%% %s %dB batch=%d", c.Partitions, table, c.IDs, int(c.Dups*100+0.5), c.Effect, c.Size, c.MaxBatch)
+	if c.Accounts > 0 {
+		// Only then: the cells without hot accounts keep the names their
+		// saved results have.
+		s += fmt.Sprintf(" accounts=%d", c.Accounts)
+	}
+	return s
 }
+
+// hot reports whether the cell's messages contend for a few hot rows.
+func (c cell) hot() bool { return c.Effect == effectTransfer }
 
 type idKind string
 
@@ -48,6 +61,9 @@ const (
 	effectNoop   effect = "noop"
 	effectUpdate effect = "update"
 	effectWait   effect = "wait2ms"
+	// effectTransfer moves 1 unit between two of the cell's hot accounts
+	// (see transfer.go).
+	effectTransfer effect = "transfer"
 )
 
 // accounts is how many rows the UPDATE effect spreads over.
@@ -62,6 +78,9 @@ type backlog struct {
 	topic  string
 	total  int // messages in the log
 	unique int // distinct ids among them
+	// perPartition counts the messages of each partition (nil when not
+	// known beforehand, as in latency runs).
+	perPartition []int
 }
 
 // runNames hands out the consumer names the modes claim ids under: one per
@@ -123,11 +142,15 @@ func (g *generator) next() kafka.Message {
 		return m
 	}
 	g.seq++
-	acct := g.rng.IntN(accounts)
-	key := []byte("acct-" + strconv.Itoa(acct))
-	value := make([]byte, g.c.Size)
-	copy(value, g.pad)
-	binary.BigEndian.PutUint64(value, uint64(g.seq)) // distinct content per message
+	var key, value []byte
+	if g.c.Effect == effectTransfer {
+		key, value = g.transfer()
+	} else {
+		key = []byte("acct-" + strconv.Itoa(g.rng.IntN(accounts)))
+		value = make([]byte, g.c.Size)
+		copy(value, g.pad)
+		binary.BigEndian.PutUint64(value, uint64(g.seq)) // distinct content per message
+	}
 	m := kafka.Message{Key: key, Value: value, Partition: g.partitionOf(key)}
 	switch g.c.IDs {
 	case idUUIDv7:
@@ -151,15 +174,18 @@ func (g *generator) partitionOf(key []byte) int {
 
 // produce writes n messages of the cell's workload to a new topic.
 // Position ids make every message unique (a re-send lands at a new
-// offset), so duplicates only exist for header ids.
+// offset), so duplicates only exist for header ids. The backlog counts the
+// messages of each partition, for the longest stall (see stalls).
 func produce(ctx context.Context, brokers []string, topic string, c cell, n int, seed uint64) (backlog, error) {
 	w := newWriter(brokers, topic)
 	defer w.Close()
 	g := newGenerator(c, seed)
 	ids := map[string]struct{}{}
 	buf := make([]kafka.Message, 0, 5000)
+	perPartition := make([]int, c.Partitions)
 	for i := 0; i < n; i++ {
 		m := g.next()
+		perPartition[m.Partition]++
 		m.Headers = append(m.Headers[:len(m.Headers):len(m.Headers)], kafka.Header{Key: sentHeader, Value: stamp(time.Now())})
 		// Without re-sends every id is new (UUIDs); the set is only kept
 		// when there are duplicates to count, so that a 10M backlog does not
@@ -175,7 +201,7 @@ func produce(ctx context.Context, brokers []string, topic string, c cell, n int,
 			buf = buf[:0]
 		}
 	}
-	b := backlog{topic: topic, total: n, unique: len(ids)}
+	b := backlog{topic: topic, total: n, unique: len(ids), perPartition: perPartition}
 	if c.IDs == idPosition || c.Dups == 0 {
 		b.unique = n
 	}

@@ -36,7 +36,9 @@ type txAttempt struct {
 	assignedStart int64
 	sawDuplicates bool // the previous batch held unforeseen duplicates
 	// serialized: the transaction takes the consumer's gate first.
-	serialized bool
+	// racing: it does not, and covers several messages: it gives up a lock
+	// wait early (see pace.RaceLockTimeout).
+	serialized, racing bool
 	// paceRow, when set, is written to the run's record with the commit.
 	paceRow *attempts.Pace
 }
@@ -103,6 +105,8 @@ type txOutcome struct {
 	// contention is set when the transaction failed because it lost a race
 	// for rows to another one (see isContention): not the messages' fault.
 	contention bool
+	// held is how long a serialized transaction held the consumer's gate.
+	held time.Duration
 	// st is the attempt's scratch space, with the fates of the messages,
 	// when the attempt was not abandoned.
 	st *batchState
@@ -131,7 +135,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 	began := time.Now()
 	a := &txAttempt{c: w.c, topic: w.topic, partition: w.partition, items: items, p: p.clone(),
 		next: w.next, positionKnown: w.positionKnown, assignedStart: w.assignedStart, sawDuplicates: w.sawDuplicates,
-		st: w.scratch, serialized: info.Serialized, paceRow: w.paceRow()}
+		st: w.scratch, serialized: info.Serialized, racing: !info.Serialized && len(items) > 1, paceRow: w.paceRow()}
 	if a.st == nil {
 		a.st = &batchState{}
 	}
@@ -155,7 +159,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 	if out.committed > 0 && a.paceRow != nil {
 		w.paceShown = *a.paceRow
 	}
-	w.paced(work, info, &out, took)
+	w.paced(work, info, &out)
 	if len(w.c.hooks.end) > 0 {
 		r := BatchResult{Duration: took, Err: out.err}
 		if out.st != nil {

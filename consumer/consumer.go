@@ -17,6 +17,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
+	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/offsets"
@@ -54,9 +55,10 @@ type Consumer struct {
 	letters     *deadletter.Store
 	attempts    *attempts.Store
 	retry       retry.Policy
-	// gate is the key of the consumer's gate, which serialized transactions
-	// wait for (see queueGate).
-	gate int32
+	// gate says when the consumer's transactions take its gate, an
+	// advisory lock keyed gateKey (see contention.go).
+	gate    *pace.Gate
+	gateKey int32
 	// publish wakes the dead-letter topic publisher (nil without one).
 	publish chan struct{}
 	// sess holds the session settings every transaction starts with. Run
@@ -131,7 +133,8 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 		letters:  letters,
 		attempts: tries,
 		retry:    retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
-		gate:     gateKey(c.Schema, c.Name),
+		gate:     pace.NewGate(),
+		gateKey:  gateKey(c.Schema, c.Name),
 	}
 	out.setSession(sessionSettings(&c, false))
 	tries.Session = func(b *pgx.Batch) { out.session().queue(b) }

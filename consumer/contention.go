@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
+	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
 )
 
@@ -65,15 +67,36 @@ func gateKey(schemaName, name string) int32 {
 // transaction ends, however it ends. Serialized transactions of the
 // consumer pass one at a time, in the order they came.
 func (c *Consumer) queueGate(b *pgx.Batch) {
-	b.Queue("SELECT pg_advisory_xact_lock($1::int4, $2::int4)", int32(gateClass), c.gate)
+	b.Queue("SELECT pg_advisory_xact_lock($1::int4, $2::int4)", int32(gateClass), c.gateKey)
 }
+
+// raceFirst returns b after the setting of a racing transaction's
+// lock_timeout, which overrides the session's for this transaction. A
+// transaction of one message needs none: with its locks taken in a stable
+// order, any deadlock it is part of also holds a transaction of several
+// messages, whose timeout breaks it (or one outside the consumer, which
+// Postgres breaks).
+func raceFirst(b *pgx.Batch) *pgx.Batch {
+	race := &pgx.Batch{}
+	queueRace(race)
+	race.QueuedQueries = append(race.QueuedQueries, b.QueuedQueries...)
+	return race
+}
+
+// queueRace adds to b, in a transaction after the session settings, the
+// lock_timeout of a racing transaction.
+func queueRace(b *pgx.Batch) {
+	b.Queue("SELECT set_config('lock_timeout', $1, true)", raceLockTimeout)
+}
+
+var raceLockTimeout = fmt.Sprintf("%dms", pace.RaceLockTimeout.Milliseconds())
 
 // serializedNow reports whether a transaction starting now takes the gate,
 // and logs when the partition starts or stops racing.
 func (w *worker) serializedNow() bool {
-	s := w.pace.Serialized(time.Now())
+	s := w.c.gate.Serialized(time.Now())
 	if w.wasSerialized && !s {
-		w.c.log.Info("contention: this partition's transactions race the others again", w.logAttrs(
+		w.c.log.Info("contention: this partition's transactions race the consumer's others again", w.logAttrs(
 			slog.Int("batch_limit", w.pace.Limit()))...)
 	}
 	w.wasSerialized = s
@@ -81,24 +104,25 @@ func (w *worker) serializedNow() bool {
 }
 
 // paced updates the partition's pace after a transaction over info's
-// messages that took took, and reports a lost race.
-func (w *worker) paced(ctx context.Context, info BatchInfo, out *txOutcome, took time.Duration) {
+// messages, and reports a lost race.
+func (w *worker) paced(ctx context.Context, info BatchInfo, out *txOutcome) {
 	switch {
 	case out.contention:
 		entered := w.pace.Contended(info.Size, info.Serialized, time.Now())
+		serialized := w.c.gate.Serialized(time.Now())
 		w.c.log.Debug("contention: the transaction lost a race for rows; retrying with a smaller batch", w.logAttrs(
 			slog.Int64("offset", info.FirstOffset), slog.Int("messages", info.Size), slog.Int("batch_limit", w.pace.Limit()),
 			slog.String("error", out.err.Error()))...)
 		if entered {
-			w.c.log.Info("contention: this partition's transactions wait their turn behind the consumer's others for a while", w.logAttrs(
-				slog.Time("until", w.pace.SerializedUntil()), slog.Int("batch_limit", w.pace.Limit()), slog.String("error", out.err.Error()))...)
+			w.c.log.Info("contention: the consumer's transactions take turns for a while instead of racing each other", w.logAttrs(
+				slog.Time("until", w.c.gate.Until()), slog.Int("batch_limit", w.pace.Limit()), slog.String("error", out.err.Error()))...)
 		}
-		c := Contention{Err: out.err, BatchLimit: w.pace.Limit(), Serialized: w.pace.Serialized(time.Now())}
+		c := Contention{Err: out.err, BatchLimit: w.pace.Limit(), Serialized: serialized}
 		for _, h := range w.c.hooks.contention {
 			h.OnContention(ctx, info, c)
 		}
 	case out.committed > 0:
-		w.pace.Committed(out.committed, info.Serialized, took)
+		w.pace.Committed(out.committed, out.held)
 	}
 }
 
@@ -107,7 +131,7 @@ func (w *worker) paced(ctx context.Context, info BatchInfo, out *txOutcome, took
 // when something changed, in the transaction that commits the next batch.
 func (w *worker) paceRow() *attempts.Pace {
 	row := attempts.Pace{Run: w.runID, BatchLimit: w.pace.Limit(), ContentionRetries: w.pace.Retries(),
-		LastContention: w.pace.LastContention(), SerializedUntil: w.pace.SerializedUntil()}
+		LastContention: w.pace.LastContention(), SerializedUntil: w.c.gate.Until()}
 	if row == w.paceShown {
 		return nil
 	}
@@ -137,4 +161,29 @@ func (w *worker) waitToRetry(stop context.Context, offset int64, what string, ou
 		return errInterrupted
 	}
 	return nil
+}
+
+// begin begins the attempt's transaction with b. A serialized one first
+// waits for the consumer's gate, in a round trip of its own, before it
+// locks anything; gated is when it got through (the gate is held from
+// then until the transaction ends).
+func (a *txAttempt) begin(ctx context.Context, b *pgx.Batch) (bt *batchTx, gated time.Time, err error) {
+	if a.racing {
+		b = raceFirst(b)
+	}
+	if !a.serialized {
+		bt, err = a.c.beginWith(ctx, b)
+		return bt, time.Now(), err
+	}
+	gate := &pgx.Batch{}
+	a.c.queueGate(gate)
+	if bt, err = a.c.beginWith(ctx, gate); err != nil {
+		return nil, time.Time{}, err
+	}
+	gated = time.Now()
+	if err = bt.tx.SendBatch(ctx, b).Close(); err != nil {
+		bt.rollback(ctx)
+		return nil, time.Time{}, err
+	}
+	return bt, gated, nil
 }

@@ -79,6 +79,40 @@ func (l *ledger) requireBalanced(n int) {
 	require.EqualValues(l.e.t, 2*n, l.e.db.Int(l.e.t, `SELECT sum(postings) FROM `+l.table), "two postings per transfer")
 }
 
+// progress keeps, per partition, when its transactions committed.
+type progress struct {
+	mu      sync.Mutex
+	start   time.Time
+	commits map[int][]time.Time
+}
+
+func newProgress() *progress { return &progress{start: time.Now(), commits: map[int][]time.Time{}} }
+
+func (p *progress) OnBatchEnd(_ context.Context, b consumer.BatchInfo, r consumer.BatchResult) {
+	if r.Err == nil {
+		p.mu.Lock()
+		p.commits[b.Partition] = append(p.commits[b.Partition], time.Now())
+		p.mu.Unlock()
+	}
+}
+
+// longestGap is the longest time a partition went without a commit, from
+// the start to its last commit, and where it was.
+func (p *progress) longestGap() (gap time.Duration, partition int, from time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for part, ts := range p.commits {
+		prev := p.start
+		for _, t := range ts {
+			if d := t.Sub(prev); d > gap {
+				gap, partition, from = d, part, prev.Sub(p.start)
+			}
+			prev = t
+		}
+	}
+	return gap, partition, from
+}
+
 // contentions counts the hook's reports.
 type contentions struct {
 	mu      sync.Mutex
@@ -126,15 +160,16 @@ func TestADeadlockStormOnHotRowsDrains(t *testing.T) {
 	l := newLedger(e, 5)
 	ids := l.produce("t", transfers, 1)
 
-	seen := &contentions{}
+	seen, prog := &contentions{}, newProgress()
 	cfg := e.config(l.handler())
 	cfg.MaxBatch = consumer.DefaultMaxBatch
-	cfg.Hooks = append(cfg.Hooks, seen)
+	cfg.Hooks = append(cfg.Hooks, seen, prog)
 	r := e.start(cfg)
-	began := time.Now()
 	// Retrying each deadlocked batch unchanged misses this by far.
 	e.waitEffects(transfers, 60*time.Second)
-	t.Logf("drained %d transfers over %d partitions and 5 accounts in %v", transfers, partitions, time.Since(began).Round(time.Millisecond))
+	gap, part, at := prog.longestGap()
+	t.Logf("drained %d transfers over %d partitions and 5 accounts in %v; longest time without a commit: %v (partition %d, from %v)",
+		transfers, partitions, time.Since(prog.start).Round(time.Millisecond), gap.Round(time.Millisecond), part, at.Round(time.Millisecond))
 	r.stop()
 
 	l.requireBalanced(transfers)

@@ -42,11 +42,16 @@ import (
 
 // oneTripEligible reports whether the attempt may be tried in one round
 // trip: a BatchHandler that has not needed Tx (and no Config.ClaimFirst), a
+// transaction that does not take the consumer's gate, a
 // plain plan (no savepoints, nothing to set aside, no attempts to clear),
 // valid ids, no suspect to skip, no duplicates in the previous batch, a
 // known stored position, and a DB that lends connections.
 func (a *txAttempt) oneTripEligible() bool {
 	if a.c.cfg.BatchHandler == nil || a.c.cfg.ClaimFirst || a.c.batchUsesTx.Load() || !a.positionKnown {
+		return false
+	}
+	if a.serialized {
+		// The gate is waited for in a round trip of its own (see begin).
 		return false
 	}
 	if _, ok := a.c.db.(connLender); !ok {
@@ -132,11 +137,11 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	sess := a.c.session()
 	q := &pgx.Batch{}
 	q.Queue("BEGIN")
-	if a.serialized {
-		a.c.queueGate(q)
-	}
 	head := append(make([]any, 0, len(sess.args)+5), sess.args...)
 	q.Queue(sess.oneTripHead, append(head, a.c.cfg.Name, a.topic, a.partition, a.next, items[n-1].msg.Offset+1)...)
+	if a.racing {
+		queueRace(q)
+	}
 	claimed := len(st.claims) == 0
 	if !claimed {
 		a.c.claims.QueueClaimNew(q, a.c.cfg.Name, a.topic, a.partition, st.claims, &claimed)

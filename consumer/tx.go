@@ -54,21 +54,22 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 	// the opening of the batch (only the consumer can commit it now: see
 	// offsets.QueueOpen) and the claims.
 	b := &pgx.Batch{}
-	if a.serialized {
-		// Before anything else: nothing is locked while it waits.
-		a.c.queueGate(b)
-	}
 	var prev *int64
 	a.c.offsets.QueueLock(b, a.c.cfg.Name, a.topic, a.partition, &prev)
 	a.c.offsets.QueueOpen(b, a.c.cfg.Name, a.topic, a.partition)
 	if len(st.claims) > 0 {
 		a.c.claims.QueueClaim(b, a.c.cfg.Name, a.topic, a.partition, st.claims, st.claimedBy)
 	}
-	bt, err := a.c.beginWith(ctx, b)
+	bt, gated, err := a.begin(ctx, b)
 	if err != nil {
 		return infra(fmt.Errorf("begin and claim: %w", err))
 	}
 	defer bt.rollback(ctx)
+	defer func() {
+		if a.serialized && out.committed > 0 {
+			out.held = time.Since(gated)
+		}
+	}()
 	tx := bt.tx
 	a.uc.Hold(bt.cutLoose)
 	if lost := a.positionLost(prev); lost != nil {

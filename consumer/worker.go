@@ -69,10 +69,10 @@ type worker struct {
 	// first (see oneTrip).
 	sawDuplicates bool
 
-	// pace sizes the partition's transactions and says when they take the
-	// consumer's gate, from the races for rows they lost (see
-	// contention.go). wasSerialized is what the last transaction did;
-	// paceShown is what the run's record shows of the pace.
+	// pace sizes the partition's transactions from the races for rows
+	// they lost (see contention.go). wasSerialized is whether the last
+	// transaction took the consumer's gate; paceShown is what the run's
+	// record shows of the pace.
 	pace          *pace.Pace
 	wasSerialized bool
 	paceShown     attempts.Pace
@@ -305,7 +305,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 		return 0, err
 	}
 	w.started = true
-	w.pace = pace.New(w.c.cfg.MaxBatch)
+	w.pace = pace.New(w.c.cfg.MaxBatch, w.c.gate)
 	w.paceShown = attempts.Pace{Run: w.runID, BatchLimit: w.pace.Limit()}
 	if starts >= 2 || inProgress {
 		// The previous run did not get past this offset: it may have died on

@@ -16,20 +16,24 @@
 //     maximum back (additive increase, multiplicative decrease), so a
 //     partition that stops losing races is back at full size after sixteen
 //     commits.
-//   - The partition's transactions are serialized for a while: they take the
+//   - The consumer's transactions are serialized for a while: they take the
 //     consumer's gate (a transaction-scoped advisory lock) before anything
 //     else, so they commit one after another, in every process of the
 //     consumer, and cannot deadlock each other. Serialized, a transaction
-//     may cover many messages again: it is kept to about TargetSerialized,
-//     so that a partition waiting its turn behind the others never waits
-//     long. After Hold the partition leaves the gate and races again; if it
-//     loses again, it goes back for twice as long (up to MaxHold).
+//     may cover many messages again: the time it holds the gate is kept to
+//     about TargetSerialized, so that a partition waiting its turn behind
+//     the others never waits long. After Hold the transactions race again;
+//     if they lose again, they go back for twice as long (up to MaxHold).
 //
-// Pace holds no lock and no clock of its own: the caller passes the time,
-// which keeps it deterministic under test.
+// Pace reads no clock: the caller passes the time, which keeps it
+// deterministic under test. A Pace belongs to one partition's worker; the
+// Gate is shared by all of them.
 package pace
 
-import "time"
+import (
+	"sync"
+	"time"
+)
 
 // Tuning. The figures behind them are in BENCHMARKS.md ("Hot rows").
 const (
@@ -40,19 +44,77 @@ const (
 	// contention; each return doubles it, up to MaxHold.
 	Hold    = 15 * time.Second
 	MaxHold = 4 * time.Minute
-	// Forgive: a partition that met no contention for this long starts
+	// Forgive: a consumer that met no contention for this long starts
 	// over at Hold.
 	Forgive = 10 * time.Minute
+	// RaceLockTimeout is the lock_timeout of a transaction over several
+	// messages that races the others: a lock it waits for longer than this
+	// is contention. Postgres finds a deadlock only when a waiter has
+	// waited deadlock_timeout (a second by default), and breaks one cycle
+	// at a time: with many partitions on a few hot rows, their first
+	// batches, all racing, form many cycles, and without this they would
+	// be broken one second after another.
+	RaceLockTimeout = 200 * time.Millisecond
 )
+
+// Gate is the consumer's side of the gate: when its transactions take it.
+// It is one per consumer, not per partition: the partitions of a consumer
+// on hot rows all race each other, and each partition learning it alone
+// would cost each its own deadlock. It is safe for concurrent use.
+type Gate struct {
+	mu sync.Mutex
+	// until: transactions take the gate until then.
+	until time.Time
+	// hold is how long the next serialization lasts.
+	hold time.Duration
+	// last is when a transaction last lost a race (zero: never).
+	last time.Time
+}
+
+// NewGate returns a gate that no transaction takes yet.
+func NewGate() *Gate { return &Gate{hold: Hold} }
+
+// Serialized reports whether a transaction starting at now takes the gate.
+func (g *Gate) Serialized(now time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return now.Before(g.until)
+}
+
+
+// Until is when the current serialization ends (zero, or in the past, when
+// there is none).
+func (g *Gate) Until() time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.until
+}
+
+// contended records that a transaction, started serialized or not, lost a
+// race at now, and reports whether transactions now start taking the gate.
+func (g *Gate) contended(serialized bool, now time.Time) (entered bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.last.IsZero() && now.Sub(g.last) > Forgive {
+		g.hold = Hold
+	}
+	g.last = now
+	if serialized || now.Before(g.until) {
+		// Lost to a transaction outside the gate (another consumer, an
+		// API), or to one that started before the gate closed: the gate
+		// cannot help with the first, and is closed for the second.
+		return false
+	}
+	g.until = now.Add(g.hold)
+	g.hold = min(2*g.hold, MaxHold)
+	return true
+}
 
 // Pace is one partition's state. The zero value is not usable: see New.
 type Pace struct {
+	gate  *Gate
 	max   int
 	limit int
-	// serializedUntil: transactions take the gate until then.
-	serializedUntil time.Time
-	// hold is how long the next serialization lasts.
-	hold time.Duration
 	// lastContention is when the partition last lost a race (zero: never).
 	lastContention time.Time
 	// retries counts contentions since New.
@@ -60,21 +122,18 @@ type Pace struct {
 }
 
 // New returns the state of a partition whose batches hold up to most
-// messages.
-func New(most int) *Pace {
+// messages, and whose transactions take gate when it says so. Its first
+// transactions are small, and grow by a sixteenth of most with each commit
+// (a slow start): on hot rows, a partition's first transactions race the
+// others before any of them learnt anything, and a small one that loses
+// loses little and holds few locks meanwhile.
+func New(most int, gate *Gate) *Pace {
 	most = max(most, 1)
-	return &Pace{max: most, limit: most, hold: Hold}
+	return &Pace{gate: gate, max: most, limit: max(1, most/16)}
 }
 
 // Limit is how many messages the next transaction may cover.
 func (p *Pace) Limit() int { return p.limit }
-
-// Serialized reports whether a transaction starting at now takes the gate.
-func (p *Pace) Serialized(now time.Time) bool { return now.Before(p.serializedUntil) }
-
-// SerializedUntil is when the current serialization ends (zero, or in the
-// past, when there is none).
-func (p *Pace) SerializedUntil() time.Time { return p.serializedUntil }
 
 // Retries counts the transactions that lost a race, since New.
 func (p *Pace) Retries() int64 { return p.retries }
@@ -82,32 +141,23 @@ func (p *Pace) Retries() int64 { return p.retries }
 // LastContention is when the partition last lost a race (zero: never).
 func (p *Pace) LastContention() time.Time { return p.lastContention }
 
-// Contended records that a transaction over n messages, started at a time
-// when it was serialized or not (serialized), lost a race at now. It
-// reports whether the partition now starts serializing.
+// Contended records that a transaction over n messages, started serialized
+// or not, lost a race at now. It reports whether the consumer's
+// transactions now start taking the gate.
 func (p *Pace) Contended(n int, serialized bool, now time.Time) (entered bool) {
 	p.retries++
-	if !p.lastContention.IsZero() && now.Sub(p.lastContention) > Forgive {
-		p.hold = Hold
-	}
 	p.lastContention = now
 	p.limit = max(1, min(p.limit, n/2))
-	if serialized || p.Serialized(now) {
-		// Lost to a transaction outside the gate (another consumer, an
-		// API): the gate cannot help with those, the smaller batch can.
-		return false
-	}
-	p.serializedUntil = now.Add(p.hold)
-	p.hold = min(2*p.hold, MaxHold)
-	return true
+	return p.gate.contended(serialized, now)
 }
 
 // Committed records that a transaction over n messages, started serialized
-// or not, committed after took.
-func (p *Pace) Committed(n int, serialized bool, took time.Duration) {
-	if serialized && took > TargetSerialized && n > 1 {
+// or not, committed; held is how long it held the gate (0 when it did not
+// take it).
+func (p *Pace) Committed(n int, held time.Duration) {
+	if held > TargetSerialized && n > 1 {
 		// Queued partitions wait for this one: keep it near the target.
-		p.limit = max(1, min(p.limit, int(int64(n)*int64(TargetSerialized)/int64(took))))
+		p.limit = max(1, min(p.limit, int(int64(n)*int64(TargetSerialized)/int64(held))))
 		return
 	}
 	if p.limit < p.max {

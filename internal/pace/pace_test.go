@@ -5,30 +5,59 @@ import (
 	"time"
 )
 
+// grown returns a partition's pace after its slow start.
+func grown(most int, g *Gate) *Pace {
+	p := New(most, g)
+	for range 16 {
+		p.Committed(p.Limit(), 0)
+	}
+	return p
+}
+
+func TestTheFirstTransactionsStartSmall(t *testing.T) {
+	p := New(1000, NewGate())
+	if p.Limit() != 62 {
+		t.Fatalf("first limit = %d, want 62 (a sixteenth)", p.Limit())
+	}
+	for range 15 {
+		p.Committed(p.Limit(), 0)
+	}
+	if p.Limit() != 992 {
+		t.Fatalf("limit after 15 commits = %d, want 992", p.Limit())
+	}
+	p.Committed(p.Limit(), 0)
+	if p.Limit() != 1000 {
+		t.Fatalf("limit after 16 commits = %d, want 1000", p.Limit())
+	}
+	if New(10, NewGate()).Limit() != 1 {
+		t.Fatal("a small maximum does not start at one message")
+	}
+}
+
 func TestContentionHalvesTheBatchAndCommitsGrowItBack(t *testing.T) {
-	p := New(1000)
+	p := grown(1000, NewGate())
 	now := time.Unix(1_000_000, 0)
 	if !p.Contended(1000, false, now) {
-		t.Fatal("the first contention did not serialize the partition")
+		t.Fatal("the first contention did not serialize the consumer")
 	}
 	if p.Limit() != 500 {
 		t.Fatalf("limit after one contention = %d, want 500", p.Limit())
 	}
 	p.Contended(500, true, now)
 	p.Contended(250, true, now)
-	if p.Limit() != 125 || p.Retries() != 3 {
-		t.Fatalf("limit = %d, retries = %d; want 125, 3", p.Limit(), p.Retries())
+	if p.Limit() != 125 || p.Retries() != 3 || !p.LastContention().Equal(now) {
+		t.Fatalf("limit = %d, retries = %d, last = %v; want 125, 3, %v", p.Limit(), p.Retries(), p.LastContention(), now)
 	}
 	for range 20 {
-		p.Committed(p.Limit(), false, time.Millisecond)
+		p.Committed(p.Limit(), 0)
 	}
 	if p.Limit() != 1000 {
-		t.Fatalf("limit after 20 quick commits = %d, want 1000 (never above the maximum)", p.Limit())
+		t.Fatalf("limit after 20 commits = %d, want 1000 (never above the maximum)", p.Limit())
 	}
 }
 
 func TestTheBatchNeverShrinksBelowOne(t *testing.T) {
-	p := New(4)
+	p := New(4, NewGate())
 	now := time.Unix(1_000_000, 0)
 	for range 5 {
 		p.Contended(1, false, now)
@@ -36,58 +65,69 @@ func TestTheBatchNeverShrinksBelowOne(t *testing.T) {
 	if p.Limit() != 1 {
 		t.Fatalf("limit = %d, want 1", p.Limit())
 	}
-	p.Committed(1, false, time.Millisecond)
+	p.Committed(1, time.Hour)
 	if p.Limit() != 2 {
-		t.Fatalf("limit after a commit = %d, want 2 (a step is at least one message)", p.Limit())
+		t.Fatalf("limit after a commit = %d, want 2 (a step is at least one message, and one message is never cut)", p.Limit())
 	}
 }
 
-func TestSerializedTransactionsAreKeptNearTheTarget(t *testing.T) {
-	p := New(1000)
-	now := time.Unix(1_000_000, 0)
-	p.Contended(1000, false, now)
-	p.Committed(500, true, 4*TargetSerialized)
+func TestTheGateIsHeldNearTheTarget(t *testing.T) {
+	p := grown(1000, NewGate())
+	p.Contended(1000, false, time.Unix(1_000_000, 0))
+	p.Committed(500, 4*TargetSerialized)
 	if p.Limit() != 125 {
-		t.Fatalf("limit after a serialized transaction 4× too long = %d, want 125", p.Limit())
+		t.Fatalf("limit after holding the gate 4× too long = %d, want 125", p.Limit())
 	}
-	p.Committed(125, true, TargetSerialized/2)
-	if p.Limit() != 125+1000/16 {
-		t.Fatalf("limit after a quick serialized transaction = %d, want %d", p.Limit(), 125+1000/16)
+	p.Committed(125, TargetSerialized/2)
+	if want := 125 + 1000/16; p.Limit() != want {
+		t.Fatalf("limit after a short turn at the gate = %d, want %d", p.Limit(), want)
 	}
-	// Outside the gate, duration does not matter.
-	p.Committed(p.Limit(), false, time.Hour)
-	if p.Limit() != 125+2*(1000/16) {
-		t.Fatalf("limit = %d, want %d", p.Limit(), 125+2*(1000/16))
+}
+
+func TestOnePartitionsContentionSerializesThemAll(t *testing.T) {
+	g := NewGate()
+	a, b := grown(100, g), grown(100, g)
+	now := time.Unix(1_000_000, 0)
+	a.Contended(100, false, now)
+	if !g.Serialized(now.Add(time.Second)) {
+		t.Fatal("the gate did not close")
+	}
+	if b.Limit() != 100 {
+		t.Fatalf("the other partition's batch shrank to %d: sizes are per partition", b.Limit())
+	}
+	if b.Contended(100, false, now.Add(time.Millisecond)) {
+		t.Fatal("a transaction that started before the gate closed closed it again")
 	}
 }
 
 func TestSerializationEndsAndReturnsForLonger(t *testing.T) {
-	p := New(100)
+	g := NewGate()
+	p := grown(100, g)
 	t0 := time.Unix(1_000_000, 0)
-	if !p.Contended(100, false, t0) || !p.Serialized(t0.Add(Hold-time.Millisecond)) {
+	if !p.Contended(100, false, t0) || !g.Serialized(t0.Add(Hold-time.Millisecond)) {
 		t.Fatal("not serialized for Hold after the first contention")
 	}
-	if p.Serialized(t0.Add(Hold)) {
+	if g.Serialized(t0.Add(Hold)) {
 		t.Fatal("still serialized after Hold")
 	}
 	if p.Contended(50, true, t0.Add(time.Second)) {
 		t.Fatal("a contention while serialized (with a writer outside the gate) re-entered the gate")
 	}
 	t1 := t0.Add(Hold + time.Second)
-	if !p.Contended(50, false, t1) || !p.Serialized(t1.Add(2*Hold-time.Millisecond)) || p.Serialized(t1.Add(2*Hold)) {
+	if !p.Contended(50, false, t1) || !g.Serialized(t1.Add(2*Hold-time.Millisecond)) || g.Serialized(t1.Add(2*Hold)) {
 		t.Fatal("the second serialization did not last twice as long")
 	}
 	tn := t1
 	for range 10 {
-		tn = p.SerializedUntil().Add(time.Second)
+		tn = g.Until().Add(time.Second)
 		p.Contended(10, false, tn)
 	}
-	if got := p.SerializedUntil().Sub(tn); got != MaxHold {
+	if got := g.Until().Sub(tn); got != MaxHold {
 		t.Fatalf("serialization grew to %v, want the cap %v", got, MaxHold)
 	}
-	quiet := p.SerializedUntil().Add(Forgive + time.Second)
+	quiet := g.Until().Add(Forgive + time.Second)
 	p.Contended(10, false, quiet)
-	if got := p.SerializedUntil().Sub(quiet); got != Hold {
+	if got := g.Until().Sub(quiet); got != Hold {
 		t.Fatalf("after %v without contention the serialization lasts %v, want %v", Forgive, got, Hold)
 	}
 }

@@ -127,9 +127,13 @@ func (w *worker) paced(ctx context.Context, info BatchInfo, out *txOutcome) {
 }
 
 // paceRow is what partition_runs should show of the partition's pace, or
-// nil when it shows that already: written only after contention, and only
-// when something changed, in the transaction that commits the next batch.
+// nil when it shows that already: written only once the partition lost a
+// race, and then only when something changed, in the transaction that
+// commits the next batch.
 func (w *worker) paceRow() *attempts.Pace {
+	if w.pace.Retries() == 0 {
+		return nil
+	}
 	row := attempts.Pace{Run: w.runID, BatchLimit: w.pace.Limit(), ContentionRetries: w.pace.Retries(),
 		LastContention: w.pace.LastContention(), SerializedUntil: w.c.gate.Until()}
 	if row == w.paceShown {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
@@ -179,6 +180,44 @@ func TestStatusShowsEachPartition(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "TOPIC")
 	require.Contains(t, out, "total lag: 3")
+}
+
+// A transaction that lost a race for rows shows in its partition's row:
+// the retry counted, the batch size since (shrunk, and growing back).
+func TestStatusShowsContention(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 2)
+	w.produce(20, "s")
+	var lost atomic.Bool
+	w.consume(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "s4" && !lost.Swap(true) {
+			return &pgconn.PgError{Severity: "ERROR", Code: "40P01", Message: "deadlock detected"}
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+w.db.Table("effects")+` VALUES ($1)`, m.ID)
+		return err
+	}, 10)
+
+	out, errOut, code := w.cli("status", "--consumer", w.name, "--json")
+	require.Equal(t, 0, code, errOut)
+	var r statusReport
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	contended := 0
+	for _, p := range r.Partitions {
+		if p.ContentionRetries == 0 {
+			require.Nil(t, p.BatchLimit, "partition %d never met contention: its batches are MaxBatch", p.Partition)
+			continue
+		}
+		contended++
+		require.EqualValues(t, 1, p.ContentionRetries)
+		require.NotNil(t, p.BatchLimit)
+		require.Less(t, *p.BatchLimit, consumer.DefaultMaxBatch, "shrunk, and growing back")
+		require.NotNil(t, p.LastContention)
+	}
+	require.Equal(t, 1, contended, "one partition lost one race")
+	out, _, code = w.cli("status", "--consumer", w.name)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "CONTENTION RETRIES")
+	require.Contains(t, out, "contention: transactions lost races for rows")
 }
 
 func TestAuditFlagsADeletedClaim(t *testing.T) {

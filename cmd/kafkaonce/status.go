@@ -14,6 +14,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/attempts"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/offsets"
@@ -30,6 +31,18 @@ type partitionStatus struct {
 	Stored int64 `json:"stored_position"`
 	// Lag is how many messages are not processed yet.
 	Lag int64 `json:"lag"`
+	// BatchLimit is the most messages the partition's transactions cover
+	// now, when contention made its run adapt; absent otherwise (its
+	// batches are then Config.MaxBatch).
+	BatchLimit *int `json:"batch_limit,omitempty"`
+	// ContentionRetries counts the transactions of the partition's current
+	// (or last) run that lost a race for rows and ran again.
+	ContentionRetries int64 `json:"contention_retries"`
+	// LastContention is when the last of them lost.
+	LastContention *time.Time `json:"last_contention,omitempty"`
+	// SerializedUntil is until when the consumer's transactions take turns
+	// at its gate, as this partition last saw it.
+	SerializedUntil *time.Time `json:"serialized_until,omitempty"`
 }
 
 type statusReport struct {
@@ -113,6 +126,18 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 	if err != nil {
 		return r, err
 	}
+	tries, _ := attempts.NewStore(schemaName)
+	paces, err := tries.Paces(ctx, pool, consumerName)
+	if err != nil {
+		return r, err
+	}
+	paceOf := map[string]map[int]attempts.PartitionPace{}
+	for _, p := range paces {
+		if paceOf[p.Topic] == nil {
+			paceOf[p.Topic] = map[int]attempts.PartitionPace{}
+		}
+		paceOf[p.Topic][p.Partition] = p
+	}
 	storedAt := map[string]map[int]int64{}
 	topicSet := map[string]bool{}
 	for _, p := range stored {
@@ -148,12 +173,31 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 			if v, ok := storedAt[topic][p]; ok {
 				ps.Stored = v
 			}
+			if pc, ok := paceOf[topic][p]; ok {
+				showPace(&ps, pc)
+			}
 			done := max(ps.Committed, ps.Stored, ps.LogStart)
 			ps.Lag = max(ps.LogEnd-done, 0)
 			r.Partitions = append(r.Partitions, ps)
 		}
 	}
 	return r, nil
+}
+
+func showPace(ps *partitionStatus, pc attempts.PartitionPace) {
+	ps.ContentionRetries = pc.ContentionRetries
+	if pc.Adapted {
+		limit := pc.BatchLimit
+		ps.BatchLimit = &limit
+	}
+	if !pc.LastContention.IsZero() {
+		last := pc.LastContention
+		ps.LastContention = &last
+	}
+	if !pc.SerializedUntil.IsZero() {
+		until := pc.SerializedUntil
+		ps.SerializedUntil = &until
+	}
 }
 
 func printStatus(w io.Writer, r statusReport) {
@@ -174,12 +218,29 @@ func printStatus(w io.Writer, r statusReport) {
 	}
 	var rows [][]string
 	var lag int64
+	var contended bool
+	now := time.Now()
 	for _, p := range r.Partitions {
 		lag += p.Lag
+		batch := "max"
+		if p.BatchLimit != nil {
+			batch = strconv.Itoa(*p.BatchLimit)
+		}
+		contention := strconv.FormatInt(p.ContentionRetries, 10)
+		if p.LastContention != nil {
+			contention += " (last " + p.LastContention.UTC().Format(time.RFC3339) + ")"
+		}
+		if p.SerializedUntil != nil && p.SerializedUntil.After(now) {
+			contention += ", taking turns until " + p.SerializedUntil.UTC().Format(time.RFC3339)
+		}
+		contended = contended || p.ContentionRetries > 0
 		rows = append(rows, []string{p.Topic, strconv.Itoa(p.Partition), strconv.FormatInt(p.LogStart, 10), strconv.FormatInt(p.LogEnd, 10),
-			optional(p.Committed), optional(p.Stored), strconv.FormatInt(p.Lag, 10)})
+			optional(p.Committed), optional(p.Stored), strconv.FormatInt(p.Lag, 10), batch, contention})
 	}
 	fmt.Fprintln(w)
-	table(w, "TOPIC\tPARTITION\tLOG START\tLOG END\tCOMMITTED\tSTORED\tLAG", rows)
+	table(w, "TOPIC\tPARTITION\tLOG START\tLOG END\tCOMMITTED\tSTORED\tLAG\tBATCH\tCONTENTION RETRIES", rows)
 	fmt.Fprintf(w, "total lag: %d\n", lag)
+	if contended {
+		fmt.Fprintln(w, "contention: transactions lost races for rows and ran again with smaller batches; see \"Hot rows\" in docs/design.md")
+	}
 }

@@ -143,6 +143,45 @@ WHERE consumer = $1 AND topic = $2 AND partition = $3 AND run = $4`,
 		consumer, topic, partition, p.Run, p.BatchLimit, p.ContentionRetries, nullTime(p.LastContention), nullTime(p.SerializedUntil))
 }
 
+// PartitionPace is a partition's Pace, as its latest run's record shows it.
+type PartitionPace struct {
+	Topic     string
+	Partition int
+	Pace
+	// Adapted is false while the run never met contention: BatchLimit is
+	// then 0, and the run's batches are Config.MaxBatch.
+	Adapted bool
+}
+
+// Paces returns what the consumer's partition runs show of their pace.
+func (s *Store) Paces(ctx context.Context, q schema.Querier, consumer string) ([]PartitionPace, error) {
+	rows, err := q.Query(ctx, `SELECT topic, partition, run, batch_limit, contention_retries, last_contention_at, serialized_until
+FROM `+s.runs+` WHERE consumer = $1 ORDER BY topic, partition`, consumer)
+	if err != nil {
+		return nil, fmt.Errorf("attempts: read partition runs: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (PartitionPace, error) {
+		var p PartitionPace
+		var limit *int
+		var last, until *time.Time
+		err := row.Scan(&p.Topic, &p.Partition, &p.Run, &limit, &p.ContentionRetries, &last, &until)
+		if limit != nil {
+			p.BatchLimit, p.Adapted = *limit, true
+		}
+		if last != nil {
+			p.LastContention = *last
+		}
+		if until != nil {
+			p.SerializedUntil = *until
+		}
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("attempts: read partition runs: %w", err)
+	}
+	return out, nil
+}
+
 func nullTime(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil

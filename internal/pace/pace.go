@@ -122,14 +122,10 @@ type Pace struct {
 }
 
 // New returns the state of a partition whose batches hold up to most
-// messages, and whose transactions take gate when it says so. Its first
-// transactions are small, and grow by a sixteenth of most with each commit
-// (a slow start): on hot rows, a partition's first transactions race the
-// others before any of them learnt anything, and a small one that loses
-// loses little and holds few locks meanwhile.
+// messages, and whose transactions take gate when it says so.
 func New(most int, gate *Gate) *Pace {
 	most = max(most, 1)
-	return &Pace{gate: gate, max: most, limit: max(1, most/16)}
+	return &Pace{gate: gate, max: most, limit: most}
 }
 
 // Limit is how many messages the next transaction may cover.

@@ -5,37 +5,8 @@ import (
 	"time"
 )
 
-// grown returns a partition's pace after its slow start.
-func grown(most int, g *Gate) *Pace {
-	p := New(most, g)
-	for range 16 {
-		p.Committed(p.Limit(), 0)
-	}
-	return p
-}
-
-func TestTheFirstTransactionsStartSmall(t *testing.T) {
-	p := New(1000, NewGate())
-	if p.Limit() != 62 {
-		t.Fatalf("first limit = %d, want 62 (a sixteenth)", p.Limit())
-	}
-	for range 15 {
-		p.Committed(p.Limit(), 0)
-	}
-	if p.Limit() != 992 {
-		t.Fatalf("limit after 15 commits = %d, want 992", p.Limit())
-	}
-	p.Committed(p.Limit(), 0)
-	if p.Limit() != 1000 {
-		t.Fatalf("limit after 16 commits = %d, want 1000", p.Limit())
-	}
-	if New(10, NewGate()).Limit() != 1 {
-		t.Fatal("a small maximum does not start at one message")
-	}
-}
-
 func TestContentionHalvesTheBatchAndCommitsGrowItBack(t *testing.T) {
-	p := grown(1000, NewGate())
+	p := New(1000, NewGate())
 	now := time.Unix(1_000_000, 0)
 	if !p.Contended(1000, false, now) {
 		t.Fatal("the first contention did not serialize the consumer")
@@ -72,7 +43,7 @@ func TestTheBatchNeverShrinksBelowOne(t *testing.T) {
 }
 
 func TestTheGateIsHeldNearTheTarget(t *testing.T) {
-	p := grown(1000, NewGate())
+	p := New(1000, NewGate())
 	p.Contended(1000, false, time.Unix(1_000_000, 0))
 	p.Committed(500, 4*TargetSerialized)
 	if p.Limit() != 125 {
@@ -86,7 +57,7 @@ func TestTheGateIsHeldNearTheTarget(t *testing.T) {
 
 func TestOnePartitionsContentionSerializesThemAll(t *testing.T) {
 	g := NewGate()
-	a, b := grown(100, g), grown(100, g)
+	a, b := New(100, g), New(100, g)
 	now := time.Unix(1_000_000, 0)
 	a.Contended(100, false, now)
 	if !g.Serialized(now.Add(time.Second)) {
@@ -102,7 +73,7 @@ func TestOnePartitionsContentionSerializesThemAll(t *testing.T) {
 
 func TestSerializationEndsAndReturnsForLonger(t *testing.T) {
 	g := NewGate()
-	p := grown(100, g)
+	p := New(100, g)
 	t0 := time.Unix(1_000_000, 0)
 	if !p.Contended(100, false, t0) || !g.Serialized(t0.Add(Hold-time.Millisecond)) {
 		t.Fatal("not serialized for Hold after the first contention")

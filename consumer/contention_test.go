@@ -47,28 +47,50 @@ func (l *ledger) produce(prefix string, n int, seed uint64) []string {
 	return ids
 }
 
+// transfer moves one unit between two accounts.
+type transfer struct{ from, to int }
+
+// postings are a transfer's two updates, the lower account id first.
+func (l *ledger) postings(t transfer) (sql string, args [2][2]any) {
+	sql = `UPDATE ` + l.table + ` SET balance = balance + $2, postings = postings + 1 WHERE id = $1`
+	if t.from < t.to {
+		return sql, [2][2]any{{t.from, int64(-1)}, {t.to, int64(1)}}
+	}
+	return sql, [2][2]any{{t.to, int64(1)}, {t.from, int64(-1)}}
+}
+
+// post applies t in tx.
+func (l *ledger) post(ctx context.Context, tx pgx.Tx, t transfer) error {
+	sql, args := l.postings(t)
+	for _, a := range args {
+		if _, err := tx.Exec(ctx, sql, a[:]...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// queue adds t's postings to a BatchHandler's batch.
+func (l *ledger) queue(b *consumer.Batch, t transfer) {
+	sql, args := l.postings(t)
+	for _, a := range args {
+		b.Queue(sql, a[:]...)
+	}
+}
+
 // handler applies a transfer: the effects row the checker reads, then the
 // two accounts, the lower id first.
 func (l *ledger) handler() consumer.Handler {
 	effect := l.e.applyHandler()
-	update := `UPDATE ` + l.table + ` SET balance = balance + $2, postings = postings + 1 WHERE id = $1`
 	return consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if err := effect.Handle(ctx, tx, m); err != nil {
 			return err
 		}
-		var from, to int
-		if _, err := fmt.Sscanf(string(m.Value), "%d:%d", &from, &to); err != nil {
+		var t transfer
+		if _, err := fmt.Sscanf(string(m.Value), "%d:%d", &t.from, &t.to); err != nil {
 			return consumer.Permanent(err)
 		}
-		first, second, amount := from, to, int64(-1)
-		if to < from {
-			first, second, amount = to, from, 1
-		}
-		if _, err := tx.Exec(ctx, update, first, amount); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, update, second, -amount)
-		return err
+		return l.post(ctx, tx, t)
 	})
 }
 

@@ -67,6 +67,18 @@ func TestSoak(t *testing.T) {
 	}
 }
 
+// soakTransfer is the transfer a soak message posts, if it is one of the
+// hot-rows phase's: every third wave of 500.
+func soakTransfer(id string) (transfer, bool) {
+	_, num, ok := strings.Cut(id, "-")
+	i, err := strconv.Atoi(num)
+	if !ok || err != nil || i/500%3 != 1 {
+		return transfer{}, false
+	}
+	from := i % 4
+	return transfer{from: from, to: (from + 1 + i/4%3) % 4}, true
+}
+
 // fate of a message in the soak, from its id and the seed, so that a seed
 // always poisons and troubles the same messages.
 func soakFate(seed uint64, id string) (poison, flaky bool) {
@@ -108,14 +120,25 @@ func soak(t *testing.T, seed uint64, n int) {
 		}
 		return nil
 	}
+	// The hot-rows phase: every third wave of messages also posts a
+	// transfer between two of four accounts, so that the members' batches
+	// deadlock and lose serialization races while the faults go on.
+	hot := newLedger(e, 4)
 	var cfg *consumer.Config
 	if seed%2 == 1 {
-		// Odd seeds: a Handler, a statement per message.
+		// Odd seeds: a Handler, a statement per message, and for hot
+		// messages the two accounts, the lower id first.
 		cfg = e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			if err := trouble(m); err != nil {
 				return err
 			}
-			return e.applyHandler().Handle(ctx, tx, m)
+			if err := e.applyHandler().Handle(ctx, tx, m); err != nil {
+				return err
+			}
+			if t, ok := soakTransfer(m.ID); ok {
+				return hot.post(ctx, tx, t)
+			}
+			return nil
 		}))
 	} else {
 		// Even seeds: a BatchHandler that only queues, so batches of new
@@ -128,8 +151,19 @@ func soak(t *testing.T, seed uint64, n int) {
 				}
 			}
 			return nil
+		}, extra: func(b *consumer.Batch) {
+			// Hot messages' postings in message order: sorted within a
+			// transfer, not across the batch, as a per-message loop
+			// queued one after another would be.
+			for _, m := range b.Messages {
+				if t, ok := soakTransfer(m.ID); ok {
+					hot.queue(b, t)
+				}
+			}
 		}})
 	}
+	contended := &contentions{}
+	cfg.Hooks = append(cfg.Hooks, contended)
 	cfg.MaxBatch = 200
 	cfg.MaxAttempts = 5
 	cfg.RetryInitialInterval = time.Millisecond
@@ -304,8 +338,19 @@ func soak(t *testing.T, seed uint64, n int) {
 	for _, m := range members {
 		m.stop()
 	}
-	t.Logf("seed %d: %d messages (%d poison) over %d partitions with 3 members; faults: %v", seed, n, len(poison), partitions, faults)
+	lost, _, _ := contended.count()
+	t.Logf("seed %d: %d messages (%d poison) over %d partitions with 3 members; %d transactions lost races for rows; faults: %v",
+		seed, n, len(poison), partitions, lost, faults)
 	e.check(expectation{ids: ids, poison: poison, deleted: deleted})
+	// Each applied hot message posted its transfer once.
+	applied := 0
+	for id := range e.countsBy(`SELECT message_id, count(*) FROM ` + e.db.Table("effects") + ` GROUP BY message_id`) {
+		if _, ok := soakTransfer(id); ok {
+			applied++
+		}
+	}
+	require.Positive(t, applied, "the hot-rows phase ran")
+	hot.requireBalanced(applied)
 }
 
 // crowd starts extra members, so that some get no partition, waits for

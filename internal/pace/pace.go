@@ -81,7 +81,6 @@ func (g *Gate) Serialized(now time.Time) bool {
 	return now.Before(g.until)
 }
 
-
 // Until is when the current serialization ends (zero, or in the past, when
 // there is none).
 func (g *Gate) Until() time.Time {

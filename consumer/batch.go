@@ -246,6 +246,7 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 			if limit := w.pace.Limit(); p.n > limit {
 				p.n, p.after = limit, nil
 			}
+			w.warnIfStuck(items[0].msg.Offset, attempt, out.err)
 			attempt++
 			if retry.Sleep(stop, short.Next()) != nil {
 				return errInterrupted

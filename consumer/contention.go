@@ -150,6 +150,21 @@ func (a *txAttempt) queuePace(b *pgx.Batch) {
 	}
 }
 
+// stuckAfter is how many transactions in a row, from the same message, lose
+// races before the partition warns: contention is retried for ever (it is
+// never the message's fault), so a row another transaction keeps locked
+// must be visible without debug logs.
+const stuckAfter = 50
+
+// warnIfStuck warns, every stuckAfter lost races, that the partition has
+// not got past offset since.
+func (w *worker) warnIfStuck(offset int64, lost int, err error) {
+	if lost%stuckAfter == 0 {
+		w.c.log.Warn("contention: the partition keeps losing races for rows at this offset; is a transaction outside the consumer holding them?", w.logAttrs(
+			slog.Int64("offset", offset), slog.Int("lost", lost), slog.Int("batch_limit", w.pace.Limit()), slog.String("error", err.Error()))...)
+	}
+}
+
 // waitToRetry waits before a transaction of the message at offset, which
 // failed as a whole (what says what it did), runs again: briefly after a
 // lost race, else after the next of the infrastructure's backoff, with a

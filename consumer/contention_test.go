@@ -268,3 +268,39 @@ func TestSerializationFailuresUnderRepeatableReadAreRetried(t *testing.T) {
 	require.Zero(t, failed, "contention is never a message's failure")
 	require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("dead_letters")))
 }
+
+// A row held by a transaction outside the consumer, for longer than the
+// consumer's LockTimeout: every transaction that needs it fails with a lock
+// timeout (55P03). That is contention, not the messages' fault: they are
+// retried, without counting attempts (MaxAttempts 2 would set them aside
+// at once), until the row is free, and then applied once.
+func TestALockHeldOutsideTheConsumerIsWaitedOutWithoutCountingAttempts(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	l := newLedger(e, 2)
+	ids := l.produce("held", 20, 3)
+
+	ctx := context.Background()
+	outside, err := e.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer outside.Rollback(ctx)
+	_, err = outside.Exec(ctx, `SELECT * FROM `+l.table+` WHERE id = 0 FOR UPDATE`)
+	require.NoError(t, err)
+
+	seen := &contentions{}
+	cfg := e.config(l.handler())
+	cfg.LockTimeout = 100 * time.Millisecond
+	cfg.MaxAttempts = 2
+	cfg.Hooks = append(cfg.Hooks, seen)
+	e.start(cfg)
+	waitFor(t, 20*time.Second, "transactions losing to the held row", func() bool { n, _, _ := seen.count(); return n >= 5 })
+	require.Zero(t, e.distinctEffects(), "nothing applied while the row is held")
+	require.NoError(t, outside.Commit(ctx))
+
+	e.waitEffects(20, 30*time.Second)
+	l.requireBalanced(20)
+	e.check(expectation{ids: ids})
+	_, _, failed := seen.count()
+	require.Zero(t, failed, "lock timeouts are never a message's failure")
+	require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("dead_letters")))
+}

@@ -142,8 +142,11 @@ type Config struct {
 
 	// MaxBatch is the most messages of one partition handled in one
 	// transaction. Larger batches amortise the transaction's round trips;
-	// smaller ones hold row locks for less time. Defaults to
-	// DefaultMaxBatch; at most MaxMaxBatch.
+	// smaller ones hold row locks for less time. While transactions lose
+	// races for rows (deadlocks, serialization failures, lock timeouts),
+	// each partition's batches are smaller than this, growing back as they
+	// commit; see HookContention. Defaults to DefaultMaxBatch; at most
+	// MaxMaxBatch.
 	MaxBatch int
 
 	// MaxWait is how long a worker waits for more messages to fill a batch
@@ -193,6 +196,10 @@ type Config struct {
 	// handler may work for that long without a statement. Defaults:
 	// DefaultStatementTimeout, DefaultLockTimeout,
 	// DefaultIdleInTransactionTimeout. LeaveUnset keeps the server's value.
+	// A transaction over several messages that races the consumer's others
+	// (outside the gate they take turns through after contention) waits at
+	// most 200ms for a lock whatever LockTimeout says: a longer wait is
+	// taken for contention (see HookContention).
 	StatementTimeout         time.Duration
 	LockTimeout              time.Duration
 	IdleInTransactionTimeout time.Duration

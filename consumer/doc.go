@@ -52,6 +52,17 @@
 // up to Config.MaxBatch messages. Scale out by running more processes with
 // the same Config.GroupID; the partition count bounds the parallelism.
 //
+// # Hot rows
+//
+// Batches of different partitions that touch the same rows can deadlock,
+// each taking the rows' locks in its own message order. A transaction that
+// loses such a race (a deadlock, a serialization failure, a lock timeout)
+// runs again shortly with fewer messages, without counting an attempt, and
+// for a while the consumer's transactions take turns through an advisory
+// lock instead of racing each other (see HookContention). Handlers help by
+// locking rows in a stable order, or by using a BatchHandler that locks
+// the batch's rows in id order and writes each row once.
+//
 // # Rewinds and replays
 //
 // The processed position stored in Postgres only moves forward, and it is

@@ -44,6 +44,7 @@ func (rep *report) writeMarkdown(path, chart string) error {
 	if s.PerKeySpeedup > 0 {
 		row("per-key concurrency ≥ 8 × one partition's sequential rate (2 ms handler, 20+ keys)", fmt.Sprintf("%.1f ×", s.PerKeySpeedup))
 	}
+	rep.hotTargets(row)
 	if s.PeakRSS10MVs1M > 0 {
 		row("peak RSS, 10M backlog within 20% of 1M", fmt.Sprintf("%.2f ×", s.PeakRSS10MVs1M))
 	}

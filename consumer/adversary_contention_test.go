@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
@@ -272,6 +273,23 @@ func TestAdvHungHandlerHoldingGateStallsOtherPartitions(t *testing.T) {
 		}
 	}
 	mu.Unlock()
+	// How long the stall lasts when the handler stays hung (it is cut off
+	// after HandlerTimeout + 2s).
+	waitFor(t, 30*time.Second, "other partitions applied", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range others {
+			if _, ok := appliedAt[id]; !ok {
+				return false
+			}
+		}
+		return true
+	})
+	mu.Lock()
+	for _, id := range others {
+		t.Logf("%s applied %v after it was produced (partition 0's handler hung; HandlerTimeout %v)", id, appliedAt[id].Sub(producedAt).Round(10*time.Millisecond), cfg.HandlerTimeout)
+	}
+	mu.Unlock()
 	released.fire()
 	e.waitEffects(3+len(others), 30*time.Second)
 	r.stop()
@@ -329,6 +347,45 @@ func TestAdvShutdownWhileWaitingAtGateHeldElsewhere(t *testing.T) {
 		t.Fatalf("Run did not return within ShutdownTimeout (%v) + 8s of cancel", cfg.ShutdownTimeout)
 	}
 	t.Logf("Run returned %v after cancel", time.Since(began))
+}
+
+// Promise (guarantee.md, "Bounded sessions"): every transaction sets the
+// configured lock_timeout locally. A racing transaction over several
+// messages sets lock_timeout to 200ms after the session settings, so a
+// consumer configured with a shorter LockTimeout (50ms: a latency-bound
+// service that would rather fail fast) has its handlers wait four times
+// as long for locks as it asked.
+func TestAdvRaceLockTimeoutOverridesAShorterLockTimeout(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	effect := e.applyHandler()
+	var mu sync.Mutex
+	seenTimeouts := map[string]int{}
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		var lt string
+		if err := tx.QueryRow(ctx, `SHOW lock_timeout`).Scan(&lt); err != nil {
+			return err
+		}
+		mu.Lock()
+		seenTimeouts[lt]++
+		mu.Unlock()
+		return effect.Handle(ctx, tx, m)
+	})
+	cfg := e.config(h)
+	cfg.LockTimeout = 50 * time.Millisecond
+	ids := []string{"a", "b", "c", "d"}
+	var msgs []kafka.Message
+	for _, id := range ids {
+		msgs = append(msgs, msg(0, id, "x"))
+	}
+	e.kafka.Produce(t, e.topic, msgs...)
+	r := e.start(cfg)
+	e.waitEffects(len(ids), 20*time.Second)
+	r.stop()
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("lock_timeout seen by the handlers: %v", seenTimeouts)
+	require.Equal(t, map[string]int{"50ms": len(ids)}, seenTimeouts, "handlers ran with the configured LockTimeout")
 }
 
 func advGateKey(schemaName, name string) int32 {

@@ -388,6 +388,151 @@ func TestAdvRaceLockTimeoutOverridesAShorterLockTimeout(t *testing.T) {
 	require.Equal(t, map[string]int{"50ms": len(ids)}, seenTimeouts, "handlers ran with the configured LockTimeout")
 }
 
+// Promise: a handler that is cut off stays cut off, and its connection
+// is closed so that the server rolls back and frees its locks — the gate
+// included — also with a DB that only begins transactions. The hung
+// handler ignores its context; the consumer is serialized. Once the
+// handler is abandoned (HandlerTimeout + 2s), the other partitions go on.
+func TestAdvAbandonedHandlerReleasesTheGateWithBeginOnlyDB(t *testing.T) {
+	t.Parallel()
+	const parts = 3
+	e := setup(t, parts)
+	var deadlockOnce atomic.Bool
+	hang := newAdvSignal()
+	forever := make(chan struct{})
+	t.Cleanup(func() { close(forever) })
+	effect := e.applyHandler()
+	var mu sync.Mutex
+	appliedAt := map[string]time.Time{}
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		switch string(m.Value) {
+		case "lose-a-race":
+			if deadlockOnce.CompareAndSwap(false, true) {
+				return fmt.Errorf("post: %w", &pgconn.PgError{Code: "40P01", Message: "deadlock detected"})
+			}
+		case "hang":
+			hang.fire()
+			<-forever // ignores ctx
+			return errors.New("released")
+		}
+		if err := effect.Handle(ctx, tx, m); err != nil {
+			return err
+		}
+		mu.Lock()
+		appliedAt[m.ID] = time.Now()
+		mu.Unlock()
+		return nil
+	})
+	cfg := e.config(h)
+	cfg.HandlerTimeout = 2 * time.Second
+	cfg.MaxAttempts = 1
+	e.kafka.Produce(t, e.topic, msg(0, "race-0", "lose-a-race"))
+	r := e.start(cfg, beginOnly{e.db.Pool})
+	e.waitEffects(1, 20*time.Second)
+	e.kafka.Produce(t, e.topic, msg(0, "hang-0", "hang"))
+	select {
+	case <-hang.ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the hanging message never reached its handler")
+	}
+	producedAt := time.Now()
+	for p := 1; p < parts; p++ {
+		e.kafka.Produce(t, e.topic, msg(p, fmt.Sprintf("other-%d", p), "x"))
+	}
+	waitFor(t, 20*time.Second, "other partitions applied", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(appliedAt) == parts // race-0 and the others
+	})
+	mu.Lock()
+	var worst time.Duration
+	for id, at := range appliedAt {
+		if id != "race-0" {
+			worst = max(worst, at.Sub(producedAt))
+		}
+	}
+	mu.Unlock()
+	t.Logf("other partitions applied within %v (HandlerTimeout %v + 2s grace)", worst.Round(10*time.Millisecond), cfg.HandlerTimeout)
+	waitFor(t, 20*time.Second, "the hung message set aside", func() bool {
+		return e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("dead_letters")+` WHERE message_id = 'hang-0'`) == 1
+	})
+	r.stop()
+	require.Less(t, worst, cfg.HandlerTimeout+5*time.Second, "the abandoned handler's gate was released when it was cut off")
+}
+
+// Promise: no partition starved; a failing message holds up its own
+// partition only. One row kept locked by a forgotten session, and one
+// message of partition 0 that touches it: its lock_timeout (55P03) is now
+// a lost race, which closes the consumer's gate; partition 0's retries
+// are then serialized, and each holds the gate for a whole LockTimeout
+// while it waits for the row. Every other partition of the consumer (in
+// every process) waits at the gate behind it: their latency becomes
+// LockTimeout (10s by default), for as long as the session lives.
+func TestAdvStuckRowLockOnOnePartitionSlowsEveryPartition(t *testing.T) {
+	t.Parallel()
+	const parts = 3
+	e := setup(t, parts)
+	hot := e.db.Table("adv_hot")
+	e.db.Exec(t, `CREATE TABLE `+hot+` (id int PRIMARY KEY, v int NOT NULL DEFAULT 0)`)
+	e.db.Exec(t, `INSERT INTO `+hot+` (id) VALUES (1)`)
+	holdRowLock(t, e, hot, 1)
+
+	effect := e.applyHandler()
+	var mu sync.Mutex
+	appliedAt := map[string]time.Time{}
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := effect.Handle(ctx, tx, m); err != nil {
+			return err
+		}
+		if string(m.Value) == "hot" {
+			if _, err := tx.Exec(ctx, `UPDATE `+hot+` SET v = v + 1 WHERE id = 1`); err != nil {
+				return fmt.Errorf("bump hot row: %w", err)
+			}
+		}
+		mu.Lock()
+		appliedAt[m.ID] = time.Now()
+		mu.Unlock()
+		return nil
+	})
+	cfg := e.config(h)
+	cfg.LockTimeout = 2 * time.Second
+	r := e.start(cfg)
+	e.kafka.Produce(t, e.topic, msg(0, "stuck-0", "hot"))
+	time.Sleep(3 * time.Second) // the partition 0 message has failed at least once
+
+	// A steady trickle on the other partitions.
+	producedAt := map[string]time.Time{}
+	for i := range 20 {
+		id := fmt.Sprintf("other-%d", i)
+		producedAt[id] = time.Now()
+		e.kafka.Produce(t, e.topic, msg(1+i%(parts-1), id, "cold"))
+		time.Sleep(250 * time.Millisecond)
+	}
+	waitFor(t, 60*time.Second, "the trickle applied", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for id := range producedAt {
+			if _, ok := appliedAt[id]; !ok {
+				return false
+			}
+		}
+		return true
+	})
+	r.stop()
+	mu.Lock()
+	defer mu.Unlock()
+	var worst time.Duration
+	var total time.Duration
+	for id, at := range producedAt {
+		d := appliedAt[id].Sub(at)
+		total += d
+		worst = max(worst, d)
+	}
+	t.Logf("other partitions: worst latency %v, mean %v (LockTimeout %v)", worst.Round(10*time.Millisecond),
+		(total / time.Duration(len(producedAt))).Round(10*time.Millisecond), cfg.LockTimeout)
+	require.Less(t, worst, time.Second, "partitions 1 and 2 are not held up by partition 0's failing message")
+}
+
 func advGateKey(schemaName, name string) int32 {
 	// fnv32a(schema, 0, name), as consumer.gateKey.
 	const offset, prime = 2166136261, 16777619

@@ -533,6 +533,96 @@ func TestAdvStuckRowLockOnOnePartitionSlowsEveryPartition(t *testing.T) {
 	require.Less(t, worst, time.Second, "partitions 1 and 2 are not held up by partition 0's failing message")
 }
 
+// Promise: Run returns within ShutdownTimeout + grace after cancel, also
+// when a handler that ignores its context holds the consumer's gate and
+// the other partitions wait behind it.
+func TestAdvShutdownWithHungGateHolderInProcess(t *testing.T) {
+	t.Parallel()
+	const parts = 3
+	e := setup(t, parts)
+	var deadlockOnce atomic.Bool
+	hang := newAdvSignal()
+	forever := make(chan struct{})
+	t.Cleanup(func() { close(forever) })
+	effect := e.applyHandler()
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		switch string(m.Value) {
+		case "lose-a-race":
+			if deadlockOnce.CompareAndSwap(false, true) {
+				return fmt.Errorf("post: %w", &pgconn.PgError{Code: "40P01", Message: "deadlock detected"})
+			}
+		case "hang":
+			hang.fire()
+			<-forever
+			return errors.New("released")
+		}
+		return effect.Handle(ctx, tx, m)
+	})
+	cfg := e.config(h)
+	cfg.HandlerTimeout = 30 * time.Second
+	cfg.ShutdownTimeout = 2 * time.Second
+	e.kafka.Produce(t, e.topic, msg(0, "race-0", "lose-a-race"))
+	r := e.start(cfg)
+	e.waitEffects(1, 20*time.Second)
+	e.kafka.Produce(t, e.topic, msg(0, "hang-0", "hang"))
+	<-hang.ch
+	e.kafka.Produce(t, e.topic, msg(1, "w-1", "x"), msg(2, "w-2", "x"))
+	waitFor(t, 10*time.Second, "workers waiting at the gate", func() bool {
+		return e.db.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'`) >= 1
+	})
+	began := time.Now()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		require.NoError(t, err)
+		r.done = nil
+	case <-time.After(cfg.ShutdownTimeout + 8*time.Second):
+		r.done = nil
+		t.Fatalf("Run did not return within ShutdownTimeout (%v) + 8s of cancel", cfg.ShutdownTimeout)
+	}
+	t.Logf("Run returned %v after cancel", time.Since(began))
+}
+
+// Probe: a queue-only BatchHandler (one round trip, racing) on hot rows:
+// contention in the one-trip path, plan shrinking, isolate. Every transfer
+// posted once, nothing dead-lettered, no attempt counted.
+func TestAdvOneTripStormOnHotRows(t *testing.T) {
+	t.Parallel()
+	const partitions, transfers = 6, 3000
+	e := setup(t, partitions)
+	l := newLedger(e, 4)
+	ids := l.produce("bt", transfers, 7)
+	insert := `INSERT INTO ` + e.db.Table("effects") + ` (message_id, topic, partition, kafka_offset, value) VALUES ($1, $2, $3, $4, $5)`
+	var calls atomic.Int64
+	bh := consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
+		calls.Add(1)
+		for _, m := range b.Messages {
+			var tr transfer
+			if _, err := fmt.Sscanf(string(m.Value), "%d:%d", &tr.from, &tr.to); err != nil {
+				return consumer.Permanent(err)
+			}
+			b.Queue(insert, m.ID, m.Topic, m.Partition, m.Offset, string(m.Value))
+			l.queue(b, tr)
+		}
+		return nil
+	})
+	seen := &contentions{}
+	cfg := e.config(nil)
+	cfg.Handler = nil
+	cfg.BatchHandler = bh
+	cfg.MaxBatch = consumer.DefaultMaxBatch
+	cfg.Hooks = append(cfg.Hooks, seen)
+	r := e.start(cfg)
+	e.waitEffects(transfers, 90*time.Second)
+	r.stop()
+	l.requireBalanced(transfers)
+	e.check(expectation{ids: ids})
+	n, serialized, failed := seen.count()
+	t.Logf("contentions %d (serialized %d), handler calls %d", n, serialized, calls.Load())
+	require.Zero(t, failed)
+	require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("message_attempts")))
+}
+
 func advGateKey(schemaName, name string) int32 {
 	// fnv32a(schema, 0, name), as consumer.gateKey.
 	const offset, prime = 2166136261, 16777619

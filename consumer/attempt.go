@@ -128,14 +128,15 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 	items = items[:p.n]
 	info := BatchInfo{Topic: w.topic, Partition: w.partition, FirstOffset: items[0].msg.Offset,
 		LastOffset: items[len(items)-1].msg.Offset, Size: len(items), Attempt: attempt, HighWaterMark: w.hwm,
-		BatchLimit: w.pace.Limit(), Serialized: w.serializedNow()}
+		Serialized: w.serializedNow()}
+	info.BatchLimit = w.pace.Limit(info.Serialized)
 	for _, h := range w.c.hooks.start {
 		h.OnBatchStart(work, info)
 	}
 	began := time.Now()
 	a := &txAttempt{c: w.c, topic: w.topic, partition: w.partition, items: items, p: p.clone(),
 		next: w.next, positionKnown: w.positionKnown, assignedStart: w.assignedStart, sawDuplicates: w.sawDuplicates,
-		st: w.scratch, serialized: info.Serialized, racing: !info.Serialized && len(items) > 1, paceRow: w.paceRow()}
+		st: w.scratch, serialized: info.Serialized, racing: !info.Serialized && len(items) > 1, paceRow: w.paceRow(info.Serialized)}
 	if a.st == nil {
 		a.st = &batchState{}
 	}
@@ -159,7 +160,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 	if out.committed > 0 && a.paceRow != nil {
 		w.paceShown = *a.paceRow
 	}
-	w.paced(work, info, &out)
+	w.paced(work, info, &out, took)
 	if len(w.c.hooks.end) > 0 {
 		r := BatchResult{Duration: took, Err: out.err}
 		if out.st != nil {

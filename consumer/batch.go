@@ -190,7 +190,7 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 		if len(items) > 0 && items[0].msg.Offset <= oneByOneTo {
 			p.n = 1
 		}
-		p.n = min(p.n, w.pace.Limit())
+		p.n = min(p.n, w.pace.Limit(w.c.gate.Serialized(time.Now())))
 		return p
 	}
 	p := next()
@@ -243,7 +243,7 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 		if out.contention {
 			// The same messages first, fewer of them: the failure after
 			// the smaller plan, if any, is found again when it is reached.
-			if limit := w.pace.Limit(); p.n > limit {
+			if limit := w.pace.Limit(w.c.gate.Serialized(time.Now())); p.n > limit {
 				p.n, p.after = limit, nil
 			}
 			w.warnIfStuck(items[0].msg.Offset, attempt, out.err)

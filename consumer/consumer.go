@@ -59,6 +59,8 @@ type Consumer struct {
 	// advisory lock keyed gateKey (see contention.go).
 	gate    *pace.Gate
 	gateKey int32
+	// raceLockTimeout is the lock_timeout of racing transactions.
+	raceLockTimeout string
 	// publish wakes the dead-letter topic publisher (nil without one).
 	publish chan struct{}
 	// sess holds the session settings every transaction starts with. Run
@@ -124,17 +126,18 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 		return nil, err
 	}
 	out := &Consumer{
-		db:       db,
-		cfg:      c,
-		log:      c.Logger.With(slog.String("consumer", c.Name)),
-		hooks:    hs,
-		claims:   claims,
-		offsets:  positions,
-		letters:  letters,
-		attempts: tries,
-		retry:    retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
-		gate:     pace.NewGate(),
-		gateKey:  gateKey(c.Schema, c.Name),
+		db:              db,
+		cfg:             c,
+		log:             c.Logger.With(slog.String("consumer", c.Name)),
+		hooks:           hs,
+		claims:          claims,
+		offsets:         positions,
+		letters:         letters,
+		attempts:        tries,
+		retry:           retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
+		gate:            pace.NewGate(),
+		gateKey:         gateKey(c.Schema, c.Name),
+		raceLockTimeout: raceLockTimeout(&c),
 	}
 	out.setSession(sessionSettings(&c, false))
 	tries.Session = func(b *pgx.Batch) { out.session().queue(b) }

@@ -76,20 +76,28 @@ func (c *Consumer) queueGate(b *pgx.Batch) {
 // order, any deadlock it is part of also holds a transaction of several
 // messages, whose timeout breaks it (or one outside the consumer, which
 // Postgres breaks).
-func raceFirst(b *pgx.Batch) *pgx.Batch {
+func (c *Consumer) raceFirst(b *pgx.Batch) *pgx.Batch {
 	race := &pgx.Batch{}
-	queueRace(race)
+	c.queueRace(race)
 	race.QueuedQueries = append(race.QueuedQueries, b.QueuedQueries...)
 	return race
 }
 
 // queueRace adds to b, in a transaction after the session settings, the
 // lock_timeout of a racing transaction.
-func queueRace(b *pgx.Batch) {
-	b.Queue("SELECT set_config('lock_timeout', $1, true)", raceLockTimeout)
+func (c *Consumer) queueRace(b *pgx.Batch) {
+	b.Queue("SELECT set_config('lock_timeout', $1, true)", c.raceLockTimeout)
 }
 
-var raceLockTimeout = fmt.Sprintf("%dms", pace.RaceLockTimeout.Milliseconds())
+// raceLockTimeout is the lock_timeout of a racing transaction: at most
+// pace.RaceLockTimeout, and never longer than the configured LockTimeout.
+func raceLockTimeout(cfg *Config) string {
+	d := pace.RaceLockTimeout
+	if cfg.LockTimeout != LeaveUnset {
+		d = min(d, cfg.LockTimeout)
+	}
+	return fmt.Sprintf("%dms", d.Milliseconds())
+}
 
 // serializedNow reports whether a transaction starting now takes the gate,
 // and logs when the partition starts or stops racing.
@@ -97,7 +105,7 @@ func (w *worker) serializedNow() bool {
 	s := w.c.gate.Serialized(time.Now())
 	if w.wasSerialized && !s {
 		w.c.log.Info("contention: this partition's transactions race the consumer's others again", w.logAttrs(
-			slog.Int("batch_limit", w.pace.Limit()))...)
+			slog.Int("batch_limit", w.pace.Limit(false)))...)
 	}
 	w.wasSerialized = s
 	return s
@@ -105,36 +113,38 @@ func (w *worker) serializedNow() bool {
 
 // paced updates the partition's pace after a transaction over info's
 // messages, and reports a lost race.
-func (w *worker) paced(ctx context.Context, info BatchInfo, out *txOutcome) {
+func (w *worker) paced(ctx context.Context, info BatchInfo, out *txOutcome, took time.Duration) {
 	switch {
 	case out.contention:
 		entered := w.pace.Contended(info.Size, info.Serialized, time.Now())
 		serialized := w.c.gate.Serialized(time.Now())
+		limit := w.pace.Limit(serialized)
 		w.c.log.Debug("contention: the transaction lost a race for rows; retrying with a smaller batch", w.logAttrs(
-			slog.Int64("offset", info.FirstOffset), slog.Int("messages", info.Size), slog.Int("batch_limit", w.pace.Limit()),
+			slog.Int64("offset", info.FirstOffset), slog.Int("messages", info.Size), slog.Int("batch_limit", limit),
 			slog.String("error", out.err.Error()))...)
 		if entered {
 			w.c.log.Info("contention: the consumer's transactions take turns for a while instead of racing each other", w.logAttrs(
-				slog.Time("until", w.c.gate.Until()), slog.Int("batch_limit", w.pace.Limit()), slog.String("error", out.err.Error()))...)
+				slog.Time("until", w.c.gate.Until()), slog.Int("batch_limit", limit), slog.String("error", out.err.Error()))...)
 		}
-		c := Contention{Err: out.err, BatchLimit: w.pace.Limit(), Serialized: serialized}
+		c := Contention{Err: out.err, BatchLimit: limit, Serialized: serialized}
 		for _, h := range w.c.hooks.contention {
 			h.OnContention(ctx, info, c)
 		}
 	case out.committed > 0:
-		w.pace.Committed(out.committed, out.held)
+		w.pace.Committed(out.committed, took, out.held)
 	}
 }
 
 // paceRow is what partition_runs should show of the partition's pace, or
 // nil when it shows that already: written only once the partition lost a
 // race, and then only when something changed, in the transaction that
-// commits the next batch.
-func (w *worker) paceRow() *attempts.Pace {
+// commits the next batch. serialized is whether that transaction takes the
+// gate.
+func (w *worker) paceRow(serialized bool) *attempts.Pace {
 	if w.pace.Retries() == 0 {
 		return nil
 	}
-	row := attempts.Pace{Run: w.runID, BatchLimit: w.pace.Limit(), ContentionRetries: w.pace.Retries(),
+	row := attempts.Pace{Run: w.runID, BatchLimit: w.pace.Limit(serialized), ContentionRetries: w.pace.Retries(),
 		LastContention: w.pace.LastContention(), SerializedUntil: w.c.gate.Until()}
 	if row == w.paceShown {
 		return nil
@@ -161,7 +171,7 @@ const stuckAfter = 50
 func (w *worker) warnIfStuck(offset int64, lost int, err error) {
 	if lost%stuckAfter == 0 {
 		w.c.log.Warn("contention: the partition keeps losing races for rows at this offset; is a transaction outside the consumer holding them?", w.logAttrs(
-			slog.Int64("offset", offset), slog.Int("lost", lost), slog.Int("batch_limit", w.pace.Limit()), slog.String("error", err.Error()))...)
+			slog.Int64("offset", offset), slog.Int("lost", lost), slog.Int("batch_limit", w.pace.Limit(w.wasSerialized)), slog.String("error", err.Error()))...)
 	}
 }
 
@@ -188,7 +198,7 @@ func (w *worker) waitToRetry(stop context.Context, offset int64, what string, ou
 // then until the transaction ends).
 func (a *txAttempt) begin(ctx context.Context, b *pgx.Batch) (bt *batchTx, gated time.Time, err error) {
 	if a.racing {
-		b = raceFirst(b)
+		b = a.c.raceFirst(b)
 	}
 	if !a.serialized {
 		bt, err = a.c.beginWith(ctx, b)

@@ -140,7 +140,7 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	head := append(make([]any, 0, len(sess.args)+5), sess.args...)
 	q.Queue(sess.oneTripHead, append(head, a.c.cfg.Name, a.topic, a.partition, a.next, items[n-1].msg.Offset+1)...)
 	if a.racing {
-		queueRace(q)
+		a.c.queueRace(q)
 	}
 	claimed := len(st.claims) == 0
 	if !claimed {

@@ -306,7 +306,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	}
 	w.started = true
 	w.pace = pace.New(w.c.cfg.MaxBatch, w.c.gate)
-	w.paceShown = attempts.Pace{Run: w.runID, BatchLimit: w.pace.Limit()}
+	w.paceShown = attempts.Pace{Run: w.runID, BatchLimit: w.pace.Limit(false)}
 	if starts >= 2 || inProgress {
 		// The previous run did not get past this offset: it may have died on
 		// a message of its first batch. Go one message at a time, counting

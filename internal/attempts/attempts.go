@@ -201,7 +201,8 @@ func (s *Store) Assigned(ctx context.Context, db schema.Beginner, consumer, topi
 	b.Queue(`INSERT INTO `+s.runs+` AS r (consumer, topic, partition, start_offset, starts) VALUES ($1, $2, $3, $4, 1)
 ON CONFLICT (consumer, topic, partition) DO UPDATE
 SET starts = CASE WHEN r.start_offset = EXCLUDED.start_offset THEN r.starts + 1 ELSE 1 END,
-    start_offset = EXCLUDED.start_offset, started_at = now(), run = EXCLUDED.run
+    start_offset = EXCLUDED.start_offset, started_at = now(), run = EXCLUDED.run,
+    batch_limit = NULL, contention_retries = 0, last_contention_at = NULL, serialized_until = NULL
 RETURNING run, starts`, consumer, topic, partition, start).QueryRow(func(row pgx.Row) error { return row.Scan(&run, &starts) })
 	b.Queue(`DELETE FROM `+s.attempts+` WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset < $4`,
 		consumer, topic, partition, start)

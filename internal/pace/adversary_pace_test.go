@@ -22,13 +22,13 @@ func TestAdvSlowSingleMessagesOscillateFarAboveTheTarget(t *testing.T) {
 	var worst time.Duration
 	var sizes []int
 	for i := range 20 {
-		n := p.Limit() // a partition with a backlog fills its turn
+		n := p.Limit(true) // a partition with a backlog fills its turn
 		held := time.Duration(n) * perMessage
 		if i > 0 { // the first turn's size is not yet adapted to the hold
 			worst = max(worst, held)
 		}
 		sizes = append(sizes, n)
-		p.Committed(n, held)
+		p.Committed(n, held, held)
 	}
 	t.Logf("serialized turns (messages): %v; longest hold after the first turn %v", sizes, worst)
 	if worst > 4*TargetSerialized {

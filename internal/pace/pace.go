@@ -114,6 +114,10 @@ type Pace struct {
 	gate  *Gate
 	max   int
 	limit int
+	// perMessage is a running estimate of a message's share of a
+	// committed transaction's time (0: none yet), which sizes a
+	// serialized transaction before it holds the gate.
+	perMessage time.Duration
 	// lastContention is when the partition last lost a race (zero: never).
 	lastContention time.Time
 	// retries counts contentions since New.
@@ -127,8 +131,20 @@ func New(most int, gate *Gate) *Pace {
 	return &Pace{gate: gate, max: most, limit: most}
 }
 
-// Limit is how many messages the next transaction may cover.
-func (p *Pace) Limit() int { return p.limit }
+// Limit is how many messages the next transaction may cover, serialized or
+// not. A serialized transaction is also held to what TargetSerialized
+// allows at the partition's recent time per message (a sixteenth of the
+// maximum when there is no estimate yet), so that even its first turn at
+// the gate is short.
+func (p *Pace) Limit(serialized bool) int {
+	if !serialized {
+		return p.limit
+	}
+	if p.perMessage == 0 {
+		return min(p.limit, max(1, p.max/16))
+	}
+	return min(p.limit, max(1, int(TargetSerialized/p.perMessage)))
+}
 
 // Retries counts the transactions that lost a race, since New.
 func (p *Pace) Retries() int64 { return p.retries }
@@ -146,11 +162,22 @@ func (p *Pace) Contended(n int, serialized bool, now time.Time) (entered bool) {
 	return p.gate.contended(serialized, now)
 }
 
-// Committed records that a transaction over n messages, started serialized
-// or not, committed; held is how long it held the gate (0 when it did not
-// take it).
-func (p *Pace) Committed(n int, held time.Duration) {
-	if held > TargetSerialized && n > 1 {
+// Committed records that a transaction over n messages committed after
+// took; held is how long it held the gate (0 when it did not take it).
+func (p *Pace) Committed(n int, took, held time.Duration) {
+	if n <= 0 {
+		return
+	}
+	spent := took
+	if held > 0 {
+		spent = held
+	}
+	if per := spent / time.Duration(n); p.perMessage == 0 {
+		p.perMessage = per
+	} else {
+		p.perMessage = (p.perMessage + per) / 2
+	}
+	if held > TargetSerialized {
 		// Queued partitions wait for this one: keep it near the target.
 		p.limit = max(1, min(p.limit, int(int64(n)*int64(TargetSerialized)/int64(held))))
 		return

@@ -11,19 +11,19 @@ func TestContentionHalvesTheBatchAndCommitsGrowItBack(t *testing.T) {
 	if !p.Contended(1000, false, now) {
 		t.Fatal("the first contention did not serialize the consumer")
 	}
-	if p.Limit() != 500 {
-		t.Fatalf("limit after one contention = %d, want 500", p.Limit())
+	if p.Limit(false) != 500 {
+		t.Fatalf("limit after one contention = %d, want 500", p.Limit(false))
 	}
 	p.Contended(500, true, now)
 	p.Contended(250, true, now)
-	if p.Limit() != 125 || p.Retries() != 3 || !p.LastContention().Equal(now) {
-		t.Fatalf("limit = %d, retries = %d, last = %v; want 125, 3, %v", p.Limit(), p.Retries(), p.LastContention(), now)
+	if p.Limit(false) != 125 || p.Retries() != 3 || !p.LastContention().Equal(now) {
+		t.Fatalf("limit = %d, retries = %d, last = %v; want 125, 3, %v", p.Limit(false), p.Retries(), p.LastContention(), now)
 	}
 	for range 20 {
-		p.Committed(p.Limit(), 0)
+		p.Committed(p.Limit(false), 0, 0)
 	}
-	if p.Limit() != 1000 {
-		t.Fatalf("limit after 20 commits = %d, want 1000 (never above the maximum)", p.Limit())
+	if p.Limit(false) != 1000 {
+		t.Fatalf("limit after 20 commits = %d, want 1000 (never above the maximum)", p.Limit(false))
 	}
 }
 
@@ -33,25 +33,25 @@ func TestTheBatchNeverShrinksBelowOne(t *testing.T) {
 	for range 5 {
 		p.Contended(1, false, now)
 	}
-	if p.Limit() != 1 {
-		t.Fatalf("limit = %d, want 1", p.Limit())
+	if p.Limit(false) != 1 {
+		t.Fatalf("limit = %d, want 1", p.Limit(false))
 	}
-	p.Committed(1, time.Hour)
-	if p.Limit() != 2 {
-		t.Fatalf("limit after a commit = %d, want 2 (a step is at least one message, and one message is never cut)", p.Limit())
+	p.Committed(1, time.Hour, 0)
+	if p.Limit(false) != 2 {
+		t.Fatalf("limit after a commit = %d, want 2 (a step is at least one message, and one message is never cut)", p.Limit(false))
 	}
 }
 
 func TestTheGateIsHeldNearTheTarget(t *testing.T) {
 	p := New(1000, NewGate())
 	p.Contended(1000, false, time.Unix(1_000_000, 0))
-	p.Committed(500, 4*TargetSerialized)
-	if p.Limit() != 125 {
-		t.Fatalf("limit after holding the gate 4× too long = %d, want 125", p.Limit())
+	p.Committed(500, 4*TargetSerialized, 4*TargetSerialized)
+	if p.Limit(false) != 125 {
+		t.Fatalf("limit after holding the gate 4× too long = %d, want 125", p.Limit(false))
 	}
-	p.Committed(125, TargetSerialized/2)
-	if want := 125 + 1000/16; p.Limit() != want {
-		t.Fatalf("limit after a short turn at the gate = %d, want %d", p.Limit(), want)
+	p.Committed(125, TargetSerialized/2, TargetSerialized/2)
+	if want := 125 + 1000/16; p.Limit(false) != want {
+		t.Fatalf("limit after a short turn at the gate = %d, want %d", p.Limit(false), want)
 	}
 }
 
@@ -63,8 +63,8 @@ func TestOnePartitionsContentionSerializesThemAll(t *testing.T) {
 	if !g.Serialized(now.Add(time.Second)) {
 		t.Fatal("the gate did not close")
 	}
-	if b.Limit() != 100 {
-		t.Fatalf("the other partition's batch shrank to %d: sizes are per partition", b.Limit())
+	if b.Limit(false) != 100 {
+		t.Fatalf("the other partition's batch shrank to %d: sizes are per partition", b.Limit(false))
 	}
 	if b.Contended(100, false, now.Add(time.Millisecond)) {
 		t.Fatal("a transaction that started before the gate closed closed it again")
@@ -100,5 +100,19 @@ func TestSerializationEndsAndReturnsForLonger(t *testing.T) {
 	p.Contended(10, false, quiet)
 	if got := g.Until().Sub(quiet); got != Hold {
 		t.Fatalf("after %v without contention the serialization lasts %v, want %v", Forgive, got, Hold)
+	}
+}
+
+func TestAFirstTurnAtTheGateIsSizedFromThePartitionsPace(t *testing.T) {
+	p := New(1000, NewGate())
+	if got := p.Limit(true); got != 62 {
+		t.Fatalf("serialized limit with no estimate = %d, want a sixteenth of the maximum", got)
+	}
+	p.Committed(1000, time.Second, 0) // racing: 1ms a message
+	if got := p.Limit(true); got != 50 {
+		t.Fatalf("serialized limit at 1ms a message = %d, want TargetSerialized's worth, 50", got)
+	}
+	if got := p.Limit(false); got != 1000 {
+		t.Fatalf("racing limit = %d, want 1000: the estimate only bounds turns at the gate", got)
 	}
 }

@@ -36,6 +36,7 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 		initial = 2 // the failed batch was the first attempt, and it was not recorded
 	}
 	count := true
+	lost := 0 // transactions in a row that lost races for rows
 	var rec attempts.Record
 	for {
 		if count {
@@ -70,6 +71,10 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 			// The database failed, not the message: try again without
 			// counting an attempt.
 			count = false
+			if out.contention {
+				lost++
+				w.warnIfStuck(it.msg.Offset, lost, out.err)
+			}
 			if err := w.waitToRetry(stop, it.msg.Offset, "transaction", &out, backoff, short); err != nil {
 				return err
 			}

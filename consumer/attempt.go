@@ -107,6 +107,9 @@ type txOutcome struct {
 	contention bool
 	// held is how long a serialized transaction held the consumer's gate.
 	held time.Duration
+	// gateBusy is set when the transaction gave up waiting for the gate:
+	// nothing ran; the next one races.
+	gateBusy bool
 	// st is the attempt's scratch space, with the fates of the messages,
 	// when the attempt was not abandoned.
 	st *batchState
@@ -128,7 +131,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 	items = items[:p.n]
 	info := BatchInfo{Topic: w.topic, Partition: w.partition, FirstOffset: items[0].msg.Offset,
 		LastOffset: items[len(items)-1].msg.Offset, Size: len(items), Attempt: attempt, HighWaterMark: w.hwm,
-		Serialized: w.serializedNow()}
+		Serialized: w.serializedNow() && !w.skipGate}
 	info.BatchLimit = w.pace.Limit(info.Serialized)
 	for _, h := range w.c.hooks.start {
 		h.OnBatchStart(work, info)
@@ -160,6 +163,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 	if out.committed > 0 && a.paceRow != nil {
 		w.paceShown = *a.paceRow
 	}
+	w.skipGate = out.gateBusy
 	w.paced(work, info, &out, took)
 	if len(w.c.hooks.end) > 0 {
 		r := BatchResult{Duration: took, Err: out.err}

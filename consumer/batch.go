@@ -240,6 +240,10 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 			p = next()
 			continue
 		}
+		if out.gateBusy {
+			// Nothing ran: the next transaction races, at once.
+			continue
+		}
 		if out.contention {
 			// The same messages first, fewer of them: the failure after
 			// the smaller plan, if any, is found again when it is reached.
@@ -264,7 +268,9 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 		}
 		// failedAt counts from the start of this transaction; what it
 		// committed is gone from items.
-		w.reportFailure(work, &items[out.failedAt-out.committed].msg, out.fail)
+		if !out.fail.uncounted {
+			w.reportFailure(work, &items[out.failedAt-out.committed].msg, out.fail)
+		}
 		if out.committed > 0 {
 			// A savepoint transaction was cut short at the failing message,
 			// which is now items[0].
@@ -298,10 +304,14 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 }
 
 // resolve deals with a message whose attempt failed: set aside at once when
-// the failure is permanent, else retried alone.
+// the failure is permanent, else retried alone (as if it had not failed
+// yet, when the failure does not count).
 func (w *worker) resolve(stop, work context.Context, one []item, f *failure) error {
-	if f.class == classPermanent {
+	switch {
+	case f.class == classPermanent:
 		return w.setAside(stop, work, one, f)
+	case f.uncounted:
+		return w.runAlone(stop, work, one, nil)
 	}
 	return w.runAlone(stop, work, one, f)
 }

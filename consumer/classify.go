@@ -49,6 +49,12 @@ type failure struct {
 	// attempts made so far, and when the first and the last failed.
 	attempts    int
 	first, last time.Time
+	// uncounted: a transient failure inside a racing transaction that the
+	// server had aborted, which may be the race's own lock timeout behind
+	// an error the handler wrapped without %w; the message gets a try
+	// alone, outside the race, before any failure of it counts (see
+	// raceMayHaveFailed).
+	uncounted bool
 }
 
 func newFailure(class errClass, kind deadletter.Class, err error) *failure {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -65,10 +66,41 @@ func gateKey(schemaName, name string) int32 {
 // queueGate adds to b, first thing in a transaction, the wait for the
 // consumer's gate: a transaction-scoped advisory lock, released when the
 // transaction ends, however it ends. Serialized transactions of the
-// consumer pass one at a time, in the order they came.
+// consumer pass one at a time, in the order they came. The wait is bounded
+// by pace.GateWait: a turn at the gate is short, so a longer wait means
+// the holder is stuck (a slow or hung handler, a row locked outside the
+// consumer), and the partition races its next transaction instead of
+// queueing behind it (see gateBusyError).
 func (c *Consumer) queueGate(b *pgx.Batch) {
+	b.Queue("SELECT set_config('lock_timeout', $1, true)", gateWait)
 	b.Queue("SELECT pg_advisory_xact_lock($1::int4, $2::int4)", int32(gateClass), c.gateKey)
 }
+
+var gateWait = fmt.Sprintf("%dms", pace.GateWait.Milliseconds())
+
+// afterGate returns b after the statement that puts lock_timeout back to
+// what the session settings made it, once the gate is passed.
+func (c *Consumer) afterGate(b *pgx.Batch) *pgx.Batch {
+	restore := &pgx.Batch{}
+	if c.cfg.LockTimeout == LeaveUnset {
+		restore.Queue("SET LOCAL lock_timeout TO DEFAULT")
+	} else {
+		restore.Queue("SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(c.cfg.LockTimeout.Milliseconds(), 10))
+	}
+	restore.QueuedQueries = append(restore.QueuedQueries, b.QueuedQueries...)
+	return restore
+}
+
+// gateBusyError: the gate was not free within pace.GateWait. Not a lost
+// race for rows: the batch keeps its size, and its next transaction races
+// (see worker.skipGate).
+type gateBusyError struct{ err error }
+
+func (e *gateBusyError) Error() string {
+	return "the consumer's gate was held longer than " + gateWait + ": racing instead: " + e.err.Error()
+}
+
+func (e *gateBusyError) Unwrap() error { return e.err }
 
 // raceFirst returns b after the setting of a racing transaction's
 // lock_timeout, which overrides the session's for this transaction. A
@@ -130,6 +162,9 @@ func (w *worker) paced(ctx context.Context, info BatchInfo, out *txOutcome, took
 		for _, h := range w.c.hooks.contention {
 			h.OnContention(ctx, info, c)
 		}
+	case out.gateBusy:
+		w.c.log.Debug("contention: the consumer's gate is held too long (a slow handler, a row locked elsewhere); the next transaction races", w.logAttrs(
+			slog.Int64("offset", info.FirstOffset))...)
 	case out.committed > 0:
 		w.pace.Committed(out.committed, took, out.held)
 	}
@@ -181,7 +216,7 @@ func (w *worker) warnIfStuck(offset int64, lost int, err error) {
 // warning.
 func (w *worker) waitToRetry(stop context.Context, offset int64, what string, out *txOutcome, backoff, short *retry.Backoff) error {
 	wait := short
-	if !out.contention {
+	if !out.contention && !out.gateBusy {
 		w.c.log.Warn(what+" failed; retrying", w.logAttrs(slog.Int64("offset", offset),
 			slog.String("class", classInfra.String()), slog.String("error", out.err.Error()))...)
 		wait = backoff
@@ -207,12 +242,31 @@ func (a *txAttempt) begin(ctx context.Context, b *pgx.Batch) (bt *batchTx, gated
 	gate := &pgx.Batch{}
 	a.c.queueGate(gate)
 	if bt, err = a.c.beginWith(ctx, gate); err != nil {
+		if isContention(err) {
+			err = &gateBusyError{err: err}
+		}
 		return nil, time.Time{}, err
 	}
 	gated = time.Now()
-	if err = bt.tx.SendBatch(ctx, b).Close(); err != nil {
+	if err = bt.tx.SendBatch(ctx, a.c.afterGate(b)).Close(); err != nil {
 		bt.rollback(ctx)
 		return nil, time.Time{}, err
 	}
 	return bt, gated, nil
+}
+
+// raceMayHaveFailed marks f uncounted when it may be this racing
+// transaction's own lock timeout in disguise: a transient failure (so no
+// SQLSTATE could be read from it) after which the server holds the
+// transaction aborted, so a statement failed. Outside the race, alone,
+// the message waits for its locks for the whole LockTimeout; only failures
+// there count. A handler failing for a reason of its own, with no failed
+// statement, fails as it always did.
+func (a *txAttempt) raceMayHaveFailed(tx pgx.Tx, f *failure) {
+	if !a.racing || f.class != classTransient {
+		return
+	}
+	if conn := tx.Conn(); conn != nil && conn.PgConn().TxStatus() == 'E' {
+		f.uncounted = true
+	}
 }

@@ -61,6 +61,10 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 		a.c.claims.QueueClaim(b, a.c.cfg.Name, a.topic, a.partition, st.claims, st.claimedBy)
 	}
 	bt, gated, err := a.begin(ctx, b)
+	var busy *gateBusyError
+	if errors.As(err, &busy) {
+		return txOutcome{failedAt: -1, err: busy, fail: newFailure(classInfra, "", busy), gateBusy: true}
+	}
 	if err != nil {
 		return infra(fmt.Errorf("begin and claim: %w", err))
 	}
@@ -135,6 +139,7 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 			continue
 		}
 		merr, f := a.messageFailure(&items[i].msg, err)
+		a.raceMayHaveFailed(tx, f)
 		switch {
 		case f.class == classInfra:
 			// A deadlock or a lost connection inside the handler is not the
@@ -316,7 +321,11 @@ func (a *txAttempt) handleBatch(hctx, ctx context.Context, tx pgx.Tx) (*Batch, t
 	}
 	a.reportBatchCall(ctx, b, time.Since(began), err)
 	if err != nil {
-		return nil, a.batchFailed(b, err)
+		out := a.batchFailed(b, err)
+		if out.fail != nil {
+			a.raceMayHaveFailed(tx, out.fail)
+		}
+		return nil, out
 	}
 	return b, txOutcome{failedAt: -1}
 }

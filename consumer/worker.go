@@ -76,6 +76,9 @@ type worker struct {
 	pace          *pace.Pace
 	wasSerialized bool
 	paceShown     attempts.Pace
+	// skipGate: the last transaction found the gate held too long; the
+	// next one races (see gateBusyError).
+	skipGate bool
 }
 
 // run processes the partition until stop is done. A partition that cannot

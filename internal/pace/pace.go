@@ -55,6 +55,11 @@ const (
 	// batches, all racing, form many cycles, and without this they would
 	// be broken one second after another.
 	RaceLockTimeout = 200 * time.Millisecond
+	// GateWait bounds a wait at the gate. Turns are kept near
+	// TargetSerialized, so a dozen partitions queued pass well within it;
+	// a longer wait means the holder is stuck (a hung handler, a row
+	// locked outside the consumer), and the waiter races instead.
+	GateWait = time.Second
 )
 
 // Gate is the consumer's side of the gate: when its transactions take it.

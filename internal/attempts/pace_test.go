@@ -11,16 +11,10 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
 )
 
-// The change's claim (migration 010, status.go): batch_limit is "the most
-// messages the run's next transaction covers; NULL while it is
-// Config.MaxBatch, untouched by contention", and contention_retries counts
-// the transactions "of the partition's current (or last) run". A run that
-// met contention, then a new run of the partition (restart, rebalance)
-// that meets none: Assigned takes the record over without clearing the
-// pace columns, and the new run never writes them (paceRow is nil until
-// it loses a race). kafkaonce status then reports the old run's batch
-// limit of 1 and its retries for the new run, which covers MaxBatch.
-func TestAdvNewRunInheritsTheOldRunsPace(t *testing.T) {
+// A run that takes over the partition's record starts with a fresh pace:
+// kafkaonce status must not show the previous run's batch size and
+// retries for a run that never lost a race.
+func TestANewRunStartsWithAFreshPace(t *testing.T) {
 	t.Parallel()
 	db, s := setup(t)
 	ctx := context.Background()

@@ -59,8 +59,6 @@ type Consumer struct {
 	// advisory lock keyed gateKey (see contention.go).
 	gate    *pace.Gate
 	gateKey int32
-	// raceLockTimeout is the lock_timeout of racing transactions.
-	raceLockTimeout string
 	// publish wakes the dead-letter topic publisher (nil without one).
 	publish chan struct{}
 	// sess holds the session settings every transaction starts with. Run
@@ -79,6 +77,10 @@ type session struct {
 	// oneTripHead opens a one-trip batch: the same settings and the
 	// checked advance of the position in one SELECT (see oneTrip).
 	oneTripHead string
+	// racing is the same for a transaction that races the consumer's
+	// others: its lock_timeout is raceLockTimeout's (see contention.go).
+	// It costs nothing more: the same statement, another value.
+	racing *session
 }
 
 // queue adds the settings to b, which runs in a transaction.
@@ -137,9 +139,8 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 		retry:           retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
 		gate:            pace.NewGate(),
 		gateKey:         gateKey(c.Schema, c.Name),
-		raceLockTimeout: raceLockTimeout(&c),
 	}
-	out.setSession(sessionSettings(&c, false))
+	out.setSession(&c, false)
 	tries.Session = func(b *pgx.Batch) { out.session().queue(b) }
 	if c.DeadLetterTopic != "" {
 		out.publish = make(chan struct{}, 1)
@@ -150,7 +151,15 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 // setSession sets the statement that applies the session settings, and
 // the one that opens a one-trip batch: the same settings and the checked
 // advance of the position in one SELECT.
-func (c *Consumer) setSession(sql string, args []any) {
+func (c *Consumer) setSession(cfg *Config, checkClient bool) {
+	s := c.newSession(sessionSettings(cfg, checkClient))
+	racing := *cfg
+	racing.LockTimeout = raceLockTimeout(cfg)
+	s.racing = c.newSession(sessionSettings(&racing, checkClient))
+	c.sess.Store(s)
+}
+
+func (c *Consumer) newSession(sql string, args []any) *session {
 	// The one-trip head also opens the batch (see offsets.QueueOpen),
 	// with the advance's consumer, topic and partition.
 	head := c.offsets.AdvanceChecked(len(args)+1) + ", " + c.offsets.OpenExpr(len(args)+1)
@@ -159,7 +168,7 @@ func (c *Consumer) setSession(sql string, args []any) {
 	} else {
 		head = sql + ", " + head
 	}
-	c.sess.Store(&session{sql: sql, args: args, oneTripHead: head})
+	return &session{sql: sql, args: args, oneTripHead: head}
 }
 
 // sessionSettings builds the statement that applies the configured timeouts
@@ -322,7 +331,7 @@ func (c *Consumer) checkSchema(ctx context.Context) error {
 		return fmt.Errorf("consumer: read the server version: %w", err)
 	}
 	if version >= 140000 {
-		c.setSession(sessionSettings(&c.cfg, true))
+		c.setSession(&c.cfg, true)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("consumer: number the consumer name: %w", err)

@@ -102,33 +102,17 @@ func (e *gateBusyError) Error() string {
 
 func (e *gateBusyError) Unwrap() error { return e.err }
 
-// raceFirst returns b after the setting of a racing transaction's
-// lock_timeout, which overrides the session's for this transaction. A
-// transaction of one message needs none: with its locks taken in a stable
-// order, any deadlock it is part of also holds a transaction of several
-// messages, whose timeout breaks it (or one outside the consumer, which
-// Postgres breaks).
-func (c *Consumer) raceFirst(b *pgx.Batch) *pgx.Batch {
-	race := &pgx.Batch{}
-	c.queueRace(race)
-	race.QueuedQueries = append(race.QueuedQueries, b.QueuedQueries...)
-	return race
-}
-
-// queueRace adds to b, in a transaction after the session settings, the
-// lock_timeout of a racing transaction.
-func (c *Consumer) queueRace(b *pgx.Batch) {
-	b.Queue("SELECT set_config('lock_timeout', $1, true)", c.raceLockTimeout)
-}
-
 // raceLockTimeout is the lock_timeout of a racing transaction: at most
 // pace.RaceLockTimeout, and never longer than the configured LockTimeout.
-func raceLockTimeout(cfg *Config) string {
-	d := pace.RaceLockTimeout
+// A transaction of one message needs none: with its locks taken in a
+// stable order, any deadlock it is part of also holds a transaction of
+// several messages, whose timeout breaks it (or one outside the consumer,
+// which Postgres breaks).
+func raceLockTimeout(cfg *Config) time.Duration {
 	if cfg.LockTimeout != LeaveUnset {
-		d = min(d, cfg.LockTimeout)
+		return min(pace.RaceLockTimeout, cfg.LockTimeout)
 	}
-	return fmt.Sprintf("%dms", d.Milliseconds())
+	return pace.RaceLockTimeout
 }
 
 // serializedNow reports whether a transaction starting now takes the gate,
@@ -232,11 +216,12 @@ func (w *worker) waitToRetry(stop context.Context, offset int64, what string, ou
 // locks anything; gated is when it got through (the gate is held from
 // then until the transaction ends).
 func (a *txAttempt) begin(ctx context.Context, b *pgx.Batch) (bt *batchTx, gated time.Time, err error) {
-	if a.racing {
-		b = a.c.raceFirst(b)
-	}
 	if !a.serialized {
-		bt, err = a.c.beginWith(ctx, b)
+		sess := a.c.session()
+		if a.racing {
+			sess = sess.racing
+		}
+		bt, err = a.c.beginIn(ctx, sess, b)
 		return bt, time.Now(), err
 	}
 	gate := &pgx.Batch{}

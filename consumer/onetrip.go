@@ -135,13 +135,13 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	// session settings and the claims allow (on small batches each costs
 	// the server about as much as the claim itself).
 	sess := a.c.session()
+	if a.racing {
+		sess = sess.racing
+	}
 	q := &pgx.Batch{}
 	q.Queue("BEGIN")
 	head := append(make([]any, 0, len(sess.args)+5), sess.args...)
 	q.Queue(sess.oneTripHead, append(head, a.c.cfg.Name, a.topic, a.partition, a.next, items[n-1].msg.Offset+1)...)
-	if a.racing {
-		a.c.queueRace(q)
-	}
 	claimed := len(st.claims) == 0
 	if !claimed {
 		a.c.claims.QueueClaimNew(q, a.c.cfg.Name, a.topic, a.partition, st.claims, &claimed)

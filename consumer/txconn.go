@@ -48,8 +48,13 @@ func (t *batchTx) cutLoose() {
 // beginWith begins a transaction, applies the session settings and runs b
 // in it, in one round trip when the DB lends connections.
 func (c *Consumer) beginWith(ctx context.Context, b *pgx.Batch) (*batchTx, error) {
+	return c.beginIn(ctx, c.session(), b)
+}
+
+// beginIn is beginWith with the given session settings.
+func (c *Consumer) beginIn(ctx context.Context, sess *session, b *pgx.Batch) (*batchTx, error) {
 	first := &pgx.Batch{}
-	c.session().queue(first)
+	sess.queue(first)
 	b = &pgx.Batch{QueuedQueries: append(first.QueuedQueries, b.QueuedQueries...)}
 	lender, ok := c.db.(connLender)
 	if !ok {

@@ -128,17 +128,17 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 		return nil, err
 	}
 	out := &Consumer{
-		db:              db,
-		cfg:             c,
-		log:             c.Logger.With(slog.String("consumer", c.Name)),
-		hooks:           hs,
-		claims:          claims,
-		offsets:         positions,
-		letters:         letters,
-		attempts:        tries,
-		retry:           retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
-		gate:            pace.NewGate(),
-		gateKey:         gateKey(c.Schema, c.Name),
+		db:       db,
+		cfg:      c,
+		log:      c.Logger.With(slog.String("consumer", c.Name)),
+		hooks:    hs,
+		claims:   claims,
+		offsets:  positions,
+		letters:  letters,
+		attempts: tries,
+		retry:    retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
+		gate:     pace.NewGate(),
+		gateKey:  gateKey(c.Schema, c.Name),
 	}
 	out.setSession(&c, false)
 	tries.Session = func(b *pgx.Batch) { out.session().queue(b) }

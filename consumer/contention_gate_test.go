@@ -126,7 +126,7 @@ type onceSignal struct {
 }
 
 func newOnceSignal() *onceSignal { return &onceSignal{ch: make(chan struct{})} }
-func (s *onceSignal) fire()     { s.once.Do(func() { close(s.ch) }) }
+func (s *onceSignal) fire()      { s.once.Do(func() { close(s.ch) }) }
 
 // Once the consumer's gate is closed, a serialized transaction holds it
 // while its handler runs. A handler that hangs (cut off only after

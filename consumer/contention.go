@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -71,22 +70,31 @@ func gateKey(schemaName, name string) int32 {
 // the holder is stuck (a slow or hung handler, a row locked outside the
 // consumer), and the partition races its next transaction instead of
 // queueing behind it (see gateBusyError).
-func (c *Consumer) queueGate(b *pgx.Batch) {
-	b.Queue("SELECT set_config('lock_timeout', $1, true)", gateWait)
+//
+// The wait runs under timeouts of its own (lock_timeout GateWait, no
+// statement_timeout, which could otherwise end it first, as a failure that
+// is not the gate's); the ones in effect before it, whatever set them (the
+// consumer's settings, the pool's connections, the role), are read first
+// into t and put back after it (see afterGate).
+func (c *Consumer) queueGate(b *pgx.Batch, t *timeouts) {
+	b.Queue("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')").QueryRow(func(row pgx.Row) error {
+		return row.Scan(&t.lock, &t.statement)
+	})
+	b.Queue("SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', '0', true)", gateWait)
 	b.Queue("SELECT pg_advisory_xact_lock($1::int4, $2::int4)", int32(gateClass), c.gateKey)
 }
 
 var gateWait = fmt.Sprintf("%dms", pace.GateWait.Milliseconds())
 
-// afterGate returns b after the statement that puts lock_timeout back to
-// what the session settings made it, once the gate is passed.
-func (c *Consumer) afterGate(b *pgx.Batch) *pgx.Batch {
+// timeouts are a transaction's lock and statement timeouts, as
+// current_setting shows them.
+type timeouts struct{ lock, statement string }
+
+// afterGate returns b after the statement that puts the timeouts back to
+// what they were before the wait at the gate.
+func afterGate(b *pgx.Batch, t *timeouts) *pgx.Batch {
 	restore := &pgx.Batch{}
-	if c.cfg.LockTimeout == LeaveUnset {
-		restore.Queue("SET LOCAL lock_timeout TO DEFAULT")
-	} else {
-		restore.Queue("SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(c.cfg.LockTimeout.Milliseconds(), 10))
-	}
+	restore.Queue("SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)", t.lock, t.statement)
 	restore.QueuedQueries = append(restore.QueuedQueries, b.QueuedQueries...)
 	return restore
 }
@@ -225,7 +233,8 @@ func (a *txAttempt) begin(ctx context.Context, b *pgx.Batch) (bt *batchTx, gated
 		return bt, time.Now(), err
 	}
 	gate := &pgx.Batch{}
-	a.c.queueGate(gate)
+	var before timeouts
+	a.c.queueGate(gate, &before)
 	if bt, err = a.c.beginWith(ctx, gate); err != nil {
 		if isContention(err) {
 			err = &gateBusyError{err: err}
@@ -233,7 +242,7 @@ func (a *txAttempt) begin(ctx context.Context, b *pgx.Batch) (bt *batchTx, gated
 		return nil, time.Time{}, err
 	}
 	gated = time.Now()
-	if err = bt.tx.SendBatch(ctx, a.c.afterGate(b)).Close(); err != nil {
+	if err = bt.tx.SendBatch(ctx, afterGate(b, &before)).Close(); err != nil {
 		bt.rollback(ctx)
 		return nil, time.Time{}, err
 	}
@@ -241,14 +250,17 @@ func (a *txAttempt) begin(ctx context.Context, b *pgx.Batch) (bt *batchTx, gated
 }
 
 // raceMayHaveFailed marks f uncounted when it may be this racing
-// transaction's own lock timeout in disguise: a transient failure (so no
-// SQLSTATE could be read from it) after which the server holds the
-// transaction aborted, so a statement failed. Outside the race, alone,
+// transaction's own lock timeout in disguise: a transient failure with no
+// SQLSTATE to read (the handler wrapped the error without %w) after which
+// the server holds the transaction aborted, so a statement failed. Outside the race, alone,
 // the message waits for its locks for the whole LockTimeout; only failures
 // there count. A handler failing for a reason of its own, with no failed
 // statement, fails as it always did.
 func (a *txAttempt) raceMayHaveFailed(tx pgx.Tx, f *failure) {
-	if !a.racing || f.class != classTransient {
+	var pgErr *pgconn.PgError
+	if !a.racing || f.class != classTransient || errors.As(f.err, &pgErr) {
+		// Not racing, or not a failure that may pass, or one whose
+		// SQLSTATE is known (and is not contention): it counts.
 		return
 	}
 	if conn := tx.Conn(); conn != nil && conn.PgConn().TxStatus() == 'E' {

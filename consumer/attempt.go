@@ -10,6 +10,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
+	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
 )
 
@@ -131,7 +132,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 	items = items[:p.n]
 	info := BatchInfo{Topic: w.topic, Partition: w.partition, FirstOffset: items[0].msg.Offset,
 		LastOffset: items[len(items)-1].msg.Offset, Size: len(items), Attempt: attempt, HighWaterMark: w.hwm,
-		Serialized: w.serializedNow() && !w.skipGate}
+		Serialized: w.serializedNow() && !time.Now().Before(w.raceUntil)}
 	info.BatchLimit = w.pace.Limit(info.Serialized)
 	for _, h := range w.c.hooks.start {
 		h.OnBatchStart(work, info)
@@ -163,7 +164,9 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 	if out.committed > 0 && a.paceRow != nil {
 		w.paceShown = *a.paceRow
 	}
-	w.skipGate = out.gateBusy
+	if out.gateBusy {
+		w.raceUntil = time.Now().Add(pace.GateBypass)
+	}
 	w.paced(work, info, &out, took)
 	if len(w.c.hooks.end) > 0 {
 		r := BatchResult{Duration: took, Err: out.err}

@@ -241,7 +241,7 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 			continue
 		}
 		if out.gateBusy {
-			// Nothing ran: the next transaction races, at once.
+			// Nothing ran: the partition races for a while, from now.
 			continue
 		}
 		if out.contention {

@@ -100,8 +100,8 @@ func afterGate(b *pgx.Batch, t *timeouts) *pgx.Batch {
 }
 
 // gateBusyError: the gate was not free within pace.GateWait. Not a lost
-// race for rows: the batch keeps its size, and its next transaction races
-// (see worker.skipGate).
+// race for rows: the batch keeps its size, and the partition's
+// transactions race for pace.GateBypass (see worker.raceUntil).
 type gateBusyError struct{ err error }
 
 func (e *gateBusyError) Error() string {

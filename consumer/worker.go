@@ -76,9 +76,9 @@ type worker struct {
 	pace          *pace.Pace
 	wasSerialized bool
 	paceShown     attempts.Pace
-	// skipGate: the last transaction found the gate held too long; the
-	// next one races (see gateBusyError).
-	skipGate bool
+	// raceUntil: a transaction found the gate held too long; until then
+	// the partition's transactions race (see gateBusyError).
+	raceUntil time.Time
 }
 
 // run processes the partition until stop is done. A partition that cannot

@@ -60,6 +60,10 @@ const (
 	// a longer wait means the holder is stuck (a hung handler, a row
 	// locked outside the consumer), and the waiter races instead.
 	GateWait = time.Second
+	// GateBypass is how long a partition whose wait at the gate ran out
+	// races instead: a stuck holder usually stays stuck for a lock or
+	// handler timeout, and each new wait would cost GateWait again.
+	GateBypass = 5 * time.Second
 )
 
 // Gate is the consumer's side of the gate: when its transactions take it.

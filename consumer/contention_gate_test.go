@@ -79,9 +79,7 @@ func holdRowLock(t *testing.T, e *env, table string, id int) (release func()) {
 func TestARacingBatchsOwnLockTimeoutIsNotAMessageFailure(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
-	hot := e.db.Table("hot_row")
-	e.db.Exec(t, `CREATE TABLE `+hot+` (id int PRIMARY KEY, v int NOT NULL DEFAULT 0)`)
-	e.db.Exec(t, `INSERT INTO `+hot+` (id) VALUES (1)`)
+	hot := hotRow(t, e)
 	release := holdRowLock(t, e, hot, 1)
 	go func() { time.Sleep(700 * time.Millisecond); release() }()
 
@@ -258,31 +256,11 @@ func TestShutdownWhileWaitingAtTheGate(t *testing.T) {
 
 	// Another process of the consumer takes the gate and hangs (its
 	// class and key: see consumer/contention.go).
-	ctx := context.Background()
-	conn, err := e.db.Pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	tx, err := conn.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::int4, $2::int4)`, int32(0x6b6f6e63), gateKeyOf(e.db.Schema, e.name))
-	require.NoError(t, err)
+	holdGate(t, e)
 
 	e.kafka.Produce(t, e.topic, msg(1, "w-1", "x"), msg(2, "w-2", "x"))
-	waitFor(t, 10*time.Second, "workers waiting at the gate", func() bool {
-		return e.db.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'`) >= 1
-	})
-	began := time.Now()
-	r.cancel()
-	select {
-	case err := <-r.done:
-		require.NoError(t, err)
-		r.done = nil
-	case <-time.After(cfg.ShutdownTimeout + 8*time.Second):
-		r.done = nil
-		t.Fatalf("Run did not return within ShutdownTimeout (%v) + 8s of cancel", cfg.ShutdownTimeout)
-	}
-	t.Logf("Run returned %v after cancel", time.Since(began))
+	waitFor(t, 10*time.Second, "workers waiting at the gate", waitingAtGate(t, e))
+	stopsWithin(t, r, cfg.ShutdownTimeout+8*time.Second)
 }
 
 // A racing transaction's lock_timeout is 200ms, or LockTimeout when that
@@ -400,9 +378,7 @@ func TestARowLockedElsewhereHoldsUpOnlyItsPartition(t *testing.T) {
 	t.Parallel()
 	const parts = 3
 	e := setup(t, parts)
-	hot := e.db.Table("hot_row")
-	e.db.Exec(t, `CREATE TABLE `+hot+` (id int PRIMARY KEY, v int NOT NULL DEFAULT 0)`)
-	e.db.Exec(t, `INSERT INTO `+hot+` (id) VALUES (1)`)
+	hot := hotRow(t, e)
 	holdRowLock(t, e, hot, 1)
 
 	effect := e.applyHandler()
@@ -498,20 +474,8 @@ func TestShutdownWithAHungHandlerHoldingTheGate(t *testing.T) {
 	e.kafka.Produce(t, e.topic, msg(0, "hang-0", "hang"))
 	<-hang.ch
 	e.kafka.Produce(t, e.topic, msg(1, "w-1", "x"), msg(2, "w-2", "x"))
-	waitFor(t, 10*time.Second, "workers waiting at the gate", func() bool {
-		return e.db.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'`) >= 1
-	})
-	began := time.Now()
-	r.cancel()
-	select {
-	case err := <-r.done:
-		require.NoError(t, err)
-		r.done = nil
-	case <-time.After(cfg.ShutdownTimeout + 8*time.Second):
-		r.done = nil
-		t.Fatalf("Run did not return within ShutdownTimeout (%v) + 8s of cancel", cfg.ShutdownTimeout)
-	}
-	t.Logf("Run returned %v after cancel", time.Since(began))
+	waitFor(t, 10*time.Second, "workers waiting at the gate", waitingAtGate(t, e))
+	stopsWithin(t, r, cfg.ShutdownTimeout+8*time.Second)
 }
 
 // A BatchHandler that only queues (one round trip per batch) on four hot
@@ -579,3 +543,27 @@ func letterClasses(t *testing.T, e *env) string {
 }
 
 var _ = errors.New
+
+// hotRow creates a table of one row, id 1, for tests to lock and update.
+func hotRow(t *testing.T, e *env) string {
+	t.Helper()
+	hot := e.db.Table("hot_row")
+	e.db.Exec(t, `CREATE TABLE `+hot+` (id int PRIMARY KEY, v int NOT NULL DEFAULT 0)`)
+	e.db.Exec(t, `INSERT INTO `+hot+` (id) VALUES (1)`)
+	return hot
+}
+
+// stopsWithin cancels r and requires Run to return nil within d.
+func stopsWithin(t *testing.T, r *running, d time.Duration) {
+	t.Helper()
+	began := time.Now()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		require.NoError(t, err)
+	case <-time.After(d):
+		t.Fatalf("Run did not return within %v of cancel", d)
+	}
+	r.done = nil
+	t.Logf("Run returned %v after cancel", time.Since(began))
+}

@@ -100,13 +100,8 @@ func loseOneRace(next consumer.HandlerFunc) consumer.HandlerFunc {
 func TestUnderRepeatableReadATurnAtTheGateMayLoseToTheTurnBefore(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
-	hot := e.db.Table("hot_row")
-	e.db.Exec(t, `CREATE TABLE `+hot+` (id int PRIMARY KEY, v int NOT NULL DEFAULT 0)`)
-	e.db.Exec(t, `INSERT INTO `+hot+` (id) VALUES (1)`)
-	pool := e.db.PoolVia(t, e.db.ServerAddr(t), func(c *pgxpool.Config) {
-		c.MaxConns = 8
-		c.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
-	})
+	hot := hotRow(t, e)
+	pool := repeatableReadPool(t, e)
 	effect := e.applyHandler()
 	h := loseOneRace(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if err := effect.Handle(ctx, tx, m); err != nil {
@@ -337,13 +332,8 @@ func TestUnderRepeatableReadTwoPartitionsOnOneRowDrain(t *testing.T) {
 	t.Parallel()
 	const parts = 2
 	e := setup(t, parts)
-	hot := e.db.Table("hot_row")
-	e.db.Exec(t, `CREATE TABLE `+hot+` (id int PRIMARY KEY, v int NOT NULL DEFAULT 0)`)
-	e.db.Exec(t, `INSERT INTO `+hot+` (id) VALUES (1)`)
-	pool := e.db.PoolVia(t, e.db.ServerAddr(t), func(c *pgxpool.Config) {
-		c.MaxConns = 8
-		c.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
-	})
+	hot := hotRow(t, e)
+	pool := repeatableReadPool(t, e)
 	effect := e.applyHandler()
 	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if err := effect.Handle(ctx, tx, m); err != nil {

@@ -214,10 +214,7 @@ func TestSerializationFailuresUnderRepeatableReadAreRetried(t *testing.T) {
 	e := setup(t, partitions)
 	l := newLedger(e, 3)
 	ids := l.produce("rr", transfers, 2)
-	pool := e.db.PoolVia(t, e.db.ServerAddr(t), func(c *pgxpool.Config) {
-		c.MaxConns = 16
-		c.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
-	})
+	pool := repeatableReadPool(t, e)
 
 	effect := e.applyHandler()
 	read := `SELECT balance FROM ` + l.table + ` WHERE id = $1`
@@ -303,4 +300,14 @@ func TestALockHeldOutsideTheConsumerIsWaitedOutWithoutCountingAttempts(t *testin
 	_, _, failed := seen.count()
 	require.Zero(t, failed, "lock timeouts are never a message's failure")
 	require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("dead_letters")))
+}
+
+// repeatableReadPool is a pool whose transactions are REPEATABLE READ
+// unless told otherwise (default_transaction_isolation), as a user may
+// configure theirs.
+func repeatableReadPool(t *testing.T, e *env) *pgxpool.Pool {
+	return e.db.PoolVia(t, e.db.ServerAddr(t), func(c *pgxpool.Config) {
+		c.MaxConns = 16
+		c.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+	})
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/engine"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
 
@@ -503,4 +504,47 @@ func validateTopic(t string) error {
 		}
 	}
 	return nil
+}
+
+// engineConfig is what the engine runs with: c, validated and with its
+// defaults, its handler, id function and hooks turned into functions of
+// the engine's types.
+func (c *Config) engineConfig(hooks engine.Hooks) engine.Config {
+	return engine.Config{
+		Name:                     c.Name,
+		Brokers:                  c.Brokers,
+		Topics:                   c.Topics,
+		GroupID:                  c.GroupID,
+		Handle:                   handleFunc(c.Handler),
+		HandleBatch:              handleBatchFunc(c.BatchHandler),
+		MessageID:                messageIDFunc(c.MessageID),
+		Hooks:                    hooks,
+		ClaimFirst:               c.ClaimFirst,
+		MaxBatch:                 c.MaxBatch,
+		MaxWait:                  c.MaxWait,
+		Dialer:                   c.Dialer,
+		StartOffset:              engine.StartOffset(c.StartOffset),
+		FetchMaxBytes:            c.FetchMaxBytes,
+		Schema:                   c.Schema,
+		Logger:                   c.Logger,
+		ShutdownTimeout:          c.ShutdownTimeout,
+		StatementTimeout:         c.StatementTimeout,
+		LockTimeout:              c.LockTimeout,
+		IdleInTransactionTimeout: c.IdleInTransactionTimeout,
+		SessionTimeout:           c.SessionTimeout,
+		RebalanceTimeout:         c.RebalanceTimeout,
+		HeartbeatInterval:        c.HeartbeatInterval,
+		MaxAttempts:              c.MaxAttempts,
+		RetryInitialInterval:     c.RetryInitialInterval,
+		RetryMaxInterval:         c.RetryMaxInterval,
+		RetryMaxElapsed:          c.RetryMaxElapsed,
+		HandlerTimeout:           c.HandlerTimeout,
+		OnPermanentFailure:       engine.FailurePolicy(c.OnPermanentFailure),
+		DeadLetterTopic:          c.DeadLetterTopic,
+		SuspectDuplicateWindow:   c.SuspectDuplicateWindow,
+		SuspectDuplicates:        engine.SuspectPolicy(c.SuspectDuplicates),
+		PruneInterval:            c.PruneInterval,
+		PruneRetention:           c.PruneRetention,
+		PruneBatch:               c.PruneBatch,
+	}
 }

@@ -3,24 +3,11 @@ package consumer
 import (
 	"context"
 	"errors"
-	"fmt"
-	"log/slog"
-	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
 
-	"github.com/kafkaonce/kafkaonce/deadletter"
-	"github.com/kafkaonce/kafkaonce/dedupe"
-	"github.com/kafkaonce/kafkaonce/internal/attempts"
-	"github.com/kafkaonce/kafkaonce/internal/pace"
-	"github.com/kafkaonce/kafkaonce/internal/retry"
+	"github.com/kafkaonce/kafkaonce/internal/engine"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
-	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
 // DB is where the consumer runs its transactions. *pgxpool.Pool implements
@@ -43,55 +30,8 @@ type DB interface {
 // Consumer is an idempotent Kafka consumer: see the package documentation.
 // Create one with New, then call Run.
 type Consumer struct {
-	db      DB
-	cfg     Config
-	log     *slog.Logger
-	hooks   hooks
-	claims  *dedupe.Store
-	offsets *offsets.Store
-	// batchUsesTx is set once the BatchHandler used Batch.Tx during a
-	// one-trip attempt: batches then always open their transaction first.
-	batchUsesTx atomic.Bool
-	letters     *deadletter.Store
-	attempts    *attempts.Store
-	retry       retry.Policy
-	// gate says when the consumer's transactions take its gate, an
-	// advisory lock keyed gateKey (see contention.go).
-	gate    *pace.Gate
-	gateKey int32
-	// publish wakes the dead-letter topic publisher (nil without one).
-	publish chan struct{}
-	// sess holds the session settings every transaction starts with. Run
-	// replaces it once it knows the server's version, while Redrive may
-	// already be reading it from another goroutine.
-	sess    atomic.Pointer[session]
-	running atomic.Bool
+	engine *engine.Consumer
 }
-
-// session is what every transaction of the consumer starts with: the
-// configured timeouts, set for that transaction only.
-type session struct {
-	// sql sets them; empty when all are LeaveUnset.
-	sql  string
-	args []any
-	// oneTripHead opens a one-trip batch: the same settings and the
-	// checked advance of the position in one SELECT (see oneTrip).
-	oneTripHead string
-	// racing is the same for a transaction that races the consumer's
-	// others: its lock_timeout is raceLockTimeout's (see contention.go).
-	// It costs nothing more: the same statement, another value.
-	racing *session
-}
-
-// queue adds the settings to b, which runs in a transaction.
-func (s *session) queue(b *pgx.Batch) {
-	if s.sql != "" {
-		b.Queue(s.sql, s.args...)
-	}
-}
-
-// session returns the current session settings.
-func (c *Consumer) session() *session { return c.sess.Load() }
 
 // New validates cfg and returns a Consumer. It does not connect to Kafka or
 // Postgres; Run does. The error lists every invalid field, each with the rule
@@ -111,98 +51,11 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	claims, err := dedupe.NewStore(c.Schema)
+	e, err := engine.New(db, c.engineConfig(hs))
 	if err != nil {
 		return nil, err
 	}
-	positions, err := offsets.NewStore(c.Schema)
-	if err != nil {
-		return nil, err
-	}
-	letters, err := deadletter.NewStore(c.Schema)
-	if err != nil {
-		return nil, err
-	}
-	tries, err := attempts.NewStore(c.Schema)
-	if err != nil {
-		return nil, err
-	}
-	out := &Consumer{
-		db:       db,
-		cfg:      c,
-		log:      c.Logger.With(slog.String("consumer", c.Name)),
-		hooks:    hs,
-		claims:   claims,
-		offsets:  positions,
-		letters:  letters,
-		attempts: tries,
-		retry:    retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
-		gate:     pace.NewGate(),
-		gateKey:  gateKey(c.Schema, c.Name),
-	}
-	out.setSession(&c, false)
-	tries.Session = func(b *pgx.Batch) { out.session().queue(b) }
-	if c.DeadLetterTopic != "" {
-		out.publish = make(chan struct{}, 1)
-	}
-	return out, nil
-}
-
-// setSession sets the statement that applies the session settings, and
-// the one that opens a one-trip batch: the same settings and the checked
-// advance of the position in one SELECT.
-func (c *Consumer) setSession(cfg *Config, checkClient bool) {
-	s := c.newSession(sessionSettings(cfg, checkClient))
-	racing := *cfg
-	racing.LockTimeout = raceLockTimeout(cfg)
-	s.racing = c.newSession(sessionSettings(&racing, checkClient))
-	c.sess.Store(s)
-}
-
-func (c *Consumer) newSession(sql string, args []any) *session {
-	// The one-trip head also opens the batch (see offsets.QueueOpen),
-	// with the advance's consumer, topic and partition.
-	head := c.offsets.AdvanceChecked(len(args)+1) + ", " + c.offsets.OpenExpr(len(args)+1)
-	if sql == "" {
-		head = "SELECT " + head
-	} else {
-		head = sql + ", " + head
-	}
-	return &session{sql: sql, args: args, oneTripHead: head}
-}
-
-// sessionSettings builds the statement that applies the configured timeouts
-// to the current transaction only (set_config(..., true) is SET LOCAL), so
-// the pool's connections go back to the application unchanged. On Postgres
-// 14 and later it also sets client_connection_check_interval, so that a
-// statement whose client is gone (a hung handler cut off by closing its
-// connection) is aborted within a second instead of running to its end.
-func sessionSettings(c *Config, checkClient bool) (string, []any) {
-	var sets []string
-	var args []any
-	add := func(name, value string) {
-		args = append(args, value)
-		sets = append(sets, fmt.Sprintf("set_config('%s', $%d, true)", name, len(args)))
-	}
-	for _, s := range []struct {
-		name string
-		d    time.Duration
-	}{
-		{"statement_timeout", c.StatementTimeout},
-		{"lock_timeout", c.LockTimeout},
-		{"idle_in_transaction_session_timeout", c.IdleInTransactionTimeout},
-	} {
-		if s.d != LeaveUnset {
-			add(s.name, strconv.FormatInt(s.d.Milliseconds(), 10))
-		}
-	}
-	if checkClient {
-		add("client_connection_check_interval", "1000")
-	}
-	if len(sets) == 0 {
-		return "", nil
-	}
-	return "SELECT " + strings.Join(sets, ", "), args
+	return &Consumer{engine: e}, nil
 }
 
 // Migrate creates or upgrades kafkaonce's tables in schemaName
@@ -228,151 +81,4 @@ func Migrate(ctx context.Context, db DB, schemaName string) (int, error) {
 // PartitionError); it never ends Run.
 //
 // Run may be called once per Consumer.
-func (c *Consumer) Run(ctx context.Context) error {
-	if !c.running.CompareAndSwap(false, true) {
-		return errors.New("consumer: Run was already called on this Consumer; create a new one with New")
-	}
-	if err := c.waitForSchema(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil // cancelled before it started: nothing to drain
-		}
-		return err
-	}
-	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                c.cfg.GroupID,
-		Brokers:           c.cfg.Brokers,
-		Dialer:            c.cfg.Dialer,
-		Topics:            c.cfg.Topics,
-		SessionTimeout:    c.cfg.SessionTimeout,
-		RebalanceTimeout:  c.cfg.RebalanceTimeout,
-		HeartbeatInterval: c.cfg.HeartbeatInterval,
-		JoinGroupBackoff:  joinGroupBackoff,
-		StartOffset:       c.startSentinel(),
-		Logger:            kafkaLogger(c.log, slog.LevelDebug),
-		ErrorLogger:       kafkaLogger(c.log, slog.LevelWarn),
-	})
-	if err != nil {
-		return fmt.Errorf("consumer: %w", err)
-	}
-	c.log.Info("consumer starting", slog.String("group", c.cfg.GroupID), slog.Any("topics", c.cfg.Topics))
-	if c.publish != nil {
-		// The publisher outlives the workers' drain, so that letters written
-		// while draining are published too.
-		pubCtx, stopPub := context.WithCancel(context.WithoutCancel(ctx))
-		pubDone := make(chan struct{})
-		go func() { defer close(pubDone); c.runPublisher(pubCtx) }()
-		defer func() { stopPub(); <-pubDone }()
-	}
-	maintCtx, stopMaint := context.WithCancel(ctx)
-	maintDone := make(chan struct{})
-	go func() { defer close(maintDone); c.runMaintenance(maintCtx) }()
-	defer func() { stopMaint(); <-maintDone }()
-	var generations sync.WaitGroup
-	for {
-		gen, err := group.Next(ctx)
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
-				break
-			}
-			c.log.Warn("consumer group: waiting for a generation", slog.String("error", err.Error()))
-			continue
-		}
-		c.startGeneration(ctx, gen, &generations)
-	}
-	// Close ends the current generation, waits until every worker has
-	// finished its batch and the last offsets are committed, then leaves the
-	// group so the partitions move to other members at once.
-	if err := group.Close(); err != nil {
-		c.log.Warn("consumer group: close", slog.String("error", err.Error()))
-	}
-	generations.Wait()
-	c.log.Info("consumer stopped")
-	return nil
-}
-
-// waitForSchema checks the schema, waiting (with backoff, until ctx ends)
-// while Postgres cannot be reached: a worker that starts before its database
-// should wait for it, not exit. A schema that is missing or newer is an error
-// at once.
-func (c *Consumer) waitForSchema(ctx context.Context) error {
-	backoff := c.retry.New()
-	for {
-		err := c.checkSchema(ctx)
-		if err == nil || !isInfraError(err) {
-			return err
-		}
-		c.log.Warn("waiting for Postgres", slog.String("error", err.Error()))
-		if err := retry.Sleep(ctx, backoff.Next()); err != nil {
-			return err
-		}
-	}
-}
-
-func (c *Consumer) checkSchema(ctx context.Context) error {
-	tx, err := c.db.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("consumer: connect to Postgres: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := c.applySession(ctx, tx); err != nil {
-		return fmt.Errorf("consumer: connect to Postgres: %w", err)
-	}
-	if err := schema.RequireLatest(ctx, tx, c.cfg.Schema); err != nil {
-		return fmt.Errorf("consumer: %w", err)
-	}
-	// Numbered now and committed below, so that the partitions' first
-	// claims only look the number up instead of all waiting for the one
-	// that numbers a new name.
-	if _, err := c.claims.NumberConsumer(ctx, tx, c.cfg.Name); err != nil {
-		return fmt.Errorf("consumer: %w", err)
-	}
-	var version int
-	if err := tx.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
-		return fmt.Errorf("consumer: read the server version: %w", err)
-	}
-	if version >= 140000 {
-		c.setSession(&c.cfg, true)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("consumer: number the consumer name: %w", err)
-	}
-	return nil
-}
-
-func (c *Consumer) startSentinel() int64 {
-	if c.cfg.StartOffset == StartLatest {
-		return kafka.LastOffset
-	}
-	return kafka.FirstOffset
-}
-
-// kafkaLogger routes kafka-go's printf logging into slog at one level.
-func kafkaLogger(l *slog.Logger, level slog.Level) kafka.Logger {
-	l = l.With(slog.String("component", "kafka-go"))
-	return kafka.LoggerFunc(func(msg string, args ...any) {
-		if l.Enabled(context.Background(), level) {
-			l.Log(context.Background(), level, fmt.Sprintf(msg, args...))
-		}
-	})
-}
-
-// joinGroupBackoff is the pause before rejoining the group after a failed
-// join: long enough that members failing together do not churn the
-// coordinator, short enough not to matter after an outage.
-const joinGroupBackoff = time.Second
-
-// levelKafkaChatter is below Debug: kafka-go logs every fetch at its info
-// level, which would drown a debug log.
-const levelKafkaChatter = slog.LevelDebug - 4
-
-// wakePublisher tells the dead-letter topic publisher that letters were
-// written.
-func (c *Consumer) wakePublisher() {
-	if c.publish == nil {
-		return
-	}
-	select {
-	case c.publish <- struct{}{}:
-	default:
-	}
-}
+func (c *Consumer) Run(ctx context.Context) error { return c.engine.Run(ctx) }

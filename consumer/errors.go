@@ -2,13 +2,9 @@ package consumer
 
 import (
 	"errors"
-	"fmt"
-	"strconv"
 
-	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/engine"
 	"github.com/kafkaonce/kafkaonce/internal/permanent"
-	"github.com/kafkaonce/kafkaonce/internal/txguard"
-	"github.com/kafkaonce/kafkaonce/internal/usercall"
 )
 
 var (
@@ -26,101 +22,65 @@ var (
 	// with class conflict, or its partition stops at it under
 	// StopPartition), and the conflict is reported through
 	// HookFingerprintConflict.
-	ErrFingerprintConflict = errors.New("message id already claimed for different content")
+	ErrFingerprintConflict = engine.ErrFingerprintConflict
 
 	// ErrPositionAheadOfLog: the stored processed position of a partition is
 	// beyond the end of its log, which happens when a topic is deleted and
 	// re-created (or truncated). Consuming would silently skip the new
 	// messages below the old position, so the partition stops instead.
-	ErrPositionAheadOfLog = errors.New("stored position is beyond the end of the partition")
+	ErrPositionAheadOfLog = engine.ErrPositionAheadOfLog
 
 	// ErrTxControlledByConsumer is returned by the transaction a Handler gets
 	// when the handler calls Commit or Rollback: the consumer owns the
 	// transaction's outcome.
-	ErrTxControlledByConsumer = txguard.ErrTxControlled
+	ErrTxControlledByConsumer = engine.ErrTxControlledByConsumer
 
 	// ErrTxCallOver is returned by every use of a handler's tx after its
 	// call ended (it returned, or was abandoned after HandlerTimeout): a
 	// goroutine the handler left behind cannot write into a transaction it
 	// no longer belongs to. (tx.Conn() returns the raw connection during
 	// the call, which the guard cannot follow: do not keep it.)
-	ErrTxCallOver = txguard.ErrCallOver
+	ErrTxCallOver = engine.ErrTxCallOver
 
 	// ErrHandlerPanicked: the handler panicked. The panic value and stack
 	// are in the wrapping MessageError's text and the log.
-	ErrHandlerPanicked = usercall.ErrPanicked
+	ErrHandlerPanicked = engine.ErrHandlerPanicked
 )
 
 // MessageError is an error about one message. Errors the consumer reports
 // through hooks and logs for a message are of this type; use errors.Is to
 // find the cause (ErrInvalidMessageID, ErrFingerprintConflict, ...).
-type MessageError struct {
-	Topic     string
-	Partition int
-	Offset    int64
-	// MessageID is empty when the id could not be derived.
-	MessageID string
-	Err       error
-}
-
-func (e *MessageError) Error() string {
-	s := "consumer: message " + positionString(e.Topic, e.Partition, e.Offset)
-	if e.MessageID != "" {
-		s += " (id " + strconv.Quote(e.MessageID) + ")"
-	}
-	return s + ": " + e.Err.Error()
-}
-
-func (e *MessageError) Unwrap() error { return e.Err }
+//
+// Its fields are Topic, Partition and Offset (where the message is),
+// MessageID (empty when the id could not be derived) and Err (the cause).
+type MessageError = engine.MessageError
 
 // FingerprintConflictError describes the same message id seen with two
 // different contents. It matches ErrFingerprintConflict with errors.Is.
-type FingerprintConflictError struct {
-	// Topic, Partition, Offset and MessageID locate the new message.
-	Topic       string
-	Partition   int
-	Offset      int64
-	MessageID   string
-	Fingerprint dedupe.Fingerprint
-	// Existing is the id's first use: the stored claim, or, when both
-	// copies arrived in the same batch, the earlier copy (then its Status
-	// is empty: nothing was stored).
-	Existing dedupe.Record
-}
-
-func (e *FingerprintConflictError) Error() string {
-	return fmt.Sprintf("consumer: message %s (id %q): %v: the id was first used by %s with fingerprint %s, this message has %s; fix the producer so that one id always means one content",
-		positionString(e.Topic, e.Partition, e.Offset), e.MessageID, ErrFingerprintConflict,
-		positionString(e.Existing.Topic, e.Existing.Partition, e.Existing.Offset),
-		short(e.Existing.Fingerprint), short(e.Fingerprint))
-}
-
-func (e *FingerprintConflictError) Unwrap() error { return ErrFingerprintConflict }
-
-func short(f dedupe.Fingerprint) string { return f.String()[:16] }
+//
+// Its fields: Topic, Partition, Offset and MessageID locate the new
+// message, and Fingerprint is its content's; Existing (a dedupe.Record) is
+// the id's first use: the stored claim or, when both copies arrived in the
+// same batch, the earlier copy (then its Status is empty: nothing was
+// stored).
+type FingerprintConflictError = engine.FingerprintConflictError
 
 // PartitionError says why a partition stopped. The consumer keeps the
 // partition assigned but does not process it further until the group
 // rebalances or the process restarts; nothing past the failing message is
 // applied or committed.
-type PartitionError struct {
-	Topic     string
-	Partition int
-	Err       error
-}
-
-func (e *PartitionError) Error() string {
-	return "consumer: partition " + e.Topic + "/" + strconv.Itoa(e.Partition) + " stopped: " + e.Err.Error()
-}
-
-func (e *PartitionError) Unwrap() error { return e.Err }
+//
+// Its fields are Topic and Partition (the partition stopped) and Err (why:
+// a *MessageError, a *FingerprintConflictError, a *MessagesDeletedError,
+// ErrPositionAheadOfLog, ...).
+type PartitionError = engine.PartitionError
 
 var (
 	// ErrTxAborted: the handler returned nil, but a statement in its
 	// transaction had failed, so the transaction was aborted and could not
 	// have committed. A handler that ignores a SQL error is a bug; the
 	// message is treated as failed (and retried) rather than skipped.
-	ErrTxAborted = usercall.ErrTxAborted
+	ErrTxAborted = engine.ErrTxAborted
 
 	// ErrTxEnded: the handler ended the consumer's transaction with a
 	// COMMIT or ROLLBACK statement (through tx.Exec, or queued with
@@ -128,19 +88,19 @@ var (
 	// refuses such a COMMIT for the consumer (the transaction rolls back:
 	// nothing of the batch becomes durable early), and the message is set
 	// aside as for ErrTxControlledByConsumer, which it matches too.
-	ErrTxEnded = usercall.ErrTxEnded
+	ErrTxEnded = engine.ErrTxEnded
 
 	// ErrRowsLeftOpen: the handler returned with a query's rows still open
 	// (rows.Close not called): the transaction's connection can run nothing
 	// else. It is a bug of the handler's, so the message is set aside at
 	// once, as for ErrTxControlledByConsumer.
-	ErrRowsLeftOpen = usercall.ErrRowsLeftOpen
+	ErrRowsLeftOpen = engine.ErrRowsLeftOpen
 
 	// ErrHandlerTimeout: the handler ran longer than Config.HandlerTimeout.
 	// Its context was cancelled; one that did not return within a short
 	// grace after that was abandoned and its connection closed, and its
 	// transaction and Batch refuse whatever it does later.
-	ErrHandlerTimeout = usercall.ErrTimeout
+	ErrHandlerTimeout = engine.ErrHandlerTimeout
 )
 
 // Permanent marks err as a failure that retrying cannot fix (a payload that
@@ -156,3 +116,28 @@ var (
 // outbox relay, so a handler may return an error that a delivery function
 // marked, and the reverse.
 func Permanent(err error) error { return permanent.Mark(err) }
+
+// ErrMessagesDeleted: the partition's log no longer holds messages this
+// consumer has not processed yet (retention or a DeleteRecords call removed
+// them). They cannot be processed any more, and skipping them silently
+// would hide the loss, so the partition stops until an operator moves its
+// stored position past them.
+var ErrMessagesDeleted = engine.ErrMessagesDeleted
+
+// MessagesDeletedError says which messages of a partition were deleted from
+// the log before this consumer processed them. It matches
+// ErrMessagesDeleted with errors.Is, and comes wrapped in the PartitionError
+// the partition stops with (HookPartitionStopped).
+//
+// Its fields are Topic and Partition, From and To (the first and the last
+// offset deleted unprocessed) and LogStart (where the log started when the
+// loss was found: To+1).
+//
+// It is found when a partition is assigned (the stored position is below
+// the log start), and by every fetch: kafka-go moves a reader below the log
+// start up to it without an error, so the fetcher compares each offset
+// fetched with the one it expects and looks into any gap (see
+// docs/guarantee.md). A gap on a compacted topic is no loss and is passed;
+// one that retention also reached before it was looked into is reported,
+// as a loss cannot be ruled out.
+type MessagesDeletedError = engine.MessagesDeletedError

@@ -2,11 +2,9 @@ package consumer
 
 import (
 	"context"
-	"sync"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/kafkaonce/kafkaonce/internal/txguard"
+	"github.com/kafkaonce/kafkaonce/internal/engine"
 )
 
 // A Handler applies the effect of one message inside the transaction the
@@ -106,12 +104,7 @@ type Batch struct {
 	// Messages are the newly claimed messages, in offset order.
 	Messages []*Message
 
-	mu     sync.Mutex
-	sealed bool
-	queued pgx.Batch
-	index  []int // Messages[k] is the transaction's item index[k]
-	// late is told about a statement queued after the call.
-	late func(sql string)
+	call *engine.Batch
 }
 
 // Queue adds a statement to run in the transaction after HandleBatch
@@ -123,45 +116,28 @@ type Batch struct {
 // for anything it must read. A queued statement that fails fails the
 // batch, as an error returned by HandleBatch does. Queue may be called from
 // several goroutines of the call; after the call it drops the statement.
-func (b *Batch) Queue(sql string, args ...any) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.sealed || callOver(b.Tx) {
-		if b.late != nil {
-			b.late(sql)
-		}
-		return
+func (b *Batch) Queue(sql string, args ...any) { b.call.Queue(sql, args...) }
+
+// handleFunc is h as the engine calls it.
+func handleFunc(h Handler) func(context.Context, pgx.Tx, *engine.Message) error {
+	if h == nil {
+		return nil
 	}
-	b.queued.Queue(sql, args...)
-}
-
-// callOver reports whether tx is a handler's transaction whose call ended.
-func callOver(tx pgx.Tx) bool {
-	g, ok := tx.(*txguard.Tx)
-	return ok && g.Sealed()
-}
-
-// seal ends the call: Queue drops statements from now on, and those queued
-// so far may be read without a lock.
-func (b *Batch) seal() {
-	b.mu.Lock()
-	b.sealed = true
-	b.mu.Unlock()
-}
-
-// statements returns the queued statements; call it after seal.
-func (b *Batch) statements() []*pgx.QueuedQuery { return b.queued.QueuedQueries }
-
-// runQueued seals b and runs its statements in tx, one at a time (one
-// message's call, in its savepoint: a failure path, where telling which
-// statement failed, and keeping the connection usable when pgx cannot
-// encode an argument, matter more than round trips).
-func (b *Batch) runQueued(ctx context.Context, tx pgx.Tx) error {
-	b.seal()
-	for _, q := range b.statements() {
-		if _, err := tx.Exec(ctx, q.SQL, q.Arguments...); err != nil {
-			return err
-		}
+	return func(ctx context.Context, tx pgx.Tx, msg *engine.Message) error {
+		return h.Handle(ctx, tx, (*Message)(msg))
 	}
-	return nil
+}
+
+// handleBatchFunc is h as the engine calls it (nil when there is none).
+func handleBatchFunc(h BatchHandler) func(context.Context, *engine.Batch) error {
+	if h == nil {
+		return nil
+	}
+	return func(ctx context.Context, call *engine.Batch) error {
+		b := &Batch{Tx: call.Tx, Messages: make([]*Message, len(call.Messages)), call: call}
+		for i, m := range call.Messages {
+			b.Messages[i] = (*Message)(m)
+		}
+		return h.HandleBatch(ctx, b)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/internal/engine"
 )
 
 // A Hook observes the consumer: metrics, tracing, alerting. A hook is any
@@ -213,82 +214,76 @@ type TopicPartitionOffset struct {
 	Offset    int64
 }
 
-// hooks holds Config.Hooks sorted by interface, so the loop calls only what
-// exists.
-type hooks struct {
-	assigned   []HookPartitionAssigned
-	stopped    []HookPartitionStopped
-	start      []HookBatchStart
-	end        []HookBatchEnd
-	applied    []HookMessageApplied
-	skipped    []HookMessageSkipped
-	conflict   []HookFingerprintConflict
-	committed  []HookOffsetsCommitted
-	failed     []HookMessageFailed
-	dead       []HookMessageDeadLettered
-	suspect    []HookSuspectDuplicate
-	handler    []HookHandlerEnd
-	contention []HookContention
-}
-
-func sortHooks(hs []Hook) (hooks, error) {
-	var out hooks
+// sortHooks turns each of hs into functions the engine calls, one per hook
+// interface it implements. The payloads convert between the engine's types
+// and this package's at no cost: they are the same structs.
+func sortHooks(hs []Hook) (engine.Hooks, error) {
+	var out engine.Hooks
 	for i, h := range hs {
-		n := 0
+		n := out.Len()
 		if v, ok := h.(HookPartitionAssigned); ok {
-			out.assigned = append(out.assigned, v)
-			n++
+			out.Assigned = append(out.Assigned, func(ctx context.Context, a engine.PartitionAssignment) {
+				v.OnPartitionAssigned(ctx, PartitionAssignment(a))
+			})
 		}
 		if v, ok := h.(HookPartitionStopped); ok {
-			out.stopped = append(out.stopped, v)
-			n++
+			out.Stopped = append(out.Stopped, v.OnPartitionStopped)
 		}
 		if v, ok := h.(HookBatchStart); ok {
-			out.start = append(out.start, v)
-			n++
+			out.Start = append(out.Start, func(ctx context.Context, b engine.BatchInfo) { v.OnBatchStart(ctx, BatchInfo(b)) })
 		}
 		if v, ok := h.(HookBatchEnd); ok {
-			out.end = append(out.end, v)
-			n++
+			out.End = append(out.End, func(ctx context.Context, b engine.BatchInfo, r engine.BatchResult) {
+				v.OnBatchEnd(ctx, BatchInfo(b), BatchResult(r))
+			})
 		}
 		if v, ok := h.(HookMessageApplied); ok {
-			out.applied = append(out.applied, v)
-			n++
+			out.Applied = append(out.Applied, func(ctx context.Context, m *engine.Message) { v.OnMessageApplied(ctx, (*Message)(m)) })
 		}
 		if v, ok := h.(HookMessageSkipped); ok {
-			out.skipped = append(out.skipped, v)
-			n++
+			out.Skipped = append(out.Skipped, func(ctx context.Context, m *engine.Message, r engine.SkipReason) {
+				v.OnMessageSkipped(ctx, (*Message)(m), SkipReason(r))
+			})
 		}
 		if v, ok := h.(HookFingerprintConflict); ok {
-			out.conflict = append(out.conflict, v)
-			n++
+			out.Conflict = append(out.Conflict, v.OnFingerprintConflict)
 		}
 		if v, ok := h.(HookOffsetsCommitted); ok {
-			out.committed = append(out.committed, v)
-			n++
+			out.Committed = append(out.Committed, func(ctx context.Context, offs []engine.TopicPartitionOffset, err error) {
+				public := make([]TopicPartitionOffset, len(offs))
+				for i, o := range offs {
+					public[i] = TopicPartitionOffset(o)
+				}
+				v.OnOffsetsCommitted(ctx, public, err)
+			})
 		}
 		if v, ok := h.(HookMessageFailed); ok {
-			out.failed = append(out.failed, v)
-			n++
+			out.Failed = append(out.Failed, func(ctx context.Context, m *engine.Message, f engine.Failure) {
+				v.OnMessageFailed(ctx, (*Message)(m), Failure(f))
+			})
 		}
 		if v, ok := h.(HookMessageDeadLettered); ok {
-			out.dead = append(out.dead, v)
-			n++
+			out.Dead = append(out.Dead, func(ctx context.Context, m *engine.Message, d engine.DeadLettered) {
+				v.OnMessageDeadLettered(ctx, (*Message)(m), DeadLettered(d))
+			})
 		}
 		if v, ok := h.(HookSuspectDuplicate); ok {
-			out.suspect = append(out.suspect, v)
-			n++
+			out.Suspect = append(out.Suspect, func(ctx context.Context, m *engine.Message, first engine.SuspectOf) {
+				v.OnSuspectDuplicate(ctx, (*Message)(m), SuspectOf(first))
+			})
 		}
 		if v, ok := h.(HookHandlerEnd); ok {
-			out.handler = append(out.handler, v)
-			n++
+			out.Handler = append(out.Handler, func(ctx context.Context, m *engine.Message, d time.Duration, err error) {
+				v.OnHandlerEnd(ctx, (*Message)(m), d, err)
+			})
 		}
 		if v, ok := h.(HookContention); ok {
-			out.contention = append(out.contention, v)
-			n++
+			out.Contention = append(out.Contention, func(ctx context.Context, b engine.BatchInfo, c engine.Contention) {
+				v.OnContention(ctx, BatchInfo(b), Contention(c))
+			})
 		}
-		if n == 0 {
-			return hooks{}, fmt.Errorf("consumer: Hooks[%d] (%T) implements no hook interface; see the Hook* interfaces in package consumer", i, h)
+		if out.Len() == n {
+			return engine.Hooks{}, fmt.Errorf("consumer: Hooks[%d] (%T) implements no hook interface; see the Hook* interfaces in package consumer", i, h)
 		}
 	}
 	return out, nil

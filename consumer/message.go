@@ -1,9 +1,9 @@
 package consumer
 
 import (
-	"strconv"
 	"time"
 
+	"github.com/kafkaonce/kafkaonce/internal/engine"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -44,16 +44,4 @@ func (m *Message) Header(key string) (value []byte, ok bool) {
 }
 
 // Position returns "topic/partition/offset", the message's place in the log.
-func (m *Message) Position() string {
-	return positionString(m.Topic, m.Partition, m.Offset)
-}
-
-func positionString(topic string, partition int, offset int64) string {
-	b := make([]byte, 0, len(topic)+24)
-	b = append(b, topic...)
-	b = append(b, '/')
-	b = strconv.AppendInt(b, int64(partition), 10)
-	b = append(b, '/')
-	b = strconv.AppendInt(b, offset, 10)
-	return string(b)
-}
+func (m *Message) Position() string { return (*engine.Message)(m).Position() }

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/engine"
 )
 
 // MessageIDFunc derives the id under which a message is claimed: the dedupe
@@ -182,4 +183,9 @@ func callIDFunc(fn MessageIDFunc, msg *Message) (id string, err error) {
 		}
 	}()
 	return fn(msg)
+}
+
+// messageIDFunc is fn as the engine calls it: with the checks of messageID.
+func messageIDFunc(fn MessageIDFunc) func(*engine.Message) (string, error) {
+	return func(msg *engine.Message) (string, error) { return messageID(fn, (*Message)(msg)) }
 }

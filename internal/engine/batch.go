@@ -1,4 +1,4 @@
-package consumer
+package engine
 
 import (
 	"context"
@@ -81,7 +81,7 @@ func (w *worker) processBatch(stop, work context.Context, raw []kafka.Message) e
 			Time:      raw[i].Time,
 		}})
 		it := &items[len(items)-1]
-		id, err := messageID(w.c.cfg.MessageID, &it.msg)
+		id, err := w.c.cfg.MessageID(&it.msg)
 		if err != nil {
 			if w.c.cfg.OnPermanentFailure == StopPartition {
 				items = items[:len(items)-1]
@@ -321,8 +321,8 @@ func (w *worker) reportSuspect(ctx context.Context, msg *Message, first recent.S
 	w.c.log.Warn("suspect duplicate: the same content was seen shortly before under another id (a producer that makes a new id on each retry?)",
 		w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
 			slog.String("first_message_id", first.MessageID), slog.Int64("first_offset", first.Offset))...)
-	for _, h := range w.c.hooks.suspect {
-		h.OnSuspectDuplicate(ctx, msg, SuspectOf{MessageID: first.MessageID, Offset: first.Offset, At: first.At})
+	for _, h := range w.c.hooks.Suspect {
+		h(ctx, msg, SuspectOf{MessageID: first.MessageID, Offset: first.Offset, At: first.At})
 	}
 }
 
@@ -330,8 +330,8 @@ func (w *worker) reportSuspect(ctx context.Context, msg *Message, first recent.S
 func (w *worker) reportFailure(ctx context.Context, msg *Message, f *failure) {
 	w.c.log.Warn("message failed", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
 		slog.Int("attempt", f.attempts), slog.String("class", f.class.String()), slog.String("error", f.err.Error()))...)
-	for _, h := range w.c.hooks.failed {
-		h.OnMessageFailed(ctx, msg, Failure{Err: f.err, Class: f.kind, Attempt: f.attempts, Permanent: f.class == classPermanent})
+	for _, h := range w.c.hooks.Failed {
+		h(ctx, msg, Failure{Err: f.err, Class: f.kind, Attempt: f.attempts, Permanent: f.class == classPermanent})
 	}
 }
 
@@ -348,8 +348,8 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 		}
 		w.c.log.Error("message id reused for different content; the message was set aside", w.logAttrs(
 			slog.Int64("offset", cf.Offset), slog.String("message_id", cf.MessageID), slog.String("error", cf.Error()))...)
-		for _, h := range w.c.hooks.conflict {
-			h.OnFingerprintConflict(ctx, cf)
+		for _, h := range w.c.hooks.Conflict {
+			h(ctx, cf)
 		}
 	}
 	for _, i := range st.failedInTx {
@@ -359,8 +359,8 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 	for i := range items {
 		switch st.fates[i] {
 		case fateApplied:
-			for _, h := range w.c.hooks.applied {
-				h.OnMessageApplied(ctx, &items[i].msg)
+			for _, h := range w.c.hooks.Applied {
+				h(ctx, &items[i].msg)
 			}
 		case fateSkipped, fateSkippedInBatch, fateSkippedSuspect:
 			reason := SkipAlreadyClaimed
@@ -370,8 +370,8 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 			case fateSkippedSuspect:
 				reason = SkipSuspectDuplicate
 			}
-			for _, h := range w.c.hooks.skipped {
-				h.OnMessageSkipped(ctx, &items[i].msg, reason)
+			for _, h := range w.c.hooks.Skipped {
+				h(ctx, &items[i].msg, reason)
 			}
 		case fateDeadLettered:
 			deadLettered = true
@@ -379,8 +379,8 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 			w.c.log.Error("message set aside in dead_letters", w.logAttrs(slog.Int64("offset", items[i].msg.Offset),
 				slog.String("message_id", items[i].msg.ID), slog.String("class", string(f.kind)), slog.Int("attempt", f.attempts),
 				slog.String("error", f.err.Error()))...)
-			for _, h := range w.c.hooks.dead {
-				h.OnMessageDeadLettered(ctx, &items[i].msg, DeadLettered{Class: f.kind, Err: f.err, Attempts: f.attempts})
+			for _, h := range w.c.hooks.Dead {
+				h(ctx, &items[i].msg, DeadLettered{Class: f.kind, Err: f.err, Attempts: f.attempts})
 			}
 		}
 	}

@@ -1,4 +1,4 @@
-package consumer
+package engine
 
 import (
 	"context"
@@ -121,13 +121,13 @@ func (w *worker) report(ctx context.Context, perr *PartitionError) {
 	var conflict *FingerprintConflictError
 	if errors.As(perr, &conflict) {
 		attrs = append(attrs, slog.Int64("offset", conflict.Offset), slog.String("message_id", conflict.MessageID))
-		for _, h := range w.c.hooks.conflict {
-			h.OnFingerprintConflict(ctx, conflict)
+		for _, h := range w.c.hooks.Conflict {
+			h(ctx, conflict)
 		}
 	}
 	w.c.log.Error("partition stopped: nothing after this message is processed until it is resolved", attrs...)
-	for _, h := range w.c.hooks.stopped {
-		h.OnPartitionStopped(ctx, perr)
+	for _, h := range w.c.hooks.Stopped {
+		h(ctx, perr)
 	}
 }
 
@@ -277,8 +277,8 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 		start = logEnd
 	}
 	a.Start = start
-	for _, h := range w.c.hooks.assigned {
-		h.OnPartitionAssigned(stop, a)
+	for _, h := range w.c.hooks.Assigned {
+		h(stop, a)
 	}
 	if v.outside(start) && stop.Err() != nil {
 		// The generation ended: the partition may be another member's

@@ -1,4 +1,4 @@
-package consumer
+package engine
 
 import (
 	"context"
@@ -11,10 +11,11 @@ import (
 	"github.com/kafkaonce/kafkaonce/deadletter"
 )
 
-// Headers of a message published to Config.DeadLetterTopic, besides the
-// original message's own headers (and DefaultMessageIDHeader with the
-// message id, when the original lacks it).
+// Headers of a message published to Config.DeadLetterTopic: the consumer
+// package exports the same names (a test keeps them equal).
 const (
+	DefaultMessageIDHeader = "message-id"
+
 	HeaderConsumer        = "kafkaonce-consumer"
 	HeaderSourceTopic     = "kafkaonce-source-topic"
 	HeaderSourcePartition = "kafkaonce-source-partition"

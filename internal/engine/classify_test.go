@@ -1,4 +1,4 @@
-package consumer
+package engine
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/internal/permanent"
 	"github.com/kafkaonce/kafkaonce/outbox"
 )
 
@@ -26,8 +27,8 @@ func TestClassifyHandlerError(t *testing.T) {
 		kind  deadletter.Class
 	}{
 		{"plain error", errors.New("partner down"), classTransient, deadletter.ClassRetriesExhausted},
-		{"permanent", Permanent(errors.New("rejected")), classPermanent, deadletter.ClassPermanent},
-		{"wrapped permanent", fmt.Errorf("ctx: %w", Permanent(errors.New("x"))), classPermanent, deadletter.ClassPermanent},
+		{"permanent", permanent.Mark(errors.New("rejected")), classPermanent, deadletter.ClassPermanent},
+		{"wrapped permanent", fmt.Errorf("ctx: %w", permanent.Mark(errors.New("x"))), classPermanent, deadletter.ClassPermanent},
 		{"outbox permanent", outbox.Permanent(errors.New("rejected")), classPermanent, deadletter.ClassPermanent},
 		{"wrapped outbox permanent", fmt.Errorf("relay: %w", outbox.Permanent(errors.New("x"))), classPermanent, deadletter.ClassPermanent},
 		{"panic", fmt.Errorf("%w: boom", ErrHandlerPanicked), classPermanent, deadletter.ClassPanic},
@@ -55,7 +56,7 @@ func TestClassifyHandlerError(t *testing.T) {
 			t.Errorf("%s: got %v/%q, want %v/%q", tc.name, f.class, f.kind, tc.class, tc.kind)
 		}
 	}
-	if Permanent(nil) != nil {
-		t.Error("Permanent(nil) must be nil")
+	if permanent.Mark(nil) != nil {
+		t.Error("permanent.Mark(nil) must be nil")
 	}
 }

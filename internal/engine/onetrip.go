@@ -1,4 +1,4 @@
-package consumer
+package engine
 
 import (
 	"context"
@@ -47,7 +47,7 @@ import (
 // valid ids, no suspect to skip, no duplicates in the previous batch, a
 // known stored position, and a DB that lends connections.
 func (a *txAttempt) oneTripEligible() bool {
-	if a.c.cfg.BatchHandler == nil || a.c.cfg.ClaimFirst || a.c.batchUsesTx.Load() || !a.positionKnown {
+	if a.c.cfg.HandleBatch == nil || a.c.cfg.ClaimFirst || a.c.batchUsesTx.Load() || !a.positionKnown {
 		return false
 	}
 	if a.serialized {

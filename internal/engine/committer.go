@@ -1,4 +1,4 @@
-package consumer
+package engine
 
 import (
 	"context"
@@ -101,10 +101,10 @@ func (m *committer) flush(ctx context.Context) {
 	m.mu.Unlock()
 
 	err := m.gen.CommitOffsets(batch)
-	if len(m.c.hooks.committed) > 0 {
+	if len(m.c.hooks.Committed) > 0 {
 		list := flatten(batch)
-		for _, h := range m.c.hooks.committed {
-			h.OnOffsetsCommitted(ctx, list, err)
+		for _, h := range m.c.hooks.Committed {
+			h(ctx, list, err)
 		}
 	}
 	if err == nil {

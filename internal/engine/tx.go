@@ -1,4 +1,4 @@
-package consumer
+package engine
 
 import (
 	"context"
@@ -97,7 +97,7 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 		return res
 	}
 
-	batched := a.c.cfg.BatchHandler != nil
+	batched := a.c.cfg.HandleBatch != nil
 	var batch *Batch
 	if batched {
 		var res txOutcome
@@ -132,8 +132,8 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 		if errors.Is(err, usercall.ErrAbandoned) {
 			return infra(err) // nobody reads it: the worker has moved on
 		}
-		for _, h := range a.c.hooks.handler {
-			h.OnHandlerEnd(ctx, &items[i].msg, time.Since(began), err)
+		for _, h := range a.c.hooks.Handler {
+			h(ctx, &items[i].msg, time.Since(began), err)
 		}
 		if err == nil {
 			continue
@@ -333,13 +333,13 @@ func (a *txAttempt) handleBatch(hctx, ctx context.Context, tx pgx.Tx) (*Batch, t
 // reportBatchCall tells the handler hooks about a BatchHandler call that
 // took d: each message of the call with an equal share of it.
 func (a *txAttempt) reportBatchCall(ctx context.Context, b *Batch, d time.Duration, err error) {
-	if len(a.c.hooks.handler) == 0 || len(b.Messages) == 0 {
+	if len(a.c.hooks.Handler) == 0 || len(b.Messages) == 0 {
 		return
 	}
 	share := d / time.Duration(len(b.Messages))
 	for _, m := range b.Messages {
-		for _, h := range a.c.hooks.handler {
-			h.OnHandlerEnd(ctx, m, share, err)
+		for _, h := range a.c.hooks.Handler {
+			h(ctx, m, share, err)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package consumer
+package engine
 
 import (
 	"context"
@@ -25,15 +25,15 @@ func (c *Consumer) limits() usercall.Limits {
 // attempt, with tx. A BatchHandler gets a Batch of that message, and its
 // queued statements run in tx before the call counts as done.
 func (c *Consumer) handle(ctx context.Context, uc *usercall.Attempt, i int, tx pgx.Tx, msg *Message) error {
-	if c.cfg.BatchHandler == nil {
+	if c.cfg.HandleBatch == nil {
 		return uc.Call(ctx, i, tx, func(ctx context.Context, tx pgx.Tx) error {
-			return c.cfg.Handler.Handle(ctx, tx, msg)
+			return c.cfg.Handle(ctx, tx, msg)
 		})
 	}
 	return uc.Call(ctx, i, tx, func(ctx context.Context, tx pgx.Tx) error {
 		b := c.newBatch([]*Message{msg}, []int{i})
 		b.Tx = tx
-		if err := c.cfg.BatchHandler.HandleBatch(ctx, b); err != nil {
+		if err := c.cfg.HandleBatch(ctx, b); err != nil {
 			b.seal()
 			return err
 		}
@@ -46,7 +46,7 @@ func (c *Consumer) handle(ctx context.Context, uc *usercall.Attempt, i int, tx p
 func (c *Consumer) handleBatch(ctx context.Context, uc *usercall.Attempt, tx pgx.Tx, b *Batch) error {
 	err := uc.Call(ctx, b.index[0], tx, func(ctx context.Context, tx pgx.Tx) error {
 		b.Tx = tx
-		return c.cfg.BatchHandler.HandleBatch(ctx, b)
+		return c.cfg.HandleBatch(ctx, b)
 	})
 	b.seal()
 	return err

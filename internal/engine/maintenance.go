@@ -1,9 +1,11 @@
-package consumer
+package engine
 
 import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/kafkaonce/kafkaonce/deadletter"
 )
 
 // redrivePollInterval is how often a running consumer looks for redrives
@@ -28,7 +30,7 @@ func (c *Consumer) runMaintenance(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-redrive.C:
-			res, err := c.Redrive(ctx, RedriveFilter{Requested: true})
+			res, err := c.Redrive(ctx, deadletter.Filter{RedriveRequested: true})
 			if err != nil && ctx.Err() == nil {
 				c.log.Warn("requested redrives: cannot read dead letters", slog.String("error", err.Error()))
 			}

@@ -1,4 +1,4 @@
-package consumer
+package engine
 
 import (
 	"context"
@@ -151,8 +151,8 @@ func (w *worker) paced(ctx context.Context, info BatchInfo, out *txOutcome, took
 				slog.Time("until", w.c.gate.Until()), slog.Int("batch_limit", limit), slog.String("error", out.err.Error()))...)
 		}
 		c := Contention{Err: out.err, BatchLimit: limit, Serialized: serialized}
-		for _, h := range w.c.hooks.contention {
-			h.OnContention(ctx, info, c)
+		for _, h := range w.c.hooks.Contention {
+			h(ctx, info, c)
 		}
 	case out.gateBusy:
 		w.c.log.Debug("contention: the consumer's gate is held too long (a slow handler, a row locked elsewhere); the next transaction races", w.logAttrs(

@@ -1,4 +1,4 @@
-package consumer
+package engine
 
 import (
 	"context"
@@ -134,8 +134,8 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 		LastOffset: items[len(items)-1].msg.Offset, Size: len(items), Attempt: attempt, HighWaterMark: w.hwm,
 		Serialized: w.serializedNow() && !time.Now().Before(w.raceUntil)}
 	info.BatchLimit = w.pace.Limit(info.Serialized)
-	for _, h := range w.c.hooks.start {
-		h.OnBatchStart(work, info)
+	for _, h := range w.c.hooks.Start {
+		h(work, info)
 	}
 	began := time.Now()
 	a := &txAttempt{c: w.c, topic: w.topic, partition: w.partition, items: items, p: p.clone(),
@@ -168,7 +168,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 		w.raceUntil = time.Now().Add(pace.GateBypass)
 	}
 	w.paced(work, info, &out, took)
-	if len(w.c.hooks.end) > 0 {
+	if len(w.c.hooks.End) > 0 {
 		r := BatchResult{Duration: took, Err: out.err}
 		if out.st != nil {
 			for _, f := range out.st.fates[:out.committed] {
@@ -181,8 +181,8 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 				}
 			}
 		}
-		for _, h := range w.c.hooks.end {
-			h.OnBatchEnd(work, info, r)
+		for _, h := range w.c.hooks.End {
+			h(work, info, r)
 		}
 	}
 	return out

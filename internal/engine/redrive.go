@@ -1,0 +1,160 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/usercall"
+)
+
+// RedriveResult mirrors consumer.RedriveResult.
+type RedriveResult struct {
+	Applied        int
+	AlreadyApplied int
+	Failed         []RedriveError
+}
+
+// RedriveError mirrors consumer.RedriveError.
+type RedriveError struct {
+	LetterID int64
+	Err      error
+}
+
+// Redrive runs the pending dead letters of this consumer that f selects
+// through its handler again (see consumer.Consumer.Redrive).
+func (c *Consumer) Redrive(ctx context.Context, f deadletter.Filter) (RedriveResult, error) {
+	var letters []deadletter.Letter
+	err := c.readOnly(ctx, func(q querier) (err error) {
+		f.Consumer, f.Pending = c.cfg.Name, true
+		letters, err = c.letters.List(ctx, q, f)
+		return err
+	})
+	if err != nil {
+		return RedriveResult{}, fmt.Errorf("consumer: redrive: %w", err)
+	}
+	var res RedriveResult
+	for _, l := range letters {
+		applied, err := c.redriveOne(ctx, l.ID)
+		switch {
+		case ctx.Err() != nil:
+			return res, ctx.Err()
+		case err != nil:
+			res.Failed = append(res.Failed, RedriveError{LetterID: l.ID, Err: err})
+			c.log.Warn("redrive failed; the letter stays", slog.Int64("dead_letter", l.ID), slog.String("error", err.Error()))
+			if l.RedriveRequestedAt != nil {
+				if merr := c.inTx(ctx, func(q querier) error { return c.letters.MarkRedriveFailed(ctx, q, l.ID, err.Error()) }); merr != nil {
+					c.log.Warn("could not record a failed redrive", slog.Int64("dead_letter", l.ID), slog.String("error", merr.Error()))
+				}
+			}
+		case applied:
+			res.Applied++
+		default:
+			res.AlreadyApplied++
+		}
+	}
+	return res, nil
+}
+
+// errAlreadyApplied ends a redrive transaction that found nothing to do.
+var errAlreadyApplied = errors.New("already applied")
+
+// redriveOne redrives one letter; applied is false when it turned out to be
+// applied already. Its transaction runs as an attempt under the handler
+// watchdog, as a worker's batch does: a handler that hangs is abandoned
+// after HandlerTimeout (or, once ctx ends, after a short grace), so neither
+// Redrive nor the consumer's shutdown waits on it.
+func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool, err error) {
+	var msg *Message
+	err, abandoned := usercall.Run(ctx, c.limits(), func(hctx, ctx context.Context, uc *usercall.Attempt) error {
+		bt, err := c.beginWith(ctx, &pgx.Batch{})
+		if err != nil {
+			return err
+		}
+		defer bt.rollback(ctx)
+		uc.Hold(bt.cutLoose)
+		tx := bt.tx
+		err = func() error {
+			l, err := c.letters.GetForUpdate(ctx, tx, c.cfg.Name, letterID)
+			if err != nil {
+				return err
+			}
+			if l.RedrivenAt != nil {
+				return errAlreadyApplied
+			}
+			m := messageOfLetter(&l)
+			id := l.MessageID
+			if id == "" {
+				if id, err = c.cfg.MessageID(m); err != nil {
+					return err
+				}
+			}
+			m.ID = id
+			claim := dedupe.Claim{MessageID: id, Fingerprint: dedupe.FingerprintOf(m.Key, m.Value), Offset: l.Offset}
+			ok, existing, err := c.claims.Reclaim(ctx, tx, c.cfg.Name, l.Topic, l.Partition, claim)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				if existing.Fingerprint != claim.Fingerprint {
+					return &FingerprintConflictError{Topic: l.Topic, Partition: l.Partition, Offset: l.Offset, MessageID: id,
+						Fingerprint: claim.Fingerprint, Existing: existing}
+				}
+				// The id was applied meanwhile (a later copy of the
+				// message): the letter is settled.
+				if err := c.letters.MarkRedriven(ctx, tx, l.ID); err != nil {
+					return err
+				}
+				return errAlreadySettled
+			}
+			if err := c.handle(hctx, uc, 0, tx, m); err != nil {
+				return fmt.Errorf("handler: %w", err)
+			}
+			msg = m
+			return c.letters.MarkRedriven(ctx, tx, l.ID)
+		}()
+		if err != nil {
+			return err
+		}
+		return bt.commitWith(ctx, &pgx.Batch{})
+	})
+	if abandoned != nil {
+		return false, fmt.Errorf("handler: %w", abandoned.Err())
+	}
+	switch {
+	case errors.Is(err, errAlreadyApplied):
+		return false, nil
+	case errors.Is(err, errAlreadySettled):
+		return false, c.markSettled(ctx, letterID)
+	case err != nil:
+		return false, err
+	}
+	for _, h := range c.hooks.Applied {
+		h(ctx, msg)
+	}
+	c.log.Info("dead letter redriven", slog.Int64("dead_letter", letterID), slog.String("topic", msg.Topic),
+		slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID))
+	return true, nil
+}
+
+// errAlreadySettled rolls back a redrive whose id turned out to be applied;
+// markSettled then records that in a transaction of its own.
+var errAlreadySettled = errors.New("settled by a later copy")
+
+func (c *Consumer) markSettled(ctx context.Context, letterID int64) error {
+	return c.inTx(ctx, func(q querier) error { return c.letters.MarkRedriven(ctx, q, letterID) })
+}
+
+func messageOfLetter(l *deadletter.Letter) *Message {
+	m := &Message{Topic: l.Topic, Partition: l.Partition, Offset: l.Offset, Key: l.Key, Value: l.Value, Time: l.MessageTime}
+	for _, h := range l.Headers {
+		m.Headers = append(m.Headers, kafka.Header{Key: h.Key, Value: h.Value})
+	}
+	return m
+}

@@ -164,7 +164,7 @@ func TestBatchHandlerFailureIsIsolated(t *testing.T) {
 	}
 	e.kafka.Produce(t, e.topic, msgs...)
 	cfg := batchConfig(e, h)
-	cfg.MaxAttempts = 5
+	cfg.Retry.MaxAttempts = 5
 	r := e.start(cfg)
 	e.waitCommitted(map[int]int64{0: 200}, 60*time.Second)
 	r.stop()

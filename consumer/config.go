@@ -156,13 +156,15 @@ type Config struct {
 	// for a fifth of MaxWait, the fetched messages are used up and the
 	// batch in hand goes at once rather than waiting out MaxWait. Under
 	// load the fetched messages never run out, and batches fill up to
-	// MaxBatch as before.
+	// MaxBatch.
 	MaxWait time.Duration
 
 	// Dialer opens every Kafka connection the consumer makes (group
 	// coordinator, fetches, offset lookups): set its TLS and SASLMechanism
 	// fields for secured clusters. Defaults to kafka-go's default dialer
-	// (plaintext).
+	// (plaintext). It is kafka-go's own type, the one place Config names
+	// kafka-go: TLS, SASL mechanisms, client ids and custom resolvers are
+	// all set there, and a type of ours would have to copy each of them.
 	Dialer *kafka.Dialer
 
 	// StartOffset is where a partition with no committed offset and no
@@ -216,34 +218,10 @@ type Config struct {
 	RebalanceTimeout  time.Duration
 	HeartbeatInterval time.Duration
 
-	// MaxAttempts is how many times the handler may fail on one message
-	// with an error that could pass (a timeout, a partner that is down)
-	// before the message is set aside by OnPermanentFailure. Attempts are
-	// counted in Postgres before each retry runs, so they survive restarts:
-	// a message that crashes the process every time is set aside too.
-	// Failures of the database itself (lost connections, serialisation
-	// failures, deadlocks) are retried without limit and do not count.
-	//
-	// Retry in one layer only: if the handler already retries a call
-	// internally, keep this low, or the attempts multiply. Defaults to
-	// DefaultMaxAttempts; 1 means no retries.
-	MaxAttempts int
-
-	// RetryInitialInterval and RetryMaxInterval shape the wait before each
-	// retry: random between zero and min(RetryMaxInterval,
-	// RetryInitialInterval·2^n) ("full jitter", so that many workers failing
-	// together do not retry together). Waits end at once on shutdown or
-	// revocation. Defaults: DefaultRetryInitialInterval,
-	// DefaultRetryMaxInterval.
-	RetryInitialInterval time.Duration
-	RetryMaxInterval     time.Duration
-
-	// RetryMaxElapsed bounds the time from a message's first attempt to the
-	// start of its last one: a message still failing after it is set aside
-	// even if attempts remain. It guards against a large MaxAttempts
-	// retrying for hours by accident. (backoff libraries often default to
-	// 15 minutes here; ours is explicit.) Defaults to DefaultRetryMaxElapsed.
-	RetryMaxElapsed time.Duration
+	// Retry says how often, and how far apart, a message whose handler
+	// failed with an error that could pass is tried again before it is set
+	// aside (see RetryPolicy). Zero fields take their defaults.
+	Retry RetryPolicy
 
 	// HandlerTimeout bounds one handler call. When it passes, the handler's
 	// context is cancelled (pgx then interrupts a running statement); a
@@ -281,20 +259,9 @@ type Config struct {
 	// ReportSuspects.
 	SuspectDuplicates SuspectPolicy
 
-	// PruneInterval, when set, makes the consumer prune its own old claims
-	// from processed_messages in the background: every interval, claims
-	// older than PruneRetention are deleted in batches of PruneBatch,
-	// skipping rows in use, so processing is never blocked. Replays stay
-	// safe after pruning (the stored positions cover them); what pruning
-	// narrows is the window in which a producer's late re-send of an old
-	// message is recognised. Defaults to 0 (no background pruning; see the
-	// kafkaonce prune command).
-	PruneInterval time.Duration
-	// PruneRetention defaults to dedupe.DefaultRetention (7 days) and must
-	// be at least dedupe.MinRetention (1 day).
-	PruneRetention time.Duration
-	// PruneBatch defaults to DefaultPruneBatch.
-	PruneBatch int
+	// Prune makes the consumer prune its own old claims in the background
+	// (see Pruning). Off unless Prune.Interval is set.
+	Prune Pruning
 
 	// Hooks observe the consumer; see Hook. Defaults to none.
 	Hooks []Hook
@@ -326,16 +293,14 @@ func (c *Config) withDefaults() Config {
 	setDefault(&out.SessionTimeout, DefaultSessionTimeout)
 	setDefault(&out.RebalanceTimeout, DefaultRebalanceTimeout)
 	setDefault(&out.HeartbeatInterval, DefaultHeartbeatInterval)
-	setDefault(&out.RetryInitialInterval, DefaultRetryInitialInterval)
-	setDefault(&out.RetryMaxInterval, DefaultRetryMaxInterval)
-	setDefault(&out.MaxAttempts, DefaultMaxAttempts)
-	setDefault(&out.RetryMaxElapsed, DefaultRetryMaxElapsed)
+	setDefault(&out.Retry.InitialInterval, DefaultRetryInitialInterval)
+	setDefault(&out.Retry.MaxInterval, DefaultRetryMaxInterval)
+	setDefault(&out.Retry.MaxAttempts, DefaultMaxAttempts)
+	setDefault(&out.Retry.MaxElapsed, DefaultRetryMaxElapsed)
 	setDefault(&out.HandlerTimeout, DefaultHandlerTimeout)
 	setDefault(&out.SuspectDuplicateWindow, DefaultSuspectDuplicateWindow)
-	if out.PruneInterval > 0 {
-		setDefault(&out.PruneRetention, dedupe.DefaultRetention)
-		setDefault(&out.PruneBatch, DefaultPruneBatch)
-	}
+	setDefault(&out.Prune.Retention, dedupe.DefaultRetention)
+	setDefault(&out.Prune.Batch, DefaultPruneBatch)
 	return out
 }
 
@@ -423,14 +388,14 @@ func (c *Config) validate() error {
 	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval*3 > c.SessionTimeout {
 		bad("HeartbeatInterval must be positive and at most a third of SessionTimeout (%v), so a member heartbeats a few times per session (got %v)", c.SessionTimeout, c.HeartbeatInterval)
 	}
-	if c.RetryInitialInterval <= 0 || c.RetryMaxInterval < c.RetryInitialInterval {
-		bad("RetryInitialInterval must be positive and at most RetryMaxInterval (got %v and %v)", c.RetryInitialInterval, c.RetryMaxInterval)
+	if c.Retry.InitialInterval <= 0 || c.Retry.MaxInterval < c.Retry.InitialInterval {
+		bad("Retry.InitialInterval must be positive and at most Retry.MaxInterval (got %v and %v)", c.Retry.InitialInterval, c.Retry.MaxInterval)
 	}
-	if c.MaxAttempts < 1 || c.MaxAttempts > 1000 {
-		bad("MaxAttempts must be between 1 and 1000 (got %d)", c.MaxAttempts)
+	if c.Retry.MaxAttempts < 1 || c.Retry.MaxAttempts > 1000 {
+		bad("Retry.MaxAttempts must be between 1 and 1000 (got %d)", c.Retry.MaxAttempts)
 	}
-	if c.RetryMaxElapsed < 0 {
-		bad("RetryMaxElapsed must not be negative (got %v)", c.RetryMaxElapsed)
+	if c.Retry.MaxElapsed < 0 {
+		bad("Retry.MaxElapsed must not be negative (got %v)", c.Retry.MaxElapsed)
 	}
 	if c.HandlerTimeout < 10*time.Millisecond {
 		bad("HandlerTimeout must be at least 10ms (got %v)", c.HandlerTimeout)
@@ -458,16 +423,14 @@ func (c *Config) validate() error {
 	if c.SuspectDuplicates != ReportSuspects && c.SuspectDuplicates != SkipSuspects {
 		bad("SuspectDuplicates must be ReportSuspects or SkipSuspects (got %d)", c.SuspectDuplicates)
 	}
-	if c.PruneInterval < 0 {
-		bad("PruneInterval must not be negative (got %v)", c.PruneInterval)
+	if c.Prune.Interval < 0 {
+		bad("Prune.Interval must not be negative (got %v)", c.Prune.Interval)
 	}
-	if c.PruneInterval > 0 {
-		if c.PruneRetention < dedupe.MinRetention {
-			bad("PruneRetention must be at least %v, so that producer re-sends are still recognised (got %v)", dedupe.MinRetention, c.PruneRetention)
-		}
-		if c.PruneBatch < 1 || c.PruneBatch > 100000 {
-			bad("PruneBatch must be between 1 and 100000 (got %d)", c.PruneBatch)
-		}
+	if c.Prune.Retention < dedupe.MinRetention {
+		bad("Prune.Retention must be at least %v, so that producer re-sends are still recognised (got %v)", dedupe.MinRetention, c.Prune.Retention)
+	}
+	if c.Prune.Batch < 1 || c.Prune.Batch > 100000 {
+		bad("Prune.Batch must be between 1 and 100000 (got %d)", c.Prune.Batch)
 	}
 	return errors.Join(errs...)
 }
@@ -534,17 +497,17 @@ func (c *Config) engineConfig(hooks engine.Hooks) engine.Config {
 		SessionTimeout:           c.SessionTimeout,
 		RebalanceTimeout:         c.RebalanceTimeout,
 		HeartbeatInterval:        c.HeartbeatInterval,
-		MaxAttempts:              c.MaxAttempts,
-		RetryInitialInterval:     c.RetryInitialInterval,
-		RetryMaxInterval:         c.RetryMaxInterval,
-		RetryMaxElapsed:          c.RetryMaxElapsed,
+		MaxAttempts:              c.Retry.MaxAttempts,
+		RetryInitialInterval:     c.Retry.InitialInterval,
+		RetryMaxInterval:         c.Retry.MaxInterval,
+		RetryMaxElapsed:          c.Retry.MaxElapsed,
 		HandlerTimeout:           c.HandlerTimeout,
 		OnPermanentFailure:       engine.FailurePolicy(c.OnPermanentFailure),
 		DeadLetterTopic:          c.DeadLetterTopic,
 		SuspectDuplicateWindow:   c.SuspectDuplicateWindow,
 		SuspectDuplicates:        engine.SuspectPolicy(c.SuspectDuplicates),
-		PruneInterval:            c.PruneInterval,
-		PruneRetention:           c.PruneRetention,
-		PruneBatch:               c.PruneBatch,
+		PruneInterval:            c.Prune.Interval,
+		PruneRetention:           c.Prune.Retention,
+		PruneBatch:               c.Prune.Batch,
 	}
 }

@@ -65,7 +65,14 @@ func TestNewRejectsBadConfigNamingTheField(t *testing.T) {
 		{"bad lock timeout", func(c *consumer.Config) { c.LockTimeout = -5 * time.Second }, []string{"LockTimeout must be at least 1ms"}},
 		{"session too short", func(c *consumer.Config) { c.SessionTimeout = time.Millisecond }, []string{"SessionTimeout must be at least 1s"}},
 		{"heartbeat too slow", func(c *consumer.Config) { c.HeartbeatInterval = 20 * time.Second }, []string{"HeartbeatInterval must be positive and at most a third of SessionTimeout"}},
-		{"retry inverted", func(c *consumer.Config) { c.RetryInitialInterval = time.Minute }, []string{"RetryInitialInterval must be positive and at most RetryMaxInterval"}},
+		{"retry inverted", func(c *consumer.Config) { c.Retry.InitialInterval = time.Minute }, []string{"Retry.InitialInterval must be positive and at most Retry.MaxInterval"}},
+		{"too many attempts", func(c *consumer.Config) { c.Retry.MaxAttempts = 5000 }, []string{"Retry.MaxAttempts must be between 1 and 1000 (got 5000)"}},
+		{"negative retry elapsed", func(c *consumer.Config) { c.Retry.MaxElapsed = -time.Second }, []string{"Retry.MaxElapsed must not be negative"}},
+		{"negative prune interval", func(c *consumer.Config) { c.Prune.Interval = -time.Second }, []string{"Prune.Interval must not be negative"}},
+		// Checked whether or not the consumer prunes: its defaults do not
+		// depend on Prune.Interval, so neither does its validity.
+		{"prune retention too short", func(c *consumer.Config) { c.Prune.Retention = time.Minute }, []string{"Prune.Retention must be at least 24h0m0s"}},
+		{"prune batch too big", func(c *consumer.Config) { c.Prune.Interval, c.Prune.Batch = time.Hour, 1 << 20 }, []string{"Prune.Batch must be between 1 and 100000"}},
 		{"hook of no kind", func(c *consumer.Config) { c.Hooks = []consumer.Hook{42} }, []string{"Hooks[0] (int) implements no hook interface"}},
 		{"negative shutdown", func(c *consumer.Config) { c.ShutdownTimeout = -time.Second }, []string{"ShutdownTimeout must not be negative"}},
 		{"idle timeout within the handler's", func(c *consumer.Config) { c.IdleInTransactionTimeout = 20 * time.Second }, []string{"IdleInTransactionTimeout must be longer than HandlerTimeout (got 20s and 30s)"}},

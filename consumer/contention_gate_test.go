@@ -96,7 +96,7 @@ func TestARacingBatchsOwnLockTimeoutIsNotAMessageFailure(t *testing.T) {
 		return nil
 	})
 	cfg := e.config(h)
-	cfg.MaxAttempts = 1
+	cfg.Retry.MaxAttempts = 1
 	fails := &failureLog{}
 	cfg.Hooks = append(cfg.Hooks, fails)
 	ids := []string{"cold-0", "hot-1", "cold-2"}
@@ -169,7 +169,7 @@ func TestAHungHandlerAtTheGateHoldsUpOnlyItsPartition(t *testing.T) {
 	})
 	cfg := e.config(h)
 	cfg.HandlerTimeout = 8 * time.Second
-	cfg.MaxAttempts = 2
+	cfg.Retry.MaxAttempts = 2
 	seen := &contentions{}
 	cfg.Hooks = append(cfg.Hooks, seen)
 	e.kafka.Produce(t, e.topic, msg(0, "race-0", "lose-a-race"), msg(0, "race-1", "x"))
@@ -334,7 +334,7 @@ func TestAnAbandonedHandlerReleasesTheGateWithABeginOnlyDB(t *testing.T) {
 	})
 	cfg := e.config(h)
 	cfg.HandlerTimeout = 2 * time.Second
-	cfg.MaxAttempts = 1
+	cfg.Retry.MaxAttempts = 1
 	e.kafka.Produce(t, e.topic, msg(0, "race-0", "lose-a-race"))
 	r := e.start(cfg, beginOnly{e.db.Pool})
 	e.waitEffects(1, 20*time.Second)

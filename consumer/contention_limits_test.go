@@ -270,7 +270,7 @@ func TestMaxAttemptsBoundsHandlerFailuresInARacingBatch(t *testing.T) {
 				return effect.Handle(ctx, tx, m)
 			})
 			cfg := e.config(h)
-			cfg.MaxAttempts = maxAttempts
+			cfg.Retry.MaxAttempts = maxAttempts
 			fails := &failureLog{}
 			cfg.Hooks = append(cfg.Hooks, fails)
 			ids := []string{"ok-0", "bad-1", "ok-2"}
@@ -391,7 +391,7 @@ func TestABatchHandlersHiddenSQLErrorIsSetAsideAfterIsolation(t *testing.T) {
 	cfg := e.config(nil)
 	cfg.Handler = nil
 	cfg.BatchHandler = bh
-	cfg.MaxAttempts = 2
+	cfg.Retry.MaxAttempts = 2
 	ids := []string{"ok-0", "poison-1", "ok-2", "bad-3", "ok-4"}
 	vals := []string{"x", "poison", "x", "bad-sql", "x"}
 	for i := range ids {
@@ -404,5 +404,5 @@ func TestABatchHandlersHiddenSQLErrorIsSetAsideAfterIsolation(t *testing.T) {
 	e.waitEffects(3, 20*time.Second)
 	r.stop()
 	e.check(expectation{ids: ids, poison: []string{"poison-1", "bad-3"}})
-	t.Logf("bad-sql handler calls: %d (MaxAttempts %d)", badCalls.Load(), cfg.MaxAttempts)
+	t.Logf("bad-sql handler calls: %d (MaxAttempts %d)", badCalls.Load(), cfg.Retry.MaxAttempts)
 }

@@ -287,7 +287,7 @@ func TestALockHeldOutsideTheConsumerIsWaitedOutWithoutCountingAttempts(t *testin
 	seen := &contentions{}
 	cfg := e.config(l.handler())
 	cfg.LockTimeout = 100 * time.Millisecond
-	cfg.MaxAttempts = 2
+	cfg.Retry.MaxAttempts = 2
 	cfg.Hooks = append(cfg.Hooks, seen)
 	e.start(cfg)
 	waitFor(t, 20*time.Second, "transactions losing to the held row", func() bool { n, _, _ := seen.count(); return n >= 5 })

@@ -111,9 +111,9 @@ func TestEveryFailureClassIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 		return nil
 	})
 	cfg := e.config(h)
-	cfg.MaxAttempts = 3
-	cfg.RetryInitialInterval = time.Millisecond
-	cfg.RetryMaxInterval = 5 * time.Millisecond
+	cfg.Retry.MaxAttempts = 3
+	cfg.Retry.InitialInterval = time.Millisecond
+	cfg.Retry.MaxInterval = 5 * time.Millisecond
 	r := e.start(cfg)
 	committed := map[int]int64{}
 	for p := range cases {
@@ -245,9 +245,9 @@ func TestOutboxPermanentIsDeadLetteredAtOnce(t *testing.T) {
 		return e.applyHandler().Handle(ctx, tx, m)
 	})
 	cfg := e.config(h)
-	cfg.MaxAttempts = 5
-	cfg.RetryInitialInterval = time.Millisecond
-	cfg.RetryMaxInterval = 5 * time.Millisecond
+	cfg.Retry.MaxAttempts = 5
+	cfg.Retry.InitialInterval = time.Millisecond
+	cfg.Retry.MaxInterval = 5 * time.Millisecond
 	r := e.start(cfg)
 	e.waitCommitted(map[int]int64{0: 3}, 60*time.Second)
 	r.stop()
@@ -277,8 +277,8 @@ func TestBackoffWaitEndsOnShutdown(t *testing.T) {
 		return e.applyHandler().Handle(ctx, tx, m)
 	})
 	cfg := e.config(h)
-	cfg.RetryInitialInterval = time.Hour // the first retry waits up to an hour
-	cfg.RetryMaxInterval = time.Hour
+	cfg.Retry.InitialInterval = time.Hour // the first retry waits up to an hour
+	cfg.Retry.MaxInterval = time.Hour
 	r := e.start(cfg)
 	e.waitEffects(1, 30*time.Second)
 	waitFor(t, 10*time.Second, "the first failure", func() bool { return calls.Load() == 1 })
@@ -304,9 +304,9 @@ func TestAttemptsSurviveARestart(t *testing.T) {
 		return e.applyHandler().Handle(ctx, tx, m)
 	})
 	cfg := e.config(h)
-	cfg.MaxAttempts = 5
-	cfg.RetryInitialInterval = time.Millisecond
-	cfg.RetryMaxInterval = 20 * time.Millisecond
+	cfg.Retry.MaxAttempts = 5
+	cfg.Retry.InitialInterval = time.Millisecond
+	cfg.Retry.MaxInterval = 20 * time.Millisecond
 	gate := newFailGate(3)
 	cfg.Hooks = append(cfg.Hooks, gate)
 	r := e.start(cfg)
@@ -372,7 +372,7 @@ func TestInfrastructureFailuresDoNotCountAsAttempts(t *testing.T) {
 		return e.applyHandler().Handle(ctx, tx, m)
 	})
 	cfg := e.config(h)
-	cfg.MaxAttempts = 1 // any counted failure would dead-letter i-2
+	cfg.Retry.MaxAttempts = 1 // any counted failure would dead-letter i-2
 	r := e.start(cfg)
 	e.waitEffects(len(ids), 30*time.Second)
 	r.stop()
@@ -452,8 +452,8 @@ func TestHungHandlerIsCutOff(t *testing.T) {
 	})
 	cfg := e.config(h)
 	cfg.HandlerTimeout = 300 * time.Millisecond
-	cfg.MaxAttempts = 3
-	cfg.RetryInitialInterval = time.Millisecond
+	cfg.Retry.MaxAttempts = 3
+	cfg.Retry.InitialInterval = time.Millisecond
 	r := e.start(cfg)
 	e.waitCommitted(map[int]int64{0: 4}, 30*time.Second)
 	r.stop()
@@ -529,7 +529,7 @@ func TestTransientFailureBehindAPoisonInTheSameBatch(t *testing.T) {
 		return e.applyHandler().Handle(ctx, tx, m)
 	})
 	cfg := e.config(h)
-	cfg.RetryInitialInterval = time.Millisecond
+	cfg.Retry.InitialInterval = time.Millisecond
 	r := e.start(cfg)
 	e.waitCommitted(map[int]int64{0: 5}, 30*time.Second)
 	r.stop()

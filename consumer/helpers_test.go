@@ -65,21 +65,20 @@ func (e *env) applyHandler() consumer.Handler {
 // config returns a config for the test's topic with fast group timings.
 func (e *env) config(h consumer.Handler) *consumer.Config {
 	return &consumer.Config{
-		Name:                 e.name,
-		GroupID:              e.group,
-		Brokers:              e.kafka.Brokers,
-		Topics:               []string{e.topic},
-		Handler:              h,
-		Schema:               e.db.Schema,
-		MaxBatch:             100,
-		Logger:               testLogger(e.t),
-		SessionTimeout:       6 * time.Second,
-		HeartbeatInterval:    500 * time.Millisecond,
-		RebalanceTimeout:     10 * time.Second,
-		ShutdownTimeout:      5 * time.Second,
-		RetryInitialInterval: 10 * time.Millisecond,
-		RetryMaxInterval:     200 * time.Millisecond,
-		Hooks:                []consumer.Hook{e.events},
+		Name:              e.name,
+		GroupID:           e.group,
+		Brokers:           e.kafka.Brokers,
+		Topics:            []string{e.topic},
+		Handler:           h,
+		Schema:            e.db.Schema,
+		MaxBatch:          100,
+		Logger:            testLogger(e.t),
+		SessionTimeout:    6 * time.Second,
+		HeartbeatInterval: 500 * time.Millisecond,
+		RebalanceTimeout:  10 * time.Second,
+		ShutdownTimeout:   5 * time.Second,
+		Retry:             consumer.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaxInterval: 200 * time.Millisecond},
+		Hooks:             []consumer.Hook{e.events},
 	}
 }
 

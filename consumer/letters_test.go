@@ -124,7 +124,7 @@ func TestAbandonedHandlersGiveTheirPoolSlotsBack(t *testing.T) {
 	})
 	cfg := e.config(h)
 	cfg.HandlerTimeout = 100 * time.Millisecond
-	cfg.RetryInitialInterval, cfg.RetryMaxInterval = time.Millisecond, 10*time.Millisecond
+	cfg.Retry.InitialInterval, cfg.Retry.MaxInterval = time.Millisecond, 10*time.Millisecond
 	c, err := consumer.New(pool, cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -26,7 +26,7 @@ func TestBackgroundPruningKeepsRewindsSafe(t *testing.T) {
 	e.db.Exec(t, `UPDATE `+e.db.Table("processed_messages")+` SET processed_at = now() - interval '8 days' WHERE kafka_offset < 15`)
 
 	cfg := e.config(e.applyHandler())
-	cfg.PruneInterval = time.Hour // the first pass runs at start
+	cfg.Prune.Interval = time.Hour // the first pass runs at start
 	r = e.start(cfg)
 	waitFor(t, 30*time.Second, "the old claims pruned", func() bool {
 		return e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("processed_messages")) == 10

@@ -95,7 +95,7 @@ func TestAHandlerEndingItsTransactionWithAStatementIsSetAside(t *testing.T) {
 				}))
 				if tc.then == "timeout" {
 					cfg.HandlerTimeout = 300 * time.Millisecond
-					cfg.MaxAttempts = 2
+					cfg.Retry.MaxAttempts = 2
 				}
 			}
 			e.produceIDs("w", 1)

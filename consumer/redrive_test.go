@@ -180,8 +180,8 @@ func TestStopPartitionPolicyStopsInsteadOfSettingAside(t *testing.T) {
 	})
 	cfg := e.config(h)
 	cfg.OnPermanentFailure = consumer.StopPartition
-	cfg.MaxAttempts = 2
-	cfg.RetryInitialInterval = time.Millisecond
+	cfg.Retry.MaxAttempts = 2
+	cfg.Retry.InitialInterval = time.Millisecond
 	r := e.start(cfg)
 	waitFor(t, 30*time.Second, "the partition stopped", func() bool { return len(e.events.snapshot().stopped) == 1 })
 	r.stop()

@@ -83,7 +83,7 @@ func TestAQueuedArgumentThatCannotBeEncodedFailsItsMessage(t *testing.T) {
 			}
 		}})
 		cfg.ClaimFirst = claimFirst
-		cfg.MaxAttempts = 2
+		cfg.Retry.MaxAttempts = 2
 		cfg.Hooks = append(cfg.Hooks, failed)
 		r := e.start(cfg)
 		e.waitCommitted(map[int]int64{0: 6}, 30*time.Second)

@@ -165,9 +165,9 @@ func soak(t *testing.T, seed uint64, n int) {
 	contended := &contentions{}
 	cfg.Hooks = append(cfg.Hooks, contended)
 	cfg.MaxBatch = 200
-	cfg.MaxAttempts = 5
-	cfg.RetryInitialInterval = time.Millisecond
-	cfg.RetryMaxInterval = 20 * time.Millisecond
+	cfg.Retry.MaxAttempts = 5
+	cfg.Retry.InitialInterval = time.Millisecond
+	cfg.Retry.MaxInterval = 20 * time.Millisecond
 	cfg.LockTimeout = time.Second
 	pool := e.db.PoolVia(t, proxy.Addr(), testenv.MaxConns(20))
 	startMember := func() *running {

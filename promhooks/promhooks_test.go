@@ -40,7 +40,7 @@ func TestMetricsAfterAKnownRun(t *testing.T) {
 	var flaked atomic.Bool
 	c, err := consumer.New(db.Pool, &consumer.Config{
 		Name: "ledger", GroupID: testenv.Name(t, "g"), Brokers: k.Brokers, Topics: []string{topic}, Schema: db.Schema,
-		SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond, RetryInitialInterval: time.Millisecond,
+		SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond, Retry: consumer.RetryPolicy{InitialInterval: time.Millisecond},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			switch {

@@ -99,7 +99,7 @@ func (w *world) consume(h consumer.HandlerFunc, want int64) {
 	}
 	c, err := consumer.New(w.db.Pool, &consumer.Config{Name: w.name, Brokers: w.kafka.Brokers, Topics: []string{w.topic},
 		Schema: w.db.Schema, Handler: h, SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
-		RetryInitialInterval: time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Retry: consumer.RetryPolicy{InitialInterval: time.Millisecond}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(w.t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -72,7 +72,7 @@ func TestNewRejectsBadConfigNamingTheField(t *testing.T) {
 		// Checked whether or not the consumer prunes: its defaults do not
 		// depend on Prune.Interval, so neither does its validity.
 		{"prune retention too short", func(c *consumer.Config) { c.Prune.Retention = time.Minute }, []string{"Prune.Retention must be at least 24h0m0s"}},
-		{"prune batch too big", func(c *consumer.Config) { c.Prune.Interval, c.Prune.Batch = time.Hour, 1 << 20 }, []string{"Prune.Batch must be between 1 and 100000"}},
+		{"prune batch too big", func(c *consumer.Config) { c.Prune.Interval, c.Prune.Batch = time.Hour, 1<<20 }, []string{"Prune.Batch must be between 1 and 100000"}},
 		{"hook of no kind", func(c *consumer.Config) { c.Hooks = []consumer.Hook{42} }, []string{"Hooks[0] (int) implements no hook interface"}},
 		{"negative shutdown", func(c *consumer.Config) { c.ShutdownTimeout = -time.Second }, []string{"ShutdownTimeout must not be negative"}},
 		{"idle timeout within the handler's", func(c *consumer.Config) { c.IdleInTransactionTimeout = 20 * time.Second }, []string{"IdleInTransactionTimeout must be longer than HandlerTimeout (got 20s and 30s)"}},

@@ -5,26 +5,26 @@ import (
 	"errors"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkaonce/kafkaonce/internal/engine"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
 
-// DB is where the consumer runs its transactions. *pgxpool.Pool implements
-// it. It must be safe for concurrent use: every assigned partition has a
-// worker that begins its own transactions, so size the pool for at least one
-// connection per partition this process may own, plus your own use.
+// DB is the Postgres pool the consumer runs its transactions on:
+// *pgxpool.Pool implements it. Every assigned partition has a worker that
+// runs its own transactions, so size the pool for at least one connection
+// per partition this process may own, plus your own use.
 //
-// A DB that also lends whole connections, as *pgxpool.Pool does with
-// Acquire, gets batches in two round trips: BEGIN is sent with the claim
-// and COMMIT with the closing statements. With Begin alone, each of them
-// is a round trip of its own, and a handler abandoned after HandlerTimeout
-// keeps its connection (its network connection is closed, so its
-// transaction is rolled back, but the DB gets it back only when the
-// handler returns); with a *pgxpool.Pool the connection leaves the pool at
-// once.
+// The consumer uses both methods. Begin runs its small bookkeeping
+// transactions. Acquire lends a whole connection for a batch: BEGIN travels
+// with the claims and COMMIT with the closing statements, so a batch costs
+// two round trips (one, for a BatchHandler that only queues statements),
+// and the connection of a handler abandoned after HandlerTimeout leaves the
+// pool at once, closed, instead of when the handler returns.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
 
 // Consumer is an idempotent Kafka consumer: see the package documentation.

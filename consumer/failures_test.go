@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -338,63 +337,47 @@ func TestRunWaitsForPostgresAtStartup(t *testing.T) {
 	e.check(expectation{ids: ids})
 }
 
-// sessionWatch is a DB that only begins transactions (so every one of the
-// consumer's goes through Begin) and records each transaction's first
-// statement.
+// sessionWatch is a pgx tracer that records the first statement of every
+// transaction begun on the connections it watches, however it was begun:
+// with Begin, or with BEGIN at the head of a pipeline.
 type sessionWatch struct {
-	pool  *pgxpool.Pool
 	mu    sync.Mutex
+	begun map[*pgx.Conn]bool // a BEGIN was sent, its first statement not yet
 	first []string
 }
 
-func (s *sessionWatch) Begin(ctx context.Context) (pgx.Tx, error) {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &firstStatement{Tx: tx, w: s}, nil
-}
-
-func (s *sessionWatch) record(sql string) {
+func (s *sessionWatch) see(conn *pgx.Conn, sql string) {
 	s.mu.Lock()
-	s.first = append(s.first, sql)
-	s.mu.Unlock()
-}
-
-type firstStatement struct {
-	pgx.Tx
-	w    *sessionWatch
-	seen bool
-}
-
-func (f *firstStatement) note(sql string) {
-	if !f.seen {
-		f.seen = true
-		f.w.record(sql)
+	defer s.mu.Unlock()
+	if s.begun[conn] {
+		s.first = append(s.first, sql)
+		s.begun[conn] = false
+	}
+	if strings.EqualFold(strings.TrimSpace(sql), "begin") {
+		if s.begun == nil {
+			s.begun = map[*pgx.Conn]bool{}
+		}
+		s.begun[conn] = true
 	}
 }
 
-func (f *firstStatement) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	f.note(sql)
-	return f.Tx.Exec(ctx, sql, args...)
+func (s *sessionWatch) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	s.see(conn, data.SQL)
+	return ctx
 }
 
-func (f *firstStatement) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	f.note(sql)
-	return f.Tx.Query(ctx, sql, args...)
-}
+func (s *sessionWatch) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-func (f *firstStatement) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	f.note(sql)
-	return f.Tx.QueryRow(ctx, sql, args...)
-}
-
-func (f *firstStatement) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if len(b.QueuedQueries) > 0 {
-		f.note(b.QueuedQueries[0].SQL)
+func (s *sessionWatch) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	for _, q := range data.Batch.QueuedQueries {
+		s.see(conn, q.SQL)
 	}
-	return f.Tx.SendBatch(ctx, b)
+	return ctx
 }
+
+func (s *sessionWatch) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (s *sessionWatch) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // Every transaction the consumer runs starts by setting the session
 // timeouts: batches, attempts recorded and failed, a partition's start and
@@ -414,7 +397,8 @@ func TestEveryTransactionSetsTheSessionTimeouts(t *testing.T) {
 		}
 		return e.applyHandler().Handle(ctx, tx, m)
 	})
-	db := &sessionWatch{pool: e.db.Pool}
+	watch := &sessionWatch{}
+	db := e.db.PoolVia(t, e.db.ServerAddr(t), func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = watch })
 	cfg := e.config(h)
 	r := e.start(cfg, db)
 	e.waitCommitted(map[int]int64{0: 4}, 30*time.Second)
@@ -425,10 +409,10 @@ func TestEveryTransactionSetsTheSessionTimeouts(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Applied)
 
-	db.mu.Lock()
-	defer db.mu.Unlock()
-	require.Greater(t, len(db.first), 8)
-	for _, sql := range db.first {
+	watch.mu.Lock()
+	defer watch.mu.Unlock()
+	require.Greater(t, len(watch.first), 8)
+	for _, sql := range watch.first {
 		require.Contains(t, sql, "set_config('statement_timeout'", "a transaction that starts without the timeouts")
 	}
 	e.requireExactlyOnce(ids)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
@@ -26,6 +27,7 @@ import (
 // DB is where the engine runs its transactions (see consumer.DB).
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
 
 // Consumer is the running engine behind a consumer.Consumer: the group

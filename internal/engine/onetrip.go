@@ -44,17 +44,14 @@ import (
 // trip: a BatchHandler that has not needed Tx (and no Config.ClaimFirst), a
 // transaction that does not take the consumer's gate, a
 // plain plan (no savepoints, nothing to set aside, no attempts to clear),
-// valid ids, no suspect to skip, no duplicates in the previous batch, a
-// known stored position, and a DB that lends connections.
+// valid ids, no suspect to skip, no duplicates in the previous batch and a
+// known stored position.
 func (a *txAttempt) oneTripEligible() bool {
 	if a.c.cfg.HandleBatch == nil || a.c.cfg.ClaimFirst || a.c.batchUsesTx.Load() || !a.positionKnown {
 		return false
 	}
 	if a.serialized {
 		// The gate is waited for in a round trip of its own (see begin).
-		return false
-	}
-	if _, ok := a.c.db.(connLender); !ok {
 		return false
 	}
 	if a.p.savepointFrom < len(a.items) || len(a.p.deadLetter) > 0 || a.p.clearAttempts {
@@ -160,7 +157,7 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	a.queuePace(q)
 	queueCommit(q)
 
-	conn, err := a.c.db.(connLender).Acquire(ctx)
+	conn, err := a.c.db.Acquire(ctx)
 	if err != nil {
 		return infra(fmt.Errorf("begin: %w", err)), true
 	}

@@ -12,18 +12,10 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/pipetx"
 )
 
-// connLender is a DB that lends whole connections, as *pgxpool.Pool does.
-// With one, a batch transaction costs two round trips: BEGIN travels with
-// the claim, COMMIT with the closing statements. Without one (a DB that
-// only has Begin), BEGIN and COMMIT are round trips of their own.
-type connLender interface {
-	Acquire(ctx context.Context) (*pgxpool.Conn, error)
-}
-
 // batchTx is one batch transaction.
 type batchTx struct {
 	tx   pgx.Tx        // what statements (and the handler) run on
-	pool *pgxpool.Conn // the lent connection; nil on the Begin path
+	pool *pgxpool.Conn // the lent connection; nil once cut loose
 	done bool
 	// hijacked is set once an abandoned attempt's connection was taken
 	// out of the pool (see cutLoose): closing it is then ours to do.
@@ -46,7 +38,8 @@ func (t *batchTx) cutLoose() {
 }
 
 // beginWith begins a transaction, applies the session settings and runs b
-// in it, in one round trip when the DB lends connections.
+// in it, in one round trip: BEGIN travels with the batch's first
+// statements.
 func (c *Consumer) beginWith(ctx context.Context, b *pgx.Batch) (*batchTx, error) {
 	return c.beginIn(ctx, c.session(), b)
 }
@@ -56,20 +49,7 @@ func (c *Consumer) beginIn(ctx context.Context, sess *session, b *pgx.Batch) (*b
 	first := &pgx.Batch{}
 	sess.queue(first)
 	b = &pgx.Batch{QueuedQueries: append(first.QueuedQueries, b.QueuedQueries...)}
-	lender, ok := c.db.(connLender)
-	if !ok {
-		tx, err := c.db.Begin(ctx)
-		if err != nil {
-			return nil, err
-		}
-		t := &batchTx{tx: tx}
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			t.rollback(ctx)
-			return nil, err
-		}
-		return t, nil
-	}
-	conn, err := lender.Acquire(ctx)
+	conn, err := c.db.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -84,28 +64,15 @@ func (c *Consumer) beginIn(ctx context.Context, sess *session, b *pgx.Batch) (*b
 	return t, nil
 }
 
-// commitWith runs b and commits, in one round trip when the DB lends
-// connections. When the transaction did not commit, or may not have, the
-// error is a *commitError that says how far it got.
+// commitWith runs b and commits, in one round trip: COMMIT travels with
+// the closing statements. When the transaction did not commit, or may not
+// have, the error is a *commitError that says how far it got.
 func (t *batchTx) commitWith(ctx context.Context, b *pgx.Batch) error {
-	n := len(b.QueuedQueries)
-	done := countDone(b)
 	if t.pool == nil {
-		if err := t.tx.SendBatch(ctx, b).Close(); err != nil {
-			// COMMIT is a round trip of its own here: it was not sent.
-			return &commitError{stmt: failedStatement(b, *done, err), err: err}
-		}
-		err := t.tx.Commit(ctx)
-		t.done = true
-		if err == nil {
-			return nil
-		}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) {
-			return &commitError{stmt: n, err: err}
-		}
-		return &commitError{stmt: -1, err: err}
+		// Cut loose (an abandoned attempt): its connection is closed.
+		return &commitError{stmt: notSent, err: errors.New("the transaction's connection was cut loose")}
 	}
+	done := countDone(b)
 	queueCommit(b)
 	err := t.pool.SendBatch(ctx, b).Close()
 	if err == nil {
@@ -202,10 +169,6 @@ func (t *batchTx) rollback(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
 	if t.hijacked {
 		_ = t.tx.Conn().Close(ctx)
-		return
-	}
-	if t.pool == nil {
-		_ = t.tx.Rollback(ctx)
 		return
 	}
 	if t.pool.Conn().PgConn().TxStatus() != 'I' {

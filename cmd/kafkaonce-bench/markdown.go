@@ -52,6 +52,7 @@ func (rep *report) writeMarkdown(path, chart string) error {
 	sb.WriteString("Allocations and bytes per message are beyond raw kafka-go fetching of the same cell; DB round trips and offset commits are counted on the wire. \"2nd half\" columns count only the second half of each run's messages: the steady state, after connections, prepared statements and per-partition buffers exist. A figure beyond raw can come out below zero: kafka-go's own allocations per message are not the same at the raw loop's pace as at a consumer's (how full its fetches are differs), so the difference measures kafkaonce's allocations only to within that.\n\n")
 	markdownTable(&sb, rep.table)
 	rep.hotMarkdown(&sb)
+	sb.WriteString(measuredOutside)
 	if chart != "" {
 		rel, err := filepath.Rel(filepath.Dir(path), chart)
 		if err != nil {
@@ -73,3 +74,20 @@ func markdownTable(sb *strings.Builder, table func(emit func([]string))) {
 		}
 	})
 }
+
+// measuredOutside are figures that other pages refer to (docs/failures.md,
+// docs/operations.md) and that this program does not measure: each was
+// measured once, by hand, with the command it names. They are carried into
+// BENCHMARKS.md as they were measured, since measured figures live there
+// alone.
+const measuredOutside = `
+## Measured outside this program
+
+Figures other pages refer to that this program does not measure. Each was measured once, by hand, with the command shown, on a 2-core machine.
+
+| what | measured | how |
+|---|---|---|
+| poison: one partition's throughput with 1% of messages failing permanently (each set aside), against none; a one-row UPDATE as the effect | 4,100 msgs/s against 7,400 clean: about half (2026-11-29, one run) | ` + "`go test ./consumer -run '^$' -bench Poison -benchtime 20000x`" + ` |
+| migration 007 (compact claims) copying 10 million claims, 2.2 GB with indexes, the table in memory, durable commits | 20 s (2026-11-30); more where the table is read from disk | ` + "`kafkaonce migrate`" + ` from schema version 6 |
+| the suspect-duplicate check, in memory, per message | about 100 ns, no database work (2026-11-29) | ` + "`go test ./internal/recent -run X -bench Observe`" + ` |
+`

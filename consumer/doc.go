@@ -30,7 +30,8 @@
 // A BatchHandler gets the newly claimed messages of a whole batch in one
 // call instead, for effects that one statement can apply to many messages;
 // statements it queues with Batch.Queue travel with the COMMIT, so a batch
-// costs two round trips to Postgres. ForEachKey runs slow per-message work
+// costs two round trips to Postgres, or one when its messages are all new
+// and the handler only queues. ForEachKey runs slow per-message work
 // of a batch for many keys at a time, each key's messages in order.
 //
 // # Message ids

@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
-	"github.com/kafkaonce/kafkaonce/internal/retry"
 )
 
 // runAlone processes one message in transactions of its own until it is
@@ -29,19 +29,20 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 		return w.setAside(stop, work, one, exhausted(prior))
 	}
 	key := attempts.Key{Consumer: w.c.cfg.Name, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset}
-	backoff, short := w.c.retry.New(), contentionWaits.New()
+	l := w.newLadder()
 	last := prior
 	initial := 1
 	if prior != nil {
 		initial = 2 // the failed batch was the first attempt, and it was not recorded
 	}
 	count := true
-	lost := 0 // transactions in a row that lost races for rows
 	var rec attempts.Record
 	for {
 		if count {
-			if last != nil && retry.Sleep(stop, backoff.Next()) != nil {
-				return errInterrupted
+			if last != nil {
+				if err := l.retryAfterFailure(stop); err != nil {
+					return err
+				}
 			}
 			var err error
 			if rec, err = w.recordAttempt(stop, work, key, it.msg.ID, initial); err != nil {
@@ -53,29 +54,17 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 			}
 		}
 		p := w.newPlan(one)
-		out := w.runTx(work, one, &p, rec.Attempts)
-		if out.err == nil {
-			w.afterCommit(work, one, &p, out.st)
+		out, err := l.step(work, one, &p, rec.Attempts)
+		switch {
+		case err != nil:
+			return err
+		case out.err == nil:
 			return nil
-		}
-		if work.Err() != nil {
-			return work.Err()
-		}
-		if out.lost != nil {
-			return out.lost
-		}
-		if out.stop {
-			return out.err
-		}
-		if out.failedAt < 0 {
+		case out.failedAt < 0:
 			// The database failed, not the message: try again without
 			// counting an attempt.
 			count = false
-			if out.contention {
-				lost++
-				w.warnIfStuck(it.msg.Offset, lost, out.err)
-			}
-			if err := w.waitToRetry(stop, it.msg.Offset, "transaction", &out, backoff, short); err != nil {
+			if err := l.again(stop, it.msg.Offset, "transaction", &out); err != nil {
 				return err
 			}
 			continue
@@ -98,22 +87,15 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 
 // recordAttempt records the start of an attempt, retrying database
 // failures until stop.
-func (w *worker) recordAttempt(stop, work context.Context, key attempts.Key, id string, initial int) (attempts.Record, error) {
-	backoff := w.c.retry.New()
-	for {
-		rec, err := w.c.attempts.Begin(work, w.c.db, key, id, initial)
-		if err == nil {
-			w.attemptsUpTo = max(w.attemptsUpTo, key.Offset)
-			return rec, nil
-		}
-		if work.Err() != nil {
-			return rec, work.Err()
-		}
-		w.c.log.Warn("could not record an attempt; retrying", w.logAttrs(slog.Int64("offset", key.Offset), slog.String("error", err.Error()))...)
-		if retry.Sleep(stop, backoff.Next()) != nil {
-			return rec, errInterrupted
-		}
+func (w *worker) recordAttempt(stop, work context.Context, key attempts.Key, id string, initial int) (rec attempts.Record, err error) {
+	err = w.retryUntil(stop, "could not record an attempt at offset "+strconv.FormatInt(key.Offset, 10), func() (err error) {
+		rec, err = w.c.attempts.Begin(work, w.c.db, key, id, initial)
+		return err
+	})
+	if err == nil {
+		w.attemptsUpTo = max(w.attemptsUpTo, key.Offset)
 	}
+	return rec, err
 }
 
 // exhausted reports whether the attempt just recorded is one too many.
@@ -166,25 +148,18 @@ func (w *worker) setAside(stop, work context.Context, one []item, f *failure) er
 	if w.c.cfg.OnPermanentFailure == StopPartition {
 		return &PartitionError{Topic: w.topic, Partition: w.partition, Err: f.err}
 	}
-	backoff, short := w.c.retry.New(), contentionWaits.New()
+	l := w.newLadder()
 	for {
 		p := w.newPlan(one)
 		p.deadLetter = map[int]*failure{0: f}
-		out := w.runTx(work, one, &p, f.attempts)
-		if out.err == nil {
-			w.afterCommit(work, one, &p, out.st)
+		out, err := l.step(work, one, &p, f.attempts)
+		switch {
+		case err != nil:
+			return err
+		case out.err == nil:
 			return nil
 		}
-		if work.Err() != nil {
-			return work.Err()
-		}
-		if out.lost != nil {
-			return out.lost
-		}
-		if out.stop {
-			return out.err
-		}
-		if err := w.waitToRetry(stop, one[0].msg.Offset, "writing a dead letter", &out, backoff, short); err != nil {
+		if err := l.again(stop, one[0].msg.Offset, "writing a dead letter", &out); err != nil {
 			return err
 		}
 	}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/recent"
-	"github.com/kafkaonce/kafkaonce/internal/retry"
 )
 
 // errInterrupted is returned when the partition was revoked or the consumer
@@ -180,7 +179,7 @@ func (w *worker) newPlan(items []item) plan {
 // failure) runs again soon over fewer messages, and a transaction covers no
 // more than the partition's pace allows (see contention.go).
 func (w *worker) apply(stop, work context.Context, items []item) error {
-	backoff, short := w.c.retry.New(), contentionWaits.New()
+	l := w.newLadder()
 	attempt := 1
 	// Up to this offset, messages go one per transaction: a COMMIT over
 	// several of them was refused for their content.
@@ -195,12 +194,13 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 	}
 	p := next()
 	for len(items) > 0 {
-		out := w.runTx(work, items, &p, attempt)
-		if out.committed > 0 {
-			w.afterCommit(work, items[:out.committed], &p, out.st)
-			items = items[out.committed:]
+		out, err := l.step(work, items, &p, attempt)
+		if err != nil {
+			return err
 		}
-		if out.err == nil {
+		items = items[out.committed:]
+		switch {
+		case out.err == nil:
 			if p.after != nil {
 				if err := w.resolve(stop, work, items[:1], p.after); err != nil {
 					return err
@@ -208,99 +208,80 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 				items = items[1:]
 			}
 			p, attempt = next(), 1
-			backoff.Reset()
-			short.Reset()
-			continue
-		}
-		if work.Err() != nil {
-			// The shutdown grace ran out mid-transaction: it rolled back (or
-			// its COMMIT outcome is unknown); either way the next owner of
-			// the partition finds the truth in the claims.
-			return work.Err()
-		}
-		if out.lost != nil {
-			return out.lost
-		}
-		if out.stop {
-			return out.err
-		}
-		if out.isolate {
+		case out.isolate:
 			// Not an attempt of any message: which one failed is not known
 			// yet. The same messages run again, one per call, each in a
 			// savepoint.
 			w.c.log.Debug("batch handler failed; handling the batch one message at a time", w.logAttrs(
 				slog.Int64("offset", items[0].msg.Offset), slog.String("error", out.err.Error()))...)
 			p.savepointFrom = 0
-			continue
-		}
-		if out.oneByOne {
+		case out.oneByOne:
 			w.c.log.Warn("the server refused to commit a batch for what its handlers wrote; applying its messages one per transaction to find which", w.logAttrs(
 				slog.Int64("offset", items[0].msg.Offset), slog.String("error", out.err.Error()))...)
 			oneByOneTo = items[p.n-1].msg.Offset
 			p = next()
-			continue
-		}
-		if out.gateBusy {
-			// Nothing ran: the partition races for a while, from now.
-			continue
-		}
-		if out.contention {
-			// The same messages first, fewer of them: the failure after
-			// the smaller plan, if any, is found again when it is reached.
-			if limit := w.pace.Limit(w.c.gate.Serialized(time.Now())); p.n > limit {
+		case out.failedAt < 0:
+			// The transaction failed as a whole. After a lost race the same
+			// messages run first, fewer of them: the failure after the
+			// smaller plan, if any, is found again when it is reached.
+			if limit := w.pace.Limit(w.c.gate.Serialized(time.Now())); out.contention && p.n > limit {
 				p.n, p.after = limit, nil
 			}
-			w.warnIfStuck(items[0].msg.Offset, attempt, out.err)
-			attempt++
-			if retry.Sleep(stop, short.Next()) != nil {
-				return errInterrupted
+			if !out.gateBusy {
+				attempt++
 			}
-			continue
-		}
-		if out.failedAt < 0 {
-			w.c.log.Warn("batch failed; retrying", w.logAttrs(slog.Int64("offset", items[0].msg.Offset),
-				slog.Int("attempt", attempt), slog.String("class", classInfra.String()), slog.String("error", out.err.Error()))...)
-			attempt++
-			if retry.Sleep(stop, backoff.Next()) != nil {
-				return errInterrupted
-			}
-			continue
-		}
-		// failedAt counts from the start of this transaction; what it
-		// committed is gone from items.
-		if !out.fail.uncounted {
-			w.reportFailure(work, &items[out.failedAt-out.committed].msg, out.fail)
-		}
-		if out.committed > 0 {
-			// A savepoint transaction was cut short at the failing message,
-			// which is now items[0].
-			if err := w.resolve(stop, work, items[:1], out.fail); err != nil {
+			if err := l.again(stop, items[0].msg.Offset, "batch", &out); err != nil {
 				return err
 			}
-			items = items[1:]
-			p, attempt = next(), 1
-			backoff.Reset()
-			continue
-		}
-		k := out.failedAt
-		switch {
-		case out.fail.class == classPermanent && w.c.cfg.OnPermanentFailure == DeadLetter:
-			if p.deadLetter == nil {
-				p.deadLetter = map[int]*failure{}
-			}
-			p.deadLetter[k] = out.fail
-			p.savepointFrom = min(p.savepointFrom, k+1)
-		case k == 0:
-			if err := w.resolve(stop, work, items[:1], out.fail); err != nil {
-				return err
-			}
-			items = items[1:]
-			p, attempt = next(), 1
 		default:
-			p.n, p.after = k, out.fail
+			// A message failed. failedAt counts from the start of the
+			// transaction; what it committed is gone from items.
+			var resolved bool
+			if items, resolved, err = w.messageFailed(stop, work, items, &p, &out); err != nil {
+				return err
+			}
+			if resolved {
+				p, attempt = next(), 1
+			}
 		}
 	}
 	return nil
+}
+
+// messageFailed deals with the message out says failed in a transaction
+// over items per p: a permanent failure is set aside in the next try of
+// the same transaction; otherwise the messages before it are committed
+// first, and it is resolved on its own. It returns what is left of items,
+// and whether the message was resolved (the caller then plans anew).
+func (w *worker) messageFailed(stop, work context.Context, items []item, p *plan, out *txOutcome) (rest []item, resolved bool, err error) {
+	if !out.fail.uncounted {
+		w.reportFailure(work, &items[out.failedAt-out.committed].msg, out.fail)
+	}
+	if out.committed > 0 {
+		// A savepoint transaction was cut short at the failing message,
+		// which is now items[0].
+		if err := w.resolve(stop, work, items[:1], out.fail); err != nil {
+			return nil, false, err
+		}
+		return items[1:], true, nil
+	}
+	k := out.failedAt
+	switch {
+	case out.fail.class == classPermanent && w.c.cfg.OnPermanentFailure == DeadLetter:
+		if p.deadLetter == nil {
+			p.deadLetter = map[int]*failure{}
+		}
+		p.deadLetter[k] = out.fail
+		p.savepointFrom = min(p.savepointFrom, k+1)
+	case k == 0:
+		if err := w.resolve(stop, work, items[:1], out.fail); err != nil {
+			return nil, false, err
+		}
+		return items[1:], true, nil
+	default:
+		p.n, p.after = k, out.fail
+	}
+	return items, false, nil
 }
 
 // resolve deals with a message whose attempt failed: set aside at once when

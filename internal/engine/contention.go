@@ -202,23 +202,6 @@ func (w *worker) warnIfStuck(offset int64, lost int, err error) {
 	}
 }
 
-// waitToRetry waits before a transaction of the message at offset, which
-// failed as a whole (what says what it did), runs again: briefly after a
-// lost race, else after the next of the infrastructure's backoff, with a
-// warning.
-func (w *worker) waitToRetry(stop context.Context, offset int64, what string, out *txOutcome, backoff, short *retry.Backoff) error {
-	wait := short
-	if !out.contention && !out.gateBusy {
-		w.c.log.Warn(what+" failed; retrying", w.logAttrs(slog.Int64("offset", offset),
-			slog.String("class", classInfra.String()), slog.String("error", out.err.Error()))...)
-		wait = backoff
-	}
-	if retry.Sleep(stop, wait.Next()) != nil {
-		return errInterrupted
-	}
-	return nil
-}
-
 // begin begins the attempt's transaction with b. A serialized one first
 // waits for the consumer's gate, in a round trip of its own, before it
 // locks anything; gated is when it got through (the gate is held from

@@ -230,7 +230,7 @@ func (w *worker) fetchAndProcess(stop, work context.Context) error {
 // Errors reaching Postgres or Kafka are retried until stop.
 func (w *worker) assign(stop, work context.Context) (int64, error) {
 	var v logView
-	err := w.retryUntil(stop, "read positions", func() (err error) {
+	err := w.retryUntil(stop, "partition assignment: cannot read positions", func() (err error) {
 		v, err = w.readLog(stop, work)
 		return err
 	})
@@ -300,7 +300,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 
 	var starts int
 	var inProgress bool
-	err = w.retryUntil(stop, "record the start", func() (err error) {
+	err = w.retryUntil(stop, "partition assignment: cannot record the start", func() (err error) {
 		w.runID, starts, inProgress, w.attemptsUpTo, err = w.c.attempts.Assigned(work, w.c.db, w.c.cfg.Name, w.topic, w.partition, start)
 		return err
 	})
@@ -321,25 +321,6 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	}
 	w.c.log.Info("partition assigned", w.logAttrs(slog.Int64("offset", start), slog.Int64("log_end", logEnd))...)
 	return start, nil
-}
-
-// retryUntil runs fn until it succeeds, backing off between failures, or
-// until stop (then it returns errInterrupted).
-func (w *worker) retryUntil(stop context.Context, what string, fn func() error) error {
-	backoff := w.c.retry.New()
-	for {
-		err := fn()
-		if err == nil {
-			return nil
-		}
-		if stop.Err() != nil {
-			return errInterrupted
-		}
-		w.c.log.Warn("partition assignment: cannot "+what+"; retrying", w.logAttrs(slog.String("error", err.Error()))...)
-		if retry.Sleep(stop, backoff.Next()) != nil {
-			return errInterrupted
-		}
-	}
 }
 
 func (w *worker) loadPosition(ctx context.Context) (pos int64, has bool, err error) {

@@ -1,8 +1,6 @@
 package consumer
 
 import (
-	"errors"
-
 	"github.com/kafkaonce/kafkaonce/internal/engine"
 	"github.com/kafkaonce/kafkaonce/internal/permanent"
 )
@@ -13,7 +11,7 @@ var (
 	// UTF-8. Retrying cannot fix it: the message is set aside by
 	// Config.OnPermanentFailure (a dead letter with class invalid_id, or
 	// its partition stops at it under StopPartition).
-	ErrInvalidMessageID = errors.New("invalid message id")
+	ErrInvalidMessageID = engine.ErrInvalidMessageID
 
 	// ErrFingerprintConflict: a message arrived with an id that was already
 	// claimed for different content (key and value). That is a producer bug

@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/engine"
@@ -139,53 +137,10 @@ func IDFromPosition() MessageIDFunc {
 // ValidateMessageID checks the rules every message id must meet to be
 // stored as a Postgres text key: not empty, at most MaxMessageIDLen bytes, no
 // NUL, valid UTF-8. The error says which rule the id breaks.
-func ValidateMessageID(id string) error {
-	switch {
-	case id == "":
-		return errors.New("is empty")
-	case len(id) > MaxMessageIDLen:
-		return fmt.Errorf("is %d bytes long, more than the %d allowed", len(id), MaxMessageIDLen)
-	case strings.IndexByte(id, 0) >= 0:
-		return errors.New("contains a NUL byte, which Postgres text cannot store")
-	case !utf8.ValidString(id):
-		return errors.New("is not valid UTF-8")
-	}
-	return nil
-}
+func ValidateMessageID(id string) error { return engine.ValidateMessageID(id) }
 
-// messageID derives and validates the id of msg, wrapping any problem as a
-// MessageError around ErrInvalidMessageID.
-func messageID(fn MessageIDFunc, msg *Message) (string, error) {
-	id, err := callIDFunc(fn, msg)
-	if err == nil {
-		if verr := ValidateMessageID(id); verr != nil {
-			err = fmt.Errorf("%w: the id %s", ErrInvalidMessageID, verr)
-		}
-	} else {
-		err = fmt.Errorf("%w: %v", ErrInvalidMessageID, err)
-	}
-	if err != nil {
-		shown := id
-		if !utf8.ValidString(shown) || strings.IndexByte(shown, 0) >= 0 || len(shown) > 64 {
-			shown = "" // never echo unprintable or huge ids into logs
-		}
-		return "", &MessageError{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, MessageID: shown, Err: err}
-	}
-	return id, nil
-}
-
-// callIDFunc turns a panicking id function into an error: a bug in one id
-// function must not take down every partition of the process.
-func callIDFunc(fn MessageIDFunc, msg *Message) (id string, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("MessageID function panicked: %v", r)
-		}
-	}()
-	return fn(msg)
-}
-
-// messageIDFunc is fn as the engine calls it: with the checks of messageID.
+// messageIDFunc is fn as the engine calls it (which checks what it
+// returns, and recovers its panics).
 func messageIDFunc(fn MessageIDFunc) func(*engine.Message) (string, error) {
-	return func(msg *engine.Message) (string, error) { return messageID(fn, (*Message)(msg)) }
+	return func(msg *engine.Message) (string, error) { return fn((*Message)(msg)) }
 }

@@ -42,6 +42,7 @@ func TestPublicValuesMatchTheEngine(t *testing.T) {
 		{"ReportSuspects", int64(consumer.ReportSuspects), int64(engine.ReportSuspects)},
 		{"SkipSuspects", int64(consumer.SkipSuspects), int64(engine.SkipSuspects)},
 		{"SuspectWindowMessages", consumer.SuspectWindowMessages, engine.SuspectWindowMessages},
+		{"MaxMessageIDLen", consumer.MaxMessageIDLen, engine.MaxMessageIDLen},
 	} {
 		if c.public != c.engine {
 			t.Errorf("%s: consumer says %d, the engine uses %d", c.name, c.public, c.engine)

@@ -26,7 +26,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
-	"github.com/kafkaonce/kafkaonce/internal/usercall"
+	"github.com/kafkaonce/kafkaonce/internal/engine"
 )
 
 // Defaults of NewMessage.
@@ -112,13 +112,11 @@ func Handle(ctx context.Context, tb testing.TB, tx pgx.Tx, h consumer.Handler, m
 	if err != nil {
 		tb.Fatalf("consumertest: savepoint: %v", err)
 	}
-	limits := usercall.Limits{Timeout: consumer.DefaultHandlerTimeout, Grace: 2 * time.Second}
-	herr, abandoned := usercall.Run(ctx, limits, func(hctx, _ context.Context, a *usercall.Attempt) error {
-		a.SetConn(tx.Conn().PgConn().Conn())
-		return a.Call(hctx, 0, sp, func(ctx context.Context, tx pgx.Tx) error { return h.Handle(ctx, tx, msg) })
-	})
-	if abandoned != nil {
-		tb.Fatalf("consumertest: the handler hung: %v (its connection was closed, so tx is gone)", abandoned.Err())
+	herr, hung := engine.HandleAlone(ctx, consumer.DefaultHandlerTimeout, sp, func(ctx context.Context, tx pgx.Tx, m *engine.Message) error {
+		return h.Handle(ctx, tx, (*consumer.Message)(m))
+	}, (*engine.Message)(msg))
+	if hung != nil {
+		tb.Fatalf("consumertest: the handler hung: %v (its connection was closed, so tx is gone)", hung)
 	}
 	if errors.Is(herr, consumer.ErrTxEnded) || errors.Is(herr, consumer.ErrRowsLeftOpen) {
 		// tx is unusable: ended by the handler, savepoint and all, or

@@ -145,7 +145,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 		a.st = &batchState{}
 	}
 	w.scratch = nil
-	out, abandoned := usercall.Run(work, w.c.limits(), func(hctx, ctx context.Context, uc *usercall.Attempt) txOutcome {
+	out, abandoned := usercall.Run(work, w.c.user.limits, func(hctx, ctx context.Context, uc *usercall.Attempt) txOutcome {
 		a.uc = uc
 		out := a.tx(hctx, ctx)
 		out.st = a.st

@@ -80,7 +80,7 @@ func (w *worker) processBatch(stop, work context.Context, raw []kafka.Message) e
 			Time:      raw[i].Time,
 		}})
 		it := &items[len(items)-1]
-		id, err := w.c.cfg.MessageID(&it.msg)
+		id, err := w.c.user.id(&it.msg)
 		if err != nil {
 			if w.c.cfg.OnPermanentFailure == StopPartition {
 				items = items[:len(items)-1]

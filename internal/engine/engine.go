@@ -34,10 +34,12 @@ type DB interface {
 // membership, one worker per assigned partition, the offset committer,
 // maintenance and the dead-letter publisher.
 type Consumer struct {
-	db      DB
-	cfg     Config
-	log     *slog.Logger
-	hooks   Hooks
+	db    DB
+	cfg   Config
+	log   *slog.Logger
+	hooks Hooks
+	// user is the handler and the id function, as the engine calls them.
+	user    userCode
 	claims  *dedupe.Store
 	offsets *offsets.Store
 	// batchUsesTx is set once the BatchHandler used Batch.Tx during a
@@ -116,6 +118,7 @@ func New(db DB, c Config) (*Consumer, error) {
 		gate:     pace.NewGate(),
 		gateKey:  gateKey(c.Schema, c.Name),
 	}
+	out.user = newUserCode(&c, out.log)
 	out.setSession(&c, false)
 	tries.Session = func(b *pgx.Batch) { out.session().queue(b) }
 	if c.DeadLetterTopic != "" {

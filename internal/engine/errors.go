@@ -11,6 +11,9 @@ import (
 )
 
 var (
+	// ErrInvalidMessageID: see consumer.ErrInvalidMessageID.
+	ErrInvalidMessageID = errors.New("invalid message id")
+
 	// ErrFingerprintConflict: a message arrived with an id that was already
 	// claimed for different content (key and value). That is a producer bug
 	// (an id reused), not a duplicate, so the message is neither applied nor

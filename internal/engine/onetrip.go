@@ -109,10 +109,10 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 		for k, i := range st.claimItem {
 			msgs[k] = &items[i].msg
 		}
-		b = a.c.newBatch(msgs, st.claimItem)
+		b = a.c.user.newBatch(msgs, st.claimItem)
 		ahead := &notx.Tx{}
 		began := time.Now()
-		err := a.c.handleBatch(hctx, a.uc, ahead, b)
+		err := a.c.user.callBatch(hctx, a.uc, ahead, b)
 		took = time.Since(began)
 		if errors.Is(err, usercall.ErrAbandoned) {
 			return infra(err), true // nobody reads it: the worker has moved on

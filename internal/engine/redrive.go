@@ -72,7 +72,7 @@ var errAlreadyApplied = errors.New("already applied")
 // Redrive nor the consumer's shutdown waits on it.
 func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool, err error) {
 	var msg *Message
-	err, abandoned := usercall.Run(ctx, c.limits(), func(hctx, ctx context.Context, uc *usercall.Attempt) error {
+	err, abandoned := usercall.Run(ctx, c.user.limits, func(hctx, ctx context.Context, uc *usercall.Attempt) error {
 		bt, err := c.beginWith(ctx, &pgx.Batch{})
 		if err != nil {
 			return err
@@ -91,7 +91,7 @@ func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool
 			m := messageOfLetter(&l)
 			id := l.MessageID
 			if id == "" {
-				if id, err = c.cfg.MessageID(m); err != nil {
+				if id, err = c.user.id(m); err != nil {
 					return err
 				}
 			}
@@ -113,7 +113,7 @@ func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool
 				}
 				return errAlreadySettled
 			}
-			if err := c.handle(hctx, uc, 0, tx, m); err != nil {
+			if err := c.user.call(hctx, uc, 0, tx, m); err != nil {
 				return fmt.Errorf("handler: %w", err)
 			}
 			msg = m

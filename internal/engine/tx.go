@@ -128,7 +128,7 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 			savepointOpen = true
 		}
 		began := time.Now()
-		err := a.c.handle(hctx, a.uc, i, tx, &items[i].msg)
+		err := a.c.user.call(hctx, a.uc, i, tx, &items[i].msg)
 		if errors.Is(err, usercall.ErrAbandoned) {
 			return infra(err) // nobody reads it: the worker has moved on
 		}
@@ -313,9 +313,9 @@ func (a *txAttempt) handleBatch(hctx, ctx context.Context, tx pgx.Tx) (*Batch, t
 	if len(msgs) == 0 {
 		return nil, txOutcome{failedAt: -1}
 	}
-	b := a.c.newBatch(msgs, index)
+	b := a.c.user.newBatch(msgs, index)
 	began := time.Now()
-	err := a.c.handleBatch(hctx, a.uc, tx, b)
+	err := a.c.user.callBatch(hctx, a.uc, tx, b)
 	if errors.Is(err, usercall.ErrAbandoned) {
 		return nil, infra(err) // nobody reads it: the worker has moved on
 	}

@@ -2,8 +2,12 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -15,25 +19,38 @@ import (
 // return before its attempt is abandoned.
 const handlerCutoffGrace = 2 * time.Second
 
-// limits are the bounds of every handler call (see internal/usercall):
-// the same in a worker's batch, a redrive and consumertest.
-func (c *Consumer) limits() usercall.Limits {
-	return usercall.Limits{Timeout: c.cfg.HandlerTimeout, Grace: handlerCutoffGrace}
+// userCode is the user's code as the engine calls it: the handler (or
+// batch handler) and the message id function. Every call of them goes
+// through here, from a worker's batch, a redrive and consumertest.Handle
+// alike, under the same rules: the bounds of limits (HandlerTimeout, then
+// abandonment), panics recovered, the transaction guarded, and an aborted
+// transaction or rows left open turned into errors (see internal/usercall).
+type userCode struct {
+	handle      func(ctx context.Context, tx pgx.Tx, msg *Message) error
+	handleBatch func(ctx context.Context, b *Batch) error // nil without a BatchHandler
+	messageID   func(msg *Message) (string, error)
+	limits      usercall.Limits
+	log         *slog.Logger
 }
 
-// handle calls the handler for one message, the item at index i of the
+func newUserCode(cfg *Config, log *slog.Logger) userCode {
+	return userCode{handle: cfg.Handle, handleBatch: cfg.HandleBatch, messageID: cfg.MessageID,
+		limits: usercall.Limits{Timeout: cfg.HandlerTimeout, Grace: handlerCutoffGrace}, log: log}
+}
+
+// call calls the handler for one message, the item at index i of the
 // attempt, with tx. A BatchHandler gets a Batch of that message, and its
 // queued statements run in tx before the call counts as done.
-func (c *Consumer) handle(ctx context.Context, uc *usercall.Attempt, i int, tx pgx.Tx, msg *Message) error {
-	if c.cfg.HandleBatch == nil {
+func (u *userCode) call(ctx context.Context, uc *usercall.Attempt, i int, tx pgx.Tx, msg *Message) error {
+	if u.handleBatch == nil {
 		return uc.Call(ctx, i, tx, func(ctx context.Context, tx pgx.Tx) error {
-			return c.cfg.Handle(ctx, tx, msg)
+			return u.handle(ctx, tx, msg)
 		})
 	}
 	return uc.Call(ctx, i, tx, func(ctx context.Context, tx pgx.Tx) error {
-		b := c.newBatch([]*Message{msg}, []int{i})
+		b := u.newBatch([]*Message{msg}, []int{i})
 		b.Tx = tx
-		if err := c.cfg.HandleBatch(ctx, b); err != nil {
+		if err := u.handleBatch(ctx, b); err != nil {
 			b.seal()
 			return err
 		}
@@ -41,26 +58,78 @@ func (c *Consumer) handle(ctx context.Context, uc *usercall.Attempt, i int, tx p
 	})
 }
 
-// handleBatch calls the BatchHandler with b, giving it tx. b is sealed
-// when the call ends; its queued statements are left to the caller.
-func (c *Consumer) handleBatch(ctx context.Context, uc *usercall.Attempt, tx pgx.Tx, b *Batch) error {
+// callBatch calls the BatchHandler with b, giving it tx. b is sealed when
+// the call ends; its queued statements are left to the caller.
+func (u *userCode) callBatch(ctx context.Context, uc *usercall.Attempt, tx pgx.Tx, b *Batch) error {
 	err := uc.Call(ctx, b.index[0], tx, func(ctx context.Context, tx pgx.Tx) error {
 		b.Tx = tx
-		return c.cfg.HandleBatch(ctx, b)
+		return u.handleBatch(ctx, b)
 	})
 	b.seal()
 	return err
 }
 
+// id derives and validates msg's id, wrapping any problem as a
+// MessageError around ErrInvalidMessageID.
+func (u *userCode) id(msg *Message) (string, error) {
+	id, err := u.callID(msg)
+	if err == nil {
+		if verr := ValidateMessageID(id); verr != nil {
+			err = fmt.Errorf("%w: the id %s", ErrInvalidMessageID, verr)
+		}
+	} else {
+		err = fmt.Errorf("%w: %v", ErrInvalidMessageID, err)
+	}
+	if err != nil {
+		shown := id
+		if !utf8.ValidString(shown) || strings.IndexByte(shown, 0) >= 0 || len(shown) > 64 {
+			shown = "" // never echo unprintable or huge ids into logs
+		}
+		return "", &MessageError{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, MessageID: shown, Err: err}
+	}
+	return id, nil
+}
+
+// callID calls the id function. A panicking one gives an invalid id, not
+// a crash: a bug in one id function must not take down every partition of
+// the process.
+func (u *userCode) callID(msg *Message) (id string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("MessageID function panicked: %v", r)
+		}
+	}()
+	return u.messageID(msg)
+}
+
+// MaxMessageIDLen bounds a message id, in bytes (consumer.MaxMessageIDLen).
+const MaxMessageIDLen = 512
+
+// ValidateMessageID checks the rules every message id must meet to be
+// stored as a Postgres text key (see consumer.ValidateMessageID).
+func ValidateMessageID(id string) error {
+	switch {
+	case id == "":
+		return errors.New("is empty")
+	case len(id) > MaxMessageIDLen:
+		return fmt.Errorf("is %d bytes long, more than the %d allowed", len(id), MaxMessageIDLen)
+	case strings.IndexByte(id, 0) >= 0:
+		return errors.New("contains a NUL byte, which Postgres text cannot store")
+	case !utf8.ValidString(id):
+		return errors.New("is not valid UTF-8")
+	}
+	return nil
+}
+
 // newBatch makes the Batch of one BatchHandler call. A Batch is never
 // reused: a goroutine the handler left behind holds only its own.
-func (c *Consumer) newBatch(msgs []*Message, index []int) *Batch {
-	return &Batch{Messages: msgs, index: index, late: c.lateQueue}
+func (u *userCode) newBatch(msgs []*Message, index []int) *Batch {
+	return &Batch{Messages: msgs, index: index, late: u.lateQueue}
 }
 
 // lateQueue reports a statement queued after its BatchHandler call ended.
-func (c *Consumer) lateQueue(sql string) {
-	c.log.Error("a BatchHandler queued a statement after its call had ended (returned, or abandoned after HandlerTimeout); the statement was dropped: queue only from within HandleBatch",
+func (u *userCode) lateQueue(sql string) {
+	u.log.Error("a BatchHandler queued a statement after its call had ended (returned, or abandoned after HandlerTimeout); the statement was dropped: queue only from within HandleBatch",
 		slog.String("statement", truncate(sql, 200)))
 }
 
@@ -69,4 +138,21 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
+}
+
+// HandleAlone runs handle for msg in tx, outside any batch, as a worker
+// runs a handler: the same code, the same rules (see userCode), with
+// timeout for HandlerTimeout. It is consumertest.Handle's way in, so that
+// a test runs a handler exactly as the consumer does. abandoned is set
+// when the handler hung and was cut off: tx's connection is then closed.
+func HandleAlone(ctx context.Context, timeout time.Duration, tx pgx.Tx, handle func(context.Context, pgx.Tx, *Message) error, msg *Message) (err, abandoned error) {
+	u := newUserCode(&Config{Handle: handle, HandlerTimeout: timeout}, slog.Default())
+	err, ab := usercall.Run(ctx, u.limits, func(hctx, _ context.Context, uc *usercall.Attempt) error {
+		uc.SetConn(tx.Conn().PgConn().Conn())
+		return u.call(hctx, uc, 0, tx, msg)
+	})
+	if ab != nil {
+		return nil, ab.Err()
+	}
+	return err, nil
 }

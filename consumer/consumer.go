@@ -15,11 +15,11 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
-	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
 	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/internal/store/claims"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
@@ -47,7 +47,7 @@ type Consumer struct {
 	cfg     Config
 	log     *slog.Logger
 	hooks   hooks
-	claims  *dedupe.Store
+	claims  *claims.Store
 	offsets *offsets.Store
 	// batchUsesTx is set once the BatchHandler used Batch.Tx during a
 	// one-trip attempt: batches then always open their transaction first.
@@ -111,7 +111,7 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	claims, err := dedupe.NewStore(c.Schema)
+	claims, err := claims.NewStore(c.Schema)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/notx"
 	"github.com/kafkaonce/kafkaonce/internal/pipetx"
+	"github.com/kafkaonce/kafkaonce/internal/store/claims"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
@@ -100,7 +101,7 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 			st.fates[i] = fateSkippedInBatch
 			continue
 		}
-		st.claims = append(st.claims, dedupe.Claim{MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Offset: items[i].msg.Offset})
+		st.claims = append(st.claims, claims.Claim{MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Offset: items[i].msg.Offset})
 		st.claimItem = append(st.claimItem, i)
 		st.claimed[i] = true // and st.fates[i] is fateApplied
 	}
@@ -198,7 +199,7 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 		switch {
 		case pgErr.Code == offsets.CheckFailed:
 			why = "the stored position is not where this worker left it"
-		case pgErr.Code == dedupe.ExpectFailed:
+		case pgErr.Code == claims.ExpectFailed:
 			why = "a message taken for a re-send is not claimed with the same content"
 		case pgErr.Code == offsets.TxEnded:
 			why = "a queued statement ended the transaction"

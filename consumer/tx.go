@@ -11,6 +11,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/store/claims"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
@@ -37,7 +38,7 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 			st.fates[i], st.fails[i] = fateDeadLettered, f
 			continue
 		}
-		c := dedupe.Claim{MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Offset: items[i].msg.Offset}
+		c := claims.Claim{MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Offset: items[i].msg.Offset}
 		switch {
 		case f != nil:
 			c.Status, c.Attempts = dedupe.StatusDeadLettered, f.attempts

@@ -20,7 +20,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/retry"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/internal/store/claims"
-	"github.com/kafkaonce/kafkaonce/offsets"
+	"github.com/kafkaonce/kafkaonce/internal/store/positions"
 )
 
 // DB is where the consumer runs its transactions. *pgxpool.Pool implements
@@ -48,7 +48,7 @@ type Consumer struct {
 	log     *slog.Logger
 	hooks   hooks
 	claims  *claims.Store
-	offsets *offsets.Store
+	offsets *positions.Store
 	// batchUsesTx is set once the BatchHandler used Batch.Tx during a
 	// one-trip attempt: batches then always open their transaction first.
 	batchUsesTx atomic.Bool
@@ -115,7 +115,7 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	positions, err := offsets.NewStore(c.Schema)
+	positions, err := positions.NewStore(c.Schema)
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +160,7 @@ func (c *Consumer) setSession(cfg *Config, checkClient bool) {
 }
 
 func (c *Consumer) newSession(sql string, args []any) *session {
-	// The one-trip head also opens the batch (see offsets.QueueOpen),
+	// The one-trip head also opens the batch (see positions.QueueOpen),
 	// with the advance's consumer, topic and partition.
 	head := c.offsets.AdvanceChecked(len(args)+1) + ", " + c.offsets.OpenExpr(len(args)+1)
 	if sql == "" {

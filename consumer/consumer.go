@@ -14,12 +14,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
 	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/internal/store/claims"
+	"github.com/kafkaonce/kafkaonce/internal/store/letters"
 	"github.com/kafkaonce/kafkaonce/internal/store/positions"
 )
 
@@ -52,7 +52,7 @@ type Consumer struct {
 	// batchUsesTx is set once the BatchHandler used Batch.Tx during a
 	// one-trip attempt: batches then always open their transaction first.
 	batchUsesTx atomic.Bool
-	letters     *deadletter.Store
+	letters     *letters.Store
 	attempts    *attempts.Store
 	retry       retry.Policy
 	// gate says when the consumer's transactions take its gate, an
@@ -119,7 +119,7 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	letters, err := deadletter.NewStore(c.Schema)
+	letters, err := letters.NewStore(c.Schema)
 	if err != nil {
 		return nil, err
 	}

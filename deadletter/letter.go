@@ -112,21 +112,3 @@ type Letter struct {
 // MaxErrorLen bounds the stored error text; longer texts are cut, keeping
 // the start (where the cause is) and saying how much was cut.
 const MaxErrorLen = 16 << 10
-
-// truncateError makes an error text storable: cleaned of what Postgres
-// refuses in text (see internal/pgtext), and cut to MaxErrorLen.
-func truncateError(s string) string {
-	s = pgtext.Clean(s)
-	if len(s) <= MaxErrorLen {
-		return s
-	}
-	cut := s[:MaxErrorLen]
-	// Do not split a UTF-8 sequence.
-	for len(cut) > 0 && cut[len(cut)-1]&0xC0 == 0x80 {
-		cut = cut[:len(cut)-1]
-	}
-	if len(cut) > 0 && cut[len(cut)-1] >= 0xC0 {
-		cut = cut[:len(cut)-1]
-	}
-	return cut + "... [truncated]"
-}

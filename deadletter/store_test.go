@@ -2,7 +2,6 @@ package deadletter_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -10,136 +9,82 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/store/letters"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-func TestInsertListAndMark(t *testing.T) {
+// setAside writes letters of consumer c as the consumer does.
+func setAside(t *testing.T, db *testenv.DB, topic string, partition int, ls ...deadletter.Letter) {
+	t.Helper()
+	w, err := letters.NewStore(db.Schema)
+	require.NoError(t, err)
+	b := &pgx.Batch{}
+	require.NoError(t, w.QueueInsert(b, "c", topic, partition, ls))
+	require.NoError(t, db.Pool.SendBatch(context.Background(), b).Close())
+}
+
+func letter(off int64, key, value string) deadletter.Letter {
+	now := time.Now()
+	return deadletter.Letter{Offset: off, MessageID: key + value, Key: []byte(key), Value: []byte(value),
+		Class: deadletter.ClassPermanent, Error: "boom", Attempts: 1, FirstFailedAt: now, LastFailedAt: now}
+}
+
+func TestFootprintsAreOffsetAndContent(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
 	s, err := deadletter.NewStore(db.Schema)
 	require.NoError(t, err)
 	ctx := context.Background()
-	now := time.Now().UTC().Truncate(time.Microsecond)
-	letter := func(off int64, id string, class deadletter.Class) deadletter.Letter {
-		return deadletter.Letter{Offset: off, MessageID: id, Key: []byte("k"), Value: []byte{0, 1, 2},
-			Headers: []deadletter.Header{{Key: "h", Value: []byte{0xff}}}, Class: class, Error: "boom",
-			Attempts: 2, FirstFailedAt: now, LastFailedAt: now}
-	}
-	b := &pgx.Batch{}
-	require.NoError(t, s.QueueInsert(b, "c", "t", 0, []deadletter.Letter{
-		letter(1, "a", deadletter.ClassPermanent), letter(2, "", deadletter.ClassInvalidID),
-	}))
-	require.NoError(t, s.QueueInsert(b, "c", "t", 1, []deadletter.Letter{letter(5, "b", deadletter.ClassPanic)}))
-	require.NoError(t, s.QueueInsert(b, "other", "t", 0, []deadletter.Letter{letter(1, "a", deadletter.ClassPermanent)}))
-	// The same message twice: the first letter stands.
-	require.NoError(t, s.QueueInsert(b, "c", "t", 0, []deadletter.Letter{letter(1, "a", deadletter.ClassCrashed)}))
-	require.NoError(t, db.Pool.SendBatch(ctx, b).Close())
+	setAside(t, db, "t", 0, letter(4, "k", "a"), letter(5, "k", "b"), letter(5, "k", "c"), letter(9, "k", "d"))
+	setAside(t, db, "t", 1, letter(5, "k", "e"))
+	setAside(t, db, "u", 0, letter(5, "k", "f"))
 
-	all, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c"})
+	got, err := s.Footprints(ctx, db.Pool, "c", "t", 0, 5, 9)
 	require.NoError(t, err)
-	require.Len(t, all, 3)
-	require.Equal(t, deadletter.ClassPermanent, all[0].Class)
-	require.Equal(t, []byte{0, 1, 2}, all[0].Value)
-	require.Equal(t, []deadletter.Header{{Key: "h", Value: []byte{0xff}}}, all[0].Headers)
-	require.Equal(t, now, all[0].FirstFailedAt.UTC())
-	require.Empty(t, all[1].MessageID, "a letter without an id")
+	require.ElementsMatch(t, []deadletter.Footprint{
+		{Offset: 5, Fingerprint: dedupe.FingerprintOf([]byte("k"), []byte("b"))},
+		{Offset: 5, Fingerprint: dedupe.FingerprintOf([]byte("k"), []byte("c"))},
+		{Offset: 9, Fingerprint: dedupe.FingerprintOf([]byte("k"), []byte("d"))},
+	}, got, "the stored fingerprint is the one dedupe.FingerprintOf computes")
+	none, err := s.Footprints(ctx, db.Pool, "other", "t", 0, 0, 100)
+	require.NoError(t, err)
+	require.Empty(t, none)
+}
 
-	p0, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c", Topic: "t", Partition: 0, HasPartition: true})
+func TestRequestRedriveMarksPendingLettersOfTheConsumer(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	s, err := deadletter.NewStore(db.Schema)
 	require.NoError(t, err)
-	require.Len(t, p0, 2)
-	byClass, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c", Class: deadletter.ClassPanic})
+	ctx := context.Background()
+	setAside(t, db, "t", 0, letter(1, "k", "a"), letter(2, "k", "b"))
+	ls, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c"})
 	require.NoError(t, err)
-	require.Len(t, byClass, 1)
-	page, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c", AfterID: all[0].ID, Limit: 1})
-	require.NoError(t, err)
-	require.Equal(t, all[1].ID, page[0].ID)
+	ids := []int64{ls[0].ID, ls[1].ID}
 
-	require.NoError(t, s.MarkRedriven(ctx, db.Pool, all[0].ID))
-	require.NoError(t, s.MarkPublished(ctx, db.Pool, []int64{all[1].ID}))
-	pending, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c", Pending: true})
+	n, err := s.RequestRedrive(ctx, db.Pool, "other", ids)
 	require.NoError(t, err)
-	require.Len(t, pending, 2)
-	unpublished, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c", Unpublished: true})
+	require.Zero(t, n, "letters of another consumer")
+	n, err = s.RequestRedrive(ctx, db.Pool, "c", ids[:1])
 	require.NoError(t, err)
-	require.Len(t, unpublished, 2)
-	total, open, err := s.Count(ctx, db.Pool, "c")
+	require.EqualValues(t, 1, n)
+	requested, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c", RedriveRequested: true})
 	require.NoError(t, err)
-	require.EqualValues(t, 3, total)
-	require.EqualValues(t, 2, open)
+	require.Len(t, requested, 1)
+	require.Equal(t, ids[0], requested[0].ID)
+	got, err := s.Get(ctx, db.Pool, ids[0])
+	require.NoError(t, err)
+	require.NotNil(t, got.RedriveRequestedAt)
 
-	got, err := s.Get(ctx, db.Pool, all[0].ID)
-	require.NoError(t, err)
-	require.NotNil(t, got.RedrivenAt)
 	_, err = s.Get(ctx, db.Pool, 999999)
 	require.ErrorIs(t, err, deadletter.ErrNotFound)
 }
 
-func TestLongErrorsAreCut(t *testing.T) {
+func TestNewStoreRejectsBadSchemaNames(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	s, _ := deadletter.NewStore(db.Schema)
-	ctx := context.Background()
-	b := &pgx.Batch{}
-	long := strings.Repeat("é", deadletter.MaxErrorLen) // 2 bytes each
-	require.NoError(t, s.QueueInsert(b, "c", "t", 0, []deadletter.Letter{{Offset: 1, Class: deadletter.ClassPanic, Error: long,
-		FirstFailedAt: time.Now(), LastFailedAt: time.Now()}}))
-	require.NoError(t, db.Pool.SendBatch(ctx, b).Close())
-	ls, err := s.List(ctx, db.Pool, deadletter.Filter{})
-	require.NoError(t, err)
-	require.LessOrEqual(t, len(ls[0].Error), deadletter.MaxErrorLen+len("... [truncated]"))
-	require.True(t, strings.HasSuffix(ls[0].Error, "... [truncated]"))
-}
-
-// After a topic is deleted and re-created and its positions are reset, a
-// new message can come at the offset of an old letter. It must get a letter
-// of its own: inserting it must not be taken for a repeat of the old one,
-// or the position would move past a message neither applied nor set aside.
-// The same message set aside twice (a batch run again after an unknown
-// COMMIT outcome) still gives one letter, with or without an id.
-func TestAnotherMessageAtTheOffsetOfALetterGetsALetterOfItsOwn(t *testing.T) {
-	t.Parallel()
-	db := testenv.NewDB(t)
-	s, err := deadletter.NewStore(db.Schema)
-	require.NoError(t, err)
-	ctx := context.Background()
-	then := time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)
-	letter := func(id, key, value string, at time.Time) deadletter.Letter {
-		return deadletter.Letter{Offset: 7, MessageID: id, Key: []byte(key), Value: []byte(value), MessageTime: at,
-			Class: deadletter.ClassPermanent, Error: "boom", Attempts: 1, FirstFailedAt: then, LastFailedAt: then}
-	}
-	insert := func(ls ...deadletter.Letter) {
-		t.Helper()
-		b := &pgx.Batch{}
-		require.NoError(t, s.QueueInsert(b, "c", "t", 0, ls))
-		require.NoError(t, db.Pool.SendBatch(ctx, b).Close())
-	}
-	count := func() int {
-		t.Helper()
-		ls, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c"})
-		require.NoError(t, err)
-		return len(ls)
-	}
-
-	insert(letter("a", "k", "old", then), letter("", "k", "old", then))
-	require.Equal(t, 2, count())
-	insert(letter("a", "k", "old", then), letter("", "k", "old", then))
-	require.Equal(t, 2, count(), "the same messages set aside again")
-
-	for _, l := range []deadletter.Letter{
-		letter("b", "k", "old", then),                      // another id
-		letter("a", "k", "new", then),                      // other content
-		letter("a", "k2", "old", then),                     // another key
-		letter("", "k", "new", then),                       // no id, other content
-		letter("", "k", "old", then.Add(time.Millisecond)), // no id, same content, written at another time
-		letter("", "", "kold", then),                       // the same bytes split differently
-		letter("", "k", "old", time.Time{}),                // no timestamp
-	} {
-		before := count()
-		insert(l)
-		require.Equal(t, before+1, count(), "letter %+v", l)
-	}
-	insert(letter("", "k", "old", time.Time{}))
-	require.Equal(t, 9, count(), "the same message without a timestamp set aside again")
+	_, err := deadletter.NewStore(`bad"name`)
+	require.ErrorContains(t, err, "deadletter: schema name must match")
 }

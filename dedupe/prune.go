@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
 
 // Retention bounds for pruning processed_messages.
@@ -30,7 +28,7 @@ const (
 // it applied), so that a later copy of it is not applied behind the dead
 // letter's back. Rows locked by a running transaction are skipped, so
 // pruning never waits on (or holds up) message processing.
-func (s *Store) Prune(ctx context.Context, q schema.Querier, consumer string, before time.Time, limit int) (int64, error) {
+func (s *Store) Prune(ctx context.Context, q Querier, consumer string, before time.Time, limit int) (int64, error) {
 	tag, err := q.Exec(ctx, `DELETE FROM `+s.table+` WHERE (consumer_id, message_id) IN (
 	SELECT consumer_id, message_id FROM `+s.table+`
 	WHERE consumer_id = `+s.numbered+` AND processed_at < $2 AND status IN ('applied', 'suspect_duplicate')
@@ -43,7 +41,7 @@ func (s *Store) Prune(ctx context.Context, q schema.Querier, consumer string, be
 
 // CountBefore counts the claims of consumer made before before (for
 // progress reports).
-func (s *Store) CountBefore(ctx context.Context, q schema.Querier, consumer string, before time.Time) (int64, error) {
+func (s *Store) CountBefore(ctx context.Context, q Querier, consumer string, before time.Time) (int64, error) {
 	var n int64
 	err := q.QueryRow(ctx, `SELECT count(*) FROM `+s.table+` WHERE consumer_id = `+s.numbered+` AND processed_at < $2 AND status IN ('applied', 'suspect_duplicate')`,
 		consumer, before).Scan(&n)
@@ -60,7 +58,7 @@ type Stats struct {
 }
 
 // Stats returns a consumer's claim counts.
-func (s *Store) Stats(ctx context.Context, q schema.Querier, consumer string) (Stats, error) {
+func (s *Store) Stats(ctx context.Context, q Querier, consumer string) (Stats, error) {
 	var st Stats
 	err := q.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'applied'), count(*) FILTER (WHERE status = 'dead_lettered'),
 	count(*) FILTER (WHERE status = 'suspect_duplicate'), min(processed_at), max(processed_at)

@@ -9,23 +9,26 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/store/claims"
 )
 
 func TestPruneDeletesOldSettledClaimsInBatches(t *testing.T) {
 	t.Parallel()
 	db, s := newStore(t)
 	ctx := context.Background()
+	writer, err := claims.NewStore(db.Schema)
+	require.NoError(t, err)
 	number := func(name string) string {
-		n, err := s.NumberConsumer(ctx, db.Pool, name)
+		n, err := writer.NumberConsumer(ctx, db.Pool, name)
 		require.NoError(t, err)
 		return strconv.Itoa(int(n))
 	}
 	c, other := number("c"), number("other")
-	db.Exec(t, `INSERT INTO `+s.Table()+` (consumer_id, message_id, fingerprint, topic, partition, kafka_offset, status, processed_at)
+	db.Exec(t, `INSERT INTO `+db.Table("processed_messages")+` (consumer_id, message_id, fingerprint, topic, partition, kafka_offset, status, processed_at)
 SELECT `+c+`, 'old-' || i, sha256(i::text::bytea), 't', 0, i, 'applied', now() - interval '8 days' FROM generate_series(1, 25) i`)
-	db.Exec(t, `INSERT INTO `+s.Table()+` (consumer_id, message_id, fingerprint, topic, partition, kafka_offset, status, processed_at)
+	db.Exec(t, `INSERT INTO `+db.Table("processed_messages")+` (consumer_id, message_id, fingerprint, topic, partition, kafka_offset, status, processed_at)
 SELECT `+c+`, 'new-' || i, sha256(i::text::bytea), 't', 0, 100 + i, 'applied', now() FROM generate_series(1, 5) i`)
-	db.Exec(t, `INSERT INTO `+s.Table()+` (consumer_id, message_id, fingerprint, topic, partition, kafka_offset, status, processed_at)
+	db.Exec(t, `INSERT INTO `+db.Table("processed_messages")+` (consumer_id, message_id, fingerprint, topic, partition, kafka_offset, status, processed_at)
 VALUES (`+c+`, 'letter', sha256('x'), 't', 0, 500, 'dead_lettered', now() - interval '30 days'),
        (`+other+`, 'old-1', sha256('y'), 't', 0, 1, 'applied', now() - interval '30 days')`)
 
@@ -48,5 +51,5 @@ VALUES (`+c+`, 'letter', sha256('x'), 't', 0, 500, 'dead_lettered', now() - inte
 	require.NoError(t, err)
 	require.EqualValues(t, 6, st.Total, "the recent claims and the pending dead letter's claim remain")
 	require.EqualValues(t, 1, st.DeadLettered)
-	require.EqualValues(t, 1, db.Int(t, `SELECT count(*) FROM `+s.Table()+` WHERE `+db.ConsumerIs("'other'")), "other consumers are untouched")
+	require.EqualValues(t, 1, db.Int(t, `SELECT count(*) FROM `+db.Table("processed_messages")+` WHERE `+db.ConsumerIs("'other'")), "other consumers are untouched")
 }

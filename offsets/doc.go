@@ -1,6 +1,7 @@
-// Package offsets owns the consumer_offsets table: for each (consumer, topic,
-// partition) the offset of the next message to process, written in the same
-// Postgres transaction as the effects of the messages before it.
+// Package offsets is the operations API of the consumer_offsets table: for
+// each (consumer, topic, partition) the offset of the next message to
+// process, written in the same Postgres transaction as the effects of the
+// messages before it.
 //
 // This processed position is the source of truth for "how far has this
 // consumer got". The offset committed to Kafka is only a copy, written after
@@ -10,6 +11,14 @@
 // processed without calling the handler, even after the processed_messages
 // rows of those messages were pruned.
 //
-// Advance only ever moves a position forward. Reset moves it anywhere and is
-// meant for operators who deliberately want messages processed again.
+// The consumer package moves positions, and only ever forward. This package
+// reads them (Store.Load, Store.List, Store.Consumers) and, for operators
+// who deliberately want messages processed again, sets them anywhere
+// (Store.Reset) or deletes a topic's (Store.Forget).
+//
+// Each call takes a Querier, which *pgxpool.Pool, *pgx.Conn and pgx.Tx
+// all satisfy, rather than one of those types: the call runs on its own
+// against a pool, or inside a transaction of the caller's. The package
+// declares that interface itself so that its API names only its own types
+// and pgx's.
 package offsets

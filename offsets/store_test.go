@@ -6,53 +6,58 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kafkaonce/kafkaonce/internal/store/positions"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-func TestAdvanceOnlyMovesForward(t *testing.T) {
-	t.Parallel()
-	db := testenv.NewDB(t)
-	s, err := offsets.NewStore(db.Schema)
-	require.NoError(t, err)
-	ctx := context.Background()
-
-	_, ok, err := s.Load(ctx, db.Pool, "c", "t", 0)
-	require.NoError(t, err)
-	require.False(t, ok)
-
-	require.NoError(t, s.Advance(ctx, db.Pool, "c", "t", 0, 100))
-	require.NoError(t, s.Advance(ctx, db.Pool, "c", "t", 0, 40)) // a zombie's late batch
-	next, ok, err := s.Load(ctx, db.Pool, "c", "t", 0)
-	require.NoError(t, err)
-	require.True(t, ok)
-	require.EqualValues(t, 100, next)
-
-	require.NoError(t, s.Advance(ctx, db.Pool, "c", "t", 0, 150))
-	require.NoError(t, s.Advance(ctx, db.Pool, "c", "t", 1, 7))
-	require.NoError(t, s.Advance(ctx, db.Pool, "other", "t", 0, 1))
-	ps, err := s.List(ctx, db.Pool, "c")
-	require.NoError(t, err)
-	require.Len(t, ps, 2)
-	require.Equal(t, "t", ps[0].Topic)
-	require.EqualValues(t, 150, ps[0].Next)
-	require.Equal(t, 1, ps[1].Partition)
-	require.EqualValues(t, 7, ps[1].Next)
-
-	require.ErrorContains(t, s.Advance(ctx, db.Pool, "c", "t", 0, -1), "not negative")
-}
-
 func TestResetMovesBackward(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
 	s, _ := offsets.NewStore(db.Schema)
+	advance, _ := positions.NewStore(db.Schema)
 	ctx := context.Background()
-	require.NoError(t, s.Advance(ctx, db.Pool, "c", "t", 0, 100))
+	require.NoError(t, advance.Advance(ctx, db.Pool, "c", "t", 0, 100))
 	require.NoError(t, s.Reset(ctx, db.Pool, "c", "t", 0, 10))
 	next, _, err := s.Load(ctx, db.Pool, "c", "t", 0)
 	require.NoError(t, err)
 	require.EqualValues(t, 10, next)
 	require.NoError(t, s.Reset(ctx, db.Pool, "c", "t", 3, 5), "reset creates a missing position")
+	require.ErrorContains(t, s.Reset(ctx, db.Pool, "c", "t", 0, -1), "not negative")
+}
+
+func TestForgetDeletesTheConsumersPositionsOfATopic(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	s, _ := offsets.NewStore(db.Schema)
+	ctx := context.Background()
+	for _, p := range []offsets.Position{
+		{Consumer: "c", Topic: "t", Partition: 0, Next: 5},
+		{Consumer: "c", Topic: "t", Partition: 1, Next: 6},
+		{Consumer: "c", Topic: "u", Partition: 0, Next: 7},
+		{Consumer: "other", Topic: "t", Partition: 0, Next: 8},
+	} {
+		require.NoError(t, s.Reset(ctx, db.Pool, p.Consumer, p.Topic, p.Partition, p.Next))
+	}
+
+	n, err := s.Forget(ctx, db.Pool, "c", "t")
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	left, err := s.List(ctx, db.Pool, "c")
+	require.NoError(t, err)
+	require.Len(t, left, 1)
+	require.Equal(t, "u", left[0].Topic)
+	next, ok, err := s.Load(ctx, db.Pool, "other", "t", 0)
+	require.NoError(t, err)
+	require.True(t, ok, "another consumer's position stays")
+	require.EqualValues(t, 8, next)
+	consumers, err := s.Consumers(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, []string{"c", "other"}, consumers)
+
+	n, err = s.Forget(ctx, db.Pool, "c", "t")
+	require.NoError(t, err)
+	require.Zero(t, n)
 }

@@ -2,14 +2,19 @@ package main
 
 import (
 	"context"
+	"crypto/md5"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/store/claims"
 )
 
 // The benchmark's own tables live in schema kafkaonce_bench: the accounts
@@ -72,8 +77,9 @@ func kafkaonceSchema(ctx context.Context, db *pgxpool.Pool, prefilled bool) (str
 
 // prefill puts rows processed_messages rows (UUIDv7-shaped ids, under
 // another consumer name, so they never collide with a run's ids) into the
-// pre-filled kafkaonce schema and the same count into the hand-written
-// loops' pre-filled table. It keeps what an earlier invocation filled.
+// pre-filled kafkaonce schema, claimed by the consumer's own statement, and
+// the same ids into the hand-written loops' pre-filled table. It keeps what
+// an earlier invocation filled.
 func prefill(ctx context.Context, db *pgxpool.Pool, rows int, log *slog.Logger) error {
 	if _, err := consumer.Migrate(ctx, db, prefilledSchema); err != nil {
 		return err
@@ -82,30 +88,45 @@ func prefill(ctx context.Context, db *pgxpool.Pool, rows int, log *slog.Logger) 
 	if _, err := db.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+hand+` (consumer text NOT NULL, message_id text NOT NULL, PRIMARY KEY (consumer, message_id))`); err != nil {
 		return err
 	}
-	// UUIDv7 shape: a millisecond timestamp prefix that grows with n, then
-	// random bits, so the index sees what time-ordered ids give it.
-	id := `lpad(to_hex(1700000000000 + n), 12, '0') || '-7' || substr(md5(n::text), 1, 3) || '-8' || substr(md5(n::text), 4, 3) || '-' || substr(md5(n::text), 7, 12)`
-	// kafkaonce's rows name their consumer by number.
-	number := `(SELECT ` + prefilledSchema + `.consumer_id('prefill'))`
-	for _, t := range []struct{ table, insert, count string }{
-		{prefilledSchema + ".processed_messages", `INSERT INTO ` + prefilledSchema + `.processed_messages (consumer_id, message_id, fingerprint, topic, partition, kafka_offset)
-SELECT ` + number + `, ` + id + `, sha256(n::text::bytea), 'prefill', 0, n FROM generate_series($1::bigint, $2::bigint) AS n`,
-			`SELECT count(*) FROM ` + prefilledSchema + `.processed_messages WHERE consumer_id = ` + number},
-		{hand, `INSERT INTO ` + hand + ` (consumer, message_id) SELECT 'prefill', ` + id + ` FROM generate_series($1::bigint, $2::bigint) AS n`,
-			`SELECT count(*) FROM ` + hand + ` WHERE consumer = 'prefill'`},
-	} {
-		var have int64
-		if err := db.QueryRow(ctx, t.count).Scan(&have); err != nil {
+	store, err := claims.NewStore(prefilledSchema)
+	if err != nil {
+		return err
+	}
+	stats, err := store.Stats(ctx, db, prefillConsumer)
+	if err != nil {
+		return err
+	}
+	var handHas int64
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM `+hand+` WHERE consumer = $1`, prefillConsumer).Scan(&handHas); err != nil {
+		return err
+	}
+	for _, t := range []struct {
+		table  string
+		has    int64
+		insert func(cs []claims.Claim, ids []string) error
+	}{
+		{prefilledSchema + ".processed_messages", stats.Total, func(cs []claims.Claim, _ []string) error {
+			b := &pgx.Batch{}
+			var claimed bool
+			store.QueueClaimNew(b, prefillConsumer, "prefill", 0, cs, &claimed)
+			return db.SendBatch(ctx, b).Close()
+		}},
+		{hand, handHas, func(_ []claims.Claim, ids []string) error {
+			_, err := db.Exec(ctx, `INSERT INTO `+hand+` (consumer, message_id) SELECT $1, unnest($2::text[])`, prefillConsumer, ids)
 			return err
-		}
+		}},
+	} {
 		began := time.Now()
-		const chunk = 1000000
-		for from := have; from < int64(rows); from += chunk {
+		const chunk = 100000
+		for from := t.has; from < int64(rows); from += chunk {
 			to := min(from+chunk, int64(rows)) - 1
-			if _, err := db.Exec(ctx, t.insert, from, to); err != nil {
+			cs, ids := prefillClaims(from, to)
+			if err := t.insert(cs, ids); err != nil {
 				return fmt.Errorf("prefill %s: %w", t.table, err)
 			}
-			log.Info("prefilling", "table", t.table, "rows", to+1, "of", rows, "elapsed", time.Since(began).Round(time.Second))
+			if (to+1)%1000000 == 0 || to+1 == int64(rows) {
+				log.Info("prefilling", "table", t.table, "rows", to+1, "of", rows, "elapsed", time.Since(began).Round(time.Second))
+			}
 		}
 	}
 	// One statement each: VACUUM cannot run in the implicit transaction of
@@ -116,6 +137,28 @@ SELECT ` + number + `, ` + id + `, sha256(n::text::bytea), 'prefill', 0, n FROM 
 		}
 	}
 	return nil
+}
+
+// prefillConsumer names the pre-filled rows' consumer.
+const prefillConsumer = "prefill"
+
+// prefillClaims returns the claims of the made-up messages from to to, and
+// their ids. Message n is at offset n, and its id has the UUIDv7 shape: a
+// millisecond timestamp prefix that grows with n, then random-looking bits,
+// so the index sees what time-ordered ids give it. Its content's
+// fingerprint is the SHA-256 of n in decimal.
+func prefillClaims(from, to int64) ([]claims.Claim, []string) {
+	cs := make([]claims.Claim, 0, to-from+1)
+	ids := make([]string, 0, to-from+1)
+	for n := from; n <= to; n++ {
+		decimal := []byte(strconv.FormatInt(n, 10))
+		h := md5.Sum(decimal)
+		x := hex.EncodeToString(h[:])
+		id := fmt.Sprintf("%012x-7%s-8%s-%s", 1700000000000+n, x[0:3], x[3:6], x[6:18])
+		cs = append(cs, claims.Claim{MessageID: id, Fingerprint: sha256.Sum256(decimal), Offset: n})
+		ids = append(ids, id)
+	}
+	return cs, ids
 }
 
 // settle puts Postgres in the same state before every run: the dead row

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/internal/recent"
@@ -285,6 +286,7 @@ func (a *auditor) partition(ctx context.Context, ap *auditPartition, r *auditRep
 		return err
 	}
 	claims, _ := dedupe.NewStore(a.schema)
+	letters, _ := deadletter.NewStore(a.schema)
 	window := recent.New(100000, a.window)
 	horizon := time.Now().Add(-a.retention)
 	var chunk []kafka.Message
@@ -292,7 +294,7 @@ func (a *auditor) partition(ctx context.Context, ap *auditPartition, r *auditRep
 		if len(chunk) == 0 {
 			return nil
 		}
-		err := a.classify(ctx, claims, window, horizon, chunk, ap, r)
+		err := a.classify(ctx, claims, letters, window, horizon, chunk, ap, r)
 		a.progress.add(int64(len(chunk)))
 		chunk = chunk[:0]
 		return err
@@ -325,7 +327,7 @@ func (a *auditor) partition(ctx context.Context, ap *auditPartition, r *auditRep
 }
 
 // classify checks a chunk of messages against the tables.
-func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, window *recent.Window, horizon time.Time, chunk []kafka.Message, ap *auditPartition, r *auditReport) error {
+func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, letters *deadletter.Store, window *recent.Window, horizon time.Time, chunk []kafka.Message, ap *auditPartition, r *auditReport) error {
 	ids := make([]string, len(chunk))
 	idErrs := make([]error, len(chunk))
 	fps := make([]dedupe.Fingerprint, len(chunk))
@@ -350,30 +352,13 @@ func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, window *re
 	// A letter accounts for the message whose content it holds: after a
 	// topic is re-created and its positions reset, a letter of the old
 	// topic's message may sit at the same offset as the new one's.
-	type letterOf struct {
-		offset      int64
-		fingerprint dedupe.Fingerprint
-	}
-	letters := map[letterOf]bool{}
-	rows, err := a.pool.Query(ctx, `SELECT kafka_offset, fingerprint FROM `+schema.Table(a.schema, "dead_letters")+`
-WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset BETWEEN $4 AND $5`,
-		a.consumer, a.topic, ap.Partition, chunk[0].Offset, chunk[len(chunk)-1].Offset)
+	footprints, err := letters.Footprints(ctx, a.pool, a.consumer, a.topic, ap.Partition, chunk[0].Offset, chunk[len(chunk)-1].Offset)
 	if err != nil {
 		return err
 	}
-	for rows.Next() {
-		var l letterOf
-		var fp []byte
-		if err := rows.Scan(&l.offset, &fp); err != nil {
-			rows.Close()
-			return err
-		}
-		copy(l.fingerprint[:], fp)
-		letters[l] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
+	setAside := make(map[deadletter.Footprint]bool, len(footprints))
+	for _, f := range footprints {
+		setAside[f] = true
 	}
 
 	find := func(kind string, i int, detail string) {
@@ -393,7 +378,7 @@ WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset BETWEEN $
 		}
 		rec, claimed := existing[ids[i]]
 		switch {
-		case letters[letterOf{off, fps[i]}]:
+		case setAside[deadletter.Footprint{Offset: off, Fingerprint: fps[i]}]:
 			ap.DeadLettered++
 		case idErrs[i] != nil && below:
 			ap.Missing++

@@ -16,7 +16,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
-	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
 // ReplayOptions adjusts ReplayTwice.
@@ -103,8 +103,9 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg consumer.Config, msgs []*con
 		tb.Fatalf("consumertest: rewind the group: %v", err)
 	}
 	if !o.KeepPositions {
+		positions, _ := offsets.NewStore(cfg.Schema) // Migrate took the name
 		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `DELETE FROM `+schema.Table(cfg.Schema, "consumer_offsets")+` WHERE consumer = $1 AND topic = $2`, cfg.Name, topic)
+			_, err := positions.Forget(ctx, tx, cfg.Name, topic)
 			return err
 		})
 		if err != nil {

@@ -40,6 +40,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
 // Transfer moves Amount cents from one account to another.
@@ -199,7 +200,11 @@ func run(ctx context.Context, nTransfers, nAccounts, partitions, dupEvery, resen
 	if err := retryFor(10*time.Second, func() error { return admin.CommitOffsets(ctx, cfg.GroupID, topic, zero) }); err != nil {
 		return s, err
 	}
-	if _, err := pool.Exec(ctx, `DELETE FROM ledger_example.consumer_offsets`); err != nil {
+	positions, err := offsets.NewStore(schemaName)
+	if err != nil {
+		return s, err
+	}
+	if _, err := positions.Forget(ctx, pool, cfg.Name, topic); err != nil {
 		return s, err
 	}
 	appliedBefore, skippedBefore := counts.applied.Load(), counts.skipped.Load()

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
-	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
 	"github.com/kafkaonce/kafkaonce/internal/pace"
+	"github.com/kafkaonce/kafkaonce/internal/store/claims"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
 )
 
@@ -57,7 +57,7 @@ const (
 
 // batchState is a transaction attempt's scratch space.
 type batchState struct {
-	claims     []dedupe.Claim
+	claims     []claims.Claim
 	claimItem  []int // claims[j] is for items[claimItem[j]]
 	claimedBy  []bool
 	claimed    []bool

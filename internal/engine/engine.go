@@ -15,13 +15,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/kafkaonce/kafkaonce/deadletter"
-	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
 	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
-	"github.com/kafkaonce/kafkaonce/offsets"
+	"github.com/kafkaonce/kafkaonce/internal/store/claims"
+	"github.com/kafkaonce/kafkaonce/internal/store/letters"
+	"github.com/kafkaonce/kafkaonce/internal/store/positions"
 )
 
 // DB is where the engine runs its transactions (see consumer.DB).
@@ -40,12 +40,12 @@ type Consumer struct {
 	hooks Hooks
 	// user is the handler and the id function, as the engine calls them.
 	user    userCode
-	claims  *dedupe.Store
-	offsets *offsets.Store
+	claims  *claims.Store
+	offsets *positions.Store
 	// batchUsesTx is set once the BatchHandler used Batch.Tx during a
 	// one-trip attempt: batches then always open their transaction first.
 	batchUsesTx atomic.Bool
-	letters     *deadletter.Store
+	letters     *letters.Store
 	attempts    *attempts.Store
 	retry       retry.Policy
 	// gate says when the consumer's transactions take its gate, an
@@ -89,15 +89,15 @@ func (c *Consumer) session() *session { return c.sess.Load() }
 // New returns an engine for cfg, which consumer.New has validated and
 // given its defaults.
 func New(db DB, c Config) (*Consumer, error) {
-	claims, err := dedupe.NewStore(c.Schema)
+	claims, err := claims.NewStore(c.Schema)
 	if err != nil {
 		return nil, err
 	}
-	positions, err := offsets.NewStore(c.Schema)
+	positions, err := positions.NewStore(c.Schema)
 	if err != nil {
 		return nil, err
 	}
-	letters, err := deadletter.NewStore(c.Schema)
+	letters, err := letters.NewStore(c.Schema)
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +139,7 @@ func (c *Consumer) setSession(cfg *Config, checkClient bool) {
 }
 
 func (c *Consumer) newSession(sql string, args []any) *session {
-	// The one-trip head also opens the batch (see offsets.QueueOpen),
+	// The one-trip head also opens the batch (see positions.QueueOpen),
 	// with the advance's consumer, topic and partition.
 	head := c.offsets.AdvanceChecked(len(args)+1) + ", " + c.offsets.OpenExpr(len(args)+1)
 	if sql == "" {

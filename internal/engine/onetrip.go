@@ -13,8 +13,9 @@ import (
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/notx"
 	"github.com/kafkaonce/kafkaonce/internal/pipetx"
+	"github.com/kafkaonce/kafkaonce/internal/store/claims"
+	"github.com/kafkaonce/kafkaonce/internal/store/positions"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
-	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
 // A batch normally costs two round trips: the claims must come back before
@@ -97,7 +98,7 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 			st.fates[i] = fateSkippedInBatch
 			continue
 		}
-		st.claims = append(st.claims, dedupe.Claim{MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Offset: items[i].msg.Offset})
+		st.claims = append(st.claims, claims.Claim{MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Offset: items[i].msg.Offset})
 		st.claimItem = append(st.claimItem, i)
 		st.claimed[i] = true // and st.fates[i] is fateApplied
 	}
@@ -151,7 +152,7 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	}
 	// The batch's closing fails if a queued COMMIT or ROLLBACK ended the
 	// transaction (a queued COMMIT itself is refused: see
-	// offsets.QueueOpen).
+	// positions.QueueOpen).
 	a.c.offsets.QueueClose(q, a.c.cfg.Name, a.topic, a.partition)
 	a.queueSuspects(q, n)
 	a.queuePace(q)
@@ -193,11 +194,11 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 		// waiting for it twice.
 		why := "a queued statement failed"
 		switch {
-		case pgErr.Code == offsets.CheckFailed:
+		case pgErr.Code == positions.CheckFailed:
 			why = "the stored position is not where this worker left it"
-		case pgErr.Code == dedupe.ExpectFailed:
+		case pgErr.Code == claims.ExpectFailed:
 			why = "a message taken for a re-send is not claimed with the same content"
-		case pgErr.Code == offsets.TxEnded:
+		case pgErr.Code == positions.TxEnded:
 			why = "a queued statement ended the transaction"
 		case !claimed && pgErr.Code == "23505":
 			why = "a message id was already claimed"

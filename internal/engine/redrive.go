@@ -11,6 +11,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/store/claims"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
 )
 
@@ -96,7 +97,7 @@ func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool
 				}
 			}
 			m.ID = id
-			claim := dedupe.Claim{MessageID: id, Fingerprint: dedupe.FingerprintOf(m.Key, m.Value), Offset: l.Offset}
+			claim := claims.Claim{MessageID: id, Fingerprint: dedupe.FingerprintOf(m.Key, m.Value), Offset: l.Offset}
 			ok, existing, err := c.claims.Reclaim(ctx, tx, c.cfg.Name, l.Topic, l.Partition, claim)
 			if err != nil {
 				return err

@@ -11,8 +11,9 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/store/claims"
+	"github.com/kafkaonce/kafkaonce/internal/store/positions"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
-	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
 // tx runs the attempt's transaction: claim the ids, sort out duplicates and
@@ -37,7 +38,7 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 			st.fates[i], st.fails[i] = fateDeadLettered, f
 			continue
 		}
-		c := dedupe.Claim{MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Offset: items[i].msg.Offset}
+		c := claims.Claim{MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Offset: items[i].msg.Offset}
 		switch {
 		case f != nil:
 			c.Status, c.Attempts = dedupe.StatusDeadLettered, f.attempts
@@ -52,7 +53,7 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 	// One round trip: BEGIN, the session settings, the stored position
 	// (locked until COMMIT, so nothing moves it under this transaction),
 	// the opening of the batch (only the consumer can commit it now: see
-	// offsets.QueueOpen) and the claims.
+	// positions.QueueOpen) and the claims.
 	b := &pgx.Batch{}
 	var prev *int64
 	a.c.offsets.QueueLock(b, a.c.cfg.Name, a.topic, a.partition, &prev)
@@ -226,7 +227,7 @@ func (a *txAttempt) tx(hctx, ctx context.Context) (out txOutcome) {
 			return a.commitUnknown(ce.err)
 		case ce.stmt == notSent:
 			return infra(fmt.Errorf("commit: nothing was sent: %w", ce.err))
-		case errors.As(ce.err, &pgErr) && pgErr.Code == offsets.TxEnded:
+		case errors.As(ce.err, &pgErr) && pgErr.Code == positions.TxEnded:
 			return a.txEnded(batch, end, ce.err)
 		case ce.stmt < userStatements:
 			return a.batchFailed(batch, ce.err)
@@ -252,7 +253,7 @@ func (a *txAttempt) commitRefused(end int, err error) txOutcome {
 // txEnded is the outcome of a transaction that a statement of the
 // handlers' ended (a COMMIT, refused with the rollback of all of it, or a
 // ROLLBACK), found by the batch's closing or its COMMIT (see
-// offsets.QueueOpen). Nothing of the batch is durable: the handler that
+// positions.QueueOpen). Nothing of the batch is durable: the handler that
 // did it failed, a misuse to set aside. When the statement was queued,
 // the Batch's messages are tried one per call; otherwise one per
 // transaction (a handler whose COMMIT or ROLLBACK left the connection

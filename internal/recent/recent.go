@@ -11,11 +11,14 @@
 package recent
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"time"
-
-	"github.com/kafkaonce/kafkaonce/dedupe"
 )
+
+// Fingerprint is the digest of a message's content: a SHA-256 sum, such as
+// the dedupe.Fingerprint the consumer computes for each message.
+type Fingerprint = [sha256.Size]byte
 
 // Sighting is where a content was seen.
 type Sighting struct {
@@ -51,7 +54,7 @@ const pageSlots = 256
 func (w *Window) slot(i int) *slot { return &w.pages[i/pageSlots][i%pageSlots] }
 
 type slot struct {
-	fp     dedupe.Fingerprint
+	fp     Fingerprint
 	id     string
 	offset int64
 	at     int64 // UnixNano; 0 while the slot is unused
@@ -66,7 +69,7 @@ func New(max int, span time.Duration) *Window {
 
 // Observe records a sighting of fp under id, and returns the previous
 // sighting of fp when it was under another id within the span.
-func (w *Window) Observe(fp dedupe.Fingerprint, id string, offset int64, now time.Time) (Sighting, bool) {
+func (w *Window) Observe(fp Fingerprint, id string, offset int64, now time.Time) (Sighting, bool) {
 	prev, suspect, _ := w.ObserveRepeat(fp, id, offset, now)
 	return prev, suspect
 }
@@ -75,7 +78,7 @@ func (w *Window) Observe(fp dedupe.Fingerprint, id string, offset int64, now tim
 // at which fp was first seen under id itself when it was (this message
 // fetched again, or a re-send of it under the same id), else -1. Only the
 // last id seen with fp is remembered.
-func (w *Window) ObserveRepeat(fp dedupe.Fingerprint, id string, offset int64, now time.Time) (prev Sighting, suspect bool, repeatOf int64) {
+func (w *Window) ObserveRepeat(fp Fingerprint, id string, offset int64, now time.Time) (prev Sighting, suspect bool, repeatOf int64) {
 	at := now.UnixNano()
 	ix, found := w.find(&fp)
 	if found {
@@ -115,13 +118,13 @@ func (w *Window) ObserveRepeat(fp dedupe.Fingerprint, id string, offset int64, n
 }
 
 // home is where fp's probe sequence starts.
-func (w *Window) home(fp *dedupe.Fingerprint) int {
+func (w *Window) home(fp *Fingerprint) int {
 	return int(binary.LittleEndian.Uint64(fp[:8]) & uint64(len(w.index)-1))
 }
 
 // find returns the index entry of fp and true, or the empty entry where it
 // would go and false.
-func (w *Window) find(fp *dedupe.Fingerprint) (int, bool) {
+func (w *Window) find(fp *Fingerprint) (int, bool) {
 	mask := len(w.index) - 1
 	for i := w.home(fp); ; i = (i + 1) & mask {
 		e := w.index[i]
@@ -136,7 +139,7 @@ func (w *Window) find(fp *dedupe.Fingerprint) (int, bool) {
 
 // forget removes fp's entry if it points at ring position pos-1, shifting
 // the entries after it back so that no probe sequence has a hole.
-func (w *Window) forget(fp *dedupe.Fingerprint, pos int32) {
+func (w *Window) forget(fp *Fingerprint, pos int32) {
 	i, ok := w.find(fp)
 	if !ok || w.index[i] != pos {
 		return

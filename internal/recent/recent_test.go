@@ -1,15 +1,14 @@
 package recent
 
 import (
+	"crypto/sha256"
 	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
-
-	"github.com/kafkaonce/kafkaonce/dedupe"
 )
 
-func fp(s string) dedupe.Fingerprint { return dedupe.FingerprintOf(nil, []byte(s)) }
+func fp(s string) Fingerprint { return sha256.Sum256([]byte(s)) }
 
 func TestObserve(t *testing.T) {
 	t.Parallel()
@@ -61,7 +60,7 @@ func TestObserveMatchesModel(t *testing.T) {
 		rng := rand.New(rand.NewPCG(uint64(size), 1))
 		w := New(size, 50*time.Second)
 		type sighting struct {
-			fp     dedupe.Fingerprint
+			fp     Fingerprint
 			id     string
 			offset int64
 			at     time.Time
@@ -97,7 +96,7 @@ func TestObserveMatchesModel(t *testing.T) {
 			if suspect != wantSuspect || got.MessageID != want.MessageID || got.Offset != want.Offset || !got.At.Equal(want.At) {
 				t.Fatalf("size %d step %d: got %+v %v, want %+v %v", size, step, got, suspect, want, wantSuspect)
 			}
-			distinct := map[dedupe.Fingerprint]bool{}
+			distinct := map[Fingerprint]bool{}
 			for i := max(0, len(kept)-size); i < len(kept); i++ {
 				distinct[kept[i].fp] = true
 			}
@@ -110,7 +109,7 @@ func TestObserveMatchesModel(t *testing.T) {
 
 func BenchmarkObserve(b *testing.B) {
 	w := New(20000, 10*time.Minute)
-	fps := make([]dedupe.Fingerprint, 1<<16)
+	fps := make([]Fingerprint, 1<<16)
 	ids := make([]string, len(fps))
 	for i := range fps {
 		fps[i] = fp(strconv.Itoa(i))

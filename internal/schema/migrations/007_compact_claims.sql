@@ -83,7 +83,7 @@ CREATE INDEX processed_messages_consumer_processed_at_idx
 -- consumer_id returns the number of a consumer name, numbering it first if
 -- it is new. A worker calls it at start-up (committed at once); a claim
 -- statement looks its number up and calls this only for a name it has
--- never seen, so that claiming through dedupe.Store alone also works.
+-- never seen, so that claiming through internal/store/claims alone works too.
 CREATE FUNCTION {{schema}}.consumer_id(p_name text)
 RETURNS integer
 LANGUAGE plpgsql

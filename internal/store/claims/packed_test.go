@@ -1,4 +1,4 @@
-package dedupe_test
+package claims_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/store/claims"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
@@ -26,17 +27,17 @@ var oddIDs = []string{
 }
 
 // claimAt returns claims for ids at the given ascending offsets.
-func claimAt(ids []string, offsets []int64) []dedupe.Claim {
-	out := make([]dedupe.Claim, len(ids))
+func claimAt(ids []string, offsets []int64) []claims.Claim {
+	out := make([]claims.Claim, len(ids))
 	for i, id := range ids {
-		out[i] = dedupe.Claim{MessageID: id, Fingerprint: dedupe.FingerprintOf([]byte("k"+id), []byte(id)), Offset: offsets[i]}
+		out[i] = claims.Claim{MessageID: id, Fingerprint: dedupe.FingerprintOf([]byte("k"+id), []byte(id)), Offset: offsets[i]}
 	}
 	return out
 }
 
 // requireStored checks that every claim is stored with its own fingerprint
 // and offset.
-func requireStored(t *testing.T, s *dedupe.Store, db *testenv.DB, consumer, topic string, partition int, cs []dedupe.Claim) {
+func requireStored(t *testing.T, s *claims.Store, db *testenv.DB, consumer, topic string, partition int, cs []claims.Claim) {
 	t.Helper()
 	ids := make([]string, len(cs))
 	for i := range cs {
@@ -152,7 +153,7 @@ func TestASentClaimCannotBeSentAgain(t *testing.T) {
 	defer tx.Rollback(ctx)
 	b := &pgx.Batch{}
 	claimed := make([]bool, 2)
-	s.QueueClaim(b, "c", "t", 0, claims("a", "b"), claimed)
+	s.QueueClaim(b, "c", "t", 0, newClaims("a", "b"), claimed)
 	require.NoError(t, tx.SendBatch(ctx, b).Close())
 	require.Equal(t, []bool{true, true}, claimed)
 	require.Error(t, tx.SendBatch(ctx, b).Close())
@@ -165,7 +166,7 @@ func TestConcurrentPackedClaimsKeepTheirOwnData(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
 	const workers, batches, size = 6, 15, 200
-	all := make([][]dedupe.Claim, workers)
+	all := make([][]claims.Claim, workers)
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	for w := range workers {
@@ -210,7 +211,7 @@ func TestConcurrentPackedClaimsKeepTheirOwnData(t *testing.T) {
 // BenchmarkClaimEncoding claims batches of 1,000 new UUID ids packed into
 // one parameter and, for comparison, as arrays (one id of each batch holds
 // a newline, which cannot be packed). Compare ns/op (mostly the server's
-// work) and B/op: go test ./dedupe -run X -bench ClaimEncoding -benchtime 300x
+// work) and B/op: go test ./internal/store/claims -run X -bench ClaimEncoding -benchtime 300x
 func BenchmarkClaimEncoding(b *testing.B) {
 	db, s := newStore(b)
 	for _, way := range []string{"packed", "arrays", "packed", "arrays"} {
@@ -221,9 +222,9 @@ func BenchmarkClaimEncoding(b *testing.B) {
 // benchmarkClaims claims b.N batches of 1,000 new UUIDv7 ids under
 // consumer, one transaction each, on one connection; unpackable puts a
 // newline into one id of each batch, which sends it as arrays.
-func benchmarkClaims(b *testing.B, db *testenv.DB, s *dedupe.Store, consumer string, unpackable bool) {
+func benchmarkClaims(b *testing.B, db *testenv.DB, s *claims.Store, consumer string, unpackable bool) {
 	ctx := context.Background()
-	batches := make([][]dedupe.Claim, b.N)
+	batches := make([][]claims.Claim, b.N)
 	for n := range batches {
 		ids := make([]string, 1000)
 		offsets := make([]int64, len(ids))

@@ -1,4 +1,4 @@
-package dedupe_test
+package claims_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/store/claims"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
@@ -23,7 +23,7 @@ func TestClaimKeysCompareAsBytes(t *testing.T) {
 
 	var coll string
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT c.collname FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
-WHERE a.attrelid = $1::regclass AND a.attname = 'message_id'`, s.Table()).Scan(&coll))
+WHERE a.attrelid = $1::regclass AND a.attname = 'message_id'`, db.Table("processed_messages")).Scan(&coll))
 	require.Equal(t, "C", coll, "processed_messages.message_id")
 	_, err := s.NumberConsumer(ctx, db.Pool, "c")
 	require.NoError(t, err)
@@ -33,7 +33,7 @@ WHERE a.attrelid = $1::regclass AND a.attname = 'message_id'`, s.Table()).Scan(&
 	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = tx.Exec(ctx, `SET LOCAL enable_seqscan = off`)
 	require.NoError(t, err)
-	rows, err := tx.Query(ctx, `EXPLAIN SELECT message_id FROM `+s.Table()+` WHERE `+db.ConsumerIs("$1")+` AND message_id = ANY($2::text[])`, "c", []string{"a"})
+	rows, err := tx.Query(ctx, `EXPLAIN SELECT message_id FROM `+db.Table("processed_messages")+` WHERE `+db.ConsumerIs("$1")+` AND message_id = ANY($2::text[])`, "c", []string{"a"})
 	require.NoError(t, err)
 	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
@@ -42,10 +42,10 @@ WHERE a.attrelid = $1::regclass AND a.attname = 'message_id'`, s.Table()).Scan(&
 	// Ids that a locale sorts apart from their bytes, or calls alike, are
 	// claimed and told apart as before.
 	ids := []string{"a", "A", "b", "é", "e", "e\u0301", "ß", "ss"}
-	got, err := s.Claim(ctx, tx, "c", "t", 0, claims(ids...))
+	got, err := s.Claim(ctx, tx, "c", "t", 0, newClaims(ids...))
 	require.NoError(t, err)
 	require.Equal(t, []bool{true, true, true, true, true, true, true, true}, got)
-	got, err = s.Claim(ctx, tx, "c", "t", 0, claims(ids...))
+	got, err = s.Claim(ctx, tx, "c", "t", 0, newClaims(ids...))
 	require.NoError(t, err)
 	require.Equal(t, make([]bool, len(ids)), got)
 }
@@ -69,13 +69,13 @@ func TestConsumersAreNumberedOnce(t *testing.T) {
 	first, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = first.Rollback(ctx) }()
-	_, err = s.Claim(ctx, first, "mailer", "t", 0, claims("m-1"))
+	_, err = s.Claim(ctx, first, "mailer", "t", 0, newClaims("m-1"))
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() {
 		second, err := db.Pool.Begin(ctx)
 		if err == nil {
-			_, err = s.Claim(ctx, second, "mailer", "t", 1, claims("m-2"))
+			_, err = s.Claim(ctx, second, "mailer", "t", 1, newClaims("m-2"))
 			if err == nil {
 				err = second.Commit(ctx)
 			}
@@ -90,7 +90,7 @@ func TestConsumersAreNumberedOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, ledger, mailer)
 	require.EqualValues(t, 1, db.Int(t, `SELECT count(*) FROM `+db.Table("consumers")+` WHERE name = 'mailer'`))
-	require.EqualValues(t, 2, db.Int(t, `SELECT count(*) FROM `+s.Table()+` WHERE consumer_id = $1`, mailer))
+	require.EqualValues(t, 2, db.Int(t, `SELECT count(*) FROM `+db.Table("processed_messages")+` WHERE consumer_id = $1`, mailer))
 }
 
 // BenchmarkClaimCollation claims batches of 1,000 new UUIDv7 ids into the
@@ -98,12 +98,12 @@ func TestConsumersAreNumberedOnce(t *testing.T) {
 // one whose key columns use ICU's en-US collation, as they did before
 // migration 007 in a database created with that collation. Compare ns/op:
 //
-//	go test ./dedupe -run X -bench ClaimCollation -benchtime 300x
+//	go test ./internal/store/claims -run X -bench ClaimCollation -benchtime 300x
 func BenchmarkClaimCollation(b *testing.B) {
 	ctx := context.Background()
 	type table struct {
 		name string
-		s    *dedupe.Store
+		s    *claims.Store
 		db   *testenv.DB
 	}
 	var tables []table
@@ -115,7 +115,7 @@ func BenchmarkClaimCollation(b *testing.B) {
 			if !ok {
 				b.Skipf("this server has no collation %s (built without ICU)", coll)
 			}
-			db.Exec(b, `ALTER TABLE `+s.Table()+` ALTER COLUMN message_id TYPE text COLLATE "`+coll+`"`)
+			db.Exec(b, `ALTER TABLE `+db.Table("processed_messages")+` ALTER COLUMN message_id TYPE text COLLATE "`+coll+`"`)
 		}
 		tables = append(tables, table{map[string]string{"C": "bytes", "en-US-x-icu": "en-US"}[coll], s, db})
 	}

@@ -1,0 +1,44 @@
+package letters
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/internal/schema"
+)
+
+// GetForUpdate returns one letter of a consumer and locks it until tx ends,
+// so that two redrives of one letter run one after the other: the letter is
+// read once the lock is held, as the redrive before released it.
+func (s *Store) GetForUpdate(ctx context.Context, tx pgx.Tx, consumer string, id int64) (deadletter.Letter, error) {
+	var locked int64
+	err := tx.QueryRow(ctx, `SELECT id FROM `+s.table+` WHERE id = $1 AND consumer = $2 FOR UPDATE`, id, consumer).Scan(&locked)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return deadletter.Letter{}, fmt.Errorf("%w: %d (of consumer %q)", deadletter.ErrNotFound, id, consumer)
+	}
+	if err != nil {
+		return deadletter.Letter{}, fmt.Errorf("deadletter: get %d: %w", id, err)
+	}
+	return s.Get(ctx, tx, id)
+}
+
+// MarkRedriven records that a redrive applied the letter's message.
+func (s *Store) MarkRedriven(ctx context.Context, q schema.Querier, id int64) error {
+	if _, err := q.Exec(ctx, `UPDATE `+s.table+` SET redriven_at = now() WHERE id = $1`, id); err != nil {
+		return fmt.Errorf("deadletter: mark %d redriven: %w", id, err)
+	}
+	return nil
+}
+
+// MarkRedriveFailed records why a requested redrive failed, and withdraws
+// the request so it is not retried in a loop.
+func (s *Store) MarkRedriveFailed(ctx context.Context, q schema.Querier, id int64, reason string) error {
+	if _, err := q.Exec(ctx, `UPDATE `+s.table+` SET redrive_requested_at = NULL, redrive_error = $2 WHERE id = $1`, id, truncateError(reason)); err != nil {
+		return fmt.Errorf("deadletter: mark redrive of %d failed: %w", id, err)
+	}
+	return nil
+}

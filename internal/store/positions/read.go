@@ -1,0 +1,40 @@
+package positions
+
+import (
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// QueueLoad adds to b the read of a partition's stored position: *next
+// and *ok are set when b runs (ok false when there is none).
+func (s *Store) QueueLoad(b *pgx.Batch, consumer, topic string, partition int, next *int64, ok *bool) {
+	b.Queue(s.loadSQL, consumer, topic, partition).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(next)
+		*ok = err == nil
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+}
+
+// QueueLock adds to b the statement that reads a partition's position and
+// locks its row until the transaction ends; when b's results are read, next
+// is set to the position (nil when there is none yet). A transaction that
+// starts this way can compare the position with what it expects before it
+// commits anything, knowing that nothing moves the position meanwhile.
+func (s *Store) QueueLock(b *pgx.Batch, consumer, topic string, partition int, next **int64) {
+	b.Queue(s.lockSQL, consumer, topic, partition).QueryRow(func(row pgx.Row) error {
+		var v int64
+		switch err := row.Scan(&v); {
+		case errors.Is(err, pgx.ErrNoRows):
+			*next = nil
+		case err != nil:
+			return err
+		default:
+			*next = &v
+		}
+		return nil
+	})
+}

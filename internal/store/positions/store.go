@@ -1,0 +1,40 @@
+package positions
+
+import (
+	"fmt"
+
+	"github.com/kafkaonce/kafkaonce/internal/schema"
+)
+
+// Store writes consumer_offsets in one schema.
+type Store struct {
+	advanceSQL string
+	loadSQL    string
+	lockSQL    string
+	advanceFn  string
+	// openFn and closeFn open and close a batch (see QueueOpen).
+	openFn, closeFn string
+}
+
+// NewStore returns a Store for the tables in schemaName.
+func NewStore(schemaName string) (*Store, error) {
+	if err := schema.ValidateName(schemaName); err != nil {
+		return nil, fmt.Errorf("offsets: schema name %w", err)
+	}
+	t := schema.Table(schemaName, "consumer_offsets")
+	load := `SELECT next_offset FROM ` + t + ` WHERE consumer = $1 AND topic = $2 AND partition = $3`
+	return &Store{
+		// The WHERE keeps the position from moving backwards when a slower
+		// member (a zombie from an older generation, say) commits a batch
+		// after a newer member already went further.
+		advanceSQL: `INSERT INTO ` + t + ` AS o (consumer, topic, partition, next_offset)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
+WHERE o.next_offset < EXCLUDED.next_offset`,
+		loadSQL:   load,
+		lockSQL:   load + ` FOR UPDATE`,
+		advanceFn: schema.Table(schemaName, "advance_position"),
+		openFn:    schema.Table(schemaName, "open_batch"),
+		closeFn:   schema.Table(schemaName, "close_batch"),
+	}, nil
+}

@@ -42,6 +42,9 @@ type txAttempt struct {
 	serialized, racing bool
 	// paceRow, when set, is written to the run's record with the commit.
 	paceRow *attempts.Pace
+	// stored is the stored position the transaction read (nil when there
+	// is none).
+	stored *int64
 }
 
 // fate is what a transaction did with one message.
@@ -77,49 +80,6 @@ func (st *batchState) reset(n int) {
 	st.fates = resize(st.fates, n)
 	st.fails = resize(st.fails, n)
 	st.conflicts, st.failedInTx = st.conflicts[:0], st.failedInTx[:0]
-}
-
-// txOutcome is the result of one transaction.
-type txOutcome struct {
-	// committed counts the items committed: all of the plan on success, a
-	// prefix when a savepoint transaction was cut short, else 0.
-	committed int
-	// err is nil when the whole plan committed.
-	err error
-	// failedAt is the index of the message that failed, or -1 when the
-	// transaction failed as a whole (infrastructure).
-	failedAt int
-	fail     *failure
-	// lost is set when the stored position turned out to be behind what
-	// this worker committed: the database lost transactions.
-	lost *positionLostError
-	// isolate is set when a BatchHandler call over several messages failed:
-	// the transaction runs again with one message per call.
-	isolate bool
-	// oneByOne is set when the server refused the COMMIT of several
-	// messages for their content (a deferred constraint): which message is
-	// at fault only a transaction per message can tell.
-	oneByOne bool
-	// stop is set when the partition must stop: err is the
-	// *PartitionError that says why.
-	stop bool
-	// contention is set when the transaction failed because it lost a race
-	// for rows to another one (see isContention): not the messages' fault.
-	contention bool
-	// held is how long a serialized transaction held the consumer's gate.
-	held time.Duration
-	// gateBusy is set when the transaction gave up waiting for the gate:
-	// nothing ran; the next one races.
-	gateBusy bool
-	// st is the attempt's scratch space, with the fates of the messages,
-	// when the attempt was not abandoned.
-	st *batchState
-}
-
-// infra is the outcome of a transaction that failed as a whole, not for
-// any message: it runs again.
-func infra(err error) txOutcome {
-	return txOutcome{failedAt: -1, err: err, fail: newFailure(classInfra, "", err), contention: isContention(err)}
 }
 
 // runTx runs one transaction over items per p, between the batch hooks, as
@@ -198,6 +158,24 @@ func (w *worker) abandonedOutcome(items []item, ab *usercall.Abandoned) txOutcom
 	return txOutcome{failedAt: ab.Index, err: err, fail: newFailure(classTransient, deadletter.ClassRetriesExhausted, err)}
 }
 
+// A strategy runs an attempt's transaction one way. ok is false when it
+// declined, having committed nothing; the next one runs then.
+type strategy func(a *txAttempt, hctx, ctx context.Context) (out txOutcome, ok bool)
+
+// strategies, in the order they are tried: one round trip when the
+// attempt allows it (see oneTrip), else claim first, which never declines.
+var strategies = [...]strategy{(*txAttempt).oneTrip, (*txAttempt).claimFirst}
+
+// tx runs the attempt's transaction with the first strategy that takes it.
+func (a *txAttempt) tx(hctx, ctx context.Context) txOutcome {
+	for _, s := range strategies {
+		if out, ok := s(a, hctx, ctx); ok {
+			return out
+		}
+	}
+	panic("engine: claimFirst declined an attempt")
+}
+
 // clone copies p for an attempt, so that the worker may change its own
 // (set a message aside, cut the plan) while an abandoned attempt still
 // reads the copy.
@@ -249,4 +227,13 @@ func (a *txAttempt) messageFailure(msg *Message, err error) (*MessageError, *fai
 	f := classifyHandlerError(err)
 	f.err = merr
 	return merr, f
+}
+
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
 }

@@ -74,9 +74,12 @@ func (a *txAttempt) oneTripEligible() bool {
 }
 
 // oneTrip tries the attempt in one round trip (see above). ok is false when
-// the try was dropped without committing anything; the caller then runs
-// the batch the ordinary way.
+// the attempt is not eligible, or the try was dropped without committing
+// anything; the batch then runs the ordinary way (claimFirst).
 func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) {
+	if !a.oneTripEligible() {
+		return txOutcome{}, false
+	}
 	items, st := a.items, a.st
 	n := len(items)
 	st.reset(n)
@@ -129,7 +132,8 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 		}
 	}
 
-	// Four statements and the handler's: as few as the position check, the
+	// Five statements and the handler's (BEGIN, the head, the claims, the
+	// closing, COMMIT): as few as the position check, the
 	// session settings and the claims allow (on small batches each costs
 	// the server about as much as the claim itself).
 	sess := a.c.session()
@@ -220,30 +224,4 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	bt.done = true
 	conn.Release()
 	return a.commitUnknown(err), true
-}
-
-// queueSuspects adds the suspect duplicates among items[:end] that the
-// transaction applies or skips to b.
-func (a *txAttempt) queueSuspects(b *pgx.Batch, end int) {
-	var suspects []dedupe.Suspect
-	for i := range a.items[:end] {
-		it := &a.items[i]
-		if s := it.suspect; s != nil && (a.st.fates[i] == fateApplied || a.st.fates[i] == fateSkippedSuspect) {
-			suspects = append(suspects, dedupe.Suspect{Offset: it.msg.Offset, MessageID: it.msg.ID, Fingerprint: it.fp,
-				FirstMessageID: s.MessageID, FirstOffset: s.Offset, Skipped: a.st.fates[i] == fateSkippedSuspect})
-		}
-	}
-	if len(suspects) > 0 {
-		a.c.claims.QueueSuspects(b, a.c.cfg.Name, a.topic, a.partition, suspects)
-	}
-}
-
-// commitUnknown is the outcome of a COMMIT that got no answer: it may or
-// may not have been applied. Never guess (pgconn.SafeToRetry says nothing
-// about a COMMIT that was sent): leave the Kafka offset alone and run the
-// batch again on a new connection, where the claims tell which it was.
-func (a *txAttempt) commitUnknown(err error) txOutcome {
-	a.c.log.Warn("COMMIT outcome unknown; the batch will run again and its claims decide", a.logAttrs(
-		slog.Int64("offset", a.items[0].msg.Offset), slog.String("error", err.Error()))...)
-	return infra(fmt.Errorf("commit outcome unknown: %w", err))
 }

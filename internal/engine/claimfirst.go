@@ -1,0 +1,441 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/store/claims"
+	"github.com/kafkaonce/kafkaonce/internal/store/positions"
+	"github.com/kafkaonce/kafkaonce/internal/usercall"
+)
+
+// claimFirst runs the attempt's transaction the ordinary way, in two round
+// trips and the handlers' own statements. It reads top to bottom as a batch
+// goes:
+//
+//  1. claim: BEGIN, the session settings, the stored position (locked until
+//     COMMIT), the opening of the batch and the claims, in one round trip;
+//  2. sort: the position checked, the messages whose claim found a row
+//     sorted into duplicates (skipped) and conflicts (set aside);
+//  3. handle: the handler for each newly claimed message (or the
+//     BatchHandler once), inside savepoints when the plan says so;
+//  4. close: the batch's closing statements (the handler's queued ones, dead
+//     letters, suspects, the new position);
+//  5. commit: sent with the closing statements, in one round trip, and what
+//     a failure means.
+//
+// The worker then marks the committed messages (afterCommit): hooks, and
+// the offset handed to the Kafka committer. The handler gets hctx;
+// everything else runs on ctx, so a handler cut off by the watchdog does
+// not take the transaction's own statements with it. It never declines.
+func (a *txAttempt) claimFirst(hctx, ctx context.Context) (out txOutcome, ok bool) {
+	bt, gated, out := a.claim(ctx)
+	if bt == nil {
+		return out, true
+	}
+	defer bt.rollback(ctx)
+	defer func() {
+		if a.serialized && out.committed > 0 {
+			out.held = time.Since(gated)
+		}
+	}()
+	a.uc.Hold(bt.cutLoose)
+	if out := a.sort(ctx, bt.tx); out.err != nil {
+		return out, true
+	}
+	h, out := a.handle(hctx, ctx, bt.tx)
+	if out.err != nil {
+		return out, true
+	}
+	b, err := a.close(&h)
+	if err != nil {
+		return infra(err), true
+	}
+	return a.commit(ctx, bt, b, &h), true
+}
+
+// claim builds the attempt's claims and begins its transaction with them
+// (see claimFirst). bt is nil when it did not begin; out then says why.
+func (a *txAttempt) claim(ctx context.Context) (bt *batchTx, gated time.Time, out txOutcome) {
+	items, p, st := a.items, &a.p, a.st
+	st.reset(len(items))
+	for i := range items {
+		f := p.deadLetter[i]
+		if items[i].idErr != nil {
+			st.fates[i], st.fails[i] = fateDeadLettered, f
+			continue
+		}
+		c := claims.Claim{MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Offset: items[i].msg.Offset}
+		switch {
+		case f != nil:
+			c.Status, c.Attempts = dedupe.StatusDeadLettered, f.attempts
+		case items[i].suspect != nil && a.c.cfg.SuspectDuplicates == SkipSuspects:
+			c.Status = dedupe.StatusSuspectDuplicate
+		}
+		st.claims = append(st.claims, c)
+		st.claimItem = append(st.claimItem, i)
+	}
+	st.claimedBy = resize(st.claimedBy, len(st.claims))
+
+	// The stored position is locked until COMMIT, so nothing moves it under
+	// this transaction; the opening of the batch means only the consumer
+	// can commit it now (see positions.QueueOpen).
+	b := &pgx.Batch{}
+	a.stored = nil
+	a.c.offsets.QueueLock(b, a.c.cfg.Name, a.topic, a.partition, &a.stored)
+	a.c.offsets.QueueOpen(b, a.c.cfg.Name, a.topic, a.partition)
+	if len(st.claims) > 0 {
+		a.c.claims.QueueClaim(b, a.c.cfg.Name, a.topic, a.partition, st.claims, st.claimedBy)
+	}
+	bt, gated, err := a.begin(ctx, b)
+	var busy *gateBusyError
+	switch {
+	case errors.As(err, &busy):
+		return nil, gated, txOutcome{failedAt: -1, err: busy, fail: newFailure(classInfra, "", busy), gateBusy: true}
+	case err != nil:
+		return nil, gated, infra(fmt.Errorf("begin and claim: %w", err))
+	}
+	return bt, gated, txOutcome{failedAt: -1}
+}
+
+// sort checks the stored position the claim read, and sorts the messages
+// by what their claims found: new, duplicates (skipped), conflicts (set
+// aside, or the transaction fails under StopPartition), and those the plan
+// sets aside.
+func (a *txAttempt) sort(ctx context.Context, tx pgx.Tx) txOutcome {
+	if lost := a.positionLost(a.stored); lost != nil {
+		return txOutcome{failedAt: -1, err: lost, fail: newFailure(classInfra, "", lost), lost: lost}
+	}
+	items, p, st := a.items, &a.p, a.st
+	st.sawDuplicates = false
+	for j, i := range st.claimItem {
+		st.claimed[i] = st.claimedBy[j]
+		// Duplicates foreseen from memory do not count: a one-trip batch
+		// skips those without a claim (see oneTrip).
+		st.sawDuplicates = st.sawDuplicates || !st.claimedBy[j] && !foreseen(items, i, a.next)
+		switch {
+		case !st.claimed[i]:
+		case p.deadLetter[i] != nil:
+			st.fates[i], st.fails[i] = fateDeadLettered, p.deadLetter[i]
+		case st.claims[j].Status == dedupe.StatusSuspectDuplicate:
+			st.fates[i] = fateSkippedSuspect
+		}
+	}
+	return a.resolveUnclaimed(ctx, tx)
+}
+
+// resolveUnclaimed sorts the messages whose claim found an existing row into
+// duplicates (same fingerprint: skipped) and conflicts (different
+// fingerprint: set aside, or the transaction fails under StopPartition).
+func (a *txAttempt) resolveUnclaimed(ctx context.Context, tx pgx.Tx) txOutcome {
+	items, st := a.items, a.st
+	var ids []string
+	for _, i := range st.claimItem {
+		if !st.claimed[i] {
+			ids = append(ids, items[i].msg.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return txOutcome{failedAt: -1}
+	}
+	// A new statement sees rows committed by other transactions since the
+	// claim (READ COMMITTED), and rows this transaction just inserted for an
+	// earlier copy in the same batch.
+	existing, err := a.c.claims.Lookup(ctx, tx, a.c.cfg.Name, ids)
+	if err != nil {
+		return infra(err)
+	}
+	for _, i := range st.claimItem {
+		if st.claimed[i] {
+			continue
+		}
+		rec, ok := existing[items[i].msg.ID]
+		if !ok {
+			// Deleted between the claim and the lookup (pruning): run again.
+			return infra(fmt.Errorf("claim of message id %q vanished during the batch", items[i].msg.ID))
+		}
+		inBatch := rec.Topic == a.topic && rec.Partition == a.partition && claimedHere(items, st, rec.Offset)
+		if rec.Fingerprint == items[i].fp {
+			st.fates[i], st.fails[i] = fateSkipped, nil
+			if inBatch {
+				st.fates[i] = fateSkippedInBatch
+			}
+			continue
+		}
+		if inBatch {
+			rec.Status = "" // the first copy is not stored yet
+		}
+		cf := &FingerprintConflictError{Topic: a.topic, Partition: a.partition, Offset: items[i].msg.Offset,
+			MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Existing: rec}
+		f := newFailure(classPermanent, deadletter.ClassConflict, cf)
+		if a.c.cfg.OnPermanentFailure == StopPartition {
+			return txOutcome{failedAt: i, err: cf, fail: f}
+		}
+		st.fates[i], st.fails[i] = fateDeadLettered, f
+		st.conflicts = append(st.conflicts, cf)
+	}
+	return txOutcome{failedAt: -1}
+}
+
+// claimedHere reports whether this transaction claimed the message at off.
+func claimedHere(items []item, st *batchState, off int64) bool {
+	for i := range items {
+		if items[i].msg.Offset == off {
+			return st.claimed[i]
+		}
+	}
+	return false
+}
+
+// handled is what the handlers did in a transaction: the BatchHandler's
+// Batch (nil without one), where the transaction ends (end: it commits
+// items[:end]; cut, when a message cut it short, with its failure), and
+// the messages set aside inside it.
+type handled struct {
+	batch      *Batch
+	end, cut   int
+	fail       *failure
+	dlIDs      []string
+	dlAttempts []int32
+}
+
+// handle runs the handlers for the newly claimed messages: the BatchHandler
+// once for those before the plan's savepointFrom, then one call per message
+// for the rest (all of them for a Handler), each in a savepoint from
+// savepointFrom on, so that a failing message can be set aside without
+// losing its neighbours.
+func (a *txAttempt) handle(hctx, ctx context.Context, tx pgx.Tx) (h handled, out txOutcome) {
+	items, p, st := a.items, &a.p, a.st
+	h.end, h.cut = len(items), -1
+	batched := a.c.cfg.HandleBatch != nil
+	if batched {
+		if h.batch, out = a.handleBatch(hctx, ctx, tx); out.err != nil {
+			return h, out
+		}
+	}
+	// In savepoint mode one savepoint stays open: releasing the previous
+	// message's and setting the next one's share a round trip, and COMMIT
+	// releases the last.
+	savepointOpen := false
+	for i := range items {
+		if st.fates[i] != fateApplied || batched && i < p.savepointFrom {
+			continue
+		}
+		inSavepoint := i >= p.savepointFrom
+		if inSavepoint {
+			sql := "SAVEPOINT kafkaonce_message"
+			if savepointOpen {
+				sql = "RELEASE SAVEPOINT kafkaonce_message; SAVEPOINT kafkaonce_message"
+			}
+			if _, err := tx.Exec(ctx, sql); err != nil {
+				return h, infra(err)
+			}
+			savepointOpen = true
+		}
+		began := time.Now()
+		err := a.c.user.call(hctx, a.uc, i, tx, &items[i].msg)
+		if errors.Is(err, usercall.ErrAbandoned) {
+			return h, infra(err) // nobody reads it: the worker has moved on
+		}
+		for _, hook := range a.c.hooks.Handler {
+			hook(ctx, &items[i].msg, time.Since(began), err)
+		}
+		if err == nil {
+			continue
+		}
+		merr, f := a.messageFailure(&items[i].msg, err)
+		a.raceMayHaveFailed(tx, f)
+		switch {
+		case f.class == classInfra:
+			// A deadlock or a lost connection inside the handler is not the
+			// message's fault: the whole transaction runs again.
+			return h, infra(merr)
+		case !inSavepoint || a.uc.TimedOut():
+			return h, txOutcome{failedAt: i, err: merr, fail: f}
+		}
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT kafkaonce_message"); err != nil {
+			// The connection did not survive the handler's failure (pgx
+			// closes it when it cannot encode part of a pipeline): the
+			// transaction is gone, and the message's failure stands.
+			return h, txOutcome{failedAt: i, err: merr, fail: f}
+		}
+		if f.class == classPermanent && a.c.cfg.OnPermanentFailure == DeadLetter {
+			st.fates[i], st.fails[i] = fateDeadLettered, f
+			st.failedInTx = append(st.failedInTx, i)
+			h.dlIDs = append(h.dlIDs, items[i].msg.ID)
+			h.dlAttempts = append(h.dlAttempts, int32(f.attempts))
+			continue
+		}
+		// Cut the batch short here: commit what comes before.
+		h.end, h.cut, h.fail = i, i, f
+		break
+	}
+	if h.end == 0 {
+		return h, txOutcome{failedAt: h.cut, err: h.fail.err, fail: h.fail}
+	}
+	return h, txOutcome{failedAt: -1}
+}
+
+// handleBatch calls the BatchHandler once with every newly claimed message
+// before the plan's savepointFrom (those after it are handled one per call,
+// in savepoints, by the loop in tx). It returns the Batch, whose queued
+// statements the caller sends with its closing statements.
+func (a *txAttempt) handleBatch(hctx, ctx context.Context, tx pgx.Tx) (*Batch, txOutcome) {
+	var msgs []*Message
+	var index []int
+	for i := range a.items[:a.p.savepointFrom] {
+		if a.st.fates[i] == fateApplied {
+			msgs = append(msgs, &a.items[i].msg)
+			index = append(index, i)
+		}
+	}
+	if len(msgs) == 0 {
+		return nil, txOutcome{failedAt: -1}
+	}
+	b := a.c.user.newBatch(msgs, index)
+	began := time.Now()
+	err := a.c.user.callBatch(hctx, a.uc, tx, b)
+	if errors.Is(err, usercall.ErrAbandoned) {
+		return nil, infra(err) // nobody reads it: the worker has moved on
+	}
+	a.reportBatchCall(ctx, b, time.Since(began), err)
+	if err != nil {
+		out := a.batchFailed(b, err)
+		if out.fail != nil {
+			a.raceMayHaveFailed(tx, out.fail)
+		}
+		return nil, out
+	}
+	return b, txOutcome{failedAt: -1}
+}
+
+// reportBatchCall tells the handler hooks about a BatchHandler call that
+// took d: each message of the call with an equal share of it.
+func (a *txAttempt) reportBatchCall(ctx context.Context, b *Batch, d time.Duration, err error) {
+	if len(a.c.hooks.Handler) == 0 || len(b.Messages) == 0 {
+		return
+	}
+	share := d / time.Duration(len(b.Messages))
+	for _, m := range b.Messages {
+		for _, h := range a.c.hooks.Handler {
+			h(ctx, m, share, err)
+		}
+	}
+}
+
+// close builds the batch's closing statements. The BatchHandler's queued
+// statements go first, so that a failure among them is told from one of
+// ours by its place; then the batch's closing, which fails if a statement
+// of the handlers' ended the transaction, before any of ours runs; then
+// the claims' new status, the dead letters, the suspects, the attempts
+// cleared, the new position and the partition's pace.
+func (a *txAttempt) close(h *handled) (*pgx.Batch, error) {
+	items, p, st := a.items, &a.p, a.st
+	b := &pgx.Batch{}
+	if h.batch != nil {
+		b.QueuedQueries = append(b.QueuedQueries, h.batch.statements()...)
+	}
+	a.c.offsets.QueueClose(b, a.c.cfg.Name, a.topic, a.partition)
+	if len(h.dlIDs) > 0 {
+		a.c.claims.QueueSetStatus(b, a.c.cfg.Name, h.dlIDs, h.dlAttempts, dedupe.StatusDeadLettered)
+	}
+	if h.cut >= 0 {
+		var tail []string
+		for i := h.cut; i < len(items); i++ {
+			if st.claimed[i] {
+				tail = append(tail, items[i].msg.ID)
+			}
+		}
+		if len(tail) > 0 {
+			a.c.claims.QueueUnclaim(b, a.c.cfg.Name, tail)
+		}
+	}
+	var letters []deadletter.Letter
+	for i := range items[:h.end] {
+		if st.fates[i] == fateDeadLettered {
+			letters = append(letters, letterFor(&items[i], st.fails[i]))
+		}
+	}
+	if len(letters) > 0 {
+		if err := a.c.letters.QueueInsert(b, a.c.cfg.Name, a.topic, a.partition, letters); err != nil {
+			return nil, err
+		}
+	}
+	a.queueSuspects(b, h.end)
+	if p.clearAttempts {
+		a.c.attempts.QueueClear(b, a.c.cfg.Name, a.topic, a.partition, items[0].msg.Offset, items[h.end-1].msg.Offset)
+	}
+	a.c.offsets.QueueAdvance(b, a.c.cfg.Name, a.topic, a.partition, items[h.end-1].msg.Offset+1)
+	a.queuePace(b)
+	return b, nil
+}
+
+// letterFor builds the dead letter of a message.
+func letterFor(it *item, f *failure) deadletter.Letter {
+	l := deadletter.Letter{
+		Topic: it.msg.Topic, Partition: it.msg.Partition, Offset: it.msg.Offset, MessageID: it.msg.ID,
+		Key: it.msg.Key, Value: it.msg.Value, MessageTime: it.msg.Time,
+		Class: f.kind, Error: f.err.Error(), Attempts: f.attempts, FirstFailedAt: f.first, LastFailedAt: f.last,
+	}
+	for _, h := range it.msg.Headers {
+		l.Headers = append(l.Headers, deadletter.Header{Key: h.Key, Value: h.Value})
+	}
+	return l
+}
+
+// queueSuspects adds the suspect duplicates among items[:end] that the
+// transaction applies or skips to b.
+func (a *txAttempt) queueSuspects(b *pgx.Batch, end int) {
+	var suspects []dedupe.Suspect
+	for i := range a.items[:end] {
+		it := &a.items[i]
+		if s := it.suspect; s != nil && (a.st.fates[i] == fateApplied || a.st.fates[i] == fateSkippedSuspect) {
+			suspects = append(suspects, dedupe.Suspect{Offset: it.msg.Offset, MessageID: it.msg.ID, Fingerprint: it.fp,
+				FirstMessageID: s.MessageID, FirstOffset: s.Offset, Skipped: a.st.fates[i] == fateSkippedSuspect})
+		}
+	}
+	if len(suspects) > 0 {
+		a.c.claims.QueueSuspects(b, a.c.cfg.Name, a.topic, a.partition, suspects)
+	}
+}
+
+// commit sends b, the closing statements, with COMMIT, in one round trip,
+// and says what a failure means: by the statement that failed, whose it
+// was (the BatchHandler's queued ones, ours, COMMIT itself).
+func (a *txAttempt) commit(ctx context.Context, bt *batchTx, b *pgx.Batch, h *handled) txOutcome {
+	userStatements := 0
+	if h.batch != nil {
+		userStatements = len(h.batch.statements())
+	}
+	closing := len(b.QueuedQueries)
+	if err := bt.commitWith(ctx, b); err != nil {
+		var ce *commitError
+		errors.As(err, &ce)
+		var pgErr *pgconn.PgError
+		switch {
+		case ce.unknown():
+			return a.commitUnknown(ce.err)
+		case ce.stmt == notSent:
+			return infra(fmt.Errorf("commit: nothing was sent: %w", ce.err))
+		case errors.As(ce.err, &pgErr) && pgErr.Code == positions.TxEnded:
+			return a.txEnded(h.batch, h.end, ce.err)
+		case ce.stmt < userStatements:
+			return a.batchFailed(h.batch, ce.err)
+		case ce.stmt == closing:
+			return a.commitRefused(h.end, ce.err)
+		}
+		return a.ownStatementFailed(ce.err)
+	}
+	out := txOutcome{committed: h.end, failedAt: -1}
+	if h.cut >= 0 {
+		out.failedAt, out.err, out.fail = h.cut, h.fail.err, h.fail
+	}
+	return out
+}

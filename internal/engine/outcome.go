@@ -1,0 +1,142 @@
+package engine
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/kafkaonce/kafkaonce/deadletter"
+)
+
+// txOutcome is the result of one transaction.
+type txOutcome struct {
+	// committed counts the items committed: all of the plan on success, a
+	// prefix when a savepoint transaction was cut short, else 0.
+	committed int
+	// err is nil when the whole plan committed.
+	err error
+	// failedAt is the index of the message that failed, or -1 when the
+	// transaction failed as a whole (infrastructure).
+	failedAt int
+	fail     *failure
+	// lost is set when the stored position turned out to be behind what
+	// this worker committed: the database lost transactions.
+	lost *positionLostError
+	// isolate is set when a BatchHandler call over several messages failed:
+	// the transaction runs again with one message per call.
+	isolate bool
+	// oneByOne is set when the server refused the COMMIT of several
+	// messages for their content (a deferred constraint): which message is
+	// at fault only a transaction per message can tell.
+	oneByOne bool
+	// stop is set when the partition must stop: err is the
+	// *PartitionError that says why.
+	stop bool
+	// contention is set when the transaction failed because it lost a race
+	// for rows to another one (see isContention): not the messages' fault.
+	contention bool
+	// held is how long a serialized transaction held the consumer's gate.
+	held time.Duration
+	// gateBusy is set when the transaction gave up waiting for the gate:
+	// nothing ran; the next one races.
+	gateBusy bool
+	// st is the attempt's scratch space, with the fates of the messages,
+	// when the attempt was not abandoned.
+	st *batchState
+}
+
+// infra is the outcome of a transaction that failed as a whole, not for
+// any message: it runs again.
+func infra(err error) txOutcome {
+	return txOutcome{failedAt: -1, err: err, fail: newFailure(classInfra, "", err), contention: isContention(err)}
+}
+
+// commitUnknown is the outcome of a COMMIT that got no answer: it may or
+// may not have been applied. Never guess (pgconn.SafeToRetry says nothing
+// about a COMMIT that was sent): leave the Kafka offset alone and run the
+// batch again on a new connection, where the claims tell which it was.
+func (a *txAttempt) commitUnknown(err error) txOutcome {
+	a.c.log.Warn("COMMIT outcome unknown; the batch will run again and its claims decide", a.logAttrs(
+		slog.Int64("offset", a.items[0].msg.Offset), slog.String("error", err.Error()))...)
+	return infra(fmt.Errorf("commit outcome unknown: %w", err))
+}
+
+// commitRefused is the outcome of a COMMIT the server refused. A
+// serialisation failure is the database's; anything else was caused by
+// what the handlers wrote (a deferred constraint checked at COMMIT).
+func (a *txAttempt) commitRefused(end int, err error) txOutcome {
+	return a.handlersFailed(end, fmt.Errorf("commit refused: %w", err))
+}
+
+// txEnded is the outcome of a transaction that a statement of the
+// handlers' ended (a COMMIT, refused with the rollback of all of it, or a
+// ROLLBACK), found by the batch's closing or its COMMIT (see
+// positions.QueueOpen). Nothing of the batch is durable: the handler that
+// did it failed, a misuse to set aside. When the statement was queued,
+// the Batch's messages are tried one per call; otherwise one per
+// transaction (a handler whose COMMIT or ROLLBACK left the connection
+// outside any transaction is caught after its call instead).
+func (a *txAttempt) txEnded(batch *Batch, end int, err error) txOutcome {
+	err = fmt.Errorf("%w (%w)", ErrTxEnded, err)
+	if batch != nil {
+		return a.batchFailed(batch, err)
+	}
+	return a.handlersFailed(end, err)
+}
+
+// handlersFailed is the outcome of a transaction that what its handlers
+// did made fail, at the end, when it can no longer tell which of them:
+// with one message that message failed, with several a transaction per
+// message tells which. A failure of the database's is retried.
+func (a *txAttempt) handlersFailed(end int, err error) txOutcome {
+	f := classifyHandlerError(err)
+	switch {
+	case f.class == classInfra:
+		return infra(err)
+	case end == 1:
+		merr, f := a.messageFailure(&a.items[0].msg, err)
+		return txOutcome{failedAt: 0, err: merr, fail: f}
+	}
+	return txOutcome{failedAt: -1, oneByOne: true, err: fmt.Errorf("the %d messages at offsets %d to %d: %w; applying them one per transaction",
+		end, a.items[0].msg.Offset, a.items[end-1].msg.Offset, err)}
+}
+
+// ownStatementFailed is the outcome of a failure of one of the
+// consumer's own closing statements (the position, dead letters, claims'
+// status). The database's failures are retried. Data it refuses (a value
+// out of range, a constraint of the table's) it would refuse again on
+// every retry, stalling the partition without a word: the partition
+// stops instead, saying why.
+func (a *txAttempt) ownStatementFailed(err error) txOutcome {
+	if !isPermanentSQLError(err) {
+		return infra(fmt.Errorf("record position: %w", err))
+	}
+	return txOutcome{failedAt: -1, stop: true, err: &PartitionError{Topic: a.topic, Partition: a.partition,
+		Err: fmt.Errorf("the consumer's own statements closing the batch at offsets %d to %d were refused, and would be again: %w",
+			a.items[0].msg.Offset, a.items[len(a.items)-1].msg.Offset, err)}}
+}
+
+// batchFailed is the outcome of a BatchHandler call (or of its queued
+// statements) that failed. With one message the failure is that message's;
+// with more, the transaction is run again with one message per call.
+func (a *txAttempt) batchFailed(b *Batch, err error) txOutcome {
+	if len(b.Messages) == 1 {
+		i := b.index[0]
+		merr, f := a.messageFailure(&a.items[i].msg, err)
+		if f.class == classInfra {
+			return infra(merr)
+		}
+		return txOutcome{failedAt: i, err: merr, fail: f}
+	}
+	f := classifyHandlerError(err)
+	if f.class == classInfra {
+		return infra(err)
+	}
+	first, last := a.items[b.index[0]].msg.Offset, a.items[b.index[len(b.index)-1]].msg.Offset
+	return txOutcome{failedAt: -1, isolate: true,
+		err: fmt.Errorf("batch handler failed for the %d messages at offsets %d to %d; handling them one at a time: %w", len(b.Messages), first, last, err)}
+}
+
+func invalidIDFailure(err error) *failure {
+	return newFailure(classPermanent, deadletter.ClassInvalidID, err)
+}

@@ -25,10 +25,10 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 	if it.idErr != nil {
 		return w.setAside(stop, work, one, invalidIDFailure(it.idErr))
 	}
-	if prior != nil && w.c.cfg.MaxAttempts <= 1 {
+	if prior != nil && w.cfg.MaxAttempts <= 1 {
 		return w.setAside(stop, work, one, exhausted(prior))
 	}
-	key := attempts.Key{Consumer: w.c.cfg.Name, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset}
+	key := attempts.Key{Consumer: w.cfg.Name, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset}
 	l := w.newLadder()
 	last := prior
 	initial := 1
@@ -50,7 +50,7 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 			}
 			initial = 1
 			if w.exhausted(rec) {
-				return w.setAside(stop, work, one, exhaustedFrom(rec, last, w.c.cfg.MaxAttempts))
+				return w.setAside(stop, work, one, exhaustedFrom(rec, last, w.cfg.MaxAttempts))
 			}
 		}
 		p := w.newPlan(one)
@@ -75,11 +75,11 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 		if f.class == classPermanent {
 			return w.setAside(stop, work, one, f)
 		}
-		if err := w.c.attempts.Fail(work, w.c.db, key, string(f.kind), f.err.Error()); err != nil {
-			w.c.log.Warn("could not record the failure of an attempt", w.logAttrs(slog.Int64("offset", it.msg.Offset), slog.String("error", err.Error()))...)
+		if err := w.attempts.Fail(work, w.db, key, string(f.kind), f.err.Error()); err != nil {
+			w.log.Warn("could not record the failure of an attempt", w.logAttrs(slog.Int64("offset", it.msg.Offset), slog.String("error", err.Error()))...)
 		}
 		last, count = f, true
-		if rec.Attempts >= w.c.cfg.MaxAttempts || w.elapsedOut(rec) {
+		if rec.Attempts >= w.cfg.MaxAttempts || w.elapsedOut(rec) {
 			return w.setAside(stop, work, one, exhausted(f))
 		}
 	}
@@ -89,7 +89,7 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 // failures until stop.
 func (w *worker) recordAttempt(stop, work context.Context, key attempts.Key, id string, initial int) (rec attempts.Record, err error) {
 	err = w.retryUntil(stop, "could not record an attempt at offset "+strconv.FormatInt(key.Offset, 10), func() (err error) {
-		rec, err = w.c.attempts.Begin(work, w.c.db, key, id, initial)
+		rec, err = w.attempts.Begin(work, w.db, key, id, initial)
 		return err
 	})
 	if err == nil {
@@ -100,11 +100,11 @@ func (w *worker) recordAttempt(stop, work context.Context, key attempts.Key, id 
 
 // exhausted reports whether the attempt just recorded is one too many.
 func (w *worker) exhausted(rec attempts.Record) bool {
-	return rec.Attempts > w.c.cfg.MaxAttempts || rec.Attempts > 1 && w.elapsedOut(rec)
+	return rec.Attempts > w.cfg.MaxAttempts || rec.Attempts > 1 && w.elapsedOut(rec)
 }
 
 func (w *worker) elapsedOut(rec attempts.Record) bool {
-	return w.c.cfg.RetryMaxElapsed > 0 && time.Since(rec.FirstAttemptAt) > w.c.cfg.RetryMaxElapsed
+	return w.cfg.RetryMaxElapsed > 0 && time.Since(rec.FirstAttemptAt) > w.cfg.RetryMaxElapsed
 }
 
 // exhausted turns the last failure of a message that ran out of attempts
@@ -145,7 +145,7 @@ func exhaustedFrom(rec attempts.Record, last *failure, maxAttempts int) *failure
 // setAside dead-letters one message in a transaction of its own (or stops
 // the partition under StopPartition).
 func (w *worker) setAside(stop, work context.Context, one []item, f *failure) error {
-	if w.c.cfg.OnPermanentFailure == StopPartition {
+	if w.cfg.OnPermanentFailure == StopPartition {
 		return &PartitionError{Topic: w.topic, Partition: w.partition, Err: f.err}
 	}
 	l := w.newLadder()

@@ -23,7 +23,7 @@ import (
 // that had it returned. An abandoned attempt, when its handler finally
 // returns, sees usercall.ErrAbandoned and ends without a write.
 type txAttempt struct {
-	c         *Consumer
+	*deps
 	topic     string
 	partition int
 	items     []item
@@ -94,18 +94,18 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 		LastOffset: items[len(items)-1].msg.Offset, Size: len(items), Attempt: attempt, HighWaterMark: w.hwm,
 		Serialized: w.serializedNow() && !time.Now().Before(w.raceUntil)}
 	info.BatchLimit = w.pace.Limit(info.Serialized)
-	for _, h := range w.c.hooks.Start {
+	for _, h := range w.hooks.Start {
 		h(work, info)
 	}
 	began := time.Now()
-	a := &txAttempt{c: w.c, topic: w.topic, partition: w.partition, items: items, p: p.clone(),
+	a := &txAttempt{deps: w.deps, topic: w.topic, partition: w.partition, items: items, p: p.clone(),
 		next: w.next, positionKnown: w.positionKnown, assignedStart: w.assignedStart, sawDuplicates: w.sawDuplicates,
 		st: w.scratch, serialized: info.Serialized, racing: !info.Serialized && len(items) > 1, paceRow: w.paceRow(info.Serialized)}
 	if a.st == nil {
 		a.st = &batchState{}
 	}
 	w.scratch = nil
-	out, abandoned := usercall.Run(work, w.c.user.limits, func(hctx, ctx context.Context, uc *usercall.Attempt) txOutcome {
+	out, abandoned := usercall.Run(work, w.user.limits, func(hctx, ctx context.Context, uc *usercall.Attempt) txOutcome {
 		a.uc = uc
 		out := a.tx(hctx, ctx)
 		out.st = a.st
@@ -128,7 +128,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 		w.raceUntil = time.Now().Add(pace.GateBypass)
 	}
 	w.paced(work, info, &out, took)
-	if len(w.c.hooks.End) > 0 {
+	if len(w.hooks.End) > 0 {
 		r := BatchResult{Duration: took, Err: out.err}
 		if out.st != nil {
 			for _, f := range out.st.fates[:out.committed] {
@@ -141,7 +141,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 				}
 			}
 		}
-		for _, h := range w.c.hooks.End {
+		for _, h := range w.hooks.End {
 			h(work, info, r)
 		}
 	}
@@ -153,7 +153,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 func (w *worker) abandonedOutcome(items []item, ab *usercall.Abandoned) txOutcome {
 	msg := &items[ab.Index].msg
 	err := &MessageError{Topic: w.topic, Partition: w.partition, Offset: msg.Offset, MessageID: msg.ID, Err: ab.Err()}
-	w.c.log.Error("handler hung; abandoned it", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
+	w.log.Error("handler hung; abandoned it", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
 		slog.Bool("timed_out", ab.TimedOut))...)
 	return txOutcome{failedAt: ab.Index, err: err, fail: newFailure(classTransient, deadletter.ClassRetriesExhausted, err)}
 }

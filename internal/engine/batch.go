@@ -80,9 +80,9 @@ func (w *worker) processBatch(stop, work context.Context, raw []kafka.Message) e
 			Time:      raw[i].Time,
 		}})
 		it := &items[len(items)-1]
-		id, err := w.c.user.id(&it.msg)
+		id, err := w.user.id(&it.msg)
 		if err != nil {
-			if w.c.cfg.OnPermanentFailure == StopPartition {
+			if w.cfg.OnPermanentFailure == StopPartition {
 				items = items[:len(items)-1]
 				stopErr = &PartitionError{Topic: w.topic, Partition: w.partition, Err: err}
 				break
@@ -189,7 +189,7 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 		if len(items) > 0 && items[0].msg.Offset <= oneByOneTo {
 			p.n = 1
 		}
-		p.n = min(p.n, w.pace.Limit(w.c.gate.Serialized(time.Now())))
+		p.n = min(p.n, w.pace.Limit(w.gate.Serialized(time.Now())))
 		return p
 	}
 	p := next()
@@ -212,11 +212,11 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 			// Not an attempt of any message: which one failed is not known
 			// yet. The same messages run again, one per call, each in a
 			// savepoint.
-			w.c.log.Debug("batch handler failed; handling the batch one message at a time", w.logAttrs(
+			w.log.Debug("batch handler failed; handling the batch one message at a time", w.logAttrs(
 				slog.Int64("offset", items[0].msg.Offset), slog.String("error", out.err.Error()))...)
 			p.savepointFrom = 0
 		case out.oneByOne:
-			w.c.log.Warn("the server refused to commit a batch for what its handlers wrote; applying its messages one per transaction to find which", w.logAttrs(
+			w.log.Warn("the server refused to commit a batch for what its handlers wrote; applying its messages one per transaction to find which", w.logAttrs(
 				slog.Int64("offset", items[0].msg.Offset), slog.String("error", out.err.Error()))...)
 			oneByOneTo = items[p.n-1].msg.Offset
 			p = next()
@@ -224,7 +224,7 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 			// The transaction failed as a whole. After a lost race the same
 			// messages run first, fewer of them: the failure after the
 			// smaller plan, if any, is found again when it is reached.
-			if limit := w.pace.Limit(w.c.gate.Serialized(time.Now())); out.contention && p.n > limit {
+			if limit := w.pace.Limit(w.gate.Serialized(time.Now())); out.contention && p.n > limit {
 				p.n, p.after = limit, nil
 			}
 			if !out.gateBusy {
@@ -267,7 +267,7 @@ func (w *worker) messageFailed(stop, work context.Context, items []item, p *plan
 	}
 	k := out.failedAt
 	switch {
-	case out.fail.class == classPermanent && w.c.cfg.OnPermanentFailure == DeadLetter:
+	case out.fail.class == classPermanent && w.cfg.OnPermanentFailure == DeadLetter:
 		if p.deadLetter == nil {
 			p.deadLetter = map[int]*failure{}
 		}
@@ -299,19 +299,19 @@ func (w *worker) resolve(stop, work context.Context, one []item, f *failure) err
 
 // reportSuspect logs a suspect duplicate and calls its hooks.
 func (w *worker) reportSuspect(ctx context.Context, msg *Message, first recent.Sighting) {
-	w.c.log.Warn("suspect duplicate: the same content was seen shortly before under another id (a producer that makes a new id on each retry?)",
+	w.log.Warn("suspect duplicate: the same content was seen shortly before under another id (a producer that makes a new id on each retry?)",
 		w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
 			slog.String("first_message_id", first.MessageID), slog.Int64("first_offset", first.Offset))...)
-	for _, h := range w.c.hooks.Suspect {
+	for _, h := range w.hooks.Suspect {
 		h(ctx, msg, SuspectOf{MessageID: first.MessageID, Offset: first.Offset, At: first.At})
 	}
 }
 
 // reportFailure logs a failed attempt and calls the failure hooks.
 func (w *worker) reportFailure(ctx context.Context, msg *Message, f *failure) {
-	w.c.log.Warn("message failed", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
+	w.log.Warn("message failed", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
 		slog.Int("attempt", f.attempts), slog.String("class", f.class.String()), slog.String("error", f.err.Error()))...)
-	for _, h := range w.c.hooks.Failed {
+	for _, h := range w.hooks.Failed {
 		h(ctx, msg, Failure{Err: f.err, Class: f.kind, Attempt: f.attempts, Permanent: f.class == classPermanent})
 	}
 }
@@ -327,9 +327,9 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 			// yet (the next transaction does, and reports it).
 			continue
 		}
-		w.c.log.Error("message id reused for different content; the message was set aside", w.logAttrs(
+		w.log.Error("message id reused for different content; the message was set aside", w.logAttrs(
 			slog.Int64("offset", cf.Offset), slog.String("message_id", cf.MessageID), slog.String("error", cf.Error()))...)
-		for _, h := range w.c.hooks.Conflict {
+		for _, h := range w.hooks.Conflict {
 			h(ctx, cf)
 		}
 	}
@@ -340,7 +340,7 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 	for i := range items {
 		switch st.fates[i] {
 		case fateApplied:
-			for _, h := range w.c.hooks.Applied {
+			for _, h := range w.hooks.Applied {
 				h(ctx, &items[i].msg)
 			}
 		case fateSkipped, fateSkippedInBatch, fateSkippedSuspect:
@@ -351,16 +351,16 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 			case fateSkippedSuspect:
 				reason = SkipSuspectDuplicate
 			}
-			for _, h := range w.c.hooks.Skipped {
+			for _, h := range w.hooks.Skipped {
 				h(ctx, &items[i].msg, reason)
 			}
 		case fateDeadLettered:
 			deadLettered = true
 			f := st.fails[i]
-			w.c.log.Error("message set aside in dead_letters", w.logAttrs(slog.Int64("offset", items[i].msg.Offset),
+			w.log.Error("message set aside in dead_letters", w.logAttrs(slog.Int64("offset", items[i].msg.Offset),
 				slog.String("message_id", items[i].msg.ID), slog.String("class", string(f.kind)), slog.Int("attempt", f.attempts),
 				slog.String("error", f.err.Error()))...)
-			for _, h := range w.c.hooks.Dead {
+			for _, h := range w.hooks.Dead {
 				h(ctx, &items[i].msg, DeadLettered{Class: f.kind, Err: f.err, Attempts: f.attempts})
 			}
 		}
@@ -369,7 +369,7 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 		w.attemptsUpTo = -1
 	}
 	if deadLettered {
-		w.c.wakePublisher()
+		w.wakePublisher()
 	}
 	w.next, w.positionKnown = last+1, true
 	w.committer.mark(w.topic, w.partition, w.next)

@@ -76,7 +76,7 @@ func (a *txAttempt) claim(ctx context.Context) (bt *batchTx, gated time.Time, ou
 		switch {
 		case f != nil:
 			c.Status, c.Attempts = dedupe.StatusDeadLettered, f.attempts
-		case items[i].suspect != nil && a.c.cfg.SuspectDuplicates == SkipSuspects:
+		case items[i].suspect != nil && a.cfg.SuspectDuplicates == SkipSuspects:
 			c.Status = dedupe.StatusSuspectDuplicate
 		}
 		st.claims = append(st.claims, c)
@@ -89,10 +89,10 @@ func (a *txAttempt) claim(ctx context.Context) (bt *batchTx, gated time.Time, ou
 	// can commit it now (see positions.QueueOpen).
 	b := &pgx.Batch{}
 	a.stored = nil
-	a.c.offsets.QueueLock(b, a.c.cfg.Name, a.topic, a.partition, &a.stored)
-	a.c.offsets.QueueOpen(b, a.c.cfg.Name, a.topic, a.partition)
+	a.offsets.QueueLock(b, a.cfg.Name, a.topic, a.partition, &a.stored)
+	a.offsets.QueueOpen(b, a.cfg.Name, a.topic, a.partition)
 	if len(st.claims) > 0 {
-		a.c.claims.QueueClaim(b, a.c.cfg.Name, a.topic, a.partition, st.claims, st.claimedBy)
+		a.claims.QueueClaim(b, a.cfg.Name, a.topic, a.partition, st.claims, st.claimedBy)
 	}
 	bt, gated, err := a.begin(ctx, b)
 	var busy *gateBusyError
@@ -148,7 +148,7 @@ func (a *txAttempt) resolveUnclaimed(ctx context.Context, tx pgx.Tx) txOutcome {
 	// A new statement sees rows committed by other transactions since the
 	// claim (READ COMMITTED), and rows this transaction just inserted for an
 	// earlier copy in the same batch.
-	existing, err := a.c.claims.Lookup(ctx, tx, a.c.cfg.Name, ids)
+	existing, err := a.claims.Lookup(ctx, tx, a.cfg.Name, ids)
 	if err != nil {
 		return infra(err)
 	}
@@ -175,7 +175,7 @@ func (a *txAttempt) resolveUnclaimed(ctx context.Context, tx pgx.Tx) txOutcome {
 		cf := &FingerprintConflictError{Topic: a.topic, Partition: a.partition, Offset: items[i].msg.Offset,
 			MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Existing: rec}
 		f := newFailure(classPermanent, deadletter.ClassConflict, cf)
-		if a.c.cfg.OnPermanentFailure == StopPartition {
+		if a.cfg.OnPermanentFailure == StopPartition {
 			return txOutcome{failedAt: i, err: cf, fail: f}
 		}
 		st.fates[i], st.fails[i] = fateDeadLettered, f
@@ -214,7 +214,7 @@ type handled struct {
 func (a *txAttempt) handle(hctx, ctx context.Context, tx pgx.Tx) (h handled, out txOutcome) {
 	items, p, st := a.items, &a.p, a.st
 	h.end, h.cut = len(items), -1
-	batched := a.c.cfg.HandleBatch != nil
+	batched := a.cfg.HandleBatch != nil
 	if batched {
 		if h.batch, out = a.handleBatch(hctx, ctx, tx); out.err != nil {
 			return h, out
@@ -240,11 +240,11 @@ func (a *txAttempt) handle(hctx, ctx context.Context, tx pgx.Tx) (h handled, out
 			savepointOpen = true
 		}
 		began := time.Now()
-		err := a.c.user.call(hctx, a.uc, i, tx, &items[i].msg)
+		err := a.user.call(hctx, a.uc, i, tx, &items[i].msg)
 		if errors.Is(err, usercall.ErrAbandoned) {
 			return h, infra(err) // nobody reads it: the worker has moved on
 		}
-		for _, hook := range a.c.hooks.Handler {
+		for _, hook := range a.hooks.Handler {
 			hook(ctx, &items[i].msg, time.Since(began), err)
 		}
 		if err == nil {
@@ -266,7 +266,7 @@ func (a *txAttempt) handle(hctx, ctx context.Context, tx pgx.Tx) (h handled, out
 			// transaction is gone, and the message's failure stands.
 			return h, txOutcome{failedAt: i, err: merr, fail: f}
 		}
-		if f.class == classPermanent && a.c.cfg.OnPermanentFailure == DeadLetter {
+		if f.class == classPermanent && a.cfg.OnPermanentFailure == DeadLetter {
 			st.fates[i], st.fails[i] = fateDeadLettered, f
 			st.failedInTx = append(st.failedInTx, i)
 			h.dlIDs = append(h.dlIDs, items[i].msg.ID)
@@ -299,9 +299,9 @@ func (a *txAttempt) handleBatch(hctx, ctx context.Context, tx pgx.Tx) (*Batch, t
 	if len(msgs) == 0 {
 		return nil, txOutcome{failedAt: -1}
 	}
-	b := a.c.user.newBatch(msgs, index)
+	b := a.user.newBatch(msgs, index)
 	began := time.Now()
-	err := a.c.user.callBatch(hctx, a.uc, tx, b)
+	err := a.user.callBatch(hctx, a.uc, tx, b)
 	if errors.Is(err, usercall.ErrAbandoned) {
 		return nil, infra(err) // nobody reads it: the worker has moved on
 	}
@@ -319,12 +319,12 @@ func (a *txAttempt) handleBatch(hctx, ctx context.Context, tx pgx.Tx) (*Batch, t
 // reportBatchCall tells the handler hooks about a BatchHandler call that
 // took d: each message of the call with an equal share of it.
 func (a *txAttempt) reportBatchCall(ctx context.Context, b *Batch, d time.Duration, err error) {
-	if len(a.c.hooks.Handler) == 0 || len(b.Messages) == 0 {
+	if len(a.hooks.Handler) == 0 || len(b.Messages) == 0 {
 		return
 	}
 	share := d / time.Duration(len(b.Messages))
 	for _, m := range b.Messages {
-		for _, h := range a.c.hooks.Handler {
+		for _, h := range a.hooks.Handler {
 			h(ctx, m, share, err)
 		}
 	}
@@ -342,9 +342,9 @@ func (a *txAttempt) close(h *handled) (*pgx.Batch, error) {
 	if h.batch != nil {
 		b.QueuedQueries = append(b.QueuedQueries, h.batch.statements()...)
 	}
-	a.c.offsets.QueueClose(b, a.c.cfg.Name, a.topic, a.partition)
+	a.offsets.QueueClose(b, a.cfg.Name, a.topic, a.partition)
 	if len(h.dlIDs) > 0 {
-		a.c.claims.QueueSetStatus(b, a.c.cfg.Name, h.dlIDs, h.dlAttempts, dedupe.StatusDeadLettered)
+		a.claims.QueueSetStatus(b, a.cfg.Name, h.dlIDs, h.dlAttempts, dedupe.StatusDeadLettered)
 	}
 	if h.cut >= 0 {
 		var tail []string
@@ -354,7 +354,7 @@ func (a *txAttempt) close(h *handled) (*pgx.Batch, error) {
 			}
 		}
 		if len(tail) > 0 {
-			a.c.claims.QueueUnclaim(b, a.c.cfg.Name, tail)
+			a.claims.QueueUnclaim(b, a.cfg.Name, tail)
 		}
 	}
 	var letters []deadletter.Letter
@@ -364,15 +364,15 @@ func (a *txAttempt) close(h *handled) (*pgx.Batch, error) {
 		}
 	}
 	if len(letters) > 0 {
-		if err := a.c.letters.QueueInsert(b, a.c.cfg.Name, a.topic, a.partition, letters); err != nil {
+		if err := a.letters.QueueInsert(b, a.cfg.Name, a.topic, a.partition, letters); err != nil {
 			return nil, err
 		}
 	}
 	a.queueSuspects(b, h.end)
 	if p.clearAttempts {
-		a.c.attempts.QueueClear(b, a.c.cfg.Name, a.topic, a.partition, items[0].msg.Offset, items[h.end-1].msg.Offset)
+		a.attempts.QueueClear(b, a.cfg.Name, a.topic, a.partition, items[0].msg.Offset, items[h.end-1].msg.Offset)
 	}
-	a.c.offsets.QueueAdvance(b, a.c.cfg.Name, a.topic, a.partition, items[h.end-1].msg.Offset+1)
+	a.offsets.QueueAdvance(b, a.cfg.Name, a.topic, a.partition, items[h.end-1].msg.Offset+1)
 	a.queuePace(b)
 	return b, nil
 }
@@ -402,7 +402,7 @@ func (a *txAttempt) queueSuspects(b *pgx.Batch, end int) {
 		}
 	}
 	if len(suspects) > 0 {
-		a.c.claims.QueueSuspects(b, a.c.cfg.Name, a.topic, a.partition, suspects)
+		a.claims.QueueSuspects(b, a.cfg.Name, a.topic, a.partition, suspects)
 	}
 }
 

@@ -25,7 +25,7 @@ import (
 // Postgres; a lost or rejected commit costs a redelivery that the stored
 // position skips, never a duplicate effect.
 type committer struct {
-	c   *Consumer
+	*deps
 	gen *kafka.Generation
 
 	mu      sync.Mutex
@@ -34,7 +34,7 @@ type committer struct {
 }
 
 func newCommitter(c *Consumer, gen *kafka.Generation) *committer {
-	return &committer{c: c, gen: gen, pending: map[string]map[int]int64{}, wake: make(chan struct{}, 1)}
+	return &committer{deps: c.deps, gen: gen, pending: map[string]map[int]int64{}, wake: make(chan struct{}, 1)}
 }
 
 // mark records that every message of topic/partition below next is
@@ -101,9 +101,9 @@ func (m *committer) flush(ctx context.Context) {
 	m.mu.Unlock()
 
 	err := m.gen.CommitOffsets(batch)
-	if len(m.c.hooks.Committed) > 0 {
+	if len(m.hooks.Committed) > 0 {
 		list := flatten(batch)
-		for _, h := range m.c.hooks.Committed {
+		for _, h := range m.hooks.Committed {
 			h(ctx, list, err)
 		}
 	}
@@ -114,10 +114,10 @@ func (m *committer) flush(ctx context.Context) {
 		// The generation is over for this member: the new owner of each
 		// partition starts from the stored position, so nothing is lost by
 		// dropping these marks.
-		m.c.log.Info("kafka offset commit rejected: this member's generation has ended", slog.Int("generation", int(m.gen.ID)), slog.String("error", err.Error()))
+		m.log.Info("kafka offset commit rejected: this member's generation has ended", slog.Int("generation", int(m.gen.ID)), slog.String("error", err.Error()))
 		return
 	}
-	m.c.log.Warn("kafka offset commit failed; retrying within a second", slog.String("error", err.Error()))
+	m.log.Warn("kafka offset commit failed; retrying within a second", slog.String("error", err.Error()))
 	// Put the marks back without waking the loop: the retry ticker paces
 	// the next attempt, so a broker that refuses commits is not hammered.
 	m.mu.Lock()

@@ -76,7 +76,7 @@ func gateKey(schemaName, name string) int32 {
 // is not the gate's); the ones in effect before it, whatever set them (the
 // consumer's settings, the pool's connections, the role), are read first
 // into t and put back after it (see afterGate).
-func (c *Consumer) queueGate(b *pgx.Batch, t *timeouts) {
+func (c *deps) queueGate(b *pgx.Batch, t *timeouts) {
 	b.Queue("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')").QueryRow(func(row pgx.Row) error {
 		return row.Scan(&t.lock, &t.statement)
 	})
@@ -126,9 +126,9 @@ func raceLockTimeout(cfg *Config) time.Duration {
 // serializedNow reports whether a transaction starting now takes the gate,
 // and logs when the partition starts or stops racing.
 func (w *worker) serializedNow() bool {
-	s := w.c.gate.Serialized(time.Now())
+	s := w.gate.Serialized(time.Now())
 	if w.wasSerialized && !s {
-		w.c.log.Info("contention: this partition's transactions race the consumer's others again", w.logAttrs(
+		w.log.Info("contention: this partition's transactions race the consumer's others again", w.logAttrs(
 			slog.Int("batch_limit", w.pace.Limit(false)))...)
 	}
 	w.wasSerialized = s
@@ -141,21 +141,21 @@ func (w *worker) paced(ctx context.Context, info BatchInfo, out *txOutcome, took
 	switch {
 	case out.contention:
 		entered := w.pace.Contended(info.Size, info.Serialized, time.Now())
-		serialized := w.c.gate.Serialized(time.Now())
+		serialized := w.gate.Serialized(time.Now())
 		limit := w.pace.Limit(serialized)
-		w.c.log.Debug("contention: the transaction lost a race for rows; retrying with a smaller batch", w.logAttrs(
+		w.log.Debug("contention: the transaction lost a race for rows; retrying with a smaller batch", w.logAttrs(
 			slog.Int64("offset", info.FirstOffset), slog.Int("messages", info.Size), slog.Int("batch_limit", limit),
 			slog.String("error", out.err.Error()))...)
 		if entered {
-			w.c.log.Info("contention: the consumer's transactions take turns for a while instead of racing each other", w.logAttrs(
-				slog.Time("until", w.c.gate.Until()), slog.Int("batch_limit", limit), slog.String("error", out.err.Error()))...)
+			w.log.Info("contention: the consumer's transactions take turns for a while instead of racing each other", w.logAttrs(
+				slog.Time("until", w.gate.Until()), slog.Int("batch_limit", limit), slog.String("error", out.err.Error()))...)
 		}
 		c := Contention{Err: out.err, BatchLimit: limit, Serialized: serialized}
-		for _, h := range w.c.hooks.Contention {
+		for _, h := range w.hooks.Contention {
 			h(ctx, info, c)
 		}
 	case out.gateBusy:
-		w.c.log.Debug("contention: the consumer's gate is held too long (a slow handler, a row locked elsewhere); the next transaction races", w.logAttrs(
+		w.log.Debug("contention: the consumer's gate is held too long (a slow handler, a row locked elsewhere); the next transaction races", w.logAttrs(
 			slog.Int64("offset", info.FirstOffset))...)
 	case out.committed > 0:
 		w.pace.Committed(out.committed, took, out.held)
@@ -172,7 +172,7 @@ func (w *worker) paceRow(serialized bool) *attempts.Pace {
 		return nil
 	}
 	row := attempts.Pace{Run: w.runID, BatchLimit: w.pace.Limit(serialized), ContentionRetries: w.pace.Retries(),
-		LastContention: w.pace.LastContention(), SerializedUntil: w.c.gate.Until()}
+		LastContention: w.pace.LastContention(), SerializedUntil: w.gate.Until()}
 	if row == w.paceShown {
 		return nil
 	}
@@ -183,7 +183,7 @@ func (w *worker) paceRow(serialized bool) *attempts.Pace {
 // record, when there is something new to show.
 func (a *txAttempt) queuePace(b *pgx.Batch) {
 	if a.paceRow != nil {
-		a.c.attempts.QueuePace(b, a.c.cfg.Name, a.topic, a.partition, *a.paceRow)
+		a.attempts.QueuePace(b, a.cfg.Name, a.topic, a.partition, *a.paceRow)
 	}
 }
 
@@ -197,7 +197,7 @@ const stuckAfter = 50
 // not got past offset since.
 func (w *worker) warnIfStuck(offset int64, lost int, err error) {
 	if lost%stuckAfter == 0 {
-		w.c.log.Warn("contention: the partition keeps losing races for rows at this offset; is a transaction outside the consumer holding them?", w.logAttrs(
+		w.log.Warn("contention: the partition keeps losing races for rows at this offset; is a transaction outside the consumer holding them?", w.logAttrs(
 			slog.Int64("offset", offset), slog.Int("lost", lost), slog.Int("batch_limit", w.pace.Limit(w.wasSerialized)), slog.String("error", err.Error()))...)
 	}
 }
@@ -208,17 +208,17 @@ func (w *worker) warnIfStuck(offset int64, lost int, err error) {
 // then until the transaction ends).
 func (a *txAttempt) begin(ctx context.Context, b *pgx.Batch) (bt *batchTx, gated time.Time, err error) {
 	if !a.serialized {
-		sess := a.c.session()
+		sess := a.session()
 		if a.racing {
 			sess = sess.racing
 		}
-		bt, err = a.c.beginIn(ctx, sess, b)
+		bt, err = a.beginIn(ctx, sess, b)
 		return bt, time.Now(), err
 	}
 	gate := &pgx.Batch{}
 	var before timeouts
-	a.c.queueGate(gate, &before)
-	if bt, err = a.c.beginWith(ctx, gate); err != nil {
+	a.queueGate(gate, &before)
+	if bt, err = a.beginWith(ctx, gate); err != nil {
 		if isContention(err) {
 			err = &gateBusyError{err: err}
 		}

@@ -13,7 +13,7 @@ type querier = schema.Querier
 
 // inTx runs fn in a transaction of its own with the session settings
 // applied, committing when fn returns nil.
-func (c *Consumer) inTx(ctx context.Context, fn func(q querier) error) error {
+func (c *deps) inTx(ctx context.Context, fn func(q querier) error) error {
 	return pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
 		if err := c.applySession(ctx, tx); err != nil {
 			return err
@@ -24,7 +24,7 @@ func (c *Consumer) inTx(ctx context.Context, fn func(q querier) error) error {
 
 // readOnly runs fn in a transaction, with the session settings applied,
 // that is rolled back.
-func (c *Consumer) readOnly(ctx context.Context, fn func(q querier) error) error {
+func (c *deps) readOnly(ctx context.Context, fn func(q querier) error) error {
 	tx, err := c.db.Begin(ctx)
 	if err != nil {
 		return err
@@ -37,7 +37,7 @@ func (c *Consumer) readOnly(ctx context.Context, fn func(q querier) error) error
 }
 
 // applySession sets the session settings for the rest of tx.
-func (c *Consumer) applySession(ctx context.Context, tx pgx.Tx) error {
+func (c *deps) applySession(ctx context.Context, tx pgx.Tx) error {
 	s := c.session()
 	if s.sql == "" {
 		return nil
@@ -48,7 +48,7 @@ func (c *Consumer) applySession(ctx context.Context, tx pgx.Tx) error {
 
 // inOneTrip runs b's statements in a transaction with the session
 // settings applied, in one round trip when the DB sends batches.
-func (c *Consumer) inOneTrip(ctx context.Context, b *pgx.Batch) error {
+func (c *deps) inOneTrip(ctx context.Context, b *pgx.Batch) error {
 	full := &pgx.Batch{}
 	c.session().queue(full)
 	full.QueuedQueries = append(full.QueuedQueries, b.QueuedQueries...)

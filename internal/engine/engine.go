@@ -34,20 +34,29 @@ type DB interface {
 // membership, one worker per assigned partition, the offset committer,
 // maintenance and the dead-letter publisher.
 type Consumer struct {
+	*deps
+	running atomic.Bool
+}
+
+// deps are what the engine's parts are given, the same for all of them:
+// the database and the stores on it, the configuration, the user's code
+// and hooks, and the state the consumer's partitions share (the gate, the
+// session settings, whether the batch handler uses Tx).
+type deps struct {
 	db    DB
 	cfg   Config
 	log   *slog.Logger
 	hooks Hooks
 	// user is the handler and the id function, as the engine calls them.
-	user    userCode
-	claims  *claims.Store
-	offsets *positions.Store
+	user     userCode
+	claims   *claims.Store
+	offsets  *positions.Store
+	letters  *letters.Store
+	attempts *attempts.Store
+	retry    retry.Policy
 	// batchUsesTx is set once the BatchHandler used Batch.Tx during a
 	// one-trip attempt: batches then always open their transaction first.
 	batchUsesTx atomic.Bool
-	letters     *letters.Store
-	attempts    *attempts.Store
-	retry       retry.Policy
 	// gate says when the consumer's transactions take its gate, an
 	// advisory lock keyed gateKey (see contention.go).
 	gate    *pace.Gate
@@ -57,8 +66,7 @@ type Consumer struct {
 	// sess holds the session settings every transaction starts with. Run
 	// replaces it once it knows the server's version, while Redrive may
 	// already be reading it from another goroutine.
-	sess    atomic.Pointer[session]
-	running atomic.Bool
+	sess atomic.Pointer[session]
 }
 
 // session is what every transaction of the consumer starts with: the
@@ -84,7 +92,7 @@ func (s *session) queue(b *pgx.Batch) {
 }
 
 // session returns the current session settings.
-func (c *Consumer) session() *session { return c.sess.Load() }
+func (c *deps) session() *session { return c.sess.Load() }
 
 // New returns an engine for cfg, which consumer.New has validated and
 // given its defaults.
@@ -105,7 +113,7 @@ func New(db DB, c Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := &Consumer{
+	out := &deps{
 		db:       db,
 		cfg:      c,
 		log:      c.Logger.With(slog.String("consumer", c.Name)),
@@ -124,13 +132,13 @@ func New(db DB, c Config) (*Consumer, error) {
 	if c.DeadLetterTopic != "" {
 		out.publish = make(chan struct{}, 1)
 	}
-	return out, nil
+	return &Consumer{deps: out}, nil
 }
 
 // setSession sets the statement that applies the session settings, and
 // the one that opens a one-trip batch: the same settings and the checked
 // advance of the position in one SELECT.
-func (c *Consumer) setSession(cfg *Config, checkClient bool) {
+func (c *deps) setSession(cfg *Config, checkClient bool) {
 	s := c.newSession(sessionSettings(cfg, checkClient))
 	racing := *cfg
 	racing.LockTimeout = raceLockTimeout(cfg)
@@ -138,7 +146,7 @@ func (c *Consumer) setSession(cfg *Config, checkClient bool) {
 	c.sess.Store(s)
 }
 
-func (c *Consumer) newSession(sql string, args []any) *session {
+func (c *deps) newSession(sql string, args []any) *session {
 	// The one-trip head also opens the batch (see positions.QueueOpen),
 	// with the advance's consumer, topic and partition.
 	head := c.offsets.AdvanceChecked(len(args)+1) + ", " + c.offsets.OpenExpr(len(args)+1)
@@ -325,7 +333,7 @@ const levelKafkaChatter = slog.LevelDebug - 4
 
 // wakePublisher tells the dead-letter topic publisher that letters were
 // written.
-func (c *Consumer) wakePublisher() {
+func (c *deps) wakePublisher() {
 	if c.publish == nil {
 		return
 	}

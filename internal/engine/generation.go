@@ -27,7 +27,7 @@ func (c *Consumer) startGeneration(runCtx context.Context, gen *kafka.Generation
 			assigned++
 			workers.Add(1)
 			all.Add(1)
-			w := &worker{c: c, committer: committer, topic: topic, partition: pa.ID, kafkaOffset: pa.Offset}
+			w := &worker{deps: c.deps, committer: committer, topic: topic, partition: pa.ID, kafkaOffset: pa.Offset}
 			gen.Start(func(genCtx context.Context) {
 				defer all.Done()
 				defer workers.Done()

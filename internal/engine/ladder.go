@@ -26,7 +26,7 @@ type ladder struct {
 }
 
 func (w *worker) newLadder() *ladder {
-	return &ladder{w: w, backoff: w.c.retry.New(), short: contentionWaits.New()}
+	return &ladder{w: w, backoff: w.retry.New(), short: contentionWaits.New()}
 }
 
 // step runs one transaction over items[:p.n] and hands on the messages it
@@ -70,7 +70,7 @@ func (l *ladder) again(stop context.Context, offset int64, what string, out *txO
 		l.w.warnIfStuck(offset, l.lost, out.err)
 		wait = l.short
 	default:
-		l.w.c.log.Warn(what+" failed; retrying", l.w.logAttrs(slog.Int64("offset", offset),
+		l.w.log.Warn(what+" failed; retrying", l.w.logAttrs(slog.Int64("offset", offset),
 			slog.String("class", classInfra.String()), slog.String("error", out.err.Error()))...)
 	}
 	return l.pause(stop, wait)
@@ -91,7 +91,7 @@ func (l *ladder) pause(stop context.Context, b *retry.Backoff) error {
 // backing off between failures and warning with what, or until stop (then
 // it returns errInterrupted).
 func (w *worker) retryUntil(stop context.Context, what string, fn func() error) error {
-	backoff := w.c.retry.New()
+	backoff := w.retry.New()
 	for {
 		err := fn()
 		if err == nil {
@@ -100,7 +100,7 @@ func (w *worker) retryUntil(stop context.Context, what string, fn func() error) 
 		if stop.Err() != nil {
 			return errInterrupted
 		}
-		w.c.log.Warn(what+"; retrying", w.logAttrs(slog.String("error", err.Error()))...)
+		w.log.Warn(what+"; retrying", w.logAttrs(slog.String("error", err.Error()))...)
 		if retry.Sleep(stop, backoff.Next()) != nil {
 			return errInterrupted
 		}

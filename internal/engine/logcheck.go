@@ -94,7 +94,7 @@ func (w *worker) readLog(stop, work context.Context) (logView, error) {
 	if err := errors.Join(posErr, boundsErr); err != nil || !v.outside(v.start(w.kafkaOffset)) {
 		return v, err
 	}
-	w.c.log.Info("the partition's start is outside the log's bounds read at the same time; reading them again, the stored position first",
+	w.log.Info("the partition's start is outside the log's bounds read at the same time; reading them again, the stored position first",
 		w.logAttrs(slog.Int64("offset", v.start(w.kafkaOffset)), slog.Int64("log_start", v.logStart), slog.Int64("log_end", v.logEnd))...)
 	return w.readLogInOrder(stop, work)
 }
@@ -109,7 +109,7 @@ func (w *worker) readLogInOrder(stop, work context.Context) (v logView, err erro
 }
 
 func (w *worker) bounds(ctx context.Context) (first, end int64, err error) {
-	return kafkafetch.Bounds(ctx, w.c.cfg.Dialer, w.c.cfg.Brokers, w.topic, w.partition)
+	return kafkafetch.Bounds(ctx, w.cfg.Dialer, w.cfg.Brokers, w.topic, w.partition)
 }
 
 // processedPosition is the stored position, -1 when there is none: the

@@ -48,7 +48,7 @@ import (
 // valid ids, no suspect to skip, no duplicates in the previous batch and a
 // known stored position.
 func (a *txAttempt) oneTripEligible() bool {
-	if a.c.cfg.HandleBatch == nil || a.c.cfg.ClaimFirst || a.c.batchUsesTx.Load() || !a.positionKnown {
+	if a.cfg.HandleBatch == nil || a.cfg.ClaimFirst || a.batchUsesTx.Load() || !a.positionKnown {
 		return false
 	}
 	if a.serialized {
@@ -66,7 +66,7 @@ func (a *txAttempt) oneTripEligible() bool {
 		return false
 	}
 	for i := range a.items {
-		if a.items[i].idErr != nil || a.items[i].suspect != nil && a.c.cfg.SuspectDuplicates == SkipSuspects {
+		if a.items[i].idErr != nil || a.items[i].suspect != nil && a.cfg.SuspectDuplicates == SkipSuspects {
 			return false
 		}
 	}
@@ -113,17 +113,17 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 		for k, i := range st.claimItem {
 			msgs[k] = &items[i].msg
 		}
-		b = a.c.user.newBatch(msgs, st.claimItem)
+		b = a.user.newBatch(msgs, st.claimItem)
 		ahead := &notx.Tx{}
 		began := time.Now()
-		err := a.c.user.callBatch(hctx, a.uc, ahead, b)
+		err := a.user.callBatch(hctx, a.uc, ahead, b)
 		took = time.Since(began)
 		if errors.Is(err, usercall.ErrAbandoned) {
 			return infra(err), true // nobody reads it: the worker has moved on
 		}
 		if ahead.Used() {
-			a.c.batchUsesTx.Store(true)
-			a.c.log.Info("the batch handler uses Batch.Tx; batches open their transaction before calling it from now on", a.logAttrs()...)
+			a.batchUsesTx.Store(true)
+			a.log.Info("the batch handler uses Batch.Tx; batches open their transaction before calling it from now on", a.logAttrs()...)
 		}
 		if err != nil || ahead.Used() || a.uc.TimedOut() {
 			// The ordinary way calls the handler again, in an open
@@ -136,20 +136,20 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	// closing, COMMIT): as few as the position check, the
 	// session settings and the claims allow (on small batches each costs
 	// the server about as much as the claim itself).
-	sess := a.c.session()
+	sess := a.session()
 	if a.racing {
 		sess = sess.racing
 	}
 	q := &pgx.Batch{}
 	q.Queue("BEGIN")
 	head := append(make([]any, 0, len(sess.args)+5), sess.args...)
-	q.Queue(sess.oneTripHead, append(head, a.c.cfg.Name, a.topic, a.partition, a.next, items[n-1].msg.Offset+1)...)
+	q.Queue(sess.oneTripHead, append(head, a.cfg.Name, a.topic, a.partition, a.next, items[n-1].msg.Offset+1)...)
 	claimed := len(st.claims) == 0
 	if !claimed {
-		a.c.claims.QueueClaimNew(q, a.c.cfg.Name, a.topic, a.partition, st.claims, &claimed)
+		a.claims.QueueClaimNew(q, a.cfg.Name, a.topic, a.partition, st.claims, &claimed)
 	}
 	if len(resentIDs) > 0 {
-		a.c.claims.QueueExpectClaimed(q, a.c.cfg.Name, resentIDs, resentFps)
+		a.claims.QueueExpectClaimed(q, a.cfg.Name, resentIDs, resentFps)
 	}
 	if b != nil {
 		q.QueuedQueries = append(q.QueuedQueries, b.statements()...)
@@ -157,12 +157,12 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	// The batch's closing fails if a queued COMMIT or ROLLBACK ended the
 	// transaction (a queued COMMIT itself is refused: see
 	// positions.QueueOpen).
-	a.c.offsets.QueueClose(q, a.c.cfg.Name, a.topic, a.partition)
+	a.offsets.QueueClose(q, a.cfg.Name, a.topic, a.partition)
 	a.queueSuspects(q, n)
 	a.queuePace(q)
 	queueCommit(q)
 
-	conn, err := a.c.db.Acquire(ctx)
+	conn, err := a.db.Acquire(ctx)
 	if err != nil {
 		return infra(fmt.Errorf("begin: %w", err)), true
 	}
@@ -185,7 +185,7 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 		// one the server could not prepare), or the block was rolled back
 		// at COMMIT: nothing committed. The ordinary path runs the batch
 		// and finds the culprit.
-		a.c.log.Debug("one-round-trip attempt dropped; running the batch claim-first", a.logAttrs(
+		a.log.Debug("one-round-trip attempt dropped; running the batch claim-first", a.logAttrs(
 			slog.Int64("offset", items[0].msg.Offset), slog.String("why", "the pipeline was refused"), slog.String("error", err.Error()))...)
 		return txOutcome{}, false
 	case errors.As(err, &pgErr):
@@ -213,7 +213,7 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 			// same rows. The worker adapts first (see contention.go).
 			return infra(fmt.Errorf("batch: %w", err)), true
 		}
-		a.c.log.Debug("one-round-trip attempt dropped; running the batch claim-first", a.logAttrs(
+		a.log.Debug("one-round-trip attempt dropped; running the batch claim-first", a.logAttrs(
 			slog.Int64("offset", items[0].msg.Offset), slog.String("why", why), slog.String("error", pgErr.Error()))...)
 		return txOutcome{}, false
 	}

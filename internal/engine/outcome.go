@@ -56,7 +56,7 @@ func infra(err error) txOutcome {
 // about a COMMIT that was sent): leave the Kafka offset alone and run the
 // batch again on a new connection, where the claims tell which it was.
 func (a *txAttempt) commitUnknown(err error) txOutcome {
-	a.c.log.Warn("COMMIT outcome unknown; the batch will run again and its claims decide", a.logAttrs(
+	a.log.Warn("COMMIT outcome unknown; the batch will run again and its claims decide", a.logAttrs(
 		slog.Int64("offset", a.items[0].msg.Offset), slog.String("error", err.Error()))...)
 	return infra(fmt.Errorf("commit outcome unknown: %w", err))
 }

@@ -40,12 +40,12 @@ func (t *batchTx) cutLoose() {
 // beginWith begins a transaction, applies the session settings and runs b
 // in it, in one round trip: BEGIN travels with the batch's first
 // statements.
-func (c *Consumer) beginWith(ctx context.Context, b *pgx.Batch) (*batchTx, error) {
+func (c *deps) beginWith(ctx context.Context, b *pgx.Batch) (*batchTx, error) {
 	return c.beginIn(ctx, c.session(), b)
 }
 
 // beginIn is beginWith with the given session settings.
-func (c *Consumer) beginIn(ctx context.Context, sess *session, b *pgx.Batch) (*batchTx, error) {
+func (c *deps) beginIn(ctx context.Context, sess *session, b *pgx.Batch) (*batchTx, error) {
 	first := &pgx.Batch{}
 	sess.queue(first)
 	b = &pgx.Batch{QueuedQueries: append(first.QueuedQueries, b.QueuedQueries...)}

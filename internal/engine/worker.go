@@ -26,7 +26,7 @@ var ErrMessagesDeleted = errors.New("messages were deleted from the log before t
 
 // worker processes one assigned partition for one generation.
 type worker struct {
-	c           *Consumer
+	*deps
 	committer   *committer
 	topic       string
 	partition   int
@@ -107,8 +107,8 @@ func (w *worker) endCleanly(work context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(work), 2*time.Second)
 	defer cancel()
-	if err := w.c.attempts.Ended(ctx, w.c.db, w.c.cfg.Name, w.topic, w.partition, w.runID); err != nil {
-		w.c.log.Warn("could not record a clean end of the partition run", w.logAttrs(slog.String("error", err.Error()))...)
+	if err := w.attempts.Ended(ctx, w.db, w.cfg.Name, w.topic, w.partition, w.runID); err != nil {
+		w.log.Warn("could not record a clean end of the partition run", w.logAttrs(slog.String("error", err.Error()))...)
 	}
 }
 
@@ -121,12 +121,12 @@ func (w *worker) report(ctx context.Context, perr *PartitionError) {
 	var conflict *FingerprintConflictError
 	if errors.As(perr, &conflict) {
 		attrs = append(attrs, slog.Int64("offset", conflict.Offset), slog.String("message_id", conflict.MessageID))
-		for _, h := range w.c.hooks.Conflict {
+		for _, h := range w.hooks.Conflict {
 			h(ctx, conflict)
 		}
 	}
-	w.c.log.Error("partition stopped: nothing after this message is processed until it is resolved", attrs...)
-	for _, h := range w.c.hooks.Stopped {
+	w.log.Error("partition stopped: nothing after this message is processed until it is resolved", attrs...)
+	for _, h := range w.hooks.Stopped {
 		h(ctx, perr)
 	}
 }
@@ -141,10 +141,10 @@ func (w *worker) consume(stop, work context.Context) error {
 		return err
 	}
 	w.next, w.assignedStart = start, start
-	if d := w.c.cfg.SuspectDuplicateWindow; d > 0 {
+	if d := w.cfg.SuspectDuplicateWindow; d > 0 {
 		w.recent = recent.New(SuspectWindowMessages, d)
 	}
-	backoff := w.c.retry.New()
+	backoff := w.retry.New()
 	for stop.Err() == nil {
 		err := w.fetchAndProcess(stop, work)
 		if err == nil || stop.Err() != nil {
@@ -159,7 +159,7 @@ func (w *worker) consume(stop, work context.Context) error {
 		}
 		var lost *positionLostError
 		if errors.As(err, &lost) {
-			w.c.log.Error("the database lost committed transactions; fetching again from the stored position", w.logAttrs(
+			w.log.Error("the database lost committed transactions; fetching again from the stored position", w.logAttrs(
 				slog.Int64("stored_position", lost.stored), slog.Int64("committed_up_to", lost.believed), slog.Bool("position_missing", lost.missing))...)
 			// Without a stored position, the next commit creates one, as
 			// the first commit of a run does: until then there is nothing
@@ -172,7 +172,7 @@ func (w *worker) consume(stop, work context.Context) error {
 				return lost
 			}
 		}
-		w.c.log.Warn("fetch failed; reopening the partition", w.logAttrs(slog.Int64("offset", w.next), slog.String("error", err.Error()))...)
+		w.log.Warn("fetch failed; reopening the partition", w.logAttrs(slog.Int64("offset", w.next), slog.String("error", err.Error()))...)
 		if retry.Sleep(stop, backoff.Next()) != nil {
 			return nil
 		}
@@ -184,17 +184,17 @@ func (w *worker) consume(stop, work context.Context) error {
 // fails.
 func (w *worker) fetchAndProcess(stop, work context.Context) error {
 	f, err := kafkafetch.Open(kafkafetch.Config{
-		Brokers:   w.c.cfg.Brokers,
-		Dialer:    w.c.cfg.Dialer,
+		Brokers:   w.cfg.Brokers,
+		Dialer:    w.cfg.Dialer,
 		Topic:     w.topic,
 		Partition: w.partition,
 		Start:     w.next,
-		MaxBatch:  w.c.cfg.MaxBatch,
-		Linger:    w.c.cfg.MaxWait,
-		Quiet:     kafkafetch.QuietFor(w.c.cfg.MaxWait),
-		MaxBytes:  w.c.cfg.FetchMaxBytes,
-		Logger:    kafkaLogger(w.c.log, levelKafkaChatter),
-		ErrLog:    kafkaLogger(w.c.log, slog.LevelDebug),
+		MaxBatch:  w.cfg.MaxBatch,
+		Linger:    w.cfg.MaxWait,
+		Quiet:     kafkafetch.QuietFor(w.cfg.MaxWait),
+		MaxBytes:  w.cfg.FetchMaxBytes,
+		Logger:    kafkaLogger(w.log, levelKafkaChatter),
+		ErrLog:    kafkaLogger(w.log, slog.LevelDebug),
 		// Every fetch hands out the offset expected next or explains the
 		// gap (kafka-go skips deleted messages silently): a loss ends the
 		// batches before it, and comes back as a DeletedError.
@@ -250,7 +250,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 		switch {
 		case start < 0 || start < pos:
 			if start >= 0 {
-				w.c.log.Info("group offset is behind the stored position (rewound, or the last offset commit was lost); starting at the stored position, skipping messages already processed",
+				w.log.Info("group offset is behind the stored position (rewound, or the last offset commit was lost); starting at the stored position, skipping messages already processed",
 					w.logAttrs(slog.Int64("kafka_offset", start), slog.Int64("stored_position", pos), slog.Int64("skipped", pos-start))...)
 			}
 			start = pos
@@ -264,7 +264,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 			// again from the stored position loses nothing and applies
 			// nothing twice. (To skip messages on purpose, move the stored
 			// position: kafkaonce replay does.)
-			w.c.log.Warn("group offset is ahead of the stored position: the database is missing processed messages (restored from a backup? a failover to a lagging replica?); processing again from the stored position",
+			w.log.Warn("group offset is ahead of the stored position: the database is missing processed messages (restored from a backup? a failover to a lagging replica?); processing again from the stored position",
 				w.logAttrs(slog.Int64("kafka_offset", start), slog.Int64("stored_position", pos), slog.Int64("reprocessed", start-pos))...)
 			start = pos
 			w.committer.mark(w.topic, w.partition, pos)
@@ -277,7 +277,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 		start = logEnd
 	}
 	a.Start = start
-	for _, h := range w.c.hooks.Assigned {
+	for _, h := range w.hooks.Assigned {
 		h(stop, a)
 	}
 	if v.outside(start) && stop.Err() != nil {
@@ -301,33 +301,33 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	var starts int
 	var inProgress bool
 	err = w.retryUntil(stop, "partition assignment: cannot record the start", func() (err error) {
-		w.runID, starts, inProgress, w.attemptsUpTo, err = w.c.attempts.Assigned(work, w.c.db, w.c.cfg.Name, w.topic, w.partition, start)
+		w.runID, starts, inProgress, w.attemptsUpTo, err = w.attempts.Assigned(work, w.db, w.cfg.Name, w.topic, w.partition, start)
 		return err
 	})
 	if err != nil {
 		return 0, err
 	}
 	w.started = true
-	w.pace = pace.New(w.c.cfg.MaxBatch, w.c.gate)
+	w.pace = pace.New(w.cfg.MaxBatch, w.gate)
 	w.paceShown = attempts.Pace{Run: w.runID, BatchLimit: w.pace.Limit(false)}
 	if starts >= 2 || inProgress {
 		// The previous run did not get past this offset: it may have died on
 		// a message of its first batch. Go one message at a time, counting
 		// attempts, so a message that kills the process is found and set
 		// aside after MaxAttempts.
-		w.carefulUntil = start + int64(w.c.cfg.MaxBatch)
-		w.c.log.Warn("the previous run of this partition did not get past this offset; processing the next messages one at a time, counting attempts",
+		w.carefulUntil = start + int64(w.cfg.MaxBatch)
+		w.log.Warn("the previous run of this partition did not get past this offset; processing the next messages one at a time, counting attempts",
 			w.logAttrs(slog.Int64("offset", start), slog.Int("starts", starts))...)
 	}
-	w.c.log.Info("partition assigned", w.logAttrs(slog.Int64("offset", start), slog.Int64("log_end", logEnd))...)
+	w.log.Info("partition assigned", w.logAttrs(slog.Int64("offset", start), slog.Int64("log_end", logEnd))...)
 	return start, nil
 }
 
 func (w *worker) loadPosition(ctx context.Context) (pos int64, has bool, err error) {
 	// One round trip, in a transaction that carries the session timeouts.
 	b := &pgx.Batch{}
-	w.c.offsets.QueueLoad(b, w.c.cfg.Name, w.topic, w.partition, &pos, &has)
-	if err := w.c.inOneTrip(ctx, b); err != nil {
+	w.offsets.QueueLoad(b, w.cfg.Name, w.topic, w.partition, &pos, &has)
+	if err := w.inOneTrip(ctx, b); err != nil {
 		return 0, false, fmt.Errorf("offsets: load %s/%d: %w", w.topic, w.partition, err)
 	}
 	return pos, has, nil

@@ -11,6 +11,65 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
+// afterCommit reports the committed messages and hands their offset to the
+// Kafka committer. This is the only path to an offset commit, and it runs
+// only after the database commit succeeded.
+func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *batchState) {
+	last := items[len(items)-1].msg.Offset
+	for _, cf := range st.conflicts {
+		if cf.Offset > last {
+			// Behind where a savepoint transaction was cut: not set aside
+			// yet (the next transaction does, and reports it).
+			continue
+		}
+		w.log.Error("message id reused for different content; the message was set aside", w.logAttrs(
+			slog.Int64("offset", cf.Offset), slog.String("message_id", cf.MessageID), slog.String("error", cf.Error()))...)
+		for _, h := range w.hooks.Conflict {
+			h(ctx, cf)
+		}
+	}
+	for _, i := range st.failedInTx {
+		w.reportFailure(ctx, &items[i].msg, st.fails[i])
+	}
+	deadLettered := false
+	for i := range items {
+		switch st.fates[i] {
+		case fateApplied:
+			for _, h := range w.hooks.Applied {
+				h(ctx, &items[i].msg)
+			}
+		case fateSkipped, fateSkippedInBatch, fateSkippedSuspect:
+			reason := SkipAlreadyClaimed
+			switch st.fates[i] {
+			case fateSkippedInBatch:
+				reason = SkipDuplicateInBatch
+			case fateSkippedSuspect:
+				reason = SkipSuspectDuplicate
+			}
+			for _, h := range w.hooks.Skipped {
+				h(ctx, &items[i].msg, reason)
+			}
+		case fateDeadLettered:
+			deadLettered = true
+			f := st.fails[i]
+			w.log.Error("message set aside in dead_letters", w.logAttrs(slog.Int64("offset", items[i].msg.Offset),
+				slog.String("message_id", items[i].msg.ID), slog.String("class", string(f.kind)), slog.Int("attempt", f.attempts),
+				slog.String("error", f.err.Error()))...)
+			for _, h := range w.hooks.Dead {
+				h(ctx, &items[i].msg, DeadLettered{Class: f.kind, Err: f.err, Attempts: f.attempts})
+			}
+		}
+	}
+	if p.clearAttempts && last >= w.attemptsUpTo {
+		w.attemptsUpTo = -1
+	}
+	if deadLettered {
+		w.wakePublisher()
+	}
+	w.next, w.positionKnown = last+1, true
+	w.committer.mark(w.topic, w.partition, w.next)
+}
+
 // committer commits processed offsets to Kafka for one generation. Workers
 // mark a partition's next offset only after the database transaction that
 // processed the messages below it committed; the committer sends the latest

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,31 +67,6 @@ type deps struct {
 	sess atomic.Pointer[session]
 }
 
-// session is what every transaction of the consumer starts with: the
-// configured timeouts, set for that transaction only.
-type session struct {
-	// sql sets them; empty when all are LeaveUnset.
-	sql  string
-	args []any
-	// oneTripHead opens a one-trip batch: the same settings and the
-	// checked advance of the position in one SELECT (see oneTrip).
-	oneTripHead string
-	// racing is the same for a transaction that races the consumer's
-	// others: its lock_timeout is raceLockTimeout's (see contention.go).
-	// It costs nothing more: the same statement, another value.
-	racing *session
-}
-
-// queue adds the settings to b, which runs in a transaction.
-func (s *session) queue(b *pgx.Batch) {
-	if s.sql != "" {
-		b.Queue(s.sql, s.args...)
-	}
-}
-
-// session returns the current session settings.
-func (c *deps) session() *session { return c.sess.Load() }
-
 // New returns an engine for cfg, which consumer.New has validated and
 // given its defaults.
 func New(db DB, c Config) (*Consumer, error) {
@@ -133,63 +106,6 @@ func New(db DB, c Config) (*Consumer, error) {
 		out.publish = make(chan struct{}, 1)
 	}
 	return &Consumer{deps: out}, nil
-}
-
-// setSession sets the statement that applies the session settings, and
-// the one that opens a one-trip batch: the same settings and the checked
-// advance of the position in one SELECT.
-func (c *deps) setSession(cfg *Config, checkClient bool) {
-	s := c.newSession(sessionSettings(cfg, checkClient))
-	racing := *cfg
-	racing.LockTimeout = raceLockTimeout(cfg)
-	s.racing = c.newSession(sessionSettings(&racing, checkClient))
-	c.sess.Store(s)
-}
-
-func (c *deps) newSession(sql string, args []any) *session {
-	// The one-trip head also opens the batch (see positions.QueueOpen),
-	// with the advance's consumer, topic and partition.
-	head := c.offsets.AdvanceChecked(len(args)+1) + ", " + c.offsets.OpenExpr(len(args)+1)
-	if sql == "" {
-		head = "SELECT " + head
-	} else {
-		head = sql + ", " + head
-	}
-	return &session{sql: sql, args: args, oneTripHead: head}
-}
-
-// sessionSettings builds the statement that applies the configured timeouts
-// to the current transaction only (set_config(..., true) is SET LOCAL), so
-// the pool's connections go back to the application unchanged. On Postgres
-// 14 and later it also sets client_connection_check_interval, so that a
-// statement whose client is gone (a hung handler cut off by closing its
-// connection) is aborted within a second instead of running to its end.
-func sessionSettings(c *Config, checkClient bool) (string, []any) {
-	var sets []string
-	var args []any
-	add := func(name, value string) {
-		args = append(args, value)
-		sets = append(sets, fmt.Sprintf("set_config('%s', $%d, true)", name, len(args)))
-	}
-	for _, s := range []struct {
-		name string
-		d    time.Duration
-	}{
-		{"statement_timeout", c.StatementTimeout},
-		{"lock_timeout", c.LockTimeout},
-		{"idle_in_transaction_session_timeout", c.IdleInTransactionTimeout},
-	} {
-		if s.d != LeaveUnset {
-			add(s.name, strconv.FormatInt(s.d.Milliseconds(), 10))
-		}
-	}
-	if checkClient {
-		add("client_connection_check_interval", "1000")
-	}
-	if len(sets) == 0 {
-		return "", nil
-	}
-	return "SELECT " + strings.Join(sets, ", "), args
 }
 
 // Run runs the consumer until ctx ends and then drains (see

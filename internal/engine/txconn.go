@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -35,6 +36,36 @@ func (t *batchTx) cutLoose() {
 		t.pool, t.hijacked = nil, true
 	}
 	_ = netConn.Close()
+}
+
+// begin begins the attempt's transaction with b. A serialized one first
+// waits for the consumer's gate, in a round trip of its own, before it
+// locks anything; gated is when it got through (the gate is held from
+// then until the transaction ends).
+func (a *txAttempt) begin(ctx context.Context, b *pgx.Batch) (bt *batchTx, gated time.Time, err error) {
+	if !a.serialized {
+		sess := a.session()
+		if a.racing {
+			sess = sess.racing
+		}
+		bt, err = a.beginIn(ctx, sess, b)
+		return bt, time.Now(), err
+	}
+	gate := &pgx.Batch{}
+	var before timeouts
+	a.queueGate(gate, &before)
+	if bt, err = a.beginWith(ctx, gate); err != nil {
+		if isContention(err) {
+			err = &gateBusyError{err: err}
+		}
+		return nil, time.Time{}, err
+	}
+	gated = time.Now()
+	if err = bt.tx.SendBatch(ctx, afterGate(b, &before)).Close(); err != nil {
+		bt.rollback(ctx)
+		return nil, time.Time{}, err
+	}
+	return bt, gated, nil
 }
 
 // beginWith begins a transaction, applies the session settings and runs b

@@ -285,7 +285,7 @@ func (a *txAttempt) handle(hctx, ctx context.Context, tx pgx.Tx) (h handled, out
 
 // handleBatch calls the BatchHandler once with every newly claimed message
 // before the plan's savepointFrom (those after it are handled one per call,
-// in savepoints, by the loop in tx). It returns the Batch, whose queued
+// in savepoints, by handle). It returns the Batch, whose queued
 // statements the caller sends with its closing statements.
 func (a *txAttempt) handleBatch(hctx, ctx context.Context, tx pgx.Tx) (*Batch, txOutcome) {
 	var msgs []*Message

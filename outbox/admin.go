@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
 
 // Parked is a row that could not be delivered.
@@ -22,7 +20,7 @@ type Parked struct {
 }
 
 // Parked lists rows that could not be delivered, oldest first.
-func (o *Outbox) Parked(ctx context.Context, q schema.Querier, limit int) ([]Parked, error) {
+func (o *Outbox) Parked(ctx context.Context, q Querier, limit int) ([]Parked, error) {
 	rows, err := q.Query(ctx, `SELECT id, destination, message_key, message_value, attempts, coalesce(last_error, ''), created_at, failed_at
 FROM `+o.table+` WHERE failed_at IS NOT NULL ORDER BY seq LIMIT $1`, limit)
 	if err != nil {
@@ -38,7 +36,7 @@ FROM `+o.table+` WHERE failed_at IS NOT NULL ORDER BY seq LIMIT $1`, limit)
 // Retry puts parked rows back to be delivered, with fresh attempts. It is
 // for an operator, once the cause is fixed; the rows are then delivered
 // after any later rows of their keys already delivered.
-func (o *Outbox) Retry(ctx context.Context, q schema.Querier, ids ...string) (int64, error) {
+func (o *Outbox) Retry(ctx context.Context, q Querier, ids ...string) (int64, error) {
 	tag, err := q.Exec(ctx, `UPDATE `+o.table+` SET failed_at = NULL, attempts = 0, next_attempt_at = '-infinity'
 WHERE id = ANY($1) AND failed_at IS NOT NULL`, ids)
 	if err != nil {
@@ -48,7 +46,7 @@ WHERE id = ANY($1) AND failed_at IS NOT NULL`, ids)
 }
 
 // Pending counts rows waiting for delivery (not parked).
-func (o *Outbox) Pending(ctx context.Context, q schema.Querier) (int64, error) {
+func (o *Outbox) Pending(ctx context.Context, q Querier) (int64, error) {
 	var n int64
 	if err := q.QueryRow(ctx, `SELECT count(*) FROM `+o.table+` WHERE failed_at IS NULL`).Scan(&n); err != nil {
 		return 0, fmt.Errorf("outbox: pending: %w", err)

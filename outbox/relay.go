@@ -107,7 +107,7 @@ type RelayConfig struct {
 
 // Relay delivers outbox rows.
 type Relay struct {
-	db      schema.Beginner
+	db      DB
 	cfg     RelayConfig
 	table   string
 	log     *slog.Logger
@@ -133,7 +133,7 @@ func (r *Relay) Close() error {
 }
 
 // NewRelay validates cfg and returns a Relay.
-func NewRelay(db schema.Beginner, cfg *RelayConfig) (*Relay, error) {
+func NewRelay(db DB, cfg *RelayConfig) (*Relay, error) {
 	if db == nil || cfg == nil {
 		return nil, errors.New("outbox: NewRelay needs a database and a config")
 	}

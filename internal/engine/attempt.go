@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"maps"
 	"time"
@@ -90,17 +89,17 @@ func (st *batchState) reset(n int) {
 // attempt is abandoned.
 func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int) txOutcome {
 	items = items[:p.n]
+	serialized, limit, paceRow := w.paceNow()
 	info := BatchInfo{Topic: w.topic, Partition: w.partition, FirstOffset: items[0].msg.Offset,
 		LastOffset: items[len(items)-1].msg.Offset, Size: len(items), Attempt: attempt, HighWaterMark: w.hwm,
-		Serialized: w.serializedNow() && !time.Now().Before(w.raceUntil)}
-	info.BatchLimit = w.pace.Limit(info.Serialized)
+		Serialized: serialized, BatchLimit: limit}
 	for _, h := range w.hooks.Start {
 		h(work, info)
 	}
 	began := time.Now()
 	a := &txAttempt{deps: w.deps, topic: w.topic, partition: w.partition, items: items, p: p.clone(),
 		next: w.next, positionKnown: w.positionKnown, assignedStart: w.assignedStart, sawDuplicates: w.sawDuplicates,
-		st: w.scratch, serialized: info.Serialized, racing: !info.Serialized && len(items) > 1, paceRow: w.paceRow(info.Serialized)}
+		st: w.scratch, serialized: info.Serialized, racing: !serialized && len(items) > 1, paceRow: paceRow}
 	if a.st == nil {
 		a.st = &batchState{}
 	}
@@ -169,6 +168,7 @@ var strategies = [...]strategy{(*txAttempt).oneTrip, (*txAttempt).claimFirst}
 // tx runs the attempt's transaction with the first strategy that takes it.
 func (a *txAttempt) tx(hctx, ctx context.Context) txOutcome {
 	for _, s := range strategies {
+		a.st.reset(len(a.items))
 		if out, ok := s(a, hctx, ctx); ok {
 			return out
 		}
@@ -188,37 +188,6 @@ func (p *plan) clone() plan {
 
 func (a *txAttempt) logAttrs(extra ...any) []any {
 	return append([]any{slog.String("topic", a.topic), slog.Int("partition", a.partition)}, extra...)
-}
-
-// positionLostError: the stored position is behind what this worker
-// committed, so the database lost committed transactions (a crash with
-// asynchronous commit, a failover to a lagging replica, a restore). Their
-// effects, claims and positions are gone together; the worker must fetch
-// again from the stored position.
-type positionLostError struct {
-	stored, believed int64
-	// missing: the partition has no stored position at all any more; the
-	// worker goes on from where its run started, as it would at assignment
-	// without one.
-	missing bool
-}
-
-func (e *positionLostError) Error() string {
-	return fmt.Sprintf("the stored position is %d but this worker had committed up to %d: the database lost committed transactions; processing again from %d", e.stored, e.believed, e.stored)
-}
-
-// positionLost compares the stored position found by the transaction with
-// the one the worker committed last.
-func (a *txAttempt) positionLost(prev *int64) *positionLostError {
-	switch {
-	case !a.positionKnown:
-		return nil
-	case prev == nil:
-		return &positionLostError{stored: a.assignedStart, believed: a.next, missing: true}
-	case *prev < a.next:
-		return &positionLostError{stored: *prev, believed: a.next}
-	}
-	return nil
 }
 
 // messageFailure names the message in err and classifies it.

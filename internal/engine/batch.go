@@ -179,7 +179,6 @@ func (w *worker) newPlan(items []item) plan {
 // failure) runs again soon over fewer messages, and a transaction covers no
 // more than the partition's pace allows (see contention.go).
 func (w *worker) apply(stop, work context.Context, items []item) error {
-	l := w.newLadder()
 	attempt := 1
 	// Up to this offset, messages go one per transaction: a COMMIT over
 	// several of them was refused for their content.
@@ -193,6 +192,7 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 		return p
 	}
 	p := next()
+	l := w.newLadder()
 	for len(items) > 0 {
 		out, err := l.step(work, items, &p, attempt)
 		if err != nil {

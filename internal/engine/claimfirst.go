@@ -65,7 +65,6 @@ func (a *txAttempt) claimFirst(hctx, ctx context.Context) (out txOutcome, ok boo
 // (see claimFirst). bt is nil when it did not begin; out then says why.
 func (a *txAttempt) claim(ctx context.Context) (bt *batchTx, gated time.Time, out txOutcome) {
 	items, p, st := a.items, &a.p, a.st
-	st.reset(len(items))
 	for i := range items {
 		f := p.deadLetter[i]
 		if items[i].idErr != nil {
@@ -192,6 +191,37 @@ func claimedHere(items []item, st *batchState, off int64) bool {
 		}
 	}
 	return false
+}
+
+// positionLostError: the stored position is behind what this worker
+// committed, so the database lost committed transactions (a crash with
+// asynchronous commit, a failover to a lagging replica, a restore). Their
+// effects, claims and positions are gone together; the worker must fetch
+// again from the stored position.
+type positionLostError struct {
+	stored, believed int64
+	// missing: the partition has no stored position at all any more; the
+	// worker goes on from where its run started, as it would at assignment
+	// without one.
+	missing bool
+}
+
+func (e *positionLostError) Error() string {
+	return fmt.Sprintf("the stored position is %d but this worker had committed up to %d: the database lost committed transactions; processing again from %d", e.stored, e.believed, e.stored)
+}
+
+// positionLost compares the stored position found by the transaction with
+// the one the worker committed last.
+func (a *txAttempt) positionLost(prev *int64) *positionLostError {
+	switch {
+	case !a.positionKnown:
+		return nil
+	case prev == nil:
+		return &positionLostError{stored: a.assignedStart, believed: a.next, missing: true}
+	case *prev < a.next:
+		return &positionLostError{stored: *prev, believed: a.next}
+	}
+	return nil
 }
 
 // handled is what the handlers did in a transaction: the BatchHandler's
@@ -403,6 +433,14 @@ func (a *txAttempt) queueSuspects(b *pgx.Batch, end int) {
 	}
 	if len(suspects) > 0 {
 		a.claims.QueueSuspects(b, a.cfg.Name, a.topic, a.partition, suspects)
+	}
+}
+
+// queuePace adds to b the write of the partition's pace to its run's
+// record, when there is something new to show.
+func (a *txAttempt) queuePace(b *pgx.Batch) {
+	if a.paceRow != nil {
+		a.attempts.QueuePace(b, a.cfg.Name, a.topic, a.partition, *a.paceRow)
 	}
 }
 

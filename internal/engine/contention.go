@@ -123,6 +123,15 @@ func raceLockTimeout(cfg *Config) time.Duration {
 	return pace.RaceLockTimeout
 }
 
+// paceNow says how a transaction starting now runs: whether it takes the
+// consumer's gate (not while the partition races after a long wait for
+// it), the partition's batch limit, and what of the pace to write to the
+// run's record with it.
+func (w *worker) paceNow() (serialized bool, limit int, row *attempts.Pace) {
+	serialized = w.serializedNow() && !time.Now().Before(w.raceUntil)
+	return serialized, w.pace.Limit(serialized), w.paceRow(serialized)
+}
+
 // serializedNow reports whether a transaction starting now takes the gate,
 // and logs when the partition starts or stops racing.
 func (w *worker) serializedNow() bool {
@@ -177,14 +186,6 @@ func (w *worker) paceRow(serialized bool) *attempts.Pace {
 		return nil
 	}
 	return &row
-}
-
-// queuePace adds to b the write of the partition's pace to its run's
-// record, when there is something new to show.
-func (a *txAttempt) queuePace(b *pgx.Batch) {
-	if a.paceRow != nil {
-		a.attempts.QueuePace(b, a.cfg.Name, a.topic, a.partition, *a.paceRow)
-	}
 }
 
 // stuckAfter is how many transactions in a row, from the same message, lose

@@ -82,7 +82,6 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	}
 	items, st := a.items, a.st
 	n := len(items)
-	st.reset(n)
 	// Duplicates foreseen from memory are skipped without a claim: a
 	// re-send of a message this worker committed (expect_claimed checks
 	// that it is claimed, with the same content), and a repeat of an

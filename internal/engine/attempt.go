@@ -76,6 +76,7 @@ type batchState struct {
 func (st *batchState) reset(n int) {
 	st.claims, st.claimItem = st.claims[:0], st.claimItem[:0]
 	st.claimed = resize(st.claimed, n)
+	st.claimedBy = resize(st.claimedBy, n) // cut to the claims' number once they are known
 	st.fates = resize(st.fates, n)
 	st.fails = resize(st.fails, n)
 	st.conflicts, st.failedInTx = st.conflicts[:0], st.failedInTx[:0]

@@ -81,7 +81,7 @@ func (a *txAttempt) claim(ctx context.Context) (bt *batchTx, gated time.Time, ou
 		st.claims = append(st.claims, c)
 		st.claimItem = append(st.claimItem, i)
 	}
-	st.claimedBy = resize(st.claimedBy, len(st.claims))
+	st.claimedBy = st.claimedBy[:len(st.claims)]
 
 	// The stored position is locked until COMMIT, so nothing moves it under
 	// this transaction; the opening of the batch means only the consumer

@@ -1,8 +1,8 @@
 package consumer_test
 
-// The consumer's gate and the racing lock timeout (see contention.go)
-// under slow handlers, rows locked elsewhere, shutdown and a Begin-only
-// DB.
+// The consumer's gate and the racing lock timeout (see
+// internal/engine/contention.go) under slow handlers, rows locked
+// elsewhere, and shutdown.
 
 import (
 	"context"

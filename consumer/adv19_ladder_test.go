@@ -382,3 +382,46 @@ func TestAdv19SetAsideWaitsOutALockedLetterTableAndStopsOnShutdown(t *testing.T)
 	e.check(expectation{ids: all, poison: []string{"poison-1", "poison-2"}})
 	require.Equal(t, deadletter.ClassRetriesExhausted, e.letters()["poison-1"].Class)
 }
+
+// A BatchHandler call over several messages that hangs, ignoring its
+// context, is abandoned after HandlerTimeout and the grace. The call does
+// not say which message hung, as a failing call does not: the messages
+// must be told apart (one per call) before any is blamed. With
+// MaxAttempts 1, a message blamed for another's hang is set aside at
+// once: only the message that hangs may be.
+func TestAdv19AHungBatchHandlerCallBlamesNoInnocentMessage(t *testing.T) {
+	t.Parallel()
+	bothWays(t, batchPaths, func(t *testing.T, claimFirst bool) {
+		e := setup(t, 1)
+		release := make(chan struct{})
+		t.Cleanup(func() { close(release) })
+		apply := e.queueEffects()
+		cfg := e.config(nil)
+		cfg.Handler = nil
+		cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
+			for _, m := range b.Messages {
+				if m.ID == "hangs" {
+					<-release // ignores ctx
+					return errors.New("released")
+				}
+			}
+			return apply.HandleBatch(ctx, b)
+		})
+		cfg.ClaimFirst = claimFirst
+		cfg.HandlerTimeout = 200 * time.Millisecond
+		cfg.Retry.MaxAttempts = 1
+		tp := withTap(cfg)
+		e.kafka.Produce(t, e.topic, msg(0, "innocent", "v"), msg(0, "hangs", "v"), msg(0, "after", "v"))
+		r := e.start(cfg)
+		e.waitCommitted(map[int]int64{0: 3}, 25*time.Second)
+		r.stop()
+		letters := e.letters()
+		_, innocentSetAside := letters["innocent"]
+		require.Falsef(t, innocentSetAside, "the message before the hung one was set aside for its hang: %+v", letters["innocent"])
+		require.Contains(t, letters, "hangs")
+		e.requireExactlyOnce([]string{"innocent", "after"})
+		for _, f := range tp.snap().failedFor(0) {
+			t.Logf("failure reported for the innocent message: %v", f.f.Err)
+		}
+	})
+}

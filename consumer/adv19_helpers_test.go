@@ -1,0 +1,260 @@
+package consumer_test
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"time"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+)
+
+// Helpers of the adversarial tests of the engine's move behind the
+// consumer package (round 19): a hook that keeps every payload it is
+// given, copied, so that a test can compare what the engine filled in
+// with what it should have.
+
+// seenMsg is a copy of a *consumer.Message as a hook saw it (the message
+// itself is valid only during the call).
+type seenMsg struct {
+	ID        string
+	Topic     string
+	Partition int
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	Headers   []consumer.Header
+	Time      time.Time
+}
+
+func copyMsg(m *consumer.Message) seenMsg {
+	s := seenMsg{ID: m.ID, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset,
+		Key: bytes.Clone(m.Key), Value: bytes.Clone(m.Value), Time: m.Time}
+	for _, h := range m.Headers {
+		s.Headers = append(s.Headers, consumer.Header{Key: h.Key, Value: bytes.Clone(h.Value)})
+	}
+	return s
+}
+
+type tapFailure struct {
+	msg seenMsg
+	f   consumer.Failure
+}
+
+type tapDead struct {
+	msg seenMsg
+	d   consumer.DeadLettered
+}
+
+type tapSkip struct {
+	msg    seenMsg
+	reason consumer.SkipReason
+}
+
+type tapEnd struct {
+	info consumer.BatchInfo
+	res  consumer.BatchResult
+}
+
+type tapContention struct {
+	info consumer.BatchInfo
+	c    consumer.Contention
+}
+
+type tapSuspect struct {
+	msg   seenMsg
+	first consumer.SuspectOf
+}
+
+// tap implements every hook interface and keeps what it is told.
+type tap struct {
+	mu         sync.Mutex
+	assigned   []consumer.PartitionAssignment
+	stopped    []*consumer.PartitionError
+	starts     []consumer.BatchInfo
+	ends       []tapEnd
+	applied    []seenMsg
+	skipped    []tapSkip
+	conflicts  []*consumer.FingerprintConflictError
+	committed  [][]consumer.TopicPartitionOffset
+	failed     []tapFailure
+	dead       []tapDead
+	suspects   []tapSuspect
+	handlerEnd []error
+	contention []tapContention
+}
+
+var (
+	_ consumer.HookPartitionAssigned   = (*tap)(nil)
+	_ consumer.HookPartitionStopped    = (*tap)(nil)
+	_ consumer.HookBatchStart          = (*tap)(nil)
+	_ consumer.HookBatchEnd            = (*tap)(nil)
+	_ consumer.HookMessageApplied      = (*tap)(nil)
+	_ consumer.HookMessageSkipped      = (*tap)(nil)
+	_ consumer.HookFingerprintConflict = (*tap)(nil)
+	_ consumer.HookOffsetsCommitted    = (*tap)(nil)
+	_ consumer.HookMessageFailed       = (*tap)(nil)
+	_ consumer.HookMessageDeadLettered = (*tap)(nil)
+	_ consumer.HookSuspectDuplicate    = (*tap)(nil)
+	_ consumer.HookHandlerEnd          = (*tap)(nil)
+	_ consumer.HookContention          = (*tap)(nil)
+)
+
+func (t *tap) OnPartitionAssigned(_ context.Context, a consumer.PartitionAssignment) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.assigned = append(t.assigned, a)
+}
+
+func (t *tap) OnPartitionStopped(_ context.Context, err *consumer.PartitionError) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.stopped = append(t.stopped, err)
+}
+
+func (t *tap) OnBatchStart(_ context.Context, b consumer.BatchInfo) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.starts = append(t.starts, b)
+}
+
+func (t *tap) OnBatchEnd(_ context.Context, b consumer.BatchInfo, r consumer.BatchResult) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.ends = append(t.ends, tapEnd{b, r})
+}
+
+func (t *tap) OnMessageApplied(_ context.Context, m *consumer.Message) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.applied = append(t.applied, copyMsg(m))
+}
+
+func (t *tap) OnMessageSkipped(_ context.Context, m *consumer.Message, r consumer.SkipReason) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.skipped = append(t.skipped, tapSkip{copyMsg(m), r})
+}
+
+func (t *tap) OnFingerprintConflict(_ context.Context, err *consumer.FingerprintConflictError) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.conflicts = append(t.conflicts, err)
+}
+
+func (t *tap) OnOffsetsCommitted(_ context.Context, offs []consumer.TopicPartitionOffset, err error) {
+	if err != nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.committed = append(t.committed, append([]consumer.TopicPartitionOffset(nil), offs...))
+}
+
+func (t *tap) OnMessageFailed(_ context.Context, m *consumer.Message, f consumer.Failure) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.failed = append(t.failed, tapFailure{copyMsg(m), f})
+}
+
+func (t *tap) OnMessageDeadLettered(_ context.Context, m *consumer.Message, d consumer.DeadLettered) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.dead = append(t.dead, tapDead{copyMsg(m), d})
+}
+
+func (t *tap) OnSuspectDuplicate(_ context.Context, m *consumer.Message, first consumer.SuspectOf) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.suspects = append(t.suspects, tapSuspect{copyMsg(m), first})
+}
+
+func (t *tap) OnHandlerEnd(_ context.Context, _ *consumer.Message, _ time.Duration, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.handlerEnd = append(t.handlerEnd, err)
+}
+
+func (t *tap) OnContention(_ context.Context, b consumer.BatchInfo, c consumer.Contention) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.contention = append(t.contention, tapContention{b, c})
+}
+
+// tapped is a copy of what a tap saw.
+type tapped struct {
+	assigned   []consumer.PartitionAssignment
+	stopped    []*consumer.PartitionError
+	starts     []consumer.BatchInfo
+	ends       []tapEnd
+	applied    []seenMsg
+	skipped    []tapSkip
+	conflicts  []*consumer.FingerprintConflictError
+	committed  [][]consumer.TopicPartitionOffset
+	failed     []tapFailure
+	dead       []tapDead
+	suspects   []tapSuspect
+	handlerEnd []error
+	contention []tapContention
+}
+
+func (t *tap) snap() tapped {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return tapped{
+		assigned:   append([]consumer.PartitionAssignment(nil), t.assigned...),
+		stopped:    append([]*consumer.PartitionError(nil), t.stopped...),
+		starts:     append([]consumer.BatchInfo(nil), t.starts...),
+		ends:       append([]tapEnd(nil), t.ends...),
+		applied:    append([]seenMsg(nil), t.applied...),
+		skipped:    append([]tapSkip(nil), t.skipped...),
+		conflicts:  append([]*consumer.FingerprintConflictError(nil), t.conflicts...),
+		committed:  append([][]consumer.TopicPartitionOffset(nil), t.committed...),
+		failed:     append([]tapFailure(nil), t.failed...),
+		dead:       append([]tapDead(nil), t.dead...),
+		suspects:   append([]tapSuspect(nil), t.suspects...),
+		handlerEnd: append([]error(nil), t.handlerEnd...),
+		contention: append([]tapContention(nil), t.contention...),
+	}
+}
+
+// failedFor returns the failures reported for the message at offset.
+func (s tapped) failedFor(offset int64) []tapFailure {
+	var out []tapFailure
+	for _, f := range s.failed {
+		if f.msg.Offset == offset {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// deadFor returns the dead-letter reports for the message at offset.
+func (s tapped) deadFor(offset int64) []tapDead {
+	var out []tapDead
+	for _, d := range s.dead {
+		if d.msg.Offset == offset {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// withTap returns cfg with a fresh tap added to its hooks.
+func withTap(cfg *consumer.Config) *tap {
+	t := &tap{}
+	cfg.Hooks = append(cfg.Hooks, t)
+	return t
+}
+
+// queueEffects is a BatchHandler that queues one effects row per message
+// (nothing through Tx: it may run in one round trip).
+func (e *env) queueEffects() consumer.BatchHandler {
+	sql := `INSERT INTO ` + e.db.Table("effects") + ` (message_id, topic, partition, kafka_offset, value) VALUES ($1, $2, $3, $4, $5)`
+	return consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
+		for _, m := range b.Messages {
+			b.Queue(sql, m.ID, m.Topic, m.Partition, m.Offset, string(m.Value))
+		}
+		return nil
+	})
+}

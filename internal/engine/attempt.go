@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"time"
@@ -149,9 +150,17 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 }
 
 // abandonedOutcome is the outcome of an attempt whose handler hung: the
-// message it was handling failed.
+// message it was handling failed. A BatchHandler call over several
+// messages does not say which of them hung: they run again one per call,
+// as after a call that failed (see batchFailed), and none is blamed yet.
 func (w *worker) abandonedOutcome(items []item, ab *usercall.Abandoned) txOutcome {
 	msg := &items[ab.Index].msg
+	if ab.Count > 1 {
+		w.log.Error("batch handler hung; abandoned it, and handling its messages one at a time", w.logAttrs(
+			slog.Int64("offset", msg.Offset), slog.Int("messages", ab.Count), slog.Bool("timed_out", ab.TimedOut))...)
+		return txOutcome{failedAt: -1, isolate: true, err: fmt.Errorf("batch handler hung on the %d messages from offset %d; handling them one at a time: %w",
+			ab.Count, msg.Offset, ab.Err())}
+	}
 	err := &MessageError{Topic: w.topic, Partition: w.partition, Offset: msg.Offset, MessageID: msg.ID, Err: ab.Err()}
 	w.log.Error("handler hung; abandoned it", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
 		slog.Bool("timed_out", ab.TimedOut))...)

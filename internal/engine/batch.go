@@ -83,6 +83,7 @@ func (w *worker) processBatch(stop, work context.Context, raw []kafka.Message) e
 		id, err := w.user.id(&it.msg)
 		if err != nil {
 			if w.cfg.OnPermanentFailure == StopPartition {
+				w.reportFailure(work, &it.msg, invalidIDFailure(err))
 				items = items[:len(items)-1]
 				stopErr = &PartitionError{Topic: w.topic, Partition: w.partition, Err: err}
 				break
@@ -312,6 +313,6 @@ func (w *worker) reportFailure(ctx context.Context, msg *Message, f *failure) {
 	w.log.Warn("message failed", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
 		slog.Int("attempt", f.attempts), slog.String("class", f.class.String()), slog.String("error", f.err.Error()))...)
 	for _, h := range w.hooks.Failed {
-		h(ctx, msg, Failure{Err: f.err, Class: f.kind, Attempt: f.attempts, Permanent: f.class == classPermanent})
+		h(ctx, msg, Failure{Err: f.err, Class: f.kind, Attempt: max(f.attempts, 1), Permanent: f.class == classPermanent})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -52,6 +53,11 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 		case fateDeadLettered:
 			deadLettered = true
 			f := st.fails[i]
+			if f.kind == deadletter.ClassInvalidID || f.kind == deadletter.ClassConflict {
+				// Failures found without calling the handler: reported
+				// here, once, as the handler's are where they happen.
+				w.reportFailure(ctx, &items[i].msg, f)
+			}
 			w.log.Error("message set aside in dead_letters", w.logAttrs(slog.Int64("offset", items[i].msg.Offset),
 				slog.String("message_id", items[i].msg.ID), slog.String("class", string(f.kind)), slog.Int("attempt", f.attempts),
 				slog.String("error", f.err.Error()))...)

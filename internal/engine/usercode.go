@@ -61,7 +61,7 @@ func (u *userCode) call(ctx context.Context, uc *usercall.Attempt, i int, tx pgx
 // callBatch calls the BatchHandler with b, giving it tx. b is sealed when
 // the call ends; its queued statements are left to the caller.
 func (u *userCode) callBatch(ctx context.Context, uc *usercall.Attempt, tx pgx.Tx, b *Batch) error {
-	err := uc.Call(ctx, b.index[0], tx, func(ctx context.Context, tx pgx.Tx) error {
+	err := uc.CallFor(ctx, b.index[0], len(b.index), tx, func(ctx context.Context, tx pgx.Tx) error {
 		b.Tx = tx
 		return u.handleBatch(ctx, b)
 	})

@@ -86,7 +86,8 @@ type Attempt struct {
 	// monotonic clock: a step of the wall clock cuts off nothing.
 	began    time.Time
 	since    atomic.Int64
-	index    atomic.Int32 // the item the current call is for
+	index    atomic.Int32 // the (first) item the current call is for
+	count    atomic.Int32 // how many items the current call is for
 	timedOut atomic.Bool
 	cut      atomic.Pointer[func()]
 	guard    atomic.Pointer[txguard.Tx] // the current call's
@@ -116,9 +117,17 @@ func (a *Attempt) TimedOut() bool { return a.timedOut.Load() }
 // it hid. ErrAbandoned means the attempt was given up on while fn ran: the
 // caller must return at once. tx may be a notx.Tx (no transaction yet).
 func (a *Attempt) Call(ctx context.Context, i int, tx pgx.Tx, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return a.CallFor(ctx, i, 1, tx, fn)
+}
+
+// CallFor is Call for a call over n items, the first at index i (a batch
+// handler's): if it hangs, Abandoned says so, and which item hung is not
+// known.
+func (a *Attempt) CallFor(ctx context.Context, i, n int, tx pgx.Tx, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	g := txguard.Wrap(tx)
 	a.guard.Store(g)
 	a.index.Store(int32(i))
+	a.count.Store(int32(n))
 	a.since.Store(int64(time.Since(a.began)))
 	if !a.phase.CompareAndSwap(phaseIdle, phaseCalling) {
 		return ErrAbandoned
@@ -182,8 +191,8 @@ func conn(tx pgx.Tx) *pgx.Conn {
 
 // Abandoned describes an attempt given up on.
 type Abandoned struct {
-	// Index is the item the hung call was for.
-	Index int
+	// Index is the item the hung call was for: the first of Count.
+	Index, Count int
 	// TimedOut: the call ran past the timeout (otherwise the caller's
 	// context ended and the call did not return within the grace).
 	TimedOut bool
@@ -237,7 +246,7 @@ func Run[T any](ctx context.Context, l Limits, body func(hctx, ctx context.Conte
 				a.phase.Store(phaseAbandoned)
 				close(a.cutDone)
 				var zero T
-				return zero, &Abandoned{Index: int(a.index.Load()), TimedOut: a.timedOut.Load(), limits: l}
+				return zero, &Abandoned{Index: int(a.index.Load()), Count: int(a.count.Load()), TimedOut: a.timedOut.Load(), limits: l}
 			}
 			cutoff = nil // the call returned in time; the attempt goes on
 		}

@@ -16,14 +16,14 @@ import (
 	"github.com/kafkaonce/kafkaonce/deadletter"
 )
 
-var errSentinel = errors.New("adv19 sentinel")
+var errSentinel = errors.New("sentinel")
 
 // Under StopPartition, the PartitionError a partition stops with is the
 // engine's, aliased: errors.As must find in it the consumer's public
 // *MessageError (a handler's failure, with the handler's own error still
 // reachable by errors.Is) and *FingerprintConflictError (an id reused),
 // and the conflict hook is told once.
-func TestAdv19PartitionErrorsUnwrapToThePublicTypes(t *testing.T) {
+func TestPartitionErrorsUnwrapToThePublicTypes(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 2)
 	e.kafka.Produce(t, e.topic,
@@ -89,7 +89,7 @@ func TestAdv19PartitionErrorsUnwrapToThePublicTypes(t *testing.T) {
 // the rest follow. Every message is applied once, poison set aside once,
 // and the effects land in offset order: nothing after the failing message
 // is applied before it.
-func TestAdv19APartialSavepointCommitThenARetryKeepsOrder(t *testing.T) {
+func TestAPartialSavepointCommitThenARetryKeepsOrder(t *testing.T) {
 	t.Parallel()
 	bothWays(t, handlerKinds, func(t *testing.T, batched bool) {
 		e := setup(t, 1)
@@ -188,7 +188,7 @@ func TestAdv19APartialSavepointCommitThenARetryKeepsOrder(t *testing.T) {
 // elsewhere, the partition's transactions are counted over a few seconds
 // and must stay few (each waits for a lock or the gate); and once both are
 // released everything applies once, with nothing set aside.
-func TestAdv19AGateHeldElsewhereDoesNotSpinThePartition(t *testing.T) {
+func TestAGateHeldElsewhereDoesNotSpinThePartition(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 2)
 	acc := e.db.Table("accounts")
@@ -273,7 +273,7 @@ func TestAdv19AGateHeldElsewhereDoesNotSpinThePartition(t *testing.T) {
 // ladder). Alone, it meets a row locked outside the consumer: its lock
 // timeouts are contention, never attempts, however many; once the row is
 // free it is applied, not set aside for running out of its two attempts.
-func TestAdv19AMessageAloneMeetingContentionIsNotCounted(t *testing.T) {
+func TestAMessageAloneMeetingContentionIsNotCounted(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
 	acc := e.db.Table("accounts")
@@ -326,7 +326,7 @@ func TestAdv19AMessageAloneMeetingContentionIsNotCounted(t *testing.T) {
 // and not turned into a stop. Released, exactly one letter is written and
 // the partition goes on. Locked again for a second poison, shutdown ends
 // Run promptly, and the next run writes that letter.
-func TestAdv19SetAsideWaitsOutALockedLetterTableAndStopsOnShutdown(t *testing.T) {
+func TestSetAsideWaitsOutALockedLetterTableAndStopsOnShutdown(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
 	ctx := context.Background()
@@ -389,7 +389,7 @@ func TestAdv19SetAsideWaitsOutALockedLetterTableAndStopsOnShutdown(t *testing.T)
 // must be told apart (one per call) before any is blamed. With
 // MaxAttempts 1, a message blamed for another's hang is set aside at
 // once: only the message that hangs may be.
-func TestAdv19AHungBatchHandlerCallBlamesNoInnocentMessage(t *testing.T) {
+func TestAHungBatchHandlerCallBlamesNoInnocentMessage(t *testing.T) {
 	t.Parallel()
 	bothWays(t, batchPaths, func(t *testing.T, claimFirst bool) {
 		e := setup(t, 1)

@@ -27,7 +27,7 @@ func (e *partnerError) Error() string { return "partner said no" }
 // message as built, field for field; its own error back unchanged
 // (errors.As finds its type); a tx that refuses use once the call is over;
 // and its writes undone when it fails.
-func TestAdv19ConsumertestHandleGoesThroughTheEngine(t *testing.T) {
+func TestConsumertestHandleGoesThroughTheEngine(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewEmptyDB(t)
 	notes := db.Table("notes")
@@ -83,7 +83,7 @@ func TestAdv19ConsumertestHandleGoesThroughTheEngine(t *testing.T) {
 // trips (lock, then read): a redrive waiting for another's lock must read
 // the letter as the other left it (redriven), and one whose letter was
 // deleted meanwhile, or that belongs to another consumer, gets ErrNotFound.
-func TestAdv19GetForUpdateReadsTheLetterAsTheLockHolderLeftIt(t *testing.T) {
+func TestGetForUpdateReadsTheLetterAsTheLockHolderLeftIt(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
 	ctx := context.Background()
@@ -177,7 +177,7 @@ func TestAdv19GetForUpdateReadsTheLetterAsTheLockHolderLeftIt(t *testing.T) {
 // partition, and nothing else; deadletter.Store.Footprints returns the
 // offset and content fingerprint of one consumer's letters of one
 // partition in an inclusive range.
-func TestAdv19ForgetAndFootprintsSelectExactlyTheirRows(t *testing.T) {
+func TestForgetAndFootprintsSelectExactlyTheirRows(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
 	ctx := context.Background()

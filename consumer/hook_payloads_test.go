@@ -21,7 +21,7 @@ import (
 // new messages, a repeat inside the batch and a re-send after it; phase
 // two: a message that fails twice and then passes, a permanent failure and
 // a panic.
-func TestAdv19HookPayloadsSayWhatHappened(t *testing.T) {
+func TestHookPayloadsSayWhatHappened(t *testing.T) {
 	t.Parallel()
 	bothWays(t, handlerKinds, func(t *testing.T, batched bool) {
 		e := setup(t, 1)
@@ -220,7 +220,7 @@ func TestAdv19HookPayloadsSayWhatHappened(t *testing.T) {
 // attempt, "or the message could not be handled at all (an invalid id, a
 // fingerprint conflict)". Under DeadLetter both are set aside (and
 // reported to HookMessageDeadLettered), but are they reported as failures?
-func TestAdv19FailureHookSeesInvalidIDsAndConflicts(t *testing.T) {
+func TestFailureHookSeesInvalidIDsAndConflicts(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
 	e.kafka.Produce(t, e.topic,

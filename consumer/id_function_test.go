@@ -80,7 +80,7 @@ func (e *env) produceLying(p int, prefix string) (good []string, bad map[string]
 // dead-letter hook reports it with the consumer's types, its neighbours
 // are applied once each, nothing is claimed for it, and the partition
 // moves past it in the database and in Kafka.
-func TestAdv19InvalidIDsFromAMisbehavingIDFunctionAreSetAside(t *testing.T) {
+func TestInvalidIDsFromAMisbehavingIDFunctionAreSetAside(t *testing.T) {
 	t.Parallel()
 	bothWays(t, handlerKinds, func(t *testing.T, batched bool) {
 		e := setup(t, 1)
@@ -140,7 +140,7 @@ func TestAdv19InvalidIDsFromAMisbehavingIDFunctionAreSetAside(t *testing.T) {
 // with a PartitionError that errors.As finds a *consumer.MessageError in
 // and errors.Is matches ErrInvalidMessageID; nothing after it is applied,
 // and neither the stored position nor the Kafka offset passes it.
-func TestAdv19AMisbehavingIDFunctionStopsItsPartitionUnderStopPartition(t *testing.T) {
+func TestAMisbehavingIDFunctionStopsItsPartitionUnderStopPartition(t *testing.T) {
 	t.Parallel()
 	e := setup(t, len(lyingCases))
 	// Partition p: a good message, then lyingCases[p], then a good one.
@@ -201,7 +201,7 @@ func TestAdv19AMisbehavingIDFunctionStopsItsPartitionUnderStopPartition(t *testi
 // applied once by a redrive with a fixed id function. A handler panicking
 // in a redrive is a failure too, with ErrHandlerPanicked, and changes
 // nothing.
-func TestAdv19RedriveWithAPanickingIDFunctionOrHandler(t *testing.T) {
+func TestRedriveWithAPanickingIDFunctionOrHandler(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
 	e.kafka.Produce(t, e.topic,
@@ -274,7 +274,7 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 // consumer.Redrive now hands its filter to the engine field by field: each
 // field must select exactly its letters (a dropped HasPartition or Class
 // would redrive more than asked, messages the operator meant to keep).
-func TestAdv19RedriveFilterSelectsExactlyItsLetters(t *testing.T) {
+func TestRedriveFilterSelectsExactlyItsLetters(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 2)
 	// Partition 0: p0-perm (permanent), p0-panic (panic); partition 1:

@@ -21,7 +21,7 @@ import (
 // them one by one into engine.Config, and one forgotten or crossed with
 // another would compile. Each subtest sets one setting (or a group) away
 // from its default and watches the engine behave by it.
-func TestAdv19EveryConfigSettingReachesTheEngine(t *testing.T) {
+func TestEveryConfigSettingReachesTheEngine(t *testing.T) {
 	t.Parallel()
 
 	t.Run("session timeouts", func(t *testing.T) {

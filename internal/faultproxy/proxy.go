@@ -174,8 +174,8 @@ func (p *Proxy) copyDelayed(dst, src net.Conn) {
 }
 
 // clientToServer forwards the client's messages one at a time, watching for
-// COMMIT: a simple Query "commit", or an extended-protocol Parse of it,
-// which takes effect at the next Sync. It reports whether the server side
+// COMMIT: a simple Query "commit", or an extended-protocol Bind of a
+// statement that is one, which takes effect at the next Sync. It reports whether the server side
 // must be left open (a swallowed COMMIT).
 func (p *Proxy) clientToServer(client, server net.Conn) (keepServer bool) {
 	// Startup: untyped messages (length, then payload).
@@ -193,8 +193,9 @@ func (p *Proxy) clientToServer(client, server net.Conn) (keepServer bool) {
 		}
 	}
 	pendingCommit := false
-	// Prepared statements that are a COMMIT, by name: a client that caches
-	// statements (pgx does) parses COMMIT once and later only binds it.
+	// Statements that are a COMMIT, by name ("" for the unnamed one): a
+	// client that caches statements (pgx does) parses COMMIT once and later
+	// only binds it.
 	commitStatements := map[string]bool{}
 	for {
 		msg, err := readTyped(client)
@@ -207,12 +208,12 @@ func (p *Proxy) clientToServer(client, server net.Conn) (keepServer bool) {
 		case 'Q':
 			fires = isCommit(body)
 		case 'P':
-			// Parse: statement name, then query text.
-			if i := bytes.IndexByte(body, 0); i >= 0 && isCommit(body[i+1:]) {
-				if name := string(body[:i]); name != "" {
-					commitStatements[name] = true
-				}
-				pendingCommit, commitAhead = true, true
+			// Parse: statement name, then query text. Parsing a COMMIT
+			// runs nothing (pgx prepares statements in a round trip of
+			// their own, with Describe and Sync): it is the Bind of it
+			// that runs it, so only the statement is remembered here.
+			if i := bytes.IndexByte(body, 0); i >= 0 {
+				commitStatements[string(body[:i])] = isCommit(body[i+1:])
 			}
 		case 'B':
 			// Bind: portal name, then statement name.
@@ -226,8 +227,8 @@ func (p *Proxy) clientToServer(client, server net.Conn) (keepServer bool) {
 			fires, pendingCommit = pendingCommit, false
 		}
 		// A swallowed COMMIT never reaches the server: in a pipeline it is
-		// held back from its Parse or Bind on, so the server runs what came
-		// before it and keeps the transaction open.
+		// held back from its Bind on, so the server runs what came before
+		// it and keeps the transaction open.
 		if (fires || commitAhead) && p.swallowCommits.Add(-1) >= 0 {
 			p.swallowed.Add(1)
 			if commitAhead {

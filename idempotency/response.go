@@ -1,0 +1,111 @@
+package idempotency
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// recorder is the ResponseWriter a handler writes to: the response is kept
+// until the transaction commits, then sent, and stored with the key.
+type recorder struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func newRecorder() *recorder { return &recorder{header: http.Header{}} }
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(status int) {
+	if r.status == 0 {
+		r.status = status
+	}
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.body.Write(b)
+}
+
+// code is the status the handler decided: 200 when it wrote nothing.
+func (r *recorder) code() int {
+	if r.status == 0 {
+		return http.StatusOK
+	}
+	return r.status
+}
+
+// storable reports whether a response is kept with its key: one the
+// handler decided, a success or a client error. A server error may pass,
+// so it is not kept: the client's retry runs again.
+func storable(status int) bool { return status < 500 }
+
+// send writes a response to w.
+func send(w http.ResponseWriter, header http.Header, status int, body []byte) {
+	for name, values := range header {
+		w.Header()[name] = values
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// encodeHeaders keeps the headers to replay, as "Name: value" lines sorted
+// by name: byte for byte what the handler set (HTTP forbids newlines in a
+// value). Set-Cookie and the secret headers are left out.
+func encodeHeaders(h http.Header, secret []string) []byte {
+	names := make([]string, 0, len(h))
+	for name := range h {
+		if strings.EqualFold(name, "Set-Cookie") || slices.ContainsFunc(secret, func(s string) bool { return strings.EqualFold(s, name) }) {
+			continue
+		}
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	b := bytes.NewBuffer([]byte{}) // never nil: stored NOT NULL
+	for _, name := range names {
+		for _, v := range h[name] {
+			b.WriteString(name)
+			b.WriteString(": ")
+			b.WriteString(v)
+			b.WriteByte('\n')
+		}
+	}
+	return b.Bytes()
+}
+
+// decodeHeaders reads what encodeHeaders wrote.
+func decodeHeaders(b []byte) http.Header {
+	h := http.Header{}
+	for _, line := range strings.Split(string(b), "\n") {
+		name, value, ok := strings.Cut(line, ": ")
+		if ok {
+			h[name] = append(h[name], value)
+		}
+	}
+	return h
+}
+
+// problem answers with an application/problem+json body (RFC 9457) that
+// says what went wrong and what the client should do.
+func problem(w http.ResponseWriter, status int, title, detail string, retryAfter time.Duration) {
+	body, _ := json.Marshal(struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail"`
+	}{"about:blank", title, status, detail})
+	w.Header().Set("Content-Type", "application/problem+json")
+	if retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((retryAfter+time.Second-1)/time.Second)))
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}

@@ -1,0 +1,241 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kafkaonce/kafkaonce/internal/txguard"
+)
+
+// DB is the Postgres pool the requests' transactions run on:
+// *pgxpool.Pool implements it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// A Handler serves a request inside the transaction that claimed its key.
+// It writes its rows with tx and its response with w, and returns nil; the
+// response is then stored with the key, committed with the rows, and only
+// then sent. A handler that returns an error, panics or answers with a
+// server error (5xx) has its transaction rolled back: nothing it wrote and
+// no response is kept, the key is free again, and a retry runs afresh. It
+// must not commit or roll back tx, keep it, or cause effects outside
+// Postgres directly: write an outbox row with tx instead.
+type Handler interface {
+	ServeIdempotent(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error
+
+// ServeIdempotent calls f(w, r, tx).
+func (f HandlerFunc) ServeIdempotent(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+	return f(w, r, tx)
+}
+
+// Server wraps handlers so that a request retried with the same key is
+// served once. Create one with New; it is safe for concurrent use.
+type Server struct {
+	db   DB
+	cfg  Config
+	keys keys
+	log  *slog.Logger
+}
+
+// New validates cfg and returns a Server. The idempotency_keys table must
+// exist (consumer.Migrate, or kafkaonce migrate). cfg may be nil for the
+// defaults.
+func New(db DB, cfg *Config) (*Server, error) {
+	if db == nil {
+		return nil, errors.New("idempotency: db must not be nil: pass a *pgxpool.Pool")
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &Server{db: db, cfg: c, keys: newKeys(c.Schema), log: c.Logger}, nil
+}
+
+// Handle returns an http.Handler that serves h under the server's rules.
+func (s *Server) Handle(h Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, h) })
+}
+
+// HandleFunc is Handle for a function.
+func (s *Server) HandleFunc(f func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error) http.Handler {
+	return s.Handle(HandlerFunc(f))
+}
+
+// serve answers one request (see the package documentation for the rules).
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, h Handler) {
+	values := r.Header.Values(s.cfg.Header)
+	takesKey := slices.Contains(s.cfg.Methods, r.Method)
+	switch {
+	case !takesKey || len(values) == 0 && !s.cfg.RequireKey:
+		s.run(w, r, h, nil)
+		return
+	case len(values) == 0:
+		problem(w, http.StatusBadRequest, "Idempotency key missing",
+			fmt.Sprintf("%s requests need an %s header: make one key (a UUID) per operation and send it again on every retry of it", r.Method, s.cfg.Header), 0)
+		return
+	case len(values) > 1:
+		problem(w, http.StatusBadRequest, "Idempotency key repeated", fmt.Sprintf("send one %s header, not %d", s.cfg.Header, len(values)), 0)
+		return
+	}
+	key := values[0]
+	if err := ValidateKey(key); err != nil {
+		problem(w, http.StatusBadRequest, "Idempotency key invalid", fmt.Sprintf("the %s header %v: use 1 to %d bytes of printable ASCII, such as a UUID", s.cfg.Header, err, MaxKeyLen), 0)
+		return
+	}
+	scope, err := s.cfg.Scope(r)
+	if err == nil {
+		if verr := validateScope(scope); verr != nil {
+			err = fmt.Errorf("the scope Config.Scope gave %v", verr)
+		}
+	}
+	if err != nil {
+		problem(w, http.StatusForbidden, "No scope for the idempotency key", err.Error(), 0)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			problem(w, http.StatusRequestEntityTooLarge, "Request body too large", fmt.Sprintf("the body is longer than the %d bytes allowed", s.cfg.MaxBodyBytes), 0)
+			return
+		}
+		problem(w, http.StatusBadRequest, "Request body unreadable", err.Error(), 0)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	route := s.cfg.Route(r)
+	req := &keyed{scope: scope, key: key, row: stored{
+		method: r.Method, route: route, fingerprint: fingerprint(r, route, body, s.cfg.FingerprintHeaders)}}
+	s.run(w, r, h, req)
+}
+
+// keyed is a request with a key: whose, and what it is.
+type keyed struct {
+	scope, key string
+	row        stored
+}
+
+// run serves r in a transaction: with a key, claimed first (and replayed,
+// refused or waited for as the key says); without one, as is.
+func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed) {
+	ctx := r.Context()
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		s.unavailable(w, r, "begin", err)
+		return
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if k != nil {
+		got, row, err := s.keys.claim(ctx, tx, k.scope, k.key, s.cfg.InProgressWait)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == "55P03", err == nil && !got:
+			problem(w, http.StatusConflict, "Request in progress",
+				"a request with this key is still running: retry after a while with the same key to get its response", s.cfg.RetryAfter)
+			return
+		case err != nil:
+			s.unavailable(w, r, "claim the key", err)
+			return
+		case row != nil && !row.expired:
+			s.answerStored(w, k, row)
+			return
+		case row != nil:
+			if err := s.keys.forget(ctx, tx, k.scope, k.key); err != nil {
+				s.unavailable(w, r, "forget an expired key", err)
+				return
+			}
+		}
+	}
+	rec := newRecorder()
+	if err := s.call(rec, r, h, tx); err != nil {
+		s.log.Error("idempotency: the handler failed; its transaction was rolled back and its key is free again",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("error", err.Error()))
+		problem(w, http.StatusInternalServerError, "Request failed", "the request failed and changed nothing: retry it with the same key", 0)
+		return
+	}
+	status := rec.code()
+	if !storable(status) {
+		// A server error: rolled back, not kept, sent as the handler wrote it.
+		send(w, rec.header, status, rec.body.Bytes())
+		return
+	}
+	if k != nil {
+		k.row.status, k.row.headers = status, encodeHeaders(rec.header, s.cfg.SecretHeaders)
+		k.row.body = append([]byte{}, rec.body.Bytes()...) // never nil: stored NOT NULL
+		if err := s.keys.complete(ctx, tx, k.scope, k.key, &k.row, s.cfg.Retention); err != nil {
+			s.unavailable(w, r, "store the response", err)
+			return
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// The outcome may be unknown (a lost reply): either way a retry
+		// with the key finds out, and gets the response or runs afresh.
+		s.unavailable(w, r, "commit", err)
+		return
+	}
+	send(w, rec.header, status, rec.body.Bytes())
+}
+
+// call runs the handler with tx guarded: it may not commit or roll back,
+// nor use tx once it returned. A panic, a misuse of tx or a statement that
+// failed while the handler returned nil are errors.
+func (s *Server) call(w http.ResponseWriter, r *http.Request, h Handler, tx pgx.Tx) (err error) {
+	g := txguard.Wrap(tx)
+	defer func() {
+		g.Seal()
+		if p := recover(); p != nil {
+			err = fmt.Errorf("the handler panicked: %v", p)
+		}
+		switch {
+		case err != nil:
+		case g.Misused():
+			err = errors.New("the handler committed or rolled back the transaction: the server does, after storing the response")
+		case tx.Conn().PgConn().TxStatus() == 'E':
+			err = errors.New("a statement of the handler failed and it returned nil: the transaction is aborted")
+		}
+	}()
+	return h.ServeIdempotent(w, r, g)
+}
+
+// answerStored answers a request whose key completed: the stored response
+// when it is the same request, else 422.
+func (s *Server) answerStored(w http.ResponseWriter, k *keyed, row *stored) {
+	if !bytes.Equal(row.fingerprint, k.row.fingerprint) {
+		problem(w, http.StatusUnprocessableEntity, "Idempotency key reused",
+			fmt.Sprintf("this key was used for a different request (%s %s, created %s): make a new key for each operation; a retry must repeat its request exactly",
+				row.method, row.route, row.createdAt.UTC().Format("2006-01-02T15:04:05Z")), 0)
+		return
+	}
+	h := decodeHeaders(row.headers)
+	h.Set(ReplayedHeader, "true")
+	send(w, h, row.status, row.body)
+}
+
+// unavailable answers a request the database failed: nothing was kept (or,
+// after a COMMIT without a reply, a retry finds out what was), so the
+// client retries with the same key.
+func (s *Server) unavailable(w http.ResponseWriter, r *http.Request, what string, err error) {
+	if r.Context().Err() != nil {
+		return // the client is gone
+	}
+	s.log.Warn("idempotency: the database failed; the client may retry with the same key",
+		slog.String("step", what), slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("error", err.Error()))
+	problem(w, http.StatusServiceUnavailable, "Database unavailable", "the request could not be completed: retry it with the same key", s.cfg.RetryAfter)
+}

@@ -44,6 +44,13 @@
 // advisory lock on its key, not a row, so there is nothing to clean up
 // after a crash. Keys are kept for Config.Retention (24 hours by default).
 //
+// # The client
+//
+// Transport is the calling side: an http.RoundTripper that gives each POST
+// or PATCH one key, sends it on every retry, and retries only what may
+// pass (no response, 5xx, 429, 409), with backoff, Retry-After, the
+// context's deadline and a retry budget respected.
+//
 // See docs/http.md in the repository for how the key, the outbox and the
 // consumer fit together.
 package idempotency

@@ -25,13 +25,23 @@ func TestBackgroundPruningKeepsRewindsSafe(t *testing.T) {
 	// Age three quarters of the claims past the retention window.
 	e.db.Exec(t, `UPDATE `+e.db.Table("processed_messages")+` SET processed_at = now() - interval '8 days' WHERE kafka_offset < 15`)
 
+	// And an HTTP API's idempotency keys: one expired, one live.
+	for _, k := range []struct{ key, expires string }{{"expired", "now() - interval '1 minute'"}, {"live", "now() + interval '1 day'"}} {
+		e.db.Exec(t, `INSERT INTO `+e.db.Table("idempotency_keys")+` (scope, idem_key, method, route, fingerprint, status, headers, body, expires_at)
+			VALUES ('', $1, 'POST', '/', '\x00', 201, '', '', `+k.expires+`)`, k.key)
+	}
+
 	cfg := e.config(e.applyHandler())
 	cfg.Prune.Interval = time.Hour // the first pass runs at start
 	r = e.start(cfg)
 	waitFor(t, 30*time.Second, "the old claims pruned", func() bool {
 		return e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("processed_messages")) == 10
 	})
+	waitFor(t, 30*time.Second, "the expired key pruned", func() bool {
+		return e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("idempotency_keys")+` WHERE idem_key = 'expired'`) == 0
+	})
 	r.stop()
+	require.EqualValues(t, 1, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("idempotency_keys")+` WHERE idem_key = 'live'`), "a live key is kept")
 
 	// Rewind and replay everything: the stored positions keep the pruned
 	// messages from being applied again.

@@ -9,8 +9,11 @@ import "time"
 // positions cover them); what pruning narrows is the window in which a
 // producer's late re-send of an old message is recognised.
 //
+// The same pass deletes the schema's expired idempotency keys (package
+// idempotency), whichever API stored them.
+//
 // Without an Interval the consumer does not prune: run the kafkaonce prune
-// command instead, or set one.
+// and kafkaonce keys prune commands instead, or set one.
 type Pruning struct {
 	// Interval is the time between two prunings, the first when Run
 	// starts. Defaults to 0: no background pruning.

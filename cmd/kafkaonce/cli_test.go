@@ -416,3 +416,34 @@ func TestAuditDoesNotTakeALetterOfAnotherMessageAtTheOffsetForItsOwn(t *testing.
 	require.EqualValues(t, 1, r.Total.Missing)
 	require.EqualValues(t, 1, r.Findings[0].Offset)
 }
+
+func TestKeysGetStatusAndPrune(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	keys := w.db.Table("idempotency_keys")
+	w.db.Exec(t, `INSERT INTO `+keys+` (scope, idem_key, method, route, fingerprint, status, headers, body, expires_at) VALUES
+		('alice', 'pay-1', 'POST', '/v1/payments', '\xab', 201, convert_to('Content-Type: application/json'||E'\n', 'UTF8'), '{"id":7}', now() + interval '1 day'),
+		('alice', 'pay-0', 'POST', '/v1/payments', '\xab', 201, '', '{"id":6}', now() - interval '1 minute')`)
+
+	out, errOut, code := w.cli("keys", "get", "--scope", "alice", "pay-1")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "request:  POST /v1/payments")
+	require.Contains(t, out, "status:   201")
+	require.Contains(t, out, "header:   Content-Type: application/json")
+	require.Contains(t, out, `body:     "{\"id\":7}"`)
+	_, errOut, code = w.cli("keys", "get", "pay-1")
+	require.NotEqual(t, 0, code)
+	require.Contains(t, errOut, "pass --scope", "keys are per scope, and the error says so")
+
+	out, errOut, code = w.cli("status", "--consumer", w.name)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "idempotency keys (HTTP, whole schema): 2 (1 expired)")
+
+	out, errOut, code = w.cli("keys", "prune", "--dry-run")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "1 expired idempotency keys would be deleted")
+	out, errOut, code = w.cli("keys", "prune")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "deleted 1 expired idempotency keys")
+	require.EqualValues(t, 1, w.db.Int(t, `SELECT count(*) FROM `+keys))
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/idempotency"
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
@@ -54,6 +55,7 @@ type statusReport struct {
 	DeadLetters   int64             `json:"dead_letters"`
 	Pending       int64             `json:"dead_letters_pending"`
 	Suspects      int64             `json:"suspect_duplicates"`
+	Keys          keyCounts         `json:"idempotency_keys"`
 	Recent        []dedupe.Suspect  `json:"recent_suspect_duplicates,omitempty"`
 	Partitions    []partitionStatus `json:"partitions"`
 }
@@ -120,6 +122,10 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 		return r, err
 	}
 	if r.Recent, err = claims.Suspects(ctx, pool, consumerName, 5); err != nil {
+		return r, err
+	}
+	keys, _ := idempotency.NewStore(schemaName)
+	if r.Keys.Total, r.Keys.Expired, err = keys.Count(ctx, pool); err != nil {
 		return r, err
 	}
 	stored, err := positions.List(ctx, pool, consumerName)
@@ -200,6 +206,12 @@ func showPace(ps *partitionStatus, pc attempts.PartitionPace) {
 	}
 }
 
+// keyCounts counts the schema's idempotency keys (package idempotency).
+type keyCounts struct {
+	Total   int64 `json:"total"`
+	Expired int64 `json:"expired"`
+}
+
 func printStatus(w io.Writer, r statusReport) {
 	fmt.Fprintf(w, "consumer %s (group %s), schema %s at version %d\n", r.Consumer, r.Group, r.Schema, r.SchemaVersion)
 	fmt.Fprintf(w, "claims: %d (applied %d, dead-lettered %d, suspect duplicates skipped %d)", r.Claims.Total, r.Claims.Applied, r.Claims.DeadLettered, r.Claims.SuspectDuplicates)
@@ -209,6 +221,7 @@ func printStatus(w io.Writer, r statusReport) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "dead letters: %d (%d not redriven)\n", r.DeadLetters, r.Pending)
 	fmt.Fprintf(w, "suspect duplicates recorded: %d\n", r.Suspects)
+	fmt.Fprintf(w, "idempotency keys (HTTP, whole schema): %d (%d expired)\n", r.Keys.Total, r.Keys.Expired)
 	for _, sp := range r.Recent {
 		fmt.Fprintf(w, "  %s/%d/%d %q looks like %q at offset %d\n", sp.Topic, sp.Partition, sp.Offset, sp.MessageID, sp.FirstMessageID, sp.FirstOffset)
 	}

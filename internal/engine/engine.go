@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kafkaonce/kafkaonce/idempotency"
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
 	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
@@ -51,7 +52,10 @@ type deps struct {
 	offsets  *positions.Store
 	letters  *letters.Store
 	attempts *attempts.Store
-	retry    retry.Policy
+	// idempotencyKeys are the HTTP requests' keys (package idempotency),
+	// pruned with the claims.
+	idempotencyKeys *idempotency.Store
+	retry           retry.Policy
 	// batchUsesTx is set once the BatchHandler used Batch.Tx during a
 	// one-trip attempt: batches then always open their transaction first.
 	batchUsesTx atomic.Bool
@@ -86,18 +90,23 @@ func New(db DB, c Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
+	keys, err := idempotency.NewStore(c.Schema)
+	if err != nil {
+		return nil, err
+	}
 	out := &deps{
-		db:       db,
-		cfg:      c,
-		log:      c.Logger.With(slog.String("consumer", c.Name)),
-		hooks:    c.Hooks,
-		claims:   claims,
-		offsets:  positions,
-		letters:  letters,
-		attempts: tries,
-		retry:    retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
-		gate:     pace.NewGate(),
-		gateKey:  gateKey(c.Schema, c.Name),
+		db:              db,
+		cfg:             c,
+		log:             c.Logger.With(slog.String("consumer", c.Name)),
+		hooks:           c.Hooks,
+		claims:          claims,
+		offsets:         positions,
+		letters:         letters,
+		attempts:        tries,
+		idempotencyKeys: keys,
+		retry:           retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
+		gate:            pace.NewGate(),
+		gateKey:         gateKey(c.Schema, c.Name),
 	}
 	out.user = newUserCode(&c, out.log)
 	out.setSession(&c, false)

@@ -43,21 +43,38 @@ func (c *Consumer) runMaintenance(ctx context.Context) {
 	}
 }
 
-// prune deletes this consumer's claims older than PruneRetention, a batch
-// per transaction, pausing between batches so the database is never busy
-// with pruning alone.
+// prune deletes this consumer's claims older than PruneRetention, and the
+// idempotency keys that expired (package idempotency; they are the
+// schema's, whichever process stored them).
 func (c *Consumer) prune(ctx context.Context) {
 	before := time.Now().Add(-c.cfg.PruneRetention)
+	if n := c.pruneInBatches(ctx, "processed_messages", func(q querier) (int64, error) {
+		return c.claims.Prune(ctx, q, c.cfg.Name, before, c.cfg.PruneBatch)
+	}); n > 0 {
+		c.log.Info("pruned processed_messages", slog.Int64("deleted", n), slog.Time("before", before))
+	}
+	if n := c.pruneInBatches(ctx, "idempotency_keys", func(q querier) (int64, error) {
+		return c.idempotencyKeys.Prune(ctx, q, c.cfg.PruneBatch)
+	}); n > 0 {
+		c.log.Info("pruned expired idempotency_keys", slog.Int64("deleted", n))
+	}
+}
+
+// pruneInBatches runs step, which deletes a batch of table's rows, a
+// transaction each, until a batch comes back short, pausing between
+// batches so the database is never busy with pruning alone. It returns
+// how many rows went.
+func (c *Consumer) pruneInBatches(ctx context.Context, table string, step func(q querier) (int64, error)) int64 {
 	var total int64
 	for ctx.Err() == nil {
 		var n int64
 		err := c.inTx(ctx, func(q querier) (err error) {
-			n, err = c.claims.Prune(ctx, q, c.cfg.Name, before, c.cfg.PruneBatch)
+			n, err = step(q)
 			return err
 		})
 		if err != nil {
 			if ctx.Err() == nil {
-				c.log.Warn("pruning processed_messages failed; will try at the next interval", slog.String("error", err.Error()))
+				c.log.Warn("pruning "+table+" failed; will try at the next interval", slog.String("error", err.Error()))
 			}
 			break
 		}
@@ -70,7 +87,5 @@ func (c *Consumer) prune(ctx context.Context) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	if total > 0 {
-		c.log.Info("pruned processed_messages", slog.Int64("deleted", total), slog.Time("before", before))
-	}
+	return total
 }

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kafkaonce/kafkaonce/idempotency"
+)
+
+func keysCmd(s *settings) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "keys",
+		Short: "Look up and prune the idempotency keys of HTTP requests (package idempotency)",
+	}
+	cmd.AddCommand(keysGetCmd(s), keysPruneCmd(s))
+	return cmd
+}
+
+func keysGetCmd(s *settings) *cobra.Command {
+	var scope string
+	cmd := &cobra.Command{
+		Use:   "get KEY",
+		Short: "Show a stored key: the request it completed and the response a retry gets",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			pool, err := s.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			store, err := idempotency.NewStore(s.schema)
+			if err != nil {
+				return err
+			}
+			k, err := store.Get(ctx, pool, scope, args[0])
+			if errors.Is(err, idempotency.ErrNotFound) {
+				return fmt.Errorf("no key %q in scope %q: never completed, or pruned after it expired (keys are per scope: pass --scope)", args[0], scope)
+			}
+			if err != nil {
+				return err
+			}
+			return s.emit(k, func(w io.Writer) {
+				fmt.Fprintf(w, "key %s in scope %s\n", k.Key, orDash(k.Scope))
+				fmt.Fprintf(w, "request:  %s %s (fingerprint %x)\n", k.Method, k.Route, k.Fingerprint)
+				fmt.Fprintf(w, "created:  %s\n", k.CreatedAt.UTC().Format(time.RFC3339))
+				state := "expires"
+				if !k.ExpiresAt.After(time.Now()) {
+					state = "expired"
+				}
+				fmt.Fprintf(w, "%s:  %s\n", state, k.ExpiresAt.UTC().Format(time.RFC3339))
+				fmt.Fprintf(w, "status:   %d\n", k.Status)
+				names := make([]string, 0, len(k.Header))
+				for name := range k.Header {
+					names = append(names, name)
+				}
+				sort.Strings(names)
+				for _, name := range names {
+					for _, v := range k.Header[name] {
+						fmt.Fprintf(w, "header:   %s: %s\n", name, v)
+					}
+				}
+				fmt.Fprintf(w, "body:     %s\n", printable(k.Body))
+			})
+		},
+	}
+	cmd.Flags().StringVar(&scope, "scope", "", "the key's scope (what Config.Scope gave: a client, an account)")
+	return cmd
+}
+
+func keysPruneCmd(s *settings) *cobra.Command {
+	var batch int
+	var dryRun bool
+	cmd := &cobra.Command{
+		Use:   "prune",
+		Short: "Delete expired idempotency keys in bounded batches",
+		Long: `prune deletes the idempotency keys whose retention ran out, a batch per
+transaction, skipping rows in use. An expired key is already free for a new
+request; pruning only reclaims its space. A consumer with Config.Prune set
+does the same in the background.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if batch < 1 || batch > 100000 {
+				return errors.New("--batch must be between 1 and 100000")
+			}
+			ctx := cmd.Context()
+			pool, err := s.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			store, err := idempotency.NewStore(s.schema)
+			if err != nil {
+				return err
+			}
+			var res struct {
+				Expired int64 `json:"expired"`
+				Deleted int64 `json:"deleted"`
+			}
+			if _, res.Expired, err = store.Count(ctx, pool); err != nil {
+				return err
+			}
+			for !dryRun {
+				n, err := store.Prune(ctx, pool, batch)
+				if err != nil {
+					return err
+				}
+				res.Deleted += n
+				if n < int64(batch) {
+					break
+				}
+			}
+			return s.emit(res, func(w io.Writer) {
+				if dryRun {
+					fmt.Fprintf(w, "%d expired idempotency keys would be deleted\n", res.Expired)
+					return
+				}
+				fmt.Fprintf(w, "deleted %d expired idempotency keys\n", res.Deleted)
+			})
+		},
+	}
+	cmd.Flags().IntVar(&batch, "batch", 1000, "rows per transaction")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "only count what would be deleted")
+	return cmd
+}

@@ -20,13 +20,21 @@ import (
 
 // letters opens the database and the dead-letter store.
 func (s *settings) letters(ctx context.Context) (*pgxpool.Pool, *deadletter.Store, error) {
-	store, err := deadletter.NewStore(s.schema)
+	return openStore(ctx, s, deadletter.NewStore)
+}
+
+// openStore opens the database and a store on the schema's tables, made
+// by newStore.
+func openStore[T any](ctx context.Context, s *settings, newStore func(schemaName string) (T, error)) (*pgxpool.Pool, T, error) {
+	store, err := newStore(s.schema)
 	if err != nil {
-		return nil, nil, err
+		var none T
+		return nil, none, err
 	}
 	pool, err := s.pool(ctx)
 	if err != nil {
-		return nil, nil, err
+		var none T
+		return nil, none, err
 	}
 	return pool, store, nil
 }

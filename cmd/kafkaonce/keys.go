@@ -1,16 +1,23 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"sort"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/kafkaonce/kafkaonce/idempotency"
 )
+
+// keys opens the database and the store of its idempotency keys.
+func (s *settings) keys(ctx context.Context) (*pgxpool.Pool, *idempotency.Store, error) {
+	return openStore(ctx, s, idempotency.NewStore)
+}
 
 func keysCmd(s *settings) *cobra.Command {
 	cmd := &cobra.Command{
@@ -29,15 +36,11 @@ func keysGetCmd(s *settings) *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			pool, err := s.pool(ctx)
+			pool, store, err := s.keys(ctx)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			store, err := idempotency.NewStore(s.schema)
-			if err != nil {
-				return err
-			}
 			k, err := store.Get(ctx, pool, scope, args[0])
 			if errors.Is(err, idempotency.ErrNotFound) {
 				return fmt.Errorf("no key %q in scope %q: never completed, or pruned after it expired (keys are per scope: pass --scope)", args[0], scope)
@@ -89,15 +92,11 @@ does the same in the background.`,
 				return errors.New("--batch must be between 1 and 100000")
 			}
 			ctx := cmd.Context()
-			pool, err := s.pool(ctx)
+			pool, store, err := s.keys(ctx)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			store, err := idempotency.NewStore(s.schema)
-			if err != nil {
-				return err
-			}
 			var res struct {
 				Expired int64 `json:"expired"`
 				Deleted int64 `json:"deleted"`

@@ -1,7 +1,6 @@
 package idempotency
 
 import (
-	"context"
 	"errors"
 	"strconv"
 	"time"
@@ -36,14 +35,21 @@ func (k keys) lockName(scope, key string) string {
 	return strconv.Itoa(len(k.schema)) + ":" + k.schema + strconv.Itoa(len(scope)) + ":" + scope + key
 }
 
-// claim takes (scope, key) for tx: its advisory lock, held until tx ends,
-// so that no other request with the key runs meanwhile, in this process or
-// another. Without wait it does not wait for a holder (got is false); with
-// one it waits that long. In the same round trip it reads the key's row,
-// in a statement of its own, so that the read sees what a holder that just
-// finished committed.
-func (k keys) claim(ctx context.Context, tx pgx.Tx, scope, key string, wait time.Duration) (got bool, row *stored, err error) {
-	b := &pgx.Batch{}
+// selectStored reads a stored key; its columns are stored.fields.
+const selectStored = `SELECT method, route, fingerprint, status, headers, body, created_at, expires_at <= clock_timestamp() FROM `
+
+func (s *stored) fields() []any {
+	return []any{&s.method, &s.route, &s.fingerprint, &s.status, &s.headers, &s.body, &s.createdAt, &s.expired}
+}
+
+// queueClaim adds to b, a transaction's first round trip, the claim of
+// (scope, key): its advisory lock, held until the transaction ends, so that
+// no other request with the key runs meanwhile, in this process or
+// another. Without wait it does not wait for a holder (*got is false);
+// with one it waits that long (then the statement fails with a lock
+// timeout). Then it reads the key's row into *row, in a statement of its
+// own, so that the read sees what a holder that just finished committed.
+func (k keys) queueClaim(b *pgx.Batch, scope, key string, wait time.Duration, got *bool, row **stored) {
 	name := k.lockName(scope, key)
 	if wait > 0 {
 		// Bounded by a lock_timeout of its own; the one in force before
@@ -52,40 +58,32 @@ func (k keys) claim(ctx context.Context, tx pgx.Tx, scope, key string, wait time
 			set_config('lock_timeout', $1, true)`, strconv.FormatInt(wait.Milliseconds(), 10))
 		b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, name)
 		b.Queue(`SELECT set_config('lock_timeout', current_setting('kafkaonce.lock_timeout_before'), true)`)
-		got = true
+		*got = true
 	} else {
 		b.Queue(`SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, name).
-			QueryRow(func(r pgx.Row) error { return r.Scan(&got) })
+			QueryRow(func(r pgx.Row) error { return r.Scan(got) })
 	}
-	b.Queue(`SELECT method, route, fingerprint, status, headers, body, created_at, expires_at <= clock_timestamp()
-		FROM `+k.table+` WHERE scope = $1 AND idem_key = $2`, scope, key).
+	b.Queue(selectStored+k.table+` WHERE scope = $1 AND idem_key = $2`, scope, key).
 		QueryRow(func(r pgx.Row) error {
 			var s stored
-			err := r.Scan(&s.method, &s.route, &s.fingerprint, &s.status, &s.headers, &s.body, &s.createdAt, &s.expired)
+			err := r.Scan(s.fields()...)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
-			row = &s
+			*row = &s
 			return err
 		})
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return false, nil, err
-	}
-	return got, row, nil
 }
 
-// forget deletes an expired key's row, so that the request can take the
-// key afresh.
-func (k keys) forget(ctx context.Context, tx pgx.Tx, scope, key string) error {
-	_, err := tx.Exec(ctx, `DELETE FROM `+k.table+` WHERE scope = $1 AND idem_key = $2`, scope, key)
-	return err
+// queueForget adds the deletion of an expired key's row to b, so that the
+// request can store the key afresh.
+func (k keys) queueForget(b *pgx.Batch, scope, key string) {
+	b.Queue(`DELETE FROM `+k.table+` WHERE scope = $1 AND idem_key = $2`, scope, key)
 }
 
-// complete stores the key with its request and response, in the request's
-// transaction.
-func (k keys) complete(ctx context.Context, tx pgx.Tx, scope, key string, s *stored, retention time.Duration) error {
-	_, err := tx.Exec(ctx, `INSERT INTO `+k.table+` (scope, idem_key, method, route, fingerprint, status, headers, body, expires_at)
+// queueComplete adds to b the key's row, with its request and response.
+func (k keys) queueComplete(b *pgx.Batch, scope, key string, s *stored, retention time.Duration) {
+	b.Queue(`INSERT INTO `+k.table+` (scope, idem_key, method, route, fingerprint, status, headers, body, expires_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, clock_timestamp() + $9::interval)`,
 		scope, key, s.method, s.route, s.fingerprint, s.status, s.headers, s.body, strconv.FormatInt(retention.Microseconds(), 10)+" microseconds")
-	return err
 }

@@ -12,14 +12,19 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kafkaonce/kafkaonce/internal/pipetx"
 	"github.com/kafkaonce/kafkaonce/internal/txguard"
 )
 
 // DB is the Postgres pool the requests' transactions run on:
-// *pgxpool.Pool implements it.
+// *pgxpool.Pool implements it. A request borrows a whole connection, so
+// that BEGIN travels with the key's claim and COMMIT with the stored
+// response: a keyed request costs the round trips of the same request
+// without a key.
 type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
 
 // A Handler serves a request inside the transaction that claimed its key.
@@ -136,35 +141,41 @@ type keyed struct {
 // refused or waited for as the key says); without one, as is.
 func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed) {
 	ctx := r.Context()
-	tx, err := s.db.Begin(ctx)
+	conn, err := s.db.Acquire(ctx)
 	if err != nil {
 		s.unavailable(w, r, "begin", err)
 		return
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	t := &requestTx{conn: conn, tx: pipetx.New(conn.Conn())}
+	defer t.end(ctx)
+	// One round trip: BEGIN, and the key's claim and read.
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	var got bool
+	var row *stored
 	if k != nil {
-		got, row, err := s.keys.claim(ctx, tx, k.scope, k.key, s.cfg.InProgressWait)
-		var pgErr *pgconn.PgError
-		switch {
-		case errors.As(err, &pgErr) && pgErr.Code == "55P03", err == nil && !got:
-			problem(w, http.StatusConflict, "Request in progress",
-				"a request with this key is still running: retry after a while with the same key to get its response", s.cfg.RetryAfter)
-			return
-		case err != nil:
-			s.unavailable(w, r, "claim the key", err)
-			return
-		case row != nil && !row.expired:
-			s.answerStored(w, k, row)
-			return
-		case row != nil:
-			if err := s.keys.forget(ctx, tx, k.scope, k.key); err != nil {
-				s.unavailable(w, r, "forget an expired key", err)
-				return
-			}
+		s.keys.queueClaim(b, k.scope, k.key, s.cfg.InProgressWait, &got, &row)
+	}
+	err = conn.SendBatch(ctx, b).Close()
+	var pgErr *pgconn.PgError
+	switch {
+	case k != nil && (errors.As(err, &pgErr) && pgErr.Code == "55P03" || err == nil && !got):
+		problem(w, http.StatusConflict, "Request in progress",
+			"a request with this key is still running: retry after a while with the same key to get its response", s.cfg.RetryAfter)
+		return
+	case err != nil:
+		s.unavailable(w, r, "claim the key", err)
+		return
+	case row != nil && !row.expired:
+		// The response goes out now; the read-only transaction ends after.
+		s.answerStored(w, k, row)
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
 		}
+		return
 	}
 	rec := newRecorder()
-	if err := s.call(rec, r, h, tx); err != nil {
+	if err := s.call(rec, r, h, t.tx); err != nil {
 		s.log.Error("idempotency: the handler failed; its transaction was rolled back and its key is free again",
 			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("error", err.Error()))
 		problem(w, http.StatusInternalServerError, "Request failed", "the request failed and changed nothing: retry it with the same key", 0)
@@ -176,21 +187,57 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 		send(w, rec.header, status, rec.body.Bytes())
 		return
 	}
+	// One round trip: the expired row gone, the key stored, COMMIT.
+	b = &pgx.Batch{}
 	if k != nil {
+		if row != nil {
+			s.keys.queueForget(b, k.scope, k.key)
+		}
 		k.row.status, k.row.headers = status, encodeHeaders(rec.header, s.cfg.SecretHeaders)
 		k.row.body = append([]byte{}, rec.body.Bytes()...) // never nil: stored NOT NULL
-		if err := s.keys.complete(ctx, tx, k.scope, k.key, &k.row, s.cfg.Retention); err != nil {
-			s.unavailable(w, r, "store the response", err)
-			return
-		}
+		s.keys.queueComplete(b, k.scope, k.key, &k.row, s.cfg.Retention)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		// The outcome may be unknown (a lost reply): either way a retry
-		// with the key finds out, and gets the response or runs afresh.
+	queueCommit(b)
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		// Not committed, or (a lost reply) maybe committed: either way a
+		// retry with the key finds out, and gets the response or runs
+		// afresh.
 		s.unavailable(w, r, "commit", err)
 		return
 	}
+	t.committed = true
 	send(w, rec.header, status, rec.body.Bytes())
+}
+
+// requestTx is a request's transaction on a borrowed connection.
+type requestTx struct {
+	conn      *pgxpool.Conn
+	tx        *pipetx.Tx
+	committed bool
+}
+
+// end rolls the transaction back unless it committed, and gives the
+// connection back. A connection that broke is closed by pgx, and the pool
+// replaces it.
+func (t *requestTx) end(ctx context.Context) {
+	if !t.committed && t.conn.Conn().PgConn().TxStatus() != 'I' {
+		_ = t.tx.Rollback(context.WithoutCancel(ctx))
+	}
+	t.conn.Release()
+}
+
+// errCommitRolledBack is a COMMIT the server answered with ROLLBACK: the
+// transaction was aborted.
+var errCommitRolledBack = errors.New("COMMIT rolled back: the transaction was aborted")
+
+// queueCommit adds COMMIT to b, failing when the server rolls back instead.
+func queueCommit(b *pgx.Batch) {
+	b.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() == "ROLLBACK" {
+			return errCommitRolledBack
+		}
+		return nil
+	})
 }
 
 // call runs the handler with tx guarded: it may not commit or roll back,

@@ -5,7 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/kafkaonce/kafkaonce/internal/benchdoc"
 )
+
+// httpSection is the part of BENCHMARKS.md that kafkaonce-httpbench writes.
+const httpSection = "kafkaonce-httpbench"
 
 // writeMarkdown writes BENCHMARKS.md: the machine, the command, the summary
 // against the targets, the full table and the chart.
@@ -59,6 +64,10 @@ func (rep *report) writeMarkdown(path, chart string) error {
 			rel = chart
 		}
 		fmt.Fprintf(&sb, "\n## Chart\n\n![throughput by mode and by batch size](%s)\n", filepath.ToSlash(rel))
+	}
+	// Sections other programs own (kafkaonce-httpbench's) are kept as they are.
+	if kept := benchdoc.Kept(path, httpSection); kept != "" {
+		sb.WriteString("\n" + kept + "\n")
 	}
 	return os.WriteFile(path, []byte(sb.String()), 0o644)
 }

@@ -22,8 +22,11 @@ func newRecorder() *recorder { return &recorder{header: http.Header{}} }
 
 func (r *recorder) Header() http.Header { return r.header }
 
+// WriteHeader keeps the first final status. An informational one (1xx,
+// such as 103 Early Hints) is dropped: nothing reaches the client before
+// the transaction commits.
 func (r *recorder) WriteHeader(status int) {
-	if r.status == 0 {
+	if r.status == 0 && status >= 200 {
 		r.status = status
 	}
 }

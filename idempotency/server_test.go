@@ -384,3 +384,16 @@ func TestTheStoreLooksUpCountsAndPrunesKeys(t *testing.T) {
 	_, err = store.Get(ctx, p.db.Pool, "bob", "k-3")
 	require.NoError(t, err, "a live key is kept")
 }
+
+func TestAnInformationalStatusIsNotTakenForTheResponse(t *testing.T) {
+	t.Parallel()
+	p := newPayments(t, nil)
+	p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		w.WriteHeader(http.StatusEarlyHints)
+		return p.create(w, r, tx)
+	}
+	resp, _ := p.post("k", "alice", `{"amount":1,"account":"a"}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	again, _ := p.post("k", "alice", `{"amount":1,"account":"a"}`)
+	require.Equal(t, http.StatusCreated, again.StatusCode, "the stored status is the final one")
+}

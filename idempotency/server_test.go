@@ -34,7 +34,13 @@ type payments struct {
 
 func newPayments(t *testing.T, cfg *idempotency.Config) *payments {
 	t.Helper()
-	db := testenv.NewDB(t)
+	return newPaymentsOn(t, testenv.NewDB(t), cfg)
+}
+
+// newPaymentsOn is newPayments on a database the test made (its own pool
+// options, say).
+func newPaymentsOn(t *testing.T, db *testenv.DB, cfg *idempotency.Config) *payments {
+	t.Helper()
 	p := &payments{t: t, db: db, table: db.Table("payments")}
 	db.Exec(t, `CREATE TABLE `+p.table+` (id bigserial PRIMARY KEY, amount bigint NOT NULL, account text NOT NULL)`)
 	if cfg == nil {

@@ -106,8 +106,12 @@ func (t *Transport) init() {
 // made a key, it does not change req: it sends copies.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	t.init()
-	keyed := slices.Contains(t.Methods, req.Method)
-	retryable := keyed || slices.Contains(idempotentMethods, req.Method)
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet // as net/http reads it
+	}
+	keyed := slices.Contains(t.Methods, method)
+	retryable := keyed || slices.Contains(idempotentMethods, method)
 	t.tokens.deposit()
 	if keyed && req.Header.Get(t.Header) == "" {
 		req = req.Clone(req.Context())
@@ -151,6 +155,9 @@ func (t *Transport) retryAfter(resp *http.Response, err error, keyed bool) (time
 	if err != nil {
 		return 0, true
 	}
+	if resp.Header.Get(ReplayedHeader) == "true" {
+		return 0, false // a stored answer: sending the key again gets it again
+	}
 	switch {
 	case resp.StatusCode == http.StatusTooManyRequests, resp.StatusCode >= 500, keyed && resp.StatusCode == http.StatusConflict:
 		return parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()), true
@@ -175,12 +182,19 @@ func (t *Transport) rewind(req *http.Request) (*http.Request, bool) {
 	return next, true
 }
 
+// maxRetryAfter bounds a Retry-After, so that a huge one cannot overflow
+// into a negative wait.
+const maxRetryAfter = 24 * time.Hour
+
 // parseRetryAfter reads a Retry-After value: seconds, or an HTTP date.
 func parseRetryAfter(v string, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil && s >= 0 {
+		if s > int64(maxRetryAfter/time.Second) {
+			return maxRetryAfter // beyond any deadline: not waited for
+		}
 		return time.Duration(s) * time.Second
 	}
 	if at, err := http.ParseTime(v); err == nil && at.After(now) {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/internal/schema"
@@ -17,11 +18,18 @@ const (
 	DefaultRetention    = 24 * time.Hour
 	DefaultMaxBodyBytes = 1 << 20
 	DefaultRetryAfter   = time.Second
+	// DefaultIdleInTransactionTimeout bounds a request's transaction left
+	// idle (see Config.IdleInTransactionTimeout).
+	DefaultIdleInTransactionTimeout = time.Minute
 	// MaxKeyLen bounds a key, in bytes.
 	MaxKeyLen = 255
 	// MaxScopeLen bounds a scope, in bytes.
 	MaxScopeLen = 255
 )
+
+// LeaveUnset, as Config.IdleInTransactionTimeout, leaves the server's
+// setting in force.
+const LeaveUnset time.Duration = -1
 
 // ReplayedHeader marks a replayed response: its value is "true".
 const ReplayedHeader = "Idempotent-Replayed"
@@ -55,7 +63,10 @@ type Config struct {
 	Scope func(r *http.Request) (string, error)
 
 	// Route names the operation a request asks for, part of its
-	// fingerprint. Defaults to the URL path.
+	// fingerprint. Defaults to the URL's escaped path and query: a key
+	// first used with ?dry_run=true is refused for the real request. It
+	// must be valid UTF-8 without NUL, at most 2,048 bytes; another is
+	// answered 400.
 	Route func(r *http.Request) string
 
 	// FingerprintHeaders are request headers that are part of a request's
@@ -87,6 +98,14 @@ type Config struct {
 	// DefaultRetryAfter.
 	RetryAfter time.Duration
 
+	// IdleInTransactionTimeout ends a request's transaction the server
+	// sees idle for this long: one whose client connection was lost with
+	// its COMMIT (a network fault can leave the server waiting for hours),
+	// which would keep its key "in progress" all that time. Keep it longer
+	// than any pause of a handler between two statements. Defaults to
+	// DefaultIdleInTransactionTimeout; LeaveUnset leaves the server's.
+	IdleInTransactionTimeout time.Duration
+
 	// Logger gets handler errors, panics and failed commits. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
@@ -104,12 +123,20 @@ func (c *Config) withDefaults() Config {
 		out.Methods = []string{http.MethodPost, http.MethodPatch}
 	} else {
 		out.Methods = slices.Clone(out.Methods)
+		for i, m := range out.Methods {
+			out.Methods[i] = strings.ToUpper(m) // methods are case-sensitive, and sent upper-case
+		}
 	}
 	if out.Scope == nil {
 		out.Scope = func(*http.Request) (string, error) { return "", nil }
 	}
 	if out.Route == nil {
-		out.Route = func(r *http.Request) string { return r.URL.Path }
+		out.Route = func(r *http.Request) string {
+			if r.URL.RawQuery != "" {
+				return r.URL.EscapedPath() + "?" + r.URL.RawQuery
+			}
+			return r.URL.EscapedPath()
+		}
 	}
 	out.FingerprintHeaders = slices.Clone(out.FingerprintHeaders)
 	out.SecretHeaders = slices.Clone(out.SecretHeaders)
@@ -121,6 +148,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.RetryAfter == 0 {
 		out.RetryAfter = DefaultRetryAfter
+	}
+	if out.IdleInTransactionTimeout == 0 {
+		out.IdleInTransactionTimeout = DefaultIdleInTransactionTimeout
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -145,8 +175,11 @@ func (c *Config) validate() error {
 	if c.MaxBodyBytes < 0 {
 		bad("MaxBodyBytes must not be negative (got %d)", c.MaxBodyBytes)
 	}
-	if c.InProgressWait < 0 || c.InProgressWait > time.Minute {
-		bad("InProgressWait must be between 0 and 1m (got %v)", c.InProgressWait)
+	if c.InProgressWait < 0 || c.InProgressWait > time.Minute || c.InProgressWait > 0 && c.InProgressWait < time.Millisecond {
+		bad("InProgressWait must be 0 or between 1ms and 1m (got %v): it is a lock_timeout, counted in milliseconds", c.InProgressWait)
+	}
+	if c.IdleInTransactionTimeout != LeaveUnset && c.IdleInTransactionTimeout < time.Second {
+		bad("IdleInTransactionTimeout must be at least 1s, or LeaveUnset (got %v)", c.IdleInTransactionTimeout)
 	}
 	if c.RetryAfter < time.Second {
 		bad("RetryAfter must be at least 1s, the unit of the header (got %v)", c.RetryAfter)

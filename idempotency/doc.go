@@ -36,10 +36,11 @@
 //     400; no key: 400 under Config.RequireKey, else the request runs
 //     without one.
 //
-// What is stored: a response the handler decided, a success or a client
-// error (2xx, 3xx, 4xx). A handler error, a panic, a 5xx, a statement that
-// failed, or a database that fails rolls everything back: nothing is kept,
-// the key is free, and the client's retry runs afresh. Set-Cookie and
+// What is stored: a response the handler decided (2xx, 3xx, 4xx), except
+// those that tell the client to try again (408, 409, 425, 429). Those, a
+// handler error, a panic, a 5xx, a statement that failed, or a database
+// that fails roll everything back: nothing is kept, the key is free, and
+// the client's retry runs afresh. The transaction is READ COMMITTED. Set-Cookie and
 // Config.SecretHeaders are never stored. A running request holds an
 // advisory lock on its key, not a row, so there is nothing to clean up
 // after a crash. Keys are kept for Config.Retention (24 hours by default).

@@ -29,15 +29,18 @@ func ValidateKey(key string) error {
 	return nil
 }
 
-// validateScope checks a scope from Config.Scope: storable as Postgres
-// text and bounded.
-func validateScope(scope string) error {
+// maxRouteLen bounds a route from Config.Route.
+const maxRouteLen = 2048
+
+// validateText checks a scope or a route: storable as Postgres text, and at
+// most limit bytes.
+func validateText(text string, limit int) error {
 	switch {
-	case len(scope) > MaxScopeLen:
-		return fmt.Errorf("is %d bytes long, more than the %d allowed", len(scope), MaxScopeLen)
-	case strings.IndexByte(scope, 0) >= 0:
+	case len(text) > limit:
+		return fmt.Errorf("is %d bytes long, more than the %d allowed", len(text), limit)
+	case strings.IndexByte(text, 0) >= 0:
 		return errors.New("contains a NUL byte")
-	case !utf8.ValidString(scope):
+	case !utf8.ValidString(text):
 		return errors.New("is not valid UTF-8")
 	}
 	return nil

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -26,6 +27,10 @@ func (r *recorder) Header() http.Header { return r.header }
 // such as 103 Early Hints) is dropped: nothing reaches the client before
 // the transaction commits.
 func (r *recorder) WriteHeader(status int) {
+	if status < 100 || status > 999 {
+		// As net/http does: the handler's call fails, and rolls back.
+		panic(fmt.Sprintf("invalid WriteHeader code %v", status))
+	}
 	if r.status == 0 && status >= 200 {
 		r.status = status
 	}
@@ -47,9 +52,17 @@ func (r *recorder) code() int {
 }
 
 // storable reports whether a response is kept with its key: one the
-// handler decided, a success or a client error. A server error may pass,
-// so it is not kept: the client's retry runs again.
-func storable(status int) bool { return status < 500 }
+// handler decided. Not those that tell the client to try again, which a
+// replay would contradict: a server error (5xx), 408 Request Timeout, 409
+// Conflict, 425 Too Early and 429 Too Many Requests. Their transaction
+// rolls back, and the client's retry runs afresh.
+func storable(status int) bool {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return status < 500
+}
 
 // send writes a response to w.
 func send(w http.ResponseWriter, header http.Header, status int, body []byte) {
@@ -77,11 +90,18 @@ func encodeHeaders(h http.Header, secret []string) []byte {
 		for _, v := range h[name] {
 			b.WriteString(name)
 			b.WriteString(": ")
-			b.WriteString(v)
+			b.WriteString(asSent(v))
 			b.WriteByte('\n')
 		}
 	}
 	return b.Bytes()
+}
+
+// asSent is a header value as net/http sends it: line breaks turned into
+// spaces, the ends trimmed. A value so stored is what the first response
+// carried, and cannot add a header (a Set-Cookie, say) to a replay.
+func asSent(v string) string {
+	return strings.Trim(strings.NewReplacer("\n", " ", "\r", " ").Replace(v), " \t")
 }
 
 // decodeHeaders reads what encodeHeaders wrote.

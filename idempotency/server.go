@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -106,7 +107,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, h Handler) {
 	}
 	scope, err := s.cfg.Scope(r)
 	if err == nil {
-		if verr := validateScope(scope); verr != nil {
+		if verr := validateText(scope, MaxScopeLen); verr != nil {
 			err = fmt.Errorf("the scope Config.Scope gave %v", verr)
 		}
 	}
@@ -126,6 +127,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, h Handler) {
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	route := s.cfg.Route(r)
+	if err := validateText(route, maxRouteLen); err != nil {
+		problem(w, http.StatusBadRequest, "Request route unusable", fmt.Sprintf("the route of this request %v: it cannot name an operation", err), 0)
+		return
+	}
 	req := &keyed{scope: scope, key: key, row: stored{
 		method: r.Method, route: route, fingerprint: fingerprint(r, route, body, s.cfg.FingerprintHeaders)}}
 	s.run(w, r, h, req)
@@ -148,9 +153,14 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 	}
 	t := &requestTx{conn: conn, tx: pipetx.New(conn.Conn())}
 	defer t.end(ctx)
-	// One round trip: BEGIN, and the key's claim and read.
+	// One round trip: BEGIN, the transaction's bounds, and the key's claim
+	// and read. READ COMMITTED, whatever the session's default: the read
+	// must see what a holder of the key that just finished committed.
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	if s.cfg.IdleInTransactionTimeout != LeaveUnset {
+		b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, strconv.FormatInt(s.cfg.IdleInTransactionTimeout.Milliseconds(), 10))
+	}
 	var got bool
 	var row *stored
 	if k != nil {
@@ -159,23 +169,27 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 	err = conn.SendBatch(ctx, b).Close()
 	var pgErr *pgconn.PgError
 	switch {
+	case err == nil && row != nil && !row.expired:
+		// Completed: the row never changes until it expires, so it is
+		// answered whether or not this request got the key's lock, and
+		// after the transaction ended, so that a slow reader holds neither
+		// the lock nor a connection.
+		t.end(ctx)
+		s.answerStored(w, k, row)
+		return
 	case k != nil && (errors.As(err, &pgErr) && pgErr.Code == "55P03" || err == nil && !got):
+		t.end(ctx)
 		problem(w, http.StatusConflict, "Request in progress",
 			"a request with this key is still running: retry after a while with the same key to get its response", s.cfg.RetryAfter)
 		return
 	case err != nil:
+		t.end(ctx)
 		s.unavailable(w, r, "claim the key", err)
-		return
-	case row != nil && !row.expired:
-		// The response goes out now; the read-only transaction ends after.
-		s.answerStored(w, k, row)
-		if f, ok := w.(http.Flusher); ok {
-			f.Flush()
-		}
 		return
 	}
 	rec := newRecorder()
 	if err := s.call(rec, r, h, t.tx); err != nil {
+		t.end(ctx)
 		s.log.Error("idempotency: the handler failed; its transaction was rolled back and its key is free again",
 			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("error", err.Error()))
 		problem(w, http.StatusInternalServerError, "Request failed", "the request failed and changed nothing: retry it with the same key", 0)
@@ -183,7 +197,9 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 	}
 	status := rec.code()
 	if !storable(status) {
-		// A server error: rolled back, not kept, sent as the handler wrote it.
+		// Rolled back, not kept, sent as the handler wrote it: the client
+		// is to try again, and its retry runs afresh.
+		t.end(ctx)
 		send(w, rec.header, status, rec.body.Bytes())
 		return
 	}
@@ -198,28 +214,34 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 		s.keys.queueComplete(b, k.scope, k.key, &k.row, s.cfg.Retention)
 	}
 	queueCommit(b)
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+	err = conn.SendBatch(ctx, b).Close()
+	t.committed = err == nil
+	t.end(ctx)
+	if err != nil {
 		// Not committed, or (a lost reply) maybe committed: either way a
 		// retry with the key finds out, and gets the response or runs
 		// afresh.
 		s.unavailable(w, r, "commit", err)
 		return
 	}
-	t.committed = true
 	send(w, rec.header, status, rec.body.Bytes())
 }
 
 // requestTx is a request's transaction on a borrowed connection.
 type requestTx struct {
-	conn      *pgxpool.Conn
-	tx        *pipetx.Tx
-	committed bool
+	conn            *pgxpool.Conn
+	tx              *pipetx.Tx
+	committed, done bool
 }
 
 // end rolls the transaction back unless it committed, and gives the
-// connection back. A connection that broke is closed by pgx, and the pool
-// replaces it.
+// connection back; once. A connection that broke is closed by pgx, and the
+// pool replaces it.
 func (t *requestTx) end(ctx context.Context) {
+	if t.done {
+		return
+	}
+	t.done = true
 	if !t.committed && t.conn.Conn().PgConn().TxStatus() != 'I' {
 		_ = t.tx.Rollback(context.WithoutCancel(ctx))
 	}
@@ -256,6 +278,8 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, h Handler, tx pgx.
 			err = errors.New("the handler committed or rolled back the transaction: the server does, after storing the response")
 		case tx.Conn().PgConn().TxStatus() == 'E':
 			err = errors.New("a statement of the handler failed and it returned nil: the transaction is aborted")
+		case tx.Conn().PgConn().TxStatus() != 'T':
+			err = errors.New("the handler ended the transaction with a COMMIT or ROLLBACK statement: the server ends it, after storing the response")
 		}
 	}()
 	return h.ServeIdempotent(w, r, g)
@@ -279,9 +303,8 @@ func (s *Server) answerStored(w http.ResponseWriter, k *keyed, row *stored) {
 // after a COMMIT without a reply, a retry finds out what was), so the
 // client retries with the same key.
 func (s *Server) unavailable(w http.ResponseWriter, r *http.Request, what string, err error) {
-	if r.Context().Err() != nil {
-		return // the client is gone
-	}
+	// Answered even when the request's context ended (a deadline set by a
+	// router, a client gone): a silent handler would be a 200.
 	s.log.Warn("idempotency: the database failed; the client may retry with the same key",
 		slog.String("step", what), slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("error", err.Error()))
 	problem(w, http.StatusServiceUnavailable, "Database unavailable", "the request could not be completed: retry it with the same key", s.cfg.RetryAfter)

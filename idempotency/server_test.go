@@ -345,7 +345,7 @@ func TestNewRejectsBadConfigNamingTheField(t *testing.T) {
 	db := testenv.NewDB(t)
 	_, err := idempotency.New(db.Pool, &idempotency.Config{Schema: "Bad Schema", Retention: time.Second, InProgressWait: time.Hour, RetryAfter: time.Millisecond})
 	require.Error(t, err)
-	for _, want := range []string{"Config.Schema", "Config.Retention must be at least 1m", "Config.InProgressWait must be between", "Config.RetryAfter must be at least 1s"} {
+	for _, want := range []string{"Config.Schema", "Config.Retention must be at least 1m", "Config.InProgressWait must be 0 or between", "Config.RetryAfter must be at least 1s"} {
 		require.ErrorContains(t, err, want)
 	}
 	_, err = idempotency.New(nil, nil)

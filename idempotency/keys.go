@@ -49,19 +49,22 @@ func (s *stored) fields() []any {
 // with one it waits that long (then the statement fails with a lock
 // timeout). Then it reads the key's row into *row, in a statement of its
 // own, so that the read sees what a holder that just finished committed.
-func (k keys) queueClaim(b *pgx.Batch, scope, key string, wait time.Duration, got *bool, row **stored) {
+func (k keys) queueClaim(b *pgx.Batch, scope, key, idleTimeout string, wait time.Duration, got *bool, row **stored) {
 	name := k.lockName(scope, key)
+	// The transaction's idle timeout is set by the same statement ("": the
+	// server's is kept).
+	idle := `set_config('idle_in_transaction_session_timeout', coalesce(nullif($2, ''), current_setting('idle_in_transaction_session_timeout')), true)`
 	if wait > 0 {
 		// Bounded by a lock_timeout of its own; the one in force before
 		// is kept in a setting of the transaction and put back after.
 		b.Queue(`SELECT set_config('kafkaonce.lock_timeout_before', current_setting('lock_timeout'), true),
-			set_config('lock_timeout', $1, true)`, strconv.FormatInt(wait.Milliseconds(), 10))
+			set_config('lock_timeout', $1, true), `+idle, strconv.FormatInt(wait.Milliseconds(), 10), idleTimeout)
 		b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, name)
 		b.Queue(`SELECT set_config('lock_timeout', current_setting('kafkaonce.lock_timeout_before'), true)`)
 		*got = true
 	} else {
-		b.Queue(`SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, name).
-			QueryRow(func(r pgx.Row) error { return r.Scan(got) })
+		b.Queue(`SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0)), `+idle, name, idleTimeout).
+			QueryRow(func(r pgx.Row) error { var set string; return r.Scan(got, &set) })
 	}
 	b.Queue(selectStored+k.table+` WHERE scope = $1 AND idem_key = $2`, scope, key).
 		QueryRow(func(r pgx.Row) error {

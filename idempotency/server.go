@@ -158,13 +158,16 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 	// must see what a holder of the key that just finished committed.
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	idle := "" // the server's
 	if s.cfg.IdleInTransactionTimeout != LeaveUnset {
-		b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, strconv.FormatInt(s.cfg.IdleInTransactionTimeout.Milliseconds(), 10))
+		idle = strconv.FormatInt(s.cfg.IdleInTransactionTimeout.Milliseconds(), 10)
 	}
 	var got bool
 	var row *stored
 	if k != nil {
-		s.keys.queueClaim(b, k.scope, k.key, s.cfg.InProgressWait, &got, &row)
+		s.keys.queueClaim(b, k.scope, k.key, idle, s.cfg.InProgressWait, &got, &row)
+	} else if idle != "" {
+		b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, idle)
 	}
 	err = conn.SendBatch(ctx, b).Close()
 	var pgErr *pgconn.PgError

@@ -68,20 +68,8 @@ type tapSuspect struct {
 
 // tap implements every hook interface and keeps what it is told.
 type tap struct {
-	mu         sync.Mutex
-	assigned   []consumer.PartitionAssignment
-	stopped    []*consumer.PartitionError
-	starts     []consumer.BatchInfo
-	ends       []tapEnd
-	applied    []seenMsg
-	skipped    []tapSkip
-	conflicts  []*consumer.FingerprintConflictError
-	committed  [][]consumer.TopicPartitionOffset
-	failed     []tapFailure
-	dead       []tapDead
-	suspects   []tapSuspect
-	handlerEnd []error
-	contention []tapContention
+	mu   sync.Mutex
+	seen tapped
 }
 
 var (
@@ -103,43 +91,43 @@ var (
 func (t *tap) OnPartitionAssigned(_ context.Context, a consumer.PartitionAssignment) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.assigned = append(t.assigned, a)
+	t.seen.assigned = append(t.seen.assigned, a)
 }
 
 func (t *tap) OnPartitionStopped(_ context.Context, err *consumer.PartitionError) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.stopped = append(t.stopped, err)
+	t.seen.stopped = append(t.seen.stopped, err)
 }
 
 func (t *tap) OnBatchStart(_ context.Context, b consumer.BatchInfo) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.starts = append(t.starts, b)
+	t.seen.starts = append(t.seen.starts, b)
 }
 
 func (t *tap) OnBatchEnd(_ context.Context, b consumer.BatchInfo, r consumer.BatchResult) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.ends = append(t.ends, tapEnd{b, r})
+	t.seen.ends = append(t.seen.ends, tapEnd{b, r})
 }
 
 func (t *tap) OnMessageApplied(_ context.Context, m *consumer.Message) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.applied = append(t.applied, copyMsg(m))
+	t.seen.applied = append(t.seen.applied, copyMsg(m))
 }
 
 func (t *tap) OnMessageSkipped(_ context.Context, m *consumer.Message, r consumer.SkipReason) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.skipped = append(t.skipped, tapSkip{copyMsg(m), r})
+	t.seen.skipped = append(t.seen.skipped, tapSkip{copyMsg(m), r})
 }
 
 func (t *tap) OnFingerprintConflict(_ context.Context, err *consumer.FingerprintConflictError) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.conflicts = append(t.conflicts, err)
+	t.seen.conflicts = append(t.seen.conflicts, err)
 }
 
 func (t *tap) OnOffsetsCommitted(_ context.Context, offs []consumer.TopicPartitionOffset, err error) {
@@ -148,40 +136,40 @@ func (t *tap) OnOffsetsCommitted(_ context.Context, offs []consumer.TopicPartiti
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.committed = append(t.committed, append([]consumer.TopicPartitionOffset(nil), offs...))
+	t.seen.committed = append(t.seen.committed, append([]consumer.TopicPartitionOffset(nil), offs...))
 }
 
 func (t *tap) OnMessageFailed(_ context.Context, m *consumer.Message, f consumer.Failure) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.failed = append(t.failed, tapFailure{copyMsg(m), f})
+	t.seen.failed = append(t.seen.failed, tapFailure{copyMsg(m), f})
 }
 
 func (t *tap) OnMessageDeadLettered(_ context.Context, m *consumer.Message, d consumer.DeadLettered) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.dead = append(t.dead, tapDead{copyMsg(m), d})
+	t.seen.dead = append(t.seen.dead, tapDead{copyMsg(m), d})
 }
 
 func (t *tap) OnSuspectDuplicate(_ context.Context, m *consumer.Message, first consumer.SuspectOf) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.suspects = append(t.suspects, tapSuspect{copyMsg(m), first})
+	t.seen.suspects = append(t.seen.suspects, tapSuspect{copyMsg(m), first})
 }
 
 func (t *tap) OnHandlerEnd(_ context.Context, _ *consumer.Message, _ time.Duration, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.handlerEnd = append(t.handlerEnd, err)
+	t.seen.handlerEnd = append(t.seen.handlerEnd, err)
 }
 
 func (t *tap) OnContention(_ context.Context, b consumer.BatchInfo, c consumer.Contention) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.contention = append(t.contention, tapContention{b, c})
+	t.seen.contention = append(t.seen.contention, tapContention{b, c})
 }
 
-// tapped is a copy of what a tap saw.
+// tapped is what a tap saw.
 type tapped struct {
 	assigned   []consumer.PartitionAssignment
 	stopped    []*consumer.PartitionError
@@ -201,21 +189,9 @@ type tapped struct {
 func (t *tap) snap() tapped {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return tapped{
-		assigned:   append([]consumer.PartitionAssignment(nil), t.assigned...),
-		stopped:    append([]*consumer.PartitionError(nil), t.stopped...),
-		starts:     append([]consumer.BatchInfo(nil), t.starts...),
-		ends:       append([]tapEnd(nil), t.ends...),
-		applied:    append([]seenMsg(nil), t.applied...),
-		skipped:    append([]tapSkip(nil), t.skipped...),
-		conflicts:  append([]*consumer.FingerprintConflictError(nil), t.conflicts...),
-		committed:  append([][]consumer.TopicPartitionOffset(nil), t.committed...),
-		failed:     append([]tapFailure(nil), t.failed...),
-		dead:       append([]tapDead(nil), t.dead...),
-		suspects:   append([]tapSuspect(nil), t.suspects...),
-		handlerEnd: append([]error(nil), t.handlerEnd...),
-		contention: append([]tapContention(nil), t.contention...),
-	}
+	// The hooks only append: a copy of the slice headers never sees an
+	// element change.
+	return t.seen
 }
 
 // failedFor returns the failures reported for the message at offset.
@@ -245,6 +221,19 @@ func withTap(cfg *consumer.Config) *tap {
 	t := &tap{}
 	cfg.Hooks = append(cfg.Hooks, t)
 	return t
+}
+
+// eachMessage is a BatchHandler that runs h for each message of the batch,
+// with the batch's Tx.
+func eachMessage(h consumer.Handler) consumer.BatchHandler {
+	return consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
+		for _, m := range b.Messages {
+			if err := h.Handle(ctx, b.Tx, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // queueEffects is a BatchHandler that queues one effects row per message

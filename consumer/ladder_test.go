@@ -127,15 +127,7 @@ func TestAPartialSavepointCommitThenARetryKeepsOrder(t *testing.T) {
 		})
 		cfg := e.config(h)
 		if batched {
-			cfg.Handler = nil
-			cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
-				for _, m := range b.Messages {
-					if err := h.Handle(ctx, b.Tx, m); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
+			cfg.Handler, cfg.BatchHandler = nil, eachMessage(h)
 		}
 		cfg.MaxWait = 50 * time.Millisecond
 		cfg.Retry.MaxAttempts = 10

@@ -2,7 +2,6 @@ package idempotency_test
 
 import (
 	"bufio"
-	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/idempotency"
@@ -33,14 +31,8 @@ func TestTheClientHonoursRetryAfterAsAnHTTPDate(t *testing.T) {
 
 	far := &flaky{statuses: []int{503}, header: http.Header{"Retry-After": {time.Now().Add(time.Minute).UTC().Format(http.TimeFormat)}}}
 	c, url = newClient(t, far, &idempotency.Transport{})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`x`))
-	require.NoError(t, err)
 	began = time.Now()
-	resp, err = c.Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
+	resp = postWithin(t, c, url, 2*time.Second)
 	require.Equal(t, 503, resp.StatusCode)
 	require.Less(t, time.Since(began), time.Second)
 	require.Equal(t, 1, far.attempts())
@@ -53,13 +45,7 @@ func TestTheClientTakesAHugeRetryAfterAsAWaitPastTheDeadline(t *testing.T) {
 	for _, v := range []string{"9223372037", "99999999999999"} {
 		f := &flaky{statuses: []int{503}, header: http.Header{"Retry-After": {v}}}
 		c, url := newClient(t, f, &idempotency.Transport{MaxAttempts: 3})
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`x`))
-		require.NoError(t, err)
-		resp, err := c.Do(req)
-		cancel()
-		require.NoError(t, err)
-		resp.Body.Close()
+		postWithin(t, c, url, 2*time.Second)
 		require.Equal(t, 1, f.attempts(), "Retry-After: %s asks for a wait past the deadline: no retry", v)
 	}
 }
@@ -213,13 +199,7 @@ func TestTheClientGetsALostResponseFromTheServersKey(t *testing.T) {
 		_, _ = w.Write(rec.Body.Bytes())
 	}))
 	t.Cleanup(gw.Close)
-	c := &http.Client{Transport: &idempotency.Transport{RetryInitialInterval: time.Millisecond, RetryMaxInterval: 5 * time.Millisecond}}
-	req, err := http.NewRequest(http.MethodPost, gw.URL+"/v1/payments", strings.NewReader(`{"amount":5,"account":"a"}`))
-	require.NoError(t, err)
-	req.Header.Set("X-Client", "alice")
-	resp, err := c.Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
+	resp := postRetrying(t, gw.URL)
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 	require.Equal(t, "true", resp.Header.Get(idempotency.ReplayedHeader))
 	require.EqualValues(t, 1, p.count())
@@ -231,18 +211,8 @@ func TestTheClientGetsALostResponseFromTheServersKey(t *testing.T) {
 func TestTheClientWaitsOutAKeyInProgress(t *testing.T) {
 	t.Parallel()
 	p := newPayments(t, nil)
-	started, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
-		once.Do(func() { close(started) })
-		<-release
-		return p.create(w, r, tx)
-	}
-	first := make(chan string, 1)
-	go func() {
-		_, body := p.post("k", "alice", `{"amount":1,"account":"a"}`)
-		first <- body
-	}()
+	started, release := p.holdCalls()
+	first := p.postInBackground("k", "alice", `{"amount":1,"account":"a"}`)
 	<-started
 	time.AfterFunc(300*time.Millisecond, func() { close(release) })
 	c := &http.Client{Transport: &idempotency.Transport{}}
@@ -257,7 +227,7 @@ func TestTheClientWaitsOutAKeyInProgress(t *testing.T) {
 	resp.Body.Close()
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
-	require.Equal(t, <-first, string(body))
+	require.Equal(t, (<-first).body, string(body))
 	require.GreaterOrEqual(t, time.Since(began), 900*time.Millisecond, "Retry-After: 1")
 	require.EqualValues(t, 1, p.calls.Load())
 }

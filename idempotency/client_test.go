@@ -60,6 +60,20 @@ func newClient(t *testing.T, f *flaky, tr *idempotency.Transport) (*http.Client,
 	return &http.Client{Transport: tr}, srv.URL
 }
 
+// postWithin posts to url through c with a deadline d away, and returns
+// the answer (its body closed).
+func postWithin(t *testing.T, c *http.Client, url string, d time.Duration) *http.Response {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`x`))
+	require.NoError(t, err)
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp
+}
+
 func TestTheClientRetriesWithTheSameKeyAndBody(t *testing.T) {
 	t.Parallel()
 	f := &flaky{statuses: []int{0, 503, 500, 201}, hangUp: 1} // the first gets no answer
@@ -124,14 +138,8 @@ func TestTheClientHonoursRetryAfterAndTheDeadline(t *testing.T) {
 
 	slow := &flaky{statuses: []int{503}, header: http.Header{"Retry-After": {"30"}}}
 	c, url = newClient(t, slow, &idempotency.Transport{})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`x`))
-	require.NoError(t, err)
 	began = time.Now()
-	resp, err = c.Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
+	resp = postWithin(t, c, url, 2*time.Second)
 	require.Equal(t, 503, resp.StatusCode, "a wait past the deadline is not started: the last answer is returned")
 	require.Less(t, time.Since(began), time.Second)
 	require.Equal(t, 1, slow.attempts())

@@ -292,21 +292,11 @@ func TestARequestWhoseContextEndsBeforeTheCommitIsNeverAnswered2xx(t *testing.T)
 	t.Run("while waiting for the key", func(t *testing.T) {
 		t.Parallel()
 		p := newPayments(t, &idempotency.Config{InProgressWait: 5 * time.Second})
-		started, release := make(chan struct{}), make(chan struct{})
-		var once sync.Once
-		p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
-			once.Do(func() { close(started) })
-			<-release
-			return p.create(w, r, tx)
-		}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			p.post("k", "alice", `{"amount":1,"account":"a"}`)
-		}()
+		started, release := p.holdCalls()
+		first := p.postInBackground("k", "alice", `{"amount":1,"account":"a"}`)
 		<-started
 		time.AfterFunc(1500*time.Millisecond, func() { close(release) })
-		defer func() { <-done }()
+		defer func() { <-first }()
 
 		inner := p.srv.Config.Handler
 		gw := httptest.NewServer(timeoutMiddleware(300*time.Millisecond, inner))
@@ -346,30 +336,13 @@ func TestInProgressWaitReplaysUnderRepeatableRead(t *testing.T) {
 		c.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
 	})
 	p := newPaymentsOn(t, db, &idempotency.Config{InProgressWait: 5 * time.Second})
-	started, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
-		once.Do(func() { close(started) })
-		<-release
-		return p.create(w, r, tx)
-	}
-	type answer struct {
-		status int
-		body   string
-	}
-	answers := make(chan answer, 2)
-	go func() {
-		resp, body := p.post("k", "alice", `{"amount":1,"account":"a"}`)
-		answers <- answer{resp.StatusCode, body}
-	}()
+	started, release := p.holdCalls()
+	first := p.postInBackground("k", "alice", `{"amount":1,"account":"a"}`)
 	<-started
-	go func() {
-		resp, body := p.post("k", "alice", `{"amount":1,"account":"a"}`)
-		answers <- answer{resp.StatusCode, body}
-	}()
+	second := p.postInBackground("k", "alice", `{"amount":1,"account":"a"}`)
 	time.Sleep(300 * time.Millisecond) // the second waits for the key
 	close(release)
-	a, b := <-answers, <-answers
+	a, b := <-first, <-second
 	t.Logf("answers: %d %s / %d %s; handler ran %d times", a.status, a.body, b.status, b.body, p.calls.Load())
 	require.Equal(t, http.StatusCreated, a.status)
 	require.Equal(t, http.StatusCreated, b.status)
@@ -611,17 +584,8 @@ func TestPruneSkipsAnExpiredKeyThatIsRunningAgain(t *testing.T) {
 	p.post("k", "alice", `{"amount":1,"account":"a"}`)
 	p.post("k-other", "alice", `{"amount":1,"account":"a"}`)
 	p.db.Exec(t, `UPDATE `+p.db.Table("idempotency_keys")+` SET expires_at = now() - interval '1 second'`)
-	started, release := make(chan struct{}), make(chan struct{})
-	p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
-		close(started)
-		<-release
-		return p.create(w, r, tx)
-	}
-	statuses := make(chan int, 1)
-	go func() {
-		resp, _ := p.post("k", "alice", `{"amount":2,"account":"a"}`)
-		statuses <- resp.StatusCode
-	}()
+	started, release := p.holdCalls()
+	running := p.postInBackground("k", "alice", `{"amount":2,"account":"a"}`)
 	<-started
 	store, err := idempotency.NewStore(p.db.Schema)
 	require.NoError(t, err)
@@ -631,7 +595,7 @@ func TestPruneSkipsAnExpiredKeyThatIsRunningAgain(t *testing.T) {
 	close(release)
 	require.NoError(t, err, "prune does not wait for the running request")
 	require.EqualValues(t, 2, n, "both expired rows: the running request holds its key's lock, not its old row")
-	require.Equal(t, http.StatusCreated, <-statuses)
+	require.Equal(t, http.StatusCreated, (<-running).status)
 	k, err := store.Get(context.Background(), p.db.Pool, "alice", "k")
 	require.NoError(t, err)
 	require.True(t, k.ExpiresAt.After(time.Now()))
@@ -691,13 +655,7 @@ func TestAHandlersTooManyRequestsIsNotKeptForTheKey(t *testing.T) {
 		}
 		return p.create(w, r, tx)
 	}
-	c := &http.Client{Transport: &idempotency.Transport{RetryInitialInterval: time.Millisecond, RetryMaxInterval: 5 * time.Millisecond}}
-	req, err := http.NewRequest(http.MethodPost, p.srv.URL+"/v1/payments", strings.NewReader(`{"amount":1,"account":"a"}`))
-	require.NoError(t, err)
-	req.Header.Set("X-Client", "alice")
-	resp, err := c.Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
+	resp := postRetrying(t, p.srv.URL)
 	t.Logf("after the retries: %d (replayed %q), handler ran %d times", resp.StatusCode, resp.Header.Get(idempotency.ReplayedHeader), p.calls.Load())
 	require.Equal(t, http.StatusCreated, resp.StatusCode, "the Transport's retry after Retry-After passed")
 	require.EqualValues(t, 1, p.count())
@@ -725,13 +683,7 @@ func TestAHandlersConflictIsNotRetriedAsAKeyInProgress(t *testing.T) {
 		inner.ServeHTTP(w, r)
 	}))
 	t.Cleanup(counted.Close)
-	c := &http.Client{Transport: &idempotency.Transport{RetryInitialInterval: time.Millisecond, RetryMaxInterval: 5 * time.Millisecond}}
-	req, err := http.NewRequest(http.MethodPost, counted.URL+"/v1/payments", strings.NewReader(`{"amount":1,"account":"a"}`))
-	require.NoError(t, err)
-	req.Header.Set("X-Client", "alice")
-	resp, err := c.Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
+	resp := postRetrying(t, counted.URL)
 	t.Logf("%d attempts, the last answered %d (replayed %q)", attempts.Load(), resp.StatusCode, resp.Header.Get(idempotency.ReplayedHeader))
 	require.LessOrEqual(t, attempts.Load(), int64(2))
 }
@@ -750,13 +702,7 @@ func TestTheClientsRetryRunsAFailedRequestAfresh(t *testing.T) {
 		}
 		return p.create(w, r, tx)
 	}
-	c := &http.Client{Transport: &idempotency.Transport{RetryInitialInterval: time.Millisecond, RetryMaxInterval: 5 * time.Millisecond}}
-	req, err := http.NewRequest(http.MethodPost, p.srv.URL+"/v1/payments", strings.NewReader(`{"amount":1,"account":"a"}`))
-	require.NoError(t, err)
-	req.Header.Set("X-Client", "alice")
-	resp, err := c.Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
+	resp := postRetrying(t, p.srv.URL)
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 	require.Empty(t, resp.Header.Get(idempotency.ReplayedHeader))
 	require.EqualValues(t, 2, p.calls.Load())
@@ -816,15 +762,11 @@ func TestKeysWhoseScopeAndKeyConcatenateAlikeDoNotShareALock(t *testing.T) {
 		}
 		return p.create(w, r, tx)
 	}
-	held := make(chan int, 1)
-	go func() {
-		resp, _ := p.post("c", "ab", `{"amount":1,"account":"a"}`)
-		held <- resp.StatusCode
-	}()
+	held := p.postInBackground("c", "ab", `{"amount":1,"account":"a"}`)
 	<-started
 	resp, body := p.post("bc", "a", `{"amount":1,"account":"a"}`)
 	close(release)
 	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
-	require.Equal(t, http.StatusCreated, <-held)
+	require.Equal(t, http.StatusCreated, (<-held).status)
 	require.EqualValues(t, 2, p.count())
 }

@@ -102,6 +102,50 @@ func (p *payments) post(key, client, body string) (*http.Response, string) {
 	return resp, string(b)
 }
 
+// holdCalls makes every handler call wait until release is closed;
+// started is closed when the first arrives.
+func (p *payments) holdCalls() (started, release chan struct{}) {
+	started, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		once.Do(func() { close(started) })
+		<-release
+		return p.create(w, r, tx)
+	}
+	return started, release
+}
+
+// answer is a response's status and body.
+type answer struct {
+	status int
+	body   string
+}
+
+// postInBackground sends a request on a goroutine of its own; its answer
+// comes on the channel.
+func (p *payments) postInBackground(key, client, body string) <-chan answer {
+	out := make(chan answer, 1)
+	go func() {
+		resp, b := p.post(key, client, body)
+		out <- answer{resp.StatusCode, b}
+	}()
+	return out
+}
+
+// postRetrying posts a payment for alice to url through a Transport with
+// short waits, and returns the last answer (its body closed).
+func postRetrying(t *testing.T, url string) *http.Response {
+	t.Helper()
+	c := &http.Client{Transport: &idempotency.Transport{RetryInitialInterval: time.Millisecond, RetryMaxInterval: 5 * time.Millisecond}}
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/payments", strings.NewReader(`{"amount":1,"account":"a"}`))
+	require.NoError(t, err)
+	req.Header.Set("X-Client", "alice")
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp
+}
+
 func (p *payments) count() int64 { return p.db.Int(p.t, `SELECT count(*) FROM `+p.table) }
 
 func TestARetryGetsTheStoredResponseByteForByte(t *testing.T) {

@@ -168,7 +168,8 @@ func (w *worker) abandonedOutcome(items []item, ab *usercall.Abandoned) txOutcom
 }
 
 // A strategy runs an attempt's transaction one way. ok is false when it
-// declined, having committed nothing; the next one runs then.
+// declined, having committed nothing; the next one runs then. Each resets
+// the attempt's scratch space before it uses it.
 type strategy func(a *txAttempt, hctx, ctx context.Context) (out txOutcome, ok bool)
 
 // strategies, in the order they are tried: one round trip when the
@@ -178,7 +179,6 @@ var strategies = [...]strategy{(*txAttempt).oneTrip, (*txAttempt).claimFirst}
 // tx runs the attempt's transaction with the first strategy that takes it.
 func (a *txAttempt) tx(hctx, ctx context.Context) txOutcome {
 	for _, s := range strategies {
-		a.st.reset(len(a.items))
 		if out, ok := s(a, hctx, ctx); ok {
 			return out
 		}

@@ -65,6 +65,7 @@ func (a *txAttempt) claimFirst(hctx, ctx context.Context) (out txOutcome, ok boo
 // (see claimFirst). bt is nil when it did not begin; out then says why.
 func (a *txAttempt) claim(ctx context.Context) (bt *batchTx, gated time.Time, out txOutcome) {
 	items, p, st := a.items, &a.p, a.st
+	st.reset(len(items))
 	for i := range items {
 		f := p.deadLetter[i]
 		if items[i].idErr != nil {

@@ -80,6 +80,7 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	if !a.oneTripEligible() {
 		return txOutcome{}, false
 	}
+	a.st.reset(len(a.items))
 	items, st := a.items, a.st
 	n := len(items)
 	// Duplicates foreseen from memory are skipped without a claim: a

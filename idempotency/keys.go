@@ -19,14 +19,25 @@ func newKeys(schemaName string) keys {
 	return keys{schema: schemaName, table: schema.Table(schemaName, "idempotency_keys")}
 }
 
-// stored is a completed key: the request it was for and its response.
+// stored is a key's row: the request it is for and, once completed, its
+// response.
 type stored struct {
 	method, route string
 	fingerprint   []byte
-	status        int
+	status        int // 0 while a phased run is in progress
 	headers, body []byte
 	createdAt     time.Time
 	expired       bool
+	run           *running // a phased request's run in progress, else nil
+}
+
+// running is the in-progress part of a phased request's row.
+type running struct {
+	flow, point    string
+	state, request []byte
+	token          string
+	leaseLeft      time.Duration // <= 0: the lease ran out
+	taken          int
 }
 
 // lockName names (scope, key) for its advisory lock; every part is
@@ -35,11 +46,44 @@ func (k keys) lockName(scope, key string) string {
 	return strconv.Itoa(len(k.schema)) + ":" + k.schema + strconv.Itoa(len(scope)) + ":" + scope + key
 }
 
-// selectStored reads a stored key; its columns are stored.fields.
-const selectStored = `SELECT method, route, fingerprint, status, headers, body, created_at, expires_at <= clock_timestamp() FROM `
+// selectStored reads a key's row; scanStored scans it.
+const selectStored = `SELECT method, route, fingerprint, status, headers, body, created_at, expires_at <= clock_timestamp(),
+	flow, recovery_point, state, request, lease_token, extract(epoch FROM lease_until - clock_timestamp())::float8, taken FROM `
 
-func (s *stored) fields() []any {
-	return []any{&s.method, &s.route, &s.fingerprint, &s.status, &s.headers, &s.body, &s.createdAt, &s.expired}
+// scanStored scans a row of selectStored; a missing row is nil.
+func scanStored(r pgx.Row) (*stored, error) {
+	var s stored
+	var status *int32
+	var flow, point, token *string
+	var leaseLeft *float64
+	var run running
+	err := r.Scan(&s.method, &s.route, &s.fingerprint, &status, &s.headers, &s.body, &s.createdAt, &s.expired,
+		&flow, &point, &run.state, &run.request, &token, &leaseLeft, &run.taken)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if status != nil {
+		s.status = int(*status)
+		return &s, nil
+	}
+	// In progress: never expired while it runs, whatever expires_at says.
+	s.expired = false
+	run.flow, run.point, run.token = deref(flow), deref(point), deref(token)
+	if leaseLeft != nil {
+		run.leaseLeft = time.Duration(*leaseLeft * float64(time.Second))
+	}
+	s.run = &run
+	return &s, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // queueClaim adds to b, a transaction's first round trip, the claim of
@@ -68,12 +112,8 @@ func (k keys) queueClaim(b *pgx.Batch, scope, key, idleTimeout string, wait time
 	}
 	b.Queue(selectStored+k.table+` WHERE scope = $1 AND idem_key = $2`, scope, key).
 		QueryRow(func(r pgx.Row) error {
-			var s stored
-			err := r.Scan(s.fields()...)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			*row = &s
+			s, err := scanStored(r)
+			*row = s
 			return err
 		})
 }
@@ -88,5 +128,5 @@ func (k keys) queueForget(b *pgx.Batch, scope, key string) {
 func (k keys) queueComplete(b *pgx.Batch, scope, key string, s *stored, retention time.Duration) {
 	b.Queue(`INSERT INTO `+k.table+` (scope, idem_key, method, route, fingerprint, status, headers, body, expires_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, clock_timestamp() + $9::interval)`,
-		scope, key, s.method, s.route, s.fingerprint, s.status, s.headers, s.body, strconv.FormatInt(retention.Microseconds(), 10)+" microseconds")
+		scope, key, s.method, s.route, s.fingerprint, s.status, s.headers, s.body, interval(retention))
 }

@@ -86,24 +86,35 @@ func (s *Server) HandleFunc(f func(w http.ResponseWriter, r *http.Request, tx pg
 
 // serve answers one request (see the package documentation for the rules).
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, h Handler) {
+	k, ok := s.admit(w, r, false)
+	if ok {
+		s.run(w, r, h, k)
+	}
+}
+
+// admit reads a request's key, scope and body and fingerprints it. It
+// answers the request itself (and returns false) when the key or the
+// request is unusable; it returns nil and true for a request that runs
+// without a key. required asks for a key whatever the method and
+// Config.RequireKey.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, required bool) (*keyed, bool) {
 	values := r.Header.Values(s.cfg.Header)
-	takesKey := slices.Contains(s.cfg.Methods, r.Method)
+	required = required || s.cfg.RequireKey && slices.Contains(s.cfg.Methods, r.Method)
 	switch {
-	case !takesKey || len(values) == 0 && !s.cfg.RequireKey:
-		s.run(w, r, h, nil)
-		return
-	case len(values) == 0:
+	case len(values) == 0 && required:
 		problem(w, http.StatusBadRequest, "Idempotency key missing",
 			fmt.Sprintf("%s requests need an %s header: make one key (a UUID) per operation and send it again on every retry of it", r.Method, s.cfg.Header), 0)
-		return
+		return nil, false
+	case len(values) == 0 || !required && !slices.Contains(s.cfg.Methods, r.Method):
+		return nil, true
 	case len(values) > 1:
 		problem(w, http.StatusBadRequest, "Idempotency key repeated", fmt.Sprintf("send one %s header, not %d", s.cfg.Header, len(values)), 0)
-		return
+		return nil, false
 	}
 	key := values[0]
 	if err := ValidateKey(key); err != nil {
 		problem(w, http.StatusBadRequest, "Idempotency key invalid", fmt.Sprintf("the %s header %v: use 1 to %d bytes of printable ASCII, such as a UUID", s.cfg.Header, err, MaxKeyLen), 0)
-		return
+		return nil, false
 	}
 	scope, err := s.cfg.Scope(r)
 	if err == nil {
@@ -113,32 +124,32 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, h Handler) {
 	}
 	if err != nil {
 		problem(w, http.StatusForbidden, "No scope for the idempotency key", err.Error(), 0)
-		return
+		return nil, false
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			problem(w, http.StatusRequestEntityTooLarge, "Request body too large", fmt.Sprintf("the body is longer than the %d bytes allowed", s.cfg.MaxBodyBytes), 0)
-			return
+			return nil, false
 		}
 		problem(w, http.StatusBadRequest, "Request body unreadable", err.Error(), 0)
-		return
+		return nil, false
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	route := s.cfg.Route(r)
 	if err := validateText(route, maxRouteLen); err != nil {
 		problem(w, http.StatusBadRequest, "Request route unusable", fmt.Sprintf("the route of this request %v: it cannot name an operation", err), 0)
-		return
+		return nil, false
 	}
-	req := &keyed{scope: scope, key: key, row: stored{
-		method: r.Method, route: route, fingerprint: fingerprint(r, route, body, s.cfg.FingerprintHeaders)}}
-	s.run(w, r, h, req)
+	return &keyed{scope: scope, key: key, body: body, row: stored{
+		method: r.Method, route: route, fingerprint: fingerprint(r, route, body, s.cfg.FingerprintHeaders)}}, true
 }
 
 // keyed is a request with a key: whose, and what it is.
 type keyed struct {
 	scope, key string
+	body       []byte
 	row        stored
 }
 
@@ -158,10 +169,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 	// must see what a holder of the key that just finished committed.
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	idle := "" // the server's
-	if s.cfg.IdleInTransactionTimeout != LeaveUnset {
-		idle = strconv.FormatInt(s.cfg.IdleInTransactionTimeout.Milliseconds(), 10)
-	}
+	idle := s.idle()
 	var got bool
 	var row *stored
 	if k != nil {
@@ -172,6 +180,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 	err = conn.SendBatch(ctx, b).Close()
 	var pgErr *pgconn.PgError
 	switch {
+	case err == nil && row != nil && row.run != nil:
+		t.end(ctx)
+		s.answerRunning(w, k, row)
+		return
 	case err == nil && row != nil && !row.expired:
 		// Completed: the row never changes until it expires, so it is
 		// answered whether or not this request got the key's lock, and
@@ -230,6 +242,15 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 	send(w, rec.header, status, rec.body.Bytes())
 }
 
+// idle is the idle_in_transaction_session_timeout of a request's
+// transactions, in milliseconds: "" for the server's.
+func (s *Server) idle() string {
+	if s.cfg.IdleInTransactionTimeout == LeaveUnset {
+		return ""
+	}
+	return strconv.FormatInt(s.cfg.IdleInTransactionTimeout.Milliseconds(), 10)
+}
+
 // requestTx is a request's transaction on a borrowed connection.
 type requestTx struct {
 	conn            *pgxpool.Conn
@@ -265,41 +286,66 @@ func queueCommit(b *pgx.Batch) {
 	})
 }
 
-// call runs the handler with tx guarded: it may not commit or roll back,
-// nor use tx once it returned. A panic, a misuse of tx or a statement that
-// failed while the handler returned nil are errors.
-func (s *Server) call(w http.ResponseWriter, r *http.Request, h Handler, tx pgx.Tx) (err error) {
+// call runs the handler with tx guarded (see guarded).
+func (s *Server) call(w http.ResponseWriter, r *http.Request, h Handler, tx pgx.Tx) error {
+	return guarded(tx, "handler", func(g pgx.Tx) error { return h.ServeIdempotent(w, r, g) })
+}
+
+// guarded runs f, user code named who, with tx guarded: it may not commit
+// or roll back, nor use tx once it returned. A panic, a misuse of tx or a
+// statement that failed while f returned nil are errors.
+func guarded(tx pgx.Tx, who string, f func(pgx.Tx) error) (err error) {
 	g := txguard.Wrap(tx)
 	defer func() {
 		g.Seal()
 		if p := recover(); p != nil {
-			err = fmt.Errorf("the handler panicked: %v", p)
+			err = fmt.Errorf("the %s panicked: %v", who, p)
 		}
 		switch {
 		case err != nil:
 		case g.Misused():
-			err = errors.New("the handler committed or rolled back the transaction: the server does, after storing the response")
+			err = fmt.Errorf("the %s committed or rolled back the transaction: the server does, after storing what it must", who)
 		case tx.Conn().PgConn().TxStatus() == 'E':
-			err = errors.New("a statement of the handler failed and it returned nil: the transaction is aborted")
+			err = fmt.Errorf("a statement of the %s failed and it returned nil: the transaction is aborted", who)
 		case tx.Conn().PgConn().TxStatus() != 'T':
-			err = errors.New("the handler ended the transaction with a COMMIT or ROLLBACK statement: the server ends it, after storing the response")
+			err = fmt.Errorf("the %s ended the transaction with a COMMIT or ROLLBACK statement: the server ends it, after storing what it must", who)
 		}
 	}()
-	return h.ServeIdempotent(w, r, g)
+	return f(g)
 }
 
 // answerStored answers a request whose key completed: the stored response
 // when it is the same request, else 422.
 func (s *Server) answerStored(w http.ResponseWriter, k *keyed, row *stored) {
-	if !bytes.Equal(row.fingerprint, k.row.fingerprint) {
-		problem(w, http.StatusUnprocessableEntity, "Idempotency key reused",
-			fmt.Sprintf("this key was used for a different request (%s %s, created %s): make a new key for each operation; a retry must repeat its request exactly",
-				row.method, row.route, row.createdAt.UTC().Format("2006-01-02T15:04:05Z")), 0)
+	if s.refuseOther(w, k, row) {
 		return
 	}
 	h := decodeHeaders(row.headers)
 	h.Set(ReplayedHeader, "true")
 	send(w, h, row.status, row.body)
+}
+
+// answerRunning answers a request whose key's phased run is in progress
+// and not to be taken over by this request: 422 when it is a different
+// request, else 409 with Retry-After, at least until the run's lease ends.
+func (s *Server) answerRunning(w http.ResponseWriter, k *keyed, row *stored) {
+	if s.refuseOther(w, k, row) {
+		return
+	}
+	problem(w, http.StatusConflict, "Request in progress",
+		"a request with this key is still running: retry after a while with the same key to get its response", max(s.cfg.RetryAfter, row.run.leaseLeft))
+}
+
+// refuseOther answers 422 when row's key was used for a different request
+// than k, and says whether it did.
+func (s *Server) refuseOther(w http.ResponseWriter, k *keyed, row *stored) bool {
+	if bytes.Equal(row.fingerprint, k.row.fingerprint) {
+		return false
+	}
+	problem(w, http.StatusUnprocessableEntity, "Idempotency key reused",
+		fmt.Sprintf("this key was used for a different request (%s %s, created %s): make a new key for each operation; a retry must repeat its request exactly",
+			row.method, row.route, row.createdAt.UTC().Format("2006-01-02T15:04:05Z")), 0)
+	return true
 }
 
 // unavailable answers a request the database failed: nothing was kept (or,

@@ -38,18 +38,35 @@ func NewStore(schemaName string) (*Store, error) {
 	return &Store{keys: newKeys(schemaName)}, nil
 }
 
-// Key is a stored key: the request it completed and its response.
+// Key is a stored key: the request it is for and, once completed, its
+// response.
 type Key struct {
 	Scope, Key    string
 	Method, Route string
 	// Fingerprint is the SHA-256 a retry must match.
 	Fingerprint []byte
-	// Status, Header and Body are the response, as replayed.
+	// Status, Header and Body are the response, as replayed; Status is 0
+	// while a phased request's run is in progress.
 	Status    int
 	Header    map[string][]string
 	Body      []byte
 	CreatedAt time.Time
 	ExpiresAt time.Time
+	// Run is a phased request's run in progress, else nil.
+	Run *RunInProgress
+}
+
+// RunInProgress is where a phased request's run stands (see Flow).
+type RunInProgress struct {
+	// Flow names the Flow; RecoveryPoint is the phase a resume continues
+	// from.
+	Flow, RecoveryPoint string
+	// LeaseUntil is when a retry or the sweep may take the run over.
+	LeaseUntil time.Time
+	// Taken counts the servers that ran it: 1, plus one per resume.
+	Taken int
+	// LastError is why its last phase failed, if it did.
+	LastError string
 }
 
 // Get returns the stored key, or ErrNotFound. An expired key is returned
@@ -57,35 +74,65 @@ type Key struct {
 func (s *Store) Get(ctx context.Context, q Querier, scope, key string) (Key, error) {
 	k := Key{Scope: scope, Key: key}
 	var headers []byte
-	err := q.QueryRow(ctx, `SELECT method, route, fingerprint, status, headers, body, created_at, expires_at
+	var status *int32
+	var flow, point, lastError *string
+	var leaseUntil *time.Time
+	var taken int
+	err := q.QueryRow(ctx, `SELECT method, route, fingerprint, status, headers, body, created_at, expires_at,
+			flow, recovery_point, lease_until, taken, last_error
 		FROM `+s.keys.table+` WHERE scope = $1 AND idem_key = $2`, scope, key).
-		Scan(&k.Method, &k.Route, &k.Fingerprint, &k.Status, &headers, &k.Body, &k.CreatedAt, &k.ExpiresAt)
+		Scan(&k.Method, &k.Route, &k.Fingerprint, &status, &headers, &k.Body, &k.CreatedAt, &k.ExpiresAt,
+			&flow, &point, &leaseUntil, &taken, &lastError)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Key{}, ErrNotFound
 	}
 	if err != nil {
 		return Key{}, fmt.Errorf("idempotency: get key: %w", err)
 	}
+	if status == nil {
+		k.Run = &RunInProgress{Flow: deref(flow), RecoveryPoint: deref(point), Taken: taken, LastError: deref(lastError)}
+		if leaseUntil != nil {
+			k.Run.LeaseUntil = *leaseUntil
+		}
+		return k, nil
+	}
+	k.Status = int(*status)
 	k.Header = decodeHeaders(headers)
 	return k, nil
 }
 
-// Count returns how many keys are stored, and how many of them expired
-// (pruning deletes those).
-func (s *Store) Count(ctx context.Context, q Querier) (total, expired int64, err error) {
-	err = q.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE expires_at <= clock_timestamp()) FROM `+s.keys.table).Scan(&total, &expired)
+// Counts are the numbers of keys in a schema.
+type Counts struct {
+	// Total counts every key; Expired the completed ones past their
+	// retention, which pruning deletes.
+	Total, Expired int64
+	// Running counts phased requests' runs in progress; Stalled those of
+	// them whose lease ran out, waiting for a retry or the recovery sweep.
+	Running, Stalled int64
+}
+
+// Count counts the keys.
+func (s *Store) Count(ctx context.Context, q Querier) (Counts, error) {
+	var c Counts
+	err := q.QueryRow(ctx, `SELECT count(*),
+			count(*) FILTER (WHERE status IS NOT NULL AND expires_at <= clock_timestamp()),
+			count(*) FILTER (WHERE status IS NULL),
+			count(*) FILTER (WHERE status IS NULL AND lease_until <= clock_timestamp())
+		FROM `+s.keys.table).Scan(&c.Total, &c.Expired, &c.Running, &c.Stalled)
 	if err != nil {
-		return 0, 0, fmt.Errorf("idempotency: count keys: %w", err)
+		return Counts{}, fmt.Errorf("idempotency: count keys: %w", err)
 	}
-	return total, expired, nil
+	return c, nil
 }
 
 // Prune deletes up to limit expired keys, skipping rows locked by running
-// transactions, and returns how many it deleted. Call it until it returns
-// less than limit.
+// transactions, and returns how many it deleted. A run in progress is
+// never pruned, however old: its recovery point is all that says how far
+// its request went. Call it until it returns less than limit.
 func (s *Store) Prune(ctx context.Context, q Querier, limit int) (int64, error) {
 	tag, err := q.Exec(ctx, `DELETE FROM `+s.keys.table+` WHERE ctid IN (
-		SELECT ctid FROM `+s.keys.table+` WHERE expires_at <= clock_timestamp() LIMIT $1 FOR UPDATE SKIP LOCKED)`, limit)
+		SELECT ctid FROM `+s.keys.table+` WHERE expires_at <= clock_timestamp() AND status IS NOT NULL
+		LIMIT $1 FOR UPDATE SKIP LOCKED)`, limit)
 	if err != nil {
 		return 0, fmt.Errorf("idempotency: prune keys: %w", err)
 	}

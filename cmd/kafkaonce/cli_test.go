@@ -424,6 +424,12 @@ func TestKeysGetStatusAndPrune(t *testing.T) {
 	w.db.Exec(t, `INSERT INTO `+keys+` (scope, idem_key, method, route, fingerprint, status, headers, body, expires_at) VALUES
 		('alice', 'pay-1', 'POST', '/v1/payments', '\xab', 201, convert_to('Content-Type: application/json'||E'\n', 'UTF8'), '{"id":7}', now() + interval '1 day'),
 		('alice', 'pay-0', 'POST', '/v1/payments', '\xab', 201, '', '{"id":6}', now() - interval '1 minute')`)
+	// A phased request's run, stalled at "charge" a day past its expiry:
+	// shown, counted, never pruned.
+	w.db.Exec(t, `INSERT INTO `+keys+` (scope, idem_key, method, route, fingerprint, flow, recovery_point, request,
+			lease_token, lease_until, taken, last_error, expires_at)
+		VALUES ('alice', 'pay-2', 'POST', '/v1/payments', '\xab', 'payments', 'charge', '{}', 't', now() - interval '1 minute', 2,
+			'provider: 503', now() - interval '1 day')`)
 
 	out, errOut, code := w.cli("keys", "get", "--scope", "alice", "pay-1")
 	require.Equal(t, 0, code, errOut)
@@ -431,13 +437,18 @@ func TestKeysGetStatusAndPrune(t *testing.T) {
 	require.Contains(t, out, "status:   201")
 	require.Contains(t, out, "header:   Content-Type: application/json")
 	require.Contains(t, out, `body:     "{\"id\":7}"`)
+	out, errOut, code = w.cli("keys", "get", "--scope", "alice", "pay-2")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "in progress: flow payments, at recovery point charge, taken 2 time(s)")
+	require.Contains(t, out, "lease:    ran out at")
+	require.Contains(t, out, "last error: provider: 503")
 	_, errOut, code = w.cli("keys", "get", "pay-1")
 	require.NotEqual(t, 0, code)
 	require.Contains(t, errOut, "pass --scope", "keys are per scope, and the error says so")
 
 	out, errOut, code = w.cli("status", "--consumer", w.name)
 	require.Equal(t, 0, code, errOut)
-	require.Contains(t, out, "idempotency keys (HTTP, whole schema): 2 (1 expired)")
+	require.Contains(t, out, "idempotency keys (HTTP, whole schema): 3 (1 expired, 1 phased runs in progress, 1 of them stalled)")
 
 	out, errOut, code = w.cli("keys", "prune", "--dry-run")
 	require.Equal(t, 0, code, errOut)
@@ -445,5 +456,5 @@ func TestKeysGetStatusAndPrune(t *testing.T) {
 	out, errOut, code = w.cli("keys", "prune")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "deleted 1 expired idempotency keys")
-	require.EqualValues(t, 1, w.db.Int(t, `SELECT count(*) FROM `+keys))
+	require.EqualValues(t, 2, w.db.Int(t, `SELECT count(*) FROM `+keys), "the live key and the run are kept")
 }

@@ -43,7 +43,7 @@ func keysGetCmd(s *settings) *cobra.Command {
 			defer pool.Close()
 			k, err := store.Get(ctx, pool, scope, args[0])
 			if errors.Is(err, idempotency.ErrNotFound) {
-				return fmt.Errorf("no key %q in scope %q: never completed, or pruned after it expired (keys are per scope: pass --scope)", args[0], scope)
+				return fmt.Errorf("no key %q in scope %q: never used, or pruned after it expired (keys are per scope: pass --scope)", args[0], scope)
 			}
 			if err != nil {
 				return err
@@ -52,6 +52,18 @@ func keysGetCmd(s *settings) *cobra.Command {
 				fmt.Fprintf(w, "key %s in scope %s\n", k.Key, orDash(k.Scope))
 				fmt.Fprintf(w, "request:  %s %s (fingerprint %x)\n", k.Method, k.Route, k.Fingerprint)
 				fmt.Fprintf(w, "created:  %s\n", k.CreatedAt.UTC().Format(time.RFC3339))
+				if r := k.Run; r != nil {
+					fmt.Fprintf(w, "in progress: flow %s, at recovery point %s, taken %d time(s)\n", r.Flow, r.RecoveryPoint, r.Taken)
+					lease := "held until"
+					if !r.LeaseUntil.After(time.Now()) {
+						lease = "ran out at"
+					}
+					fmt.Fprintf(w, "lease:    %s %s (after it a retry or the flow's recovery sweep resumes the run)\n", lease, r.LeaseUntil.UTC().Format(time.RFC3339))
+					if r.LastError != "" {
+						fmt.Fprintf(w, "last error: %s\n", r.LastError)
+					}
+					return
+				}
 				state := "expires"
 				if !k.ExpiresAt.After(time.Now()) {
 					state = "expired"
@@ -101,9 +113,11 @@ does the same in the background.`,
 				Expired int64 `json:"expired"`
 				Deleted int64 `json:"deleted"`
 			}
-			if _, res.Expired, err = store.Count(ctx, pool); err != nil {
+			counts, err := store.Count(ctx, pool)
+			if err != nil {
 				return err
 			}
+			res.Expired = counts.Expired
 			for !dryRun {
 				n, err := store.Prune(ctx, pool, batch)
 				if err != nil {

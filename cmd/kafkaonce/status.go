@@ -125,9 +125,11 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 		return r, err
 	}
 	keys, _ := idempotency.NewStore(schemaName)
-	if r.Keys.Total, r.Keys.Expired, err = keys.Count(ctx, pool); err != nil {
+	counts, err := keys.Count(ctx, pool)
+	if err != nil {
 		return r, err
 	}
+	r.Keys = keyCounts(counts)
 	stored, err := positions.List(ctx, pool, consumerName)
 	if err != nil {
 		return r, err
@@ -210,6 +212,8 @@ func showPace(ps *partitionStatus, pc attempts.PartitionPace) {
 type keyCounts struct {
 	Total   int64 `json:"total"`
 	Expired int64 `json:"expired"`
+	Running int64 `json:"running"`
+	Stalled int64 `json:"stalled"`
 }
 
 func printStatus(w io.Writer, r statusReport) {
@@ -221,7 +225,8 @@ func printStatus(w io.Writer, r statusReport) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "dead letters: %d (%d not redriven)\n", r.DeadLetters, r.Pending)
 	fmt.Fprintf(w, "suspect duplicates recorded: %d\n", r.Suspects)
-	fmt.Fprintf(w, "idempotency keys (HTTP, whole schema): %d (%d expired)\n", r.Keys.Total, r.Keys.Expired)
+	fmt.Fprintf(w, "idempotency keys (HTTP, whole schema): %d (%d expired, %d phased runs in progress, %d of them stalled)\n",
+		r.Keys.Total, r.Keys.Expired, r.Keys.Running, r.Keys.Stalled)
 	for _, sp := range r.Recent {
 		fmt.Fprintf(w, "  %s/%d/%d %q looks like %q at offset %d\n", sp.Topic, sp.Partition, sp.Offset, sp.MessageID, sp.FirstMessageID, sp.FirstOffset)
 	}

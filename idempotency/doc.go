@@ -45,6 +45,19 @@
 // advisory lock on its key, not a row, so there is nothing to clean up
 // after a crash. Keys are kept for Config.Retention (24 hours by default).
 //
+// # Calls outside Postgres: phases
+//
+// A request that calls a system outside Postgres (a card provider) cannot
+// be one transaction. Server.Phased serves it as a Flow: Start records the
+// intent with the key's claim, then phases run one after the other, Atomic
+// ones in a transaction of their own, External ones outside any, and each
+// commits a recovery point. A run that stops part way (a crash, a failed
+// call) is resumed from its last recovery point by the next retry after its
+// lease ran out, or by the recovery sweep (Phased.Recover): it never starts
+// over, and never stays in progress for ever. An External phase may run
+// more than once, so it sends Run.DerivedKey as the provider's idempotency
+// key.
+//
 // # The client
 //
 // Transport is the calling side: an http.RoundTripper that gives each POST

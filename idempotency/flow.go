@@ -89,10 +89,12 @@ type Phase struct {
 type Run struct {
 	// Scope and Key are the request's idempotency key.
 	Scope, Key string
-	// Method and Route are the request's; Body is its body, as first
-	// received (a resume by the sweep has no request).
+	// Method and Route are the request's.
 	Method, Route string
-	Body          []byte
+	// Body is the request's body, in Start only. It is not stored: Start
+	// puts in State what later phases need (an id, an amount), so that a
+	// secret in a body (a card number) is never kept.
+	Body []byte
 	// Point is the recovery point the phase continues from ("" in Start).
 	Point string
 	// State is what the previous phase left with Continue.

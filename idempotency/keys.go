@@ -34,7 +34,7 @@ type stored struct {
 // running is the in-progress part of a phased request's row.
 type running struct {
 	flow, point    string
-	state, request []byte
+	state          []byte
 	token          string
 	leaseLeft      time.Duration // <= 0: the lease ran out
 	taken          int
@@ -48,7 +48,7 @@ func (k keys) lockName(scope, key string) string {
 
 // selectStored reads a key's row; scanStored scans it.
 const selectStored = `SELECT method, route, fingerprint, status, headers, body, created_at, expires_at <= clock_timestamp(),
-	flow, recovery_point, state, request, lease_token, extract(epoch FROM lease_until - clock_timestamp())::float8, taken FROM `
+	flow, recovery_point, state, lease_token, extract(epoch FROM lease_until - clock_timestamp())::float8, taken FROM `
 
 // scanStored scans a row of selectStored; a missing row is nil.
 func scanStored(r pgx.Row) (*stored, error) {
@@ -58,7 +58,7 @@ func scanStored(r pgx.Row) (*stored, error) {
 	var leaseLeft *float64
 	var run running
 	err := r.Scan(&s.method, &s.route, &s.fingerprint, &status, &s.headers, &s.body, &s.createdAt, &s.expired,
-		&flow, &point, &run.state, &run.request, &token, &leaseLeft, &run.taken)
+		&flow, &point, &run.state, &token, &leaseLeft, &run.taken)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -108,7 +108,7 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if row != nil && row.run != nil {
 		// Its server is gone (its lease ran out): this request takes the run
 		// over and resumes it from its recovery point.
-		run = &Run{Scope: k.scope, Key: k.key, Method: row.method, Route: row.route, Body: row.run.request,
+		run = &Run{Scope: k.scope, Key: k.key, Method: row.method, Route: row.route,
 			Point: row.run.point, State: row.run.state, Taken: row.run.taken + 1}
 		var took bool
 		s.keys.queueTakeOver(b, k.scope, k.key, row.run.token, token, p.flow.Lease, &took)

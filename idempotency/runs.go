@@ -30,10 +30,10 @@ func interval(d time.Duration) string {
 // queueBeginRun adds to b the key's row for a run that starts: in
 // progress, at point, held by token for lease.
 func (k keys) queueBeginRun(b *pgx.Batch, req *keyed, flow string, s Step, token string, lease, retention time.Duration) {
-	b.Queue(`INSERT INTO `+k.table+` (scope, idem_key, method, route, fingerprint, flow, recovery_point, state, request,
+	b.Queue(`INSERT INTO `+k.table+` (scope, idem_key, method, route, fingerprint, flow, recovery_point, state,
 			lease_token, lease_until, taken, expires_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, clock_timestamp() + $11::interval, 1, clock_timestamp() + $12::interval)`,
-		req.scope, req.key, req.row.method, req.row.route, req.row.fingerprint, flow, s.point, s.state, nonNil(req.body),
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, clock_timestamp() + $10::interval, 1, clock_timestamp() + $11::interval)`,
+		req.scope, req.key, req.row.method, req.row.route, req.row.fingerprint, flow, s.point, s.state,
 		token, interval(lease), interval(retention))
 }
 
@@ -68,7 +68,7 @@ func (k keys) queueHolds(b *pgx.Batch, scope, key, token string, holds *bool) {
 func (k keys) stepSQL(scope, key, token string, s Step, secret []string, lease, retention time.Duration) (string, []any) {
 	if s.respond {
 		return `UPDATE ` + k.table + ` SET status = $4, headers = $5, body = $6, expires_at = clock_timestamp() + $7::interval,
-				recovery_point = NULL, state = NULL, request = NULL, lease_token = NULL, lease_until = NULL, last_error = NULL
+				recovery_point = NULL, state = NULL, lease_token = NULL, lease_until = NULL, last_error = NULL
 			WHERE scope = $1 AND idem_key = $2 AND status IS NULL AND lease_token = $3`,
 			[]any{scope, key, token, s.status, encodeHeaders(s.header, secret), nonNil(s.body), interval(retention)}
 	}
@@ -87,14 +87,14 @@ func (k keys) release(ctx context.Context, q Querier, scope, key, token, why str
 
 // stalled lists up to limit runs of flow whose lease ran out.
 func (k keys) stalled(ctx context.Context, q Querier, flow string, limit int) ([]stalledRun, error) {
-	rows, err := q.Query(ctx, `SELECT scope, idem_key, method, route, recovery_point, state, request, lease_token, taken FROM `+k.table+`
+	rows, err := q.Query(ctx, `SELECT scope, idem_key, method, route, recovery_point, state, lease_token, taken FROM `+k.table+`
 		WHERE flow = $1 AND status IS NULL AND lease_until <= clock_timestamp() ORDER BY lease_until LIMIT $2`, flow, limit)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (stalledRun, error) {
 		var s stalledRun
-		err := r.Scan(&s.run.Scope, &s.run.Key, &s.run.Method, &s.run.Route, &s.run.Point, &s.run.State, &s.run.Body, &s.token, &s.run.Taken)
+		err := r.Scan(&s.run.Scope, &s.run.Key, &s.run.Method, &s.run.Route, &s.run.Point, &s.run.State, &s.token, &s.run.Taken)
 		return s, err
 	})
 }

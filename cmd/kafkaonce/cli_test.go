@@ -450,6 +450,12 @@ func TestKeysGetStatusAndPrune(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "idempotency keys (HTTP, whole schema): 3 (1 expired, 1 phased runs in progress, 1 of them stalled)")
 
+	out, errOut, code = w.cli("prune", "--dry-run")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "1 expired idempotency keys would be deleted", "prune without --consumer covers the keys too")
+	out, errOut, code = w.cli("prune", "--dry-run", "--consumer", w.name)
+	require.Equal(t, 0, code, errOut)
+	require.NotContains(t, out, "idempotency keys", "keys belong to no consumer")
 	out, errOut, code = w.cli("keys", "prune", "--dry-run")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "1 expired idempotency keys would be deleted")

@@ -88,6 +88,42 @@ func keysGetCmd(s *settings) *cobra.Command {
 	return cmd
 }
 
+// keysPruned is what pruning the expired idempotency keys found and did.
+type keysPruned struct {
+	Expired int64 `json:"expired"`
+	Deleted int64 `json:"deleted"`
+}
+
+func (r keysPruned) print(w io.Writer, dryRun bool) {
+	if dryRun {
+		fmt.Fprintf(w, "%d expired idempotency keys would be deleted\n", r.Expired)
+		return
+	}
+	fmt.Fprintf(w, "deleted %d expired idempotency keys\n", r.Deleted)
+}
+
+// pruneKeys deletes the schema's expired idempotency keys, batch at a
+// time (with dryRun, only counts them). Phased runs in progress are never
+// deleted.
+func pruneKeys(ctx context.Context, pool *pgxpool.Pool, store *idempotency.Store, batch int, dryRun bool) (keysPruned, error) {
+	counts, err := store.Count(ctx, pool)
+	if err != nil {
+		return keysPruned{}, err
+	}
+	res := keysPruned{Expired: counts.Expired}
+	for !dryRun {
+		n, err := store.Prune(ctx, pool, batch)
+		if err != nil {
+			return res, err
+		}
+		res.Deleted += n
+		if n < int64(batch) {
+			break
+		}
+	}
+	return res, nil
+}
+
 func keysPruneCmd(s *settings) *cobra.Command {
 	var batch int
 	var dryRun bool
@@ -109,32 +145,11 @@ does the same in the background.`,
 				return err
 			}
 			defer pool.Close()
-			var res struct {
-				Expired int64 `json:"expired"`
-				Deleted int64 `json:"deleted"`
-			}
-			counts, err := store.Count(ctx, pool)
+			res, err := pruneKeys(ctx, pool, store, batch, dryRun)
 			if err != nil {
 				return err
 			}
-			res.Expired = counts.Expired
-			for !dryRun {
-				n, err := store.Prune(ctx, pool, batch)
-				if err != nil {
-					return err
-				}
-				res.Deleted += n
-				if n < int64(batch) {
-					break
-				}
-			}
-			return s.emit(res, func(w io.Writer) {
-				if dryRun {
-					fmt.Fprintf(w, "%d expired idempotency keys would be deleted\n", res.Expired)
-					return
-				}
-				fmt.Fprintf(w, "deleted %d expired idempotency keys\n", res.Deleted)
-			})
+			return s.emit(res, func(w io.Writer) { res.print(w, dryRun) })
 		},
 	}
 	cmd.Flags().IntVar(&batch, "batch", 1000, "rows per transaction")

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/idempotency"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
@@ -18,11 +19,14 @@ func pruneCmd(s *settings) *cobra.Command {
 	var force, dryRun bool
 	cmd := &cobra.Command{
 		Use:   "prune",
-		Short: "Delete old processed_messages rows in bounded batches",
+		Short: "Delete old claims and expired idempotency keys in bounded batches",
 		Long: `prune deletes claims older than --older-than (default 7d) from
 processed_messages, a batch per transaction, skipping rows in use, so workers
 keep running meanwhile. Dead-lettered messages keep their claims until they
 are redriven.
+
+Without --consumer it also deletes the schema's expired idempotency keys
+(package idempotency), whose retention is their own, as "keys prune" does.
 
 Replays stay safe after pruning: the stored positions make a rewound group
 skip what was processed. What pruning narrows is the window in which a
@@ -92,7 +96,22 @@ windows shorter than 1 day are refused unless --force.`,
 				}
 				results = append(results, res)
 			}
-			return s.emit(results, func(w io.Writer) {
+			out := struct {
+				Claims []result    `json:"claims"`
+				Keys   *keysPruned `json:"idempotency_keys,omitempty"`
+			}{Claims: results}
+			if consumerName == "" {
+				keys, err := idempotency.NewStore(s.schema)
+				if err != nil {
+					return err
+				}
+				res, err := pruneKeys(ctx, pool, keys, batch, dryRun)
+				if err != nil {
+					return err
+				}
+				out.Keys = &res
+			}
+			return s.emit(out, func(w io.Writer) {
 				for _, r := range results {
 					if dryRun {
 						fmt.Fprintf(w, "consumer %s: %d claims older than %s would be deleted\n", r.Consumer, r.Eligible, before.UTC().Format(time.RFC3339))
@@ -102,6 +121,9 @@ windows shorter than 1 day are refused unless --force.`,
 				}
 				if len(results) == 0 {
 					fmt.Fprintln(w, "no consumers")
+				}
+				if out.Keys != nil {
+					out.Keys.print(w, dryRun)
 				}
 			})
 		},

@@ -102,15 +102,17 @@ type Run struct {
 	// Taken counts the times the run was taken: 1 by its first request,
 	// one more at each resume after a lease ran out.
 	Taken int
+
+	id string // random, the run's own: see DerivedKey
 }
 
 // DerivedKey is a key for an outside system's idempotency, derived from
-// the request's scope and key and from purpose (say "charge"): the same on
-// every attempt and every resume of the run, different for every other
-// request. 64 hex digits.
+// the run and from purpose (say "charge"): the same on every attempt and
+// every resume of the run, different for every other request, including a
+// later one with the same key after it expired. 64 hex digits.
 func (r *Run) DerivedKey(purpose string) string {
 	h := sha256.New()
-	for _, part := range []string{"kafkaonce/idempotency", r.Scope, r.Key, purpose} {
+	for _, part := range []string{"kafkaonce/idempotency", r.Scope, r.Key, r.id, purpose} {
 		var n [8]byte
 		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
 		h.Write(n[:])

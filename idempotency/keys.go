@@ -31,13 +31,11 @@ type stored struct {
 	run           *running // a phased request's run in progress, else nil
 }
 
-// running is the in-progress part of a phased request's row.
+// running is the in-progress part of a phased request's row: what a
+// request that finds it needs to know. A takeover reads the rest itself.
 type running struct {
-	flow, point    string
-	state          []byte
-	token          string
-	leaseLeft      time.Duration // <= 0: the lease ran out
-	taken          int
+	flow      string
+	leaseLeft time.Duration // <= 0: the lease ran out
 }
 
 // lockName names (scope, key) for its advisory lock; every part is
@@ -48,17 +46,15 @@ func (k keys) lockName(scope, key string) string {
 
 // selectStored reads a key's row; scanStored scans it.
 const selectStored = `SELECT method, route, fingerprint, status, headers, body, created_at, expires_at <= clock_timestamp(),
-	flow, recovery_point, state, lease_token, extract(epoch FROM lease_until - clock_timestamp())::float8, taken FROM `
+	flow, extract(epoch FROM lease_until - clock_timestamp())::float8 FROM `
 
 // scanStored scans a row of selectStored; a missing row is nil.
 func scanStored(r pgx.Row) (*stored, error) {
 	var s stored
 	var status *int32
-	var flow, point, token *string
+	var flow *string
 	var leaseLeft *float64
-	var run running
-	err := r.Scan(&s.method, &s.route, &s.fingerprint, &status, &s.headers, &s.body, &s.createdAt, &s.expired,
-		&flow, &point, &run.state, &token, &leaseLeft, &run.taken)
+	err := r.Scan(&s.method, &s.route, &s.fingerprint, &status, &s.headers, &s.body, &s.createdAt, &s.expired, &flow, &leaseLeft)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -71,11 +67,10 @@ func scanStored(r pgx.Row) (*stored, error) {
 	}
 	// In progress: never expired while it runs, whatever expires_at says.
 	s.expired = false
-	run.flow, run.point, run.token = deref(flow), deref(point), deref(token)
+	s.run = &running{flow: deref(flow)}
 	if leaseLeft != nil {
-		run.leaseLeft = time.Duration(*leaseLeft * float64(time.Second))
+		s.run.leaseLeft = seconds(*leaseLeft)
 	}
-	s.run = &run
 	return &s, nil
 }
 
@@ -110,6 +105,11 @@ func (k keys) queueClaim(b *pgx.Batch, scope, key, idleTimeout string, wait time
 		b.Queue(`SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0)), `+idle, name, idleTimeout).
 			QueryRow(func(r pgx.Row) error { var set string; return r.Scan(got, &set) })
 	}
+	k.queueRead(b, scope, key, row)
+}
+
+// queueRead adds to b a read of the key's row into *row (nil: none).
+func (k keys) queueRead(b *pgx.Batch, scope, key string, row **stored) {
 	b.Queue(selectStored+k.table+` WHERE scope = $1 AND idem_key = $2`, scope, key).
 		QueryRow(func(r pgx.Row) error {
 			s, err := scanStored(r)

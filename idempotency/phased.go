@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -107,31 +108,40 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b = &pgx.Batch{}
 	if row != nil && row.run != nil {
 		// Its server is gone (its lease ran out): this request takes the run
-		// over and resumes it from its recovery point.
-		run = &Run{Scope: k.scope, Key: k.key, Method: row.method, Route: row.route,
-			Point: row.run.point, State: row.run.state, Taken: row.run.taken + 1}
+		// over and resumes it from its recovery point. The takeover waits
+		// for the row's lock while a server past its lease is still in an
+		// Atomic phase, for as long as that phase may run (a lease), or
+		// until the client gives up; then the row as it is now answers.
+		run = &Run{Scope: k.scope, Key: k.key}
 		var took bool
-		s.keys.queueTakeOver(b, k.scope, k.key, row.run.token, token, p.flow.Lease, &took)
+		var now *stored
+		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(p.flow.Lease.Milliseconds(), 10))
+		s.keys.queueTakeOver(b, k.scope, k.key, token, p.flow.Lease, false, &took, run)
+		s.keys.queueRead(b, k.scope, k.key, &now)
 		queueCommit(b)
 		leaseStart := time.Now()
-		// With the request's context: the takeover waits for the row's
-		// lock while a server that lost its lease is still in a phase's
-		// transaction, and a client that gives up ends the wait.
 		err = conn.SendBatch(ctx, b).Close()
 		t.committed = err == nil
 		t.end(ctx)
 		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == "55P03" || err == nil && !took && now != nil && now.run != nil:
+			if now == nil {
+				now = row
+			}
+			s.answerRunning(w, k, now)
 		case err != nil:
 			s.unavailable(w, r, "take the run over", err)
-			return
+		case !took && now != nil && !now.expired:
+			s.answerStored(w, k, now) // completed meanwhile
 		case !took:
-			s.answerRunning(w, k, row)
-			return
+			problem(w, http.StatusConflict, "Request in progress",
+				"a request with this key was running: retry with the same key to get its response", s.cfg.RetryAfter)
+		default:
+			p.respond(w, r, p.advance(base, run, token, leaseStart))
 		}
-		p.respond(w, r, p.advance(base, run, token, leaseStart))
 		return
 	}
-	run = &Run{Scope: k.scope, Key: k.key, Method: r.Method, Route: k.row.route, Body: k.body, Taken: 1}
+	run = &Run{Scope: k.scope, Key: k.key, Method: r.Method, Route: k.row.route, Body: k.body, Taken: 1, id: newToken()}
 	err = guarded(t.tx, "flow's Start", func(tx pgx.Tx) (err error) {
 		step, err = p.flow.Start(r, tx, run)
 		return err
@@ -158,7 +168,7 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		k.row.status, k.row.headers, k.row.body = step.status, encodeHeaders(step.header, s.cfg.SecretHeaders), nonNil(step.body)
 		s.keys.queueComplete(b, k.scope, k.key, &k.row, s.cfg.Retention)
 	} else {
-		s.keys.queueBeginRun(b, k, p.flow.Name, step, token, p.flow.Lease, s.cfg.Retention)
+		s.keys.queueBeginRun(b, k, p.flow.Name, run, step, token, p.flow.Lease, s.cfg.Retention)
 	}
 	queueCommit(b)
 	leaseStart := time.Now()
@@ -178,9 +188,10 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // result is where a run's go ended, and with what.
 type result struct {
-	outcome outcome
-	step    Step  // the response, when completed or answered
-	err     error // why, when failed or unreachable
+	outcome   outcome
+	step      Step          // the response, when completed or answered
+	err       error         // why, when failed or unreachable
+	leaseLeft time.Duration // of the server that took the run, when lost
 }
 
 // respond answers a request from the result of its run's go.
@@ -193,7 +204,7 @@ func (p *Phased) respond(w http.ResponseWriter, r *http.Request, res result) {
 			"the request failed after part of it was recorded: retry it with the same key, and it resumes where it stopped", 0)
 	case lost:
 		problem(w, http.StatusConflict, "Request in progress",
-			"another server resumed this request: retry after a while with the same key to get its response", p.s.cfg.RetryAfter)
+			"another server resumed this request: retry after a while with the same key to get its response", max(p.s.cfg.RetryAfter, res.leaseLeft))
 	case unreachable:
 		p.s.unavailable(w, r, "record a recovery point", res.err)
 	}
@@ -267,12 +278,13 @@ func (p *Phased) atomic(ctx, phaseCtx context.Context, ph Phase, run *Run, token
 		b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, idle)
 	}
 	var holds bool
-	s.keys.queueHolds(b, run.Scope, run.Key, token, &holds)
+	var left time.Duration
+	s.keys.queueHolds(b, run.Scope, run.Key, token, &holds, &left)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return next, lease, result{outcome: unreachable, err: err}
 	}
 	if !holds {
-		return next, lease, result{outcome: lost}
+		return next, lease, result{outcome: lost, leaseLeft: left}
 	}
 	err = guarded(t.tx, "phase", func(tx pgx.Tx) (err error) {
 		next, err = ph.Atomic(phaseCtx, tx, run)
@@ -334,7 +346,12 @@ func (p *Phased) external(ctx, phaseCtx context.Context, ph Phase, run *Run, tok
 	case err != nil:
 		return next, lease, result{outcome: unreachable, err: err}
 	case tag.RowsAffected() == 0:
-		return next, lease, result{outcome: lost}
+		res := result{outcome: lost}
+		_ = withConn(ctx, s.db, func(c *pgxpool.Conn) (err error) { // for the Retry-After only
+			res.leaseLeft, err = s.keys.leaseLeft(ctx, c, run.Scope, run.Key)
+			return err
+		})
+		return next, lease, res
 	}
 	return next, lease, result{outcome: completed, step: next}
 }
@@ -348,34 +365,36 @@ func (p *Phased) Recover(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("idempotency: Recover: limit must be positive (got %d)", limit)
 	}
-	var runs []stalledRun
+	var stalled [][2]string
 	err := withConn(ctx, p.s.db, func(c *pgxpool.Conn) (err error) {
-		runs, err = p.s.keys.stalled(ctx, c, p.flow.Name, limit)
+		stalled, err = p.s.keys.stalled(ctx, c, p.flow.Name, limit)
 		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("idempotency: list the stalled runs of flow %q: %w", p.flow.Name, err)
 	}
 	done := 0
-	for _, sr := range runs {
+	for _, sk := range stalled {
 		if ctx.Err() != nil {
 			return done, ctx.Err()
 		}
 		token := newToken()
 		b := &pgx.Batch{}
 		var took bool
-		p.s.keys.queueTakeOver(b, sr.run.Scope, sr.run.Key, sr.token, token, p.flow.Lease, &took)
+		// The run as the takeover finds it, not as listed: it may have
+		// moved on since. One whose server is in an Atomic phase is
+		// skipped, not waited for.
+		run := &Run{Scope: sk[0], Key: sk[1]}
+		p.s.keys.queueTakeOver(b, run.Scope, run.Key, token, p.flow.Lease, true, &took, run)
 		leaseStart := time.Now()
 		err := withConn(ctx, p.s.db, func(c *pgxpool.Conn) error { return c.SendBatch(ctx, b).Close() })
 		if err != nil {
 			return done, fmt.Errorf("idempotency: take a stalled run of flow %q over: %w", p.flow.Name, err)
 		}
 		if !took {
-			continue // resumed meanwhile, by a retry or another sweep
+			continue // resumed meanwhile, by a retry or another sweep, or being run
 		}
-		run := sr.run
-		run.Taken++
-		if res := p.advance(ctx, &run, token, leaseStart); res.outcome == completed {
+		if res := p.advance(ctx, run, token, leaseStart); res.outcome == completed {
 			done++
 		}
 	}

@@ -4,11 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The statements of a phased request's run, on its key's row. Every one
@@ -27,40 +27,77 @@ func interval(d time.Duration) string {
 	return strconv.FormatInt(d.Microseconds(), 10) + " microseconds"
 }
 
-// queueBeginRun adds to b the key's row for a run that starts: in
+// queueBeginRun adds to b the key's row for run, which starts: in
 // progress, at point, held by token for lease.
-func (k keys) queueBeginRun(b *pgx.Batch, req *keyed, flow string, s Step, token string, lease, retention time.Duration) {
-	b.Queue(`INSERT INTO `+k.table+` (scope, idem_key, method, route, fingerprint, flow, recovery_point, state,
+func (k keys) queueBeginRun(b *pgx.Batch, req *keyed, flow string, run *Run, s Step, token string, lease, retention time.Duration) {
+	b.Queue(`INSERT INTO `+k.table+` (scope, idem_key, method, route, fingerprint, flow, run_id, recovery_point, state,
 			lease_token, lease_until, taken, expires_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, clock_timestamp() + $10::interval, 1, clock_timestamp() + $11::interval)`,
-		req.scope, req.key, req.row.method, req.row.route, req.row.fingerprint, flow, s.point, s.state,
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, clock_timestamp() + $11::interval, 1, clock_timestamp() + $12::interval)`,
+		req.scope, req.key, req.row.method, req.row.route, req.row.fingerprint, flow, run.id, s.point, s.state,
 		token, interval(lease), interval(retention))
 }
 
-// queueTakeOver adds to b the takeover of a run whose lease ran out: from
-// the token that held it to token, for lease. It changes no row when
-// another server took it first, or renewed its lease meanwhile.
-func (k keys) queueTakeOver(b *pgx.Batch, scope, key, from, token string, lease time.Duration, took *bool) {
-	b.Queue(`UPDATE `+k.table+` SET lease_token = $4, lease_until = clock_timestamp() + $5::interval, taken = taken + 1
-		WHERE scope = $1 AND idem_key = $2 AND status IS NULL AND lease_token = $3 AND lease_until <= clock_timestamp()`,
-		scope, key, from, token, interval(lease)).
-		Exec(func(tag pgconn.CommandTag) error { *took = tag.RowsAffected() == 1; return nil })
-}
-
-// queueHolds adds to b a check that token still holds the run, which
-// locks its row until the transaction ends: no takeover meanwhile.
-func (k keys) queueHolds(b *pgx.Batch, scope, key, token string, holds *bool) {
-	b.Queue(`SELECT lease_token = $3 FROM `+k.table+` WHERE scope = $1 AND idem_key = $2 AND status IS NULL FOR UPDATE`,
-		scope, key, token).
+// queueTakeOver adds to b the takeover of the key's run if its lease ran
+// out: token holds it for lease from then on. The run's recovery point and
+// state are read into run by the same statement, as the takeover finds
+// them: a server that recorded a step, or renewed its lease, just before
+// is never resumed from what it left behind. *took says whether the run
+// was taken; it is not when its lease is live. With skipLocked, a run
+// whose row is locked (its server is in an Atomic phase) is not waited
+// for, and not taken.
+func (k keys) queueTakeOver(b *pgx.Batch, scope, key, token string, lease time.Duration, skipLocked bool, took *bool, run *Run) {
+	lock := "FOR UPDATE"
+	if skipLocked {
+		lock += " SKIP LOCKED"
+	}
+	b.Queue(`UPDATE `+k.table+` SET lease_token = $3, lease_until = clock_timestamp() + $4::interval, taken = taken + 1
+		WHERE (scope, idem_key) = (SELECT scope, idem_key FROM `+k.table+`
+			WHERE scope = $1 AND idem_key = $2 AND status IS NULL AND lease_until <= clock_timestamp() `+lock+`)
+		RETURNING method, route, run_id, recovery_point, state, taken`,
+		scope, key, token, interval(lease)).
 		QueryRow(func(r pgx.Row) error {
-			err := r.Scan(holds)
-			if err == pgx.ErrNoRows {
-				*holds = false
+			err := r.Scan(&run.Method, &run.Route, &run.id, &run.Point, &run.State, &run.Taken)
+			*took = err == nil
+			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
 			return err
 		})
 }
+
+// queueHolds adds to b a check that token still holds the run, which
+// locks its row until the transaction ends: no takeover meanwhile. When it
+// does not, *leaseLeft is what is left of the lease of whoever does.
+func (k keys) queueHolds(b *pgx.Batch, scope, key, token string, holds *bool, leaseLeft *time.Duration) {
+	b.Queue(`SELECT lease_token = $3, extract(epoch FROM lease_until - clock_timestamp())::float8
+		FROM `+k.table+` WHERE scope = $1 AND idem_key = $2 AND status IS NULL FOR UPDATE`,
+		scope, key, token).
+		QueryRow(func(r pgx.Row) error {
+			var left float64
+			err := r.Scan(holds, &left)
+			if errors.Is(err, pgx.ErrNoRows) {
+				*holds = false
+				return nil
+			}
+			*leaseLeft = seconds(left)
+			return err
+		})
+}
+
+// leaseLeft is what is left of the lease on the key's run in progress: 0
+// when there is none, or it ran out.
+func (k keys) leaseLeft(ctx context.Context, q Querier, scope, key string) (time.Duration, error) {
+	var left *float64
+	err := q.QueryRow(ctx, `SELECT extract(epoch FROM lease_until - clock_timestamp())::float8
+		FROM `+k.table+` WHERE scope = $1 AND idem_key = $2`, scope, key).Scan(&left)
+	if errors.Is(err, pgx.ErrNoRows) || left == nil {
+		return 0, nil
+	}
+	return max(0, seconds(*left)), err
+}
+
+// seconds converts a count of seconds from Postgres.
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // stepSQL is the statement that commits a phase's step on the run held by
 // token: the next recovery point and a new lease, or the response that
@@ -85,24 +122,19 @@ func (k keys) release(ctx context.Context, q Querier, scope, key, token, why str
 	return err
 }
 
-// stalled lists up to limit runs of flow whose lease ran out.
-func (k keys) stalled(ctx context.Context, q Querier, flow string, limit int) ([]stalledRun, error) {
-	rows, err := q.Query(ctx, `SELECT scope, idem_key, method, route, recovery_point, state, lease_token, taken FROM `+k.table+`
+// stalled lists up to limit keys (scope, key) of flow's runs whose lease
+// ran out.
+func (k keys) stalled(ctx context.Context, q Querier, flow string, limit int) ([][2]string, error) {
+	rows, err := q.Query(ctx, `SELECT scope, idem_key FROM `+k.table+`
 		WHERE flow = $1 AND status IS NULL AND lease_until <= clock_timestamp() ORDER BY lease_until LIMIT $2`, flow, limit)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (stalledRun, error) {
-		var s stalledRun
-		err := r.Scan(&s.run.Scope, &s.run.Key, &s.run.Method, &s.run.Route, &s.run.Point, &s.run.State, &s.token, &s.run.Taken)
-		return s, err
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]string, error) {
+		var sk [2]string
+		err := r.Scan(&sk[0], &sk[1])
+		return sk, err
 	})
-}
-
-// stalledRun is a run whose lease ran out, and the token that held it.
-type stalledRun struct {
-	run   Run
-	token string
 }
 
 // nonNil is b, or an empty slice for nil: the columns are NOT NULL where it

@@ -379,6 +379,9 @@ func TestAConnectionLostMidRequestLeavesNothing(t *testing.T) {
 	require.GreaterOrEqual(t, resp.StatusCode, 500)
 	require.EqualValues(t, 0, p.count())
 	require.EqualValues(t, 0, p.db.Int(t, `SELECT count(*) FROM `+p.db.Table("idempotency_keys")))
+	// pg_terminate_backend only signals: the session holds the key's lock
+	// until it is gone, and a retry meanwhile is (rightly) answered 409.
+	eventually(t, 10*time.Second, func() bool { return advisoryLocks(t, p.db) == 0 }, "the terminated session's lock is released")
 	resp, _ = p.post("k", "alice", `{"amount":1,"account":"a"}`)
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 	require.EqualValues(t, 2, p.count(), "the 'lost' row and the payment, once")

@@ -426,9 +426,9 @@ func TestKeysGetStatusAndPrune(t *testing.T) {
 		('alice', 'pay-0', 'POST', '/v1/payments', '\xab', 201, '', '{"id":6}', now() - interval '1 minute')`)
 	// A phased request's run, stalled at "charge" a day past its expiry:
 	// shown, counted, never pruned.
-	w.db.Exec(t, `INSERT INTO `+keys+` (scope, idem_key, method, route, fingerprint, flow, recovery_point,
+	w.db.Exec(t, `INSERT INTO `+keys+` (scope, idem_key, method, route, fingerprint, flow, run_id, recovery_point,
 			lease_token, lease_until, taken, last_error, expires_at)
-		VALUES ('alice', 'pay-2', 'POST', '/v1/payments', '\xab', 'payments', 'charge', 't', now() - interval '1 minute', 2,
+		VALUES ('alice', 'pay-2', 'POST', '/v1/payments', '\xab', 'payments', 'r', 'charge', 't', now() - interval '1 minute', 2,
 			'provider: 503', now() - interval '1 day')`)
 
 	out, errOut, code := w.cli("keys", "get", "--scope", "alice", "pay-1")

@@ -7,6 +7,8 @@
 --
 -- flow: the name of the phased handler the run belongs to; its recovery
 -- sweep resumes only its own runs.
+-- run_id: the run's own id, random: what Run.DerivedKey derives from, so
+-- that a key used again after it expired derives other keys.
 -- recovery_point: the phase the run continues from; every phase commits
 -- the next one.
 -- state: what the last phase left for the next (its Continue). The
@@ -21,6 +23,7 @@ ALTER TABLE {{schema}}.idempotency_keys
     ALTER COLUMN headers DROP NOT NULL,
     ALTER COLUMN body DROP NOT NULL,
     ADD COLUMN flow text,
+    ADD COLUMN run_id text,
     ADD COLUMN recovery_point text,
     ADD COLUMN state bytea,
     ADD COLUMN lease_token text,
@@ -30,7 +33,7 @@ ALTER TABLE {{schema}}.idempotency_keys
     ADD CONSTRAINT idempotency_keys_completed_or_running CHECK (
         (status IS NOT NULL AND headers IS NOT NULL AND body IS NOT NULL
             AND lease_until IS NULL AND lease_token IS NULL)
-        OR (status IS NULL AND flow IS NOT NULL AND recovery_point IS NOT NULL
+        OR (status IS NULL AND flow IS NOT NULL AND run_id IS NOT NULL AND recovery_point IS NOT NULL
             AND lease_until IS NOT NULL AND lease_token IS NOT NULL));
 
 -- The recovery sweep's search: a flow's runs whose lease ran out.

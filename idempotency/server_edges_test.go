@@ -770,3 +770,35 @@ func TestKeysWhoseScopeAndKeyConcatenateAlikeDoNotShareALock(t *testing.T) {
 	require.Equal(t, http.StatusCreated, (<-held).status)
 	require.EqualValues(t, 2, p.count())
 }
+
+// A keyed request's transaction has the configured idle timeout, or the
+// server's under LeaveUnset, whichever way its key is claimed.
+func TestTheIdleTimeoutIsTheConfiguredOneOrTheServers(t *testing.T) {
+	t.Parallel()
+	for _, wait := range []time.Duration{0, 5 * time.Second} {
+		for _, c := range []struct {
+			idle time.Duration
+			want string
+		}{{0, "1min"}, {5 * time.Second, "5s"}, {idempotency.LeaveUnset, ""}} {
+			t.Run(fmt.Sprintf("wait %v idle %v", wait, c.idle), func(t *testing.T) {
+				t.Parallel()
+				p := newPayments(t, &idempotency.Config{InProgressWait: wait, IdleInTransactionTimeout: c.idle})
+				want := c.want
+				if want == "" {
+					require.NoError(t, p.db.Pool.QueryRow(context.Background(), `SHOW idle_in_transaction_session_timeout`).Scan(&want))
+				}
+				p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+					var got string
+					if err := tx.QueryRow(r.Context(), `SHOW idle_in_transaction_session_timeout`).Scan(&got); err != nil {
+						return err
+					}
+					_, err := io.WriteString(w, got)
+					return err
+				}
+				resp, body := p.post("k", "alice", `{}`)
+				require.Equal(t, http.StatusOK, resp.StatusCode, body)
+				require.Equal(t, want, body)
+			})
+		}
+	}
+}

@@ -128,6 +128,10 @@ func handleFunc(h Handler) func(context.Context, pgx.Tx, *engine.Message) error 
 	}
 }
 
+func init() {
+	engine.BatchHandlerOf = func(h any) func(context.Context, *engine.Batch) error { return handleBatchFunc(h.(BatchHandler)) }
+}
+
 // handleBatchFunc is h as the engine calls it (nil when there is none).
 func handleBatchFunc(h BatchHandler) func(context.Context, *engine.Batch) error {
 	if h == nil {

@@ -114,7 +114,7 @@ func Handle(ctx context.Context, tb testing.TB, tx pgx.Tx, h consumer.Handler, m
 	}
 	herr, hung := engine.HandleAlone(ctx, consumer.DefaultHandlerTimeout, sp, func(ctx context.Context, tx pgx.Tx, m *engine.Message) error {
 		return h.Handle(ctx, tx, (*consumer.Message)(m))
-	}, (*engine.Message)(msg))
+	}, nil, (*engine.Message)(msg))
 	if hung != nil {
 		tb.Fatalf("consumertest: the handler hung: %v (its connection was closed, so tx is gone)", hung)
 	}

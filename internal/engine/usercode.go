@@ -142,11 +142,14 @@ func truncate(s string, n int) string {
 
 // HandleAlone runs handle for msg in tx, outside any batch, as a worker
 // runs a handler: the same code, the same rules (see userCode), with
-// timeout for HandlerTimeout. It is consumertest.Handle's way in, so that
-// a test runs a handler exactly as the consumer does. abandoned is set
-// when the handler hung and was cut off: tx's connection is then closed.
-func HandleAlone(ctx context.Context, timeout time.Duration, tx pgx.Tx, handle func(context.Context, pgx.Tx, *Message) error, msg *Message) (err, abandoned error) {
-	u := newUserCode(&Config{Handle: handle, HandlerTimeout: timeout}, slog.Default())
+// timeout for HandlerTimeout. It is consumertest's way in, so that a test
+// runs a handler exactly as the consumer does. With handleBatch set
+// instead of handle, a BatchHandler gets a Batch of msg alone and its
+// queued statements run in tx, as after a batch that failed. abandoned is
+// set when the handler hung and was cut off: tx's connection is then
+// closed.
+func HandleAlone(ctx context.Context, timeout time.Duration, tx pgx.Tx, handle func(context.Context, pgx.Tx, *Message) error, handleBatch func(context.Context, *Batch) error, msg *Message) (err, abandoned error) {
+	u := newUserCode(&Config{Handle: handle, HandleBatch: handleBatch, HandlerTimeout: timeout}, slog.Default())
 	err, ab := usercall.Run(ctx, u.limits, func(hctx, _ context.Context, uc *usercall.Attempt) error {
 		uc.SetConn(tx.Conn().PgConn().Conn())
 		return u.call(hctx, uc, 0, tx, msg)
@@ -156,3 +159,9 @@ func HandleAlone(ctx context.Context, timeout time.Duration, tx pgx.Tx, handle f
 	}
 	return err, nil
 }
+
+// BatchHandlerOf turns a consumer.BatchHandler into the function the engine
+// calls. Package consumer sets it when it loads: only it can make the
+// consumer.Batch a BatchHandler is given, and consumertest, which runs a
+// BatchHandler through HandleAlone, may not reach its unexported parts.
+var BatchHandlerOf func(h any) func(context.Context, *Batch) error

@@ -1,10 +1,14 @@
 package consumertest
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,6 +19,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/internal/engine"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
@@ -30,23 +35,54 @@ type ReplayOptions struct {
 	Timeout time.Duration
 }
 
-// ReplayTwice checks that replaying a topic applies nothing twice, with your
-// real handler, message-id function and tables: it produces msgs to a topic
-// of an in-process Kafka broker, runs a consumer configured by cfg until
-// every message is settled, rewinds the consumer group to the beginning and
-// runs it again, and fails the test if any of tables (names like
-// "app.accounts") changed during the second run.
+// ReplayTwice checks that a handler's effects happen once however often the
+// consumer runs it, with your real handler (or batch handler), message-id
+// function and tables: it produces msgs to a topic of an in-process Kafka
+// broker and runs each message's handler more than once, as the consumer
+// may, comparing tables (names like "app.accounts") around each run. The
+// handler is called:
 //
-// Use NewMessage to build msgs; their Key, Value, Headers and Partition are
-// produced. cfg needs Name, Handler and, unless the default suits, MessageID
-// and Schema; ReplayTwice sets the Kafka fields itself. The schema is
-// migrated if needed. Run it against a database the test owns: the
-// consumer's claims and positions stay behind.
+//  1. Once per message in a transaction that is rolled back, before anything
+//     is applied, as when an attempt fails (the handler or a later message
+//     of its batch failed, the connection or the COMMIT did) and is retried.
+//     It runs through the consumer's own code for calling handlers (see
+//     Handle), with the message as the consumer fetches it from the topic
+//     and the id cfg.MessageID derives. Any change to tables is a write
+//     outside the handler's transaction: it stays although the attempt was
+//     rolled back, and the retry makes it again. The test fails naming the
+//     table, the rows added or removed, and the first message whose attempt
+//     changed it. The attempt's own error, if any, is ignored: its
+//     transaction is rolled back either way.
+//  2. By a consumer configured by cfg, until every message is settled
+//     (applied, skipped or dead-lettered). If none was applied the test
+//     fails: there is nothing to compare, and the dead letters say why.
+//  3. By the same consumer after the group is rewound to the beginning, as
+//     after a lost COMMIT reply or a replay: the test fails if tables
+//     changed, since each message was already claimed and must be skipped.
 //
-// Typical failures it catches: a message id that is not stable (derived from
-// the time, a random value, a counter), effects written outside the
-// handler's transaction, and tables changed by something other than the
-// messages.
+// So it catches a message id that is not stable (derived from the time, a
+// random value, a counter), writes outside the handler's transaction into
+// the tables listed (through the pool or another connection, by a service
+// that writes them), even writes idempotent on their own, which an attempt
+// that is never applied (a message set aside) must not make either, and
+// tables changed by something other than the messages. It does not see:
+//   - effects outside the tables listed (an e-mail, an HTTP call, a file):
+//     have the test's fake of that service record them in a listed table;
+//   - writes outside the transaction that the rolled-back attempt does not
+//     make: ones that depend on timing, on concurrency, or on the batch (the
+//     attempts run one message at a time, one after another);
+//   - whether the effects are the right ones: assert those after ReplayTwice
+//     returns.
+//
+// A message set aside in the first run is checked only by its rolled-back
+// attempt; one whose id cfg.MessageID cannot derive is never handled.
+//
+// Use NewMessage to build msgs; their Key, Value, Headers, Time and
+// Partition are produced. cfg needs Name, Handler or BatchHandler and,
+// unless the default suits, MessageID and Schema; ReplayTwice sets the
+// Kafka fields itself. The schema is migrated if needed. Run it against a
+// database the test owns: the consumer's claims and positions stay behind,
+// and the tables listed are read whole after each attempt.
 func ReplayTwice(tb testing.TB, db consumer.DB, cfg consumer.Config, msgs []*consumer.Message, tables []string, opts ...ReplayOptions) {
 	tb.Helper()
 	var o ReplayOptions
@@ -74,14 +110,18 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg consumer.Config, msgs []*con
 	}
 	defer broker.Close()
 	const topic = "replay-twice"
+	perPartition := map[int]int{}
 	partitions := 1
 	for _, m := range msgs {
 		partitions = max(partitions, m.Partition+1)
+		perPartition[m.Partition]++
 	}
 	if err := devenv.CreateTopic(ctx, broker.Brokers, topic, partitions); err != nil {
 		tb.Fatalf("consumertest: %v", err)
 	}
 	produce(tb, broker.Brokers, topic, msgs)
+
+	rollBackOnce(tb, db, cfg, fetch(tb, broker.Brokers, topic, perPartition, o.Timeout), tables, idents)
 
 	cfg.Brokers, cfg.Topics = broker.Brokers, []string{topic}
 	cfg.GroupID = "replay-twice-" + cfg.Name
@@ -90,8 +130,13 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg consumer.Config, msgs []*con
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 
-	runUntilSettled(tb, db, cfg, len(msgs), o.Timeout, "first run")
-	before := snapshot(tb, db, idents)
+	first := runUntilSettled(tb, db, cfg, len(msgs), o.Timeout, "first run")
+	if first.applied.Load() == 0 {
+		tb.Fatalf("consumertest: the first run applied none of the %d messages (%d dead-lettered, %d skipped as duplicates), so the replay would compare nothing: "+
+			"see why in %s.dead_letters (the handler's error, or invalid_id when cfg.MessageID could not derive an id), or give msgs distinct ids",
+			len(msgs), first.deadLettered.Load(), first.skipped.Load(), cfg.Schema)
+	}
+	before := contents(tb, db, idents)
 
 	admin := kafkaadmin.New(broker.Brokers, nil)
 	defer admin.Close()
@@ -114,13 +159,125 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg consumer.Config, msgs []*con
 	}
 
 	runUntilSettled(tb, db, cfg, len(msgs), o.Timeout, "replay")
-	after := snapshot(tb, db, idents)
+	after := contents(tb, db, idents)
 	for i, t := range tables {
-		if before[i] != after[i] {
-			tb.Errorf("consumertest: replaying the topic changed table %s: %s before the replay, %s after; a message was applied twice (is its message id stable across deliveries?)",
-				t, before[i], after[i])
+		if d := diff(before[i], after[i]); d != "" {
+			tb.Errorf("consumertest: replaying the topic changed table %s: %s; a message was applied twice (is its message id stable across deliveries?)", t, d)
 		}
 	}
+}
+
+// fetch reads msgs back from the topic, as the consumer will fetch them:
+// with the offsets and timestamps Kafka gave them.
+func fetch(tb testing.TB, brokers []string, topic string, perPartition map[int]int, timeout time.Duration) []*consumer.Message {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var out []*consumer.Message
+	for _, p := range slices.Sorted(maps.Keys(perPartition)) {
+		r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxWait: 50 * time.Millisecond})
+		for range perPartition[p] {
+			km, err := r.ReadMessage(ctx)
+			if err != nil {
+				_ = r.Close()
+				tb.Fatalf("consumertest: read back partition %d of the topic: %v", p, err)
+			}
+			out = append(out, &consumer.Message{Topic: km.Topic, Partition: km.Partition, Offset: km.Offset,
+				Key: km.Key, Value: km.Value, Headers: km.Headers, Time: km.Time})
+		}
+		if err := r.Close(); err != nil {
+			tb.Fatalf("consumertest: %v", err)
+		}
+	}
+	return out
+}
+
+// rollBackOnce runs the handler for each message in a transaction of its
+// own that it rolls back, and reports the tables that changed anyway.
+func rollBackOnce(tb testing.TB, db consumer.DB, cfg consumer.Config, msgs []*consumer.Message, tables, idents []string) {
+	tb.Helper()
+	handle, handleBatch := handleFunc(cfg.Handler), (func(context.Context, *engine.Batch) error)(nil)
+	if cfg.BatchHandler != nil {
+		handleBatch = engine.BatchHandlerOf(cfg.BatchHandler)
+	}
+	if (handle == nil) == (handleBatch == nil) {
+		return // neither or both: consumer.New says what to set
+	}
+	id := cfg.MessageID
+	if id == nil {
+		id = consumer.IDFromHeader(consumer.DefaultMessageIDHeader)
+	}
+	timeout := cmp.Or(cfg.HandlerTimeout, consumer.DefaultHandlerTimeout)
+	ctx := context.Background()
+
+	start := contents(tb, db, idents)
+	prev := digests(tb, db, idents)
+	culprit := make([]*consumer.Message, len(tables))
+	for _, m := range msgs {
+		var ok bool
+		if m.ID, ok = validID(id, m); !ok {
+			continue // set aside as invalid_id without a handler call
+		}
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			tb.Fatalf("consumertest: begin: %v", err)
+		}
+		herr, hung := engine.HandleAlone(ctx, timeout, tx, handle, handleBatch, (*engine.Message)(m))
+		if hung != nil {
+			tb.Fatalf("consumertest: the handler of message %q (%s) hung in an attempt that was to be rolled back: %v", m.ID, m.Position(), hung)
+		}
+		if errors.Is(herr, consumer.ErrTxEnded) {
+			// Its writes may have been committed by the statement: they
+			// would be reported below as written outside the transaction.
+			tb.Fatalf("consumertest: the handler of message %q (%s) ended its transaction with a COMMIT or ROLLBACK statement (%v); the consumer sets such a message aside: leave ending tx to the consumer", m.ID, m.Position(), herr)
+		}
+		if err := tx.Rollback(ctx); err != nil && herr == nil {
+			tb.Fatalf("consumertest: roll back the attempt at message %q (%s): %v", m.ID, m.Position(), err)
+		}
+		cur := digests(tb, db, idents)
+		for i := range tables {
+			if cur[i] != prev[i] && culprit[i] == nil {
+				culprit[i] = m
+			}
+		}
+		prev = cur
+	}
+	end := contents(tb, db, idents)
+	for i, t := range tables {
+		if culprit[i] == nil {
+			continue
+		}
+		d := diff(start[i], end[i])
+		if d == "" {
+			d = "changed, then changed back by a later attempt"
+		}
+		tb.Errorf("consumertest: table %s changed although the handler's transaction was rolled back: %s, first in the attempt at message %q (%s). "+
+			"The handler writes outside its transaction (through the pool, another connection, a service that writes to the database), and the consumer runs an attempt again after rolling it back "+
+			"(the handler or a later message of its batch failed, the connection or the COMMIT did), so that write repeats: write with the tx the handler is given (or Batch.Queue)",
+			t, d, culprit[i].ID, culprit[i].Position())
+	}
+}
+
+// handleFunc is h as the engine calls it (nil when there is none).
+func handleFunc(h consumer.Handler) func(context.Context, pgx.Tx, *engine.Message) error {
+	if h == nil {
+		return nil
+	}
+	return func(ctx context.Context, tx pgx.Tx, m *engine.Message) error {
+		return h.Handle(ctx, tx, (*consumer.Message)(m))
+	}
+}
+
+// validID derives m's id as the consumer does; ok is false when the
+// consumer would set m aside for its id.
+func validID(fn consumer.MessageIDFunc, m *consumer.Message) (id string, ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	id, err := fn(m)
+	return id, err == nil && consumer.ValidateMessageID(id) == nil
 }
 
 func produce(tb testing.TB, brokers []string, topic string, msgs []*consumer.Message) {
@@ -132,25 +289,27 @@ func produce(tb testing.TB, brokers []string, topic string, msgs []*consumer.Mes
 	defer w.Close()
 	km := make([]kafka.Message, len(msgs))
 	for i, m := range msgs {
-		km[i] = kafka.Message{Partition: m.Partition, Key: m.Key, Value: m.Value, Headers: m.Headers}
+		km[i] = kafka.Message{Partition: m.Partition, Key: m.Key, Value: m.Value, Headers: m.Headers, Time: m.Time}
 	}
 	if err := w.WriteMessages(context.Background(), km...); err != nil {
 		tb.Fatalf("consumertest: produce: %v", err)
 	}
 }
 
-// settled counts messages the consumer finished with, one way or another.
-type settled struct{ n atomic.Int64 }
+// settled counts messages the consumer finished with, by how.
+type settled struct{ applied, skipped, deadLettered atomic.Int64 }
 
-func (s *settled) OnMessageApplied(context.Context, *consumer.Message) { s.n.Add(1) }
+func (s *settled) OnMessageApplied(context.Context, *consumer.Message) { s.applied.Add(1) }
 func (s *settled) OnMessageSkipped(context.Context, *consumer.Message, consumer.SkipReason) {
-	s.n.Add(1)
+	s.skipped.Add(1)
 }
 func (s *settled) OnMessageDeadLettered(context.Context, *consumer.Message, consumer.DeadLettered) {
-	s.n.Add(1)
+	s.deadLettered.Add(1)
 }
 
-func runUntilSettled(tb testing.TB, db consumer.DB, cfg consumer.Config, n int, timeout time.Duration, what string) {
+func (s *settled) total() int64 { return s.applied.Load() + s.skipped.Load() + s.deadLettered.Load() }
+
+func runUntilSettled(tb testing.TB, db consumer.DB, cfg consumer.Config, n int, timeout time.Duration, what string) *settled {
 	tb.Helper()
 	count := &settled{}
 	cfg.Hooks = append(append([]consumer.Hook(nil), cfg.Hooks...), count)
@@ -162,30 +321,28 @@ func runUntilSettled(tb testing.TB, db consumer.DB, cfg consumer.Config, n int, 
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	deadline := time.Now().Add(timeout)
-	for count.n.Load() < int64(n) && time.Now().Before(deadline) {
+	for count.total() < int64(n) && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	cancel()
 	if err := <-done; err != nil {
 		tb.Fatalf("consumertest: %s: %v", what, err)
 	}
-	if got := count.n.Load(); got < int64(n) {
+	if got := count.total(); got < int64(n) {
 		tb.Fatalf("consumertest: %s: %d of %d messages settled within %v", what, got, n, timeout)
 	}
+	return count
 }
 
-// snapshot returns, per table, its row count and a digest of its rows.
-func snapshot(tb testing.TB, db consumer.DB, idents []string) []string {
+// digests returns, per table, its row count and a digest of its rows.
+func digests(tb testing.TB, db consumer.DB, idents []string) []string {
 	tb.Helper()
 	out := make([]string, len(idents))
 	err := pgx.BeginFunc(context.Background(), db, func(tx pgx.Tx) error {
 		for i, id := range idents {
-			var n int64
-			var digest string
-			if err := tx.QueryRow(context.Background(), `SELECT count(*), coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), '') FROM `+id+` t`).Scan(&n, &digest); err != nil {
+			if err := tx.QueryRow(context.Background(), `SELECT count(*)::text || ' ' || coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), '') FROM `+id+` t`).Scan(&out[i]); err != nil {
 				return fmt.Errorf("read %s: %w", id, err)
 			}
-			out[i] = fmt.Sprintf("%d rows (digest %s)", n, digest[:min(len(digest), 8)])
 		}
 		return nil
 	})
@@ -193,4 +350,68 @@ func snapshot(tb testing.TB, db consumer.DB, idents []string) []string {
 		tb.Fatalf("consumertest: %v", err)
 	}
 	return out
+}
+
+// contents returns, per table, its rows as text, sorted.
+func contents(tb testing.TB, db consumer.DB, idents []string) [][]string {
+	tb.Helper()
+	out := make([][]string, len(idents))
+	err := pgx.BeginFunc(context.Background(), db, func(tx pgx.Tx) error {
+		for i, id := range idents {
+			rows, _ := tx.Query(context.Background(), `SELECT t::text FROM `+id+` t ORDER BY 1`)
+			var err error
+			if out[i], err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+				return fmt.Errorf("read %s: %w", id, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		tb.Fatalf("consumertest: %v", err)
+	}
+	return out
+}
+
+// diff describes how a table's rows went from before to after ("" when
+// they did not change): how many were added and removed, with a few of
+// each.
+func diff(before, after []string) string {
+	var added, removed []string
+	i, j := 0, 0
+	for i < len(before) || j < len(after) {
+		switch {
+		case j == len(after) || i < len(before) && before[i] < after[j]:
+			removed = append(removed, before[i])
+			i++
+		case i == len(before) || after[j] < before[i]:
+			added = append(added, after[j])
+			j++
+		default:
+			i++
+			j++
+		}
+	}
+	var parts []string
+	for _, c := range []struct {
+		what string
+		rows []string
+	}{{"added", added}, {"removed", removed}} {
+		if len(c.rows) == 0 {
+			continue
+		}
+		shown := c.rows[:min(len(c.rows), 3)]
+		more := ""
+		if len(c.rows) > len(shown) {
+			more = ", …"
+		}
+		parts = append(parts, fmt.Sprintf("%d %s %s (%s%s)", len(c.rows), plural(len(c.rows), "row", "rows"), c.what, strings.Join(shown, ", "), more))
+	}
+	return strings.Join(parts, " and ")
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

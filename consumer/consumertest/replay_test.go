@@ -4,8 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -52,19 +56,182 @@ func TestReplayTwiceCatchesAnUnstableMessageID(t *testing.T) {
 		_, _ = rand.Read(b[:])
 		return hex.EncodeToString(b[:]), nil
 	}
-	rec := &recordingTB{TB: t}
-	consumertest.ReplayTwice(rec, db.Pool, cfg, msgs, []string{db.Schema + ".balances"})
-	require.Len(t, rec.errors, 1)
-	require.Contains(t, rec.errors[0], "changed table "+db.Schema+".balances")
-	require.Contains(t, rec.errors[0], "is its message id stable")
+	got := replayCapturing(t, db, cfg, msgs, []string{db.Schema + ".balances"})
+	require.Len(t, got.failures(), 1)
+	require.Contains(t, got.failures()[0], "changed table "+db.Schema+".balances")
+	require.Contains(t, got.failures()[0], "is its message id stable")
 }
 
-// recordingTB keeps the errors reported instead of failing the test.
-type recordingTB struct {
-	testing.TB
+// mailer is the ledger of ledger() plus an emails table the handler writes
+// a row to per message: through tx when viaPool is false, through the pool
+// (outside the handler's transaction) when it is true.
+func mailer(t *testing.T, viaPool bool) (*testenv.DB, consumer.Config, []*consumer.Message, *callCount) {
+	db, cfg, msgs := ledger(t)
+	db.Exec(t, `CREATE TABLE `+db.Table("emails")+` (n bigserial PRIMARY KEY, message_id text NOT NULL, body text NOT NULL)`)
+	ledgerHandler := cfg.Handler
+	calls := &callCount{n: map[string]int{}}
+	cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		calls.add(m.ID)
+		if err := ledgerHandler.Handle(ctx, tx, m); err != nil {
+			return err
+		}
+		insert := `INSERT INTO ` + db.Table("emails") + ` (message_id, body) VALUES ($1, $2)`
+		var err error
+		if viaPool {
+			_, err = db.Pool.Exec(ctx, insert, m.ID, "moved "+string(m.Value))
+		} else {
+			_, err = tx.Exec(ctx, insert, m.ID, "moved "+string(m.Value))
+		}
+		return err
+	})
+	return db, cfg, msgs, calls
+}
+
+type callCount struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *callCount) add(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n[id]++
+}
+
+func (c *callCount) min() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	least := -1
+	for _, n := range c.n {
+		if least < 0 || n < least {
+			least = n
+		}
+	}
+	return least
+}
+
+// The handler of issue 22: it sends its email through the pool, so an
+// attempt that is rolled back and run again sends it twice.
+func TestReplayTwiceCatchesAWriteOutsideTheHandlersTransaction(t *testing.T) {
+	t.Parallel()
+	db, cfg, msgs, _ := mailer(t, true)
+	got := replayCapturing(t, db, cfg, msgs, []string{db.Schema + ".balances", db.Schema + ".emails"})
+	require.NotEmpty(t, got.failures(), "a handler writing outside tx passed")
+	require.Contains(t, got.failures()[0], "table "+db.Schema+".emails")
+	require.Contains(t, got.failures()[0], "rolled back")
+	require.Contains(t, got.failures()[0], "20 rows added")
+	for _, f := range got.failures() {
+		require.NotContains(t, f, ".balances", "the ledger's writes go through tx: %s", f)
+	}
+}
+
+func TestReplayTwiceFailsWhenNothingWasApplied(t *testing.T) {
+	t.Parallel()
+	db, cfg, msgs := ledger(t)
+	cfg.Handler = consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error {
+		return consumer.Permanent(errors.New("no such account"))
+	})
+	got := replayCapturing(t, db, cfg, msgs, []string{db.Schema + ".balances"})
+	require.Len(t, got.failures(), 1)
+	require.Contains(t, got.failures()[0], "applied none of the 20 messages")
+	require.Contains(t, got.failures()[0], "20 dead-lettered")
+	require.Contains(t, got.failures()[0], db.Schema+".dead_letters")
+}
+
+// A handler that writes with tx only passes, and ReplayTwice ran it more
+// than once per message, as the consumer may.
+func TestReplayTwicePassesAHandlerWritingOnlyWithTx(t *testing.T) {
+	t.Parallel()
+	db, cfg, msgs, calls := mailer(t, false)
+	got := replayCapturing(t, db, cfg, msgs, []string{db.Schema + ".balances", db.Schema + ".emails"})
+	require.Empty(t, got.failures())
+	require.EqualValues(t, 20, db.Int(t, `SELECT count(*) FROM `+db.Table("emails")), "one email per message")
+	require.EqualValues(t, 100-190, db.Int(t, `SELECT amount FROM `+db.Table("balances")+` WHERE account = 'a'`))
+	require.Len(t, calls.n, 20)
+	require.GreaterOrEqual(t, calls.min(), 2, "every message's handler ran more than once")
+}
+
+// A BatchHandler is run the same way, its queued statements included.
+func TestReplayTwiceChecksABatchHandler(t *testing.T) {
+	t.Parallel()
+	for _, viaPool := range []bool{false, true} {
+		t.Run("via pool "+strconv.FormatBool(viaPool), func(t *testing.T) {
+			t.Parallel()
+			db, cfg, msgs := ledger(t)
+			db.Exec(t, `CREATE TABLE `+db.Table("emails")+` (message_id text NOT NULL)`)
+			cfg.Handler = nil
+			cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
+				for _, m := range b.Messages {
+					if viaPool {
+						if _, err := db.Pool.Exec(ctx, `INSERT INTO `+db.Table("emails")+` VALUES ($1)`, m.ID); err != nil {
+							return err
+						}
+						continue
+					}
+					b.Queue(`INSERT INTO `+db.Table("emails")+` VALUES ($1)`, m.ID)
+				}
+				return nil
+			})
+			got := replayCapturing(t, db, cfg, msgs, []string{db.Schema + ".emails"})
+			if !viaPool {
+				require.Empty(t, got.failures())
+				require.EqualValues(t, 20, db.Int(t, `SELECT count(*) FROM `+db.Table("emails")))
+				return
+			}
+			require.NotEmpty(t, got.failures())
+			require.Contains(t, got.failures()[0], "table "+db.Schema+".emails")
+			require.Contains(t, got.failures()[0], "rolled back")
+		})
+	}
+}
+
+// captured is what ReplayTwice reported through a capturingTB.
+type captured struct {
+	mu     sync.Mutex
 	errors []string
+	fatal  string
 }
 
-func (r *recordingTB) Errorf(format string, args ...any) {
-	r.errors = append(r.errors, fmt.Sprintf(format, args...))
+func (c *captured) failures() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := append([]string(nil), c.errors...)
+	if c.fatal != "" {
+		out = append(out, c.fatal)
+	}
+	return out
+}
+
+// capturingTB records ReplayTwice's failures instead of failing the test;
+// its Fatalf ends the goroutine ReplayTwice runs on, as testing's does.
+type capturingTB struct {
+	testing.TB
+	got *captured
+}
+
+func (c capturingTB) Errorf(format string, args ...any) {
+	c.got.mu.Lock()
+	defer c.got.mu.Unlock()
+	c.got.errors = append(c.got.errors, strings.TrimSpace(fmt.Sprintf(format, args...)))
+}
+
+func (c capturingTB) Fatalf(format string, args ...any) {
+	c.got.mu.Lock()
+	c.got.fatal = fmt.Sprintf(format, args...)
+	c.got.mu.Unlock()
+	runtime.Goexit()
+}
+
+func replayCapturing(t *testing.T, db *testenv.DB, cfg consumer.Config, msgs []*consumer.Message, tables []string) *captured {
+	got := &captured{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		consumertest.ReplayTwice(capturingTB{TB: t, got: got}, db.Pool, cfg, msgs, tables)
+	}()
+	<-done
+	for _, f := range got.failures() {
+		t.Logf("ReplayTwice reported: %s", f)
+	}
+	return got
 }

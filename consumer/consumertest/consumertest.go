@@ -14,7 +14,10 @@
 //
 // Handle runs the handler through the consumer's own code for calling
 // handlers (see Handle). It does not claim the message id: deduplication
-// is the consumer's job and is tested in kafkaonce itself.
+// is the consumer's job and is tested in kafkaonce itself. ReplayTwice
+// checks a handler's effects happen once: it runs the handler in an attempt
+// that is rolled back, then through a consumer, then again through a replay
+// of the topic, and compares your tables.
 package consumertest
 
 import (
@@ -106,6 +109,18 @@ func Tx(tb testing.TB, db consumer.DB) pgx.Tx {
 // The handler runs in a savepoint: when it fails, its writes are undone
 // (as the consumer's rollback would) and tx stays usable, so a test can
 // check that a failing message left no trace.
+//
+// Handle makes one call and does not check what the consumer does around
+// it. It claims no message id, so handling a message twice applies it
+// twice. It neither undoes nor reports what the handler writes outside tx
+// (through the pool, another connection, an HTTP call): those writes stay,
+// even when the handler fails. Constraints deferred to COMMIT are never
+// checked, since tx is never committed (SET CONSTRAINTS ALL IMMEDIATE in
+// tx checks them). And the handler runs alone, with
+// consumer.DefaultHandlerTimeout, not in a batch of several messages nor
+// with your Config's HandlerTimeout. ReplayTwice runs a handler through a
+// real consumer, and catches writes outside its transaction into the
+// tables it is given.
 func Handle(ctx context.Context, tb testing.TB, tx pgx.Tx, h consumer.Handler, msg *consumer.Message) error {
 	tb.Helper()
 	sp, err := tx.Begin(ctx)

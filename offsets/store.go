@@ -82,6 +82,70 @@ ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.ne
 	return nil
 }
 
+// ErrMoved is returned (wrapped in a *MovedError) by ResetFrom when the
+// stored position is no longer the one the caller read.
+var ErrMoved = errors.New("offsets: the stored position moved since it was read")
+
+// MovedError says where a position was when ResetFrom found it moved.
+type MovedError struct {
+	Topic     string
+	Partition int
+	// Read is the position the caller read, Now the one found (-1: none).
+	Read, Now int64
+}
+
+func (e *MovedError) Error() string {
+	return fmt.Sprintf("offsets: the stored position of %s/%d moved from %s to %s since it was read", e.Topic, e.Partition, describe(e.Read), describe(e.Now))
+}
+
+func (e *MovedError) Unwrap() error { return ErrMoved }
+
+func describe(next int64) string {
+	if next < 0 {
+		return "none"
+	}
+	return fmt.Sprint(next)
+}
+
+// ResetFrom sets the position of a partition to next, as Reset does, but
+// only while it is still from, the position the caller read (-1: none):
+// a consumer that moved it meanwhile has processed messages the caller did
+// not know of, and overwriting its position would move it backwards by
+// accident. It returns a *MovedError (errors.Is ErrMoved) and changes
+// nothing when the position moved. The update waits for a consumer's
+// transaction that holds the row, then compares with what it committed.
+// In a transaction, the row stays locked until the transaction ends.
+func (s *Store) ResetFrom(ctx context.Context, q Querier, consumer, topic string, partition int, from, next int64) error {
+	if next < 0 {
+		return fmt.Errorf("offsets: reset %s/%d to %d: offsets are not negative", topic, partition, next)
+	}
+	var sql string
+	args := []any{consumer, topic, partition, next}
+	if from < 0 {
+		sql = `INSERT INTO ` + s.table + ` (consumer, topic, partition, next_offset) VALUES ($1, $2, $3, $4)
+ON CONFLICT (consumer, topic, partition) DO NOTHING`
+	} else {
+		sql = `UPDATE ` + s.table + ` SET next_offset = $4, updated_at = now()
+WHERE consumer = $1 AND topic = $2 AND partition = $3 AND next_offset = $5`
+		args = append(args, from)
+	}
+	tag, err := q.Exec(ctx, sql, args...)
+	if err != nil {
+		return fmt.Errorf("offsets: reset %s/%d: %w", topic, partition, err)
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	now, ok, err := s.Load(ctx, q, consumer, topic, partition)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		now = -1
+	}
+	return &MovedError{Topic: topic, Partition: partition, Read: from, Now: now}
+}
+
 // Forget deletes the stored positions of every partition of topic for a
 // consumer, and returns how many it deleted. The consumer then starts those
 // partitions where the group's offsets committed to Kafka say, and a

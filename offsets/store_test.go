@@ -28,6 +28,35 @@ func TestResetMovesBackward(t *testing.T) {
 	require.ErrorContains(t, s.Reset(ctx, db.Pool, "c", "t", 0, -1), "not negative")
 }
 
+// ResetFrom moves a position only from the one the caller read: a consumer
+// that moved it meanwhile keeps its position.
+func TestResetFromRefusesAMovedPosition(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	s, _ := offsets.NewStore(db.Schema)
+	advance, _ := positions.NewStore(db.Schema)
+	ctx := context.Background()
+	require.NoError(t, advance.Advance(ctx, db.Pool, "c", "t", 0, 100))
+	require.NoError(t, advance.Advance(ctx, db.Pool, "c", "t", 0, 200)) // the worker, after the read of 100
+
+	err := s.ResetFrom(ctx, db.Pool, "c", "t", 0, 100, 150)
+	require.ErrorIs(t, err, offsets.ErrMoved)
+	var moved *offsets.MovedError
+	require.ErrorAs(t, err, &moved)
+	require.EqualValues(t, 200, moved.Now)
+	next, _, err := s.Load(ctx, db.Pool, "c", "t", 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 200, next, "not moved backwards")
+
+	require.NoError(t, s.ResetFrom(ctx, db.Pool, "c", "t", 0, 200, 150), "a deliberate reset from what was read")
+	next, _, err = s.Load(ctx, db.Pool, "c", "t", 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 150, next)
+
+	require.NoError(t, s.ResetFrom(ctx, db.Pool, "c", "t", 1, -1, 5), "from no position")
+	require.ErrorIs(t, s.ResetFrom(ctx, db.Pool, "c", "t", 1, -1, 9), offsets.ErrMoved, "a position appeared meanwhile")
+}
+
 func TestForgetDeletesTheConsumersPositionsOfATopic(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)

@@ -464,3 +464,86 @@ func TestKeysGetStatusAndPrune(t *testing.T) {
 	require.Contains(t, out, "deleted 1 expired idempotency keys")
 	require.EqualValues(t, 2, w.db.Int(t, `SELECT count(*) FROM `+keys), "the live key and the run are kept")
 }
+
+// waitForLockWait returns once a statement on the schema's table waits for
+// a lock, as the command's does behind the test's transaction.
+func (w *world) waitForLockWait(table string) {
+	w.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for w.db.Int(w.t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`, w.db.Table(table)) == 0 {
+		require.True(w.t, time.Now().Before(deadline), "the command never waited for the lock")
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A consumer that moves the stored position between the replay's plan and
+// its reset keeps its position: the reset is conditional on what the plan
+// read, and the command fails before it touches Kafka. The test holds the
+// position's row, as a consumer's batch transaction does, until the
+// replay's reset waits for it, then moves it.
+func TestReplayDoesNotMoveBackAPositionMovedSinceThePlan(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	w.produce(10, "f")
+	w.consume(nil, 10)
+	w.produce(10, "g") // offsets 10..19; the plan reads the position 10
+	committed := w.kafka.CommittedOffsets(t, w.name, w.topic, 1)
+
+	ctx := context.Background()
+	tx, err := w.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, `SELECT next_offset FROM `+w.db.Table("consumer_offsets")+` WHERE consumer = $1 FOR UPDATE`, w.name)
+	require.NoError(t, err)
+	type result struct {
+		out, errOut string
+		code        int
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, errOut, code := w.cli("replay", "--consumer", w.name, "--topic", w.topic, "--to", "15", "--yes", "--force")
+		done <- result{out, errOut, code}
+	}()
+	w.waitForLockWait("consumer_offsets")
+	_, err = tx.Exec(ctx, `UPDATE `+w.db.Table("consumer_offsets")+` SET next_offset = 18 WHERE consumer = $1`, w.name)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	r := <-done
+	require.EqualValues(t, 18, w.minPosition(), "the position moved by the consumer is kept")
+	require.Equal(t, 2, r.code, r.out+r.errOut)
+	require.Contains(t, r.errOut, "moved from 10 to 18")
+	require.Contains(t, r.errOut, "nothing changed")
+	require.Equal(t, committed, w.kafka.CommittedOffsets(t, w.name, w.topic, 1), "Kafka's offsets are untouched")
+}
+
+// A replay that Kafka refuses (the group has an active member, and --force
+// tried anyway) leaves the stored positions as they were.
+func TestReplayRefusedByKafkaMovesNoPosition(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	w.produce(10, "f")
+	w.consume(nil, 10)
+	w.produce(10, "g")
+	committed := w.kafka.CommittedOffsets(t, w.name, w.topic, 1)
+
+	member := kafka.NewReader(kafka.ReaderConfig{Brokers: w.kafka.Brokers, GroupID: w.name, Topic: w.topic,
+		SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond})
+	defer member.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		state, _ := w.kafka.GroupState(w.name)
+		if state == "Stable" {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the member never joined (%s)", state)
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	out, errOut, code := w.cli("replay", "--consumer", w.name, "--topic", w.topic, "--to", "15", "--yes", "--force")
+	require.EqualValues(t, 10, w.minPosition(), "the stored position did not move forward")
+	require.Equal(t, 2, code, out+errOut)
+	require.Contains(t, out, "1 active members")
+	require.Contains(t, errOut, "nothing changed")
+	require.Equal(t, committed, w.kafka.CommittedOffsets(t, w.name, w.topic, 1))
+}

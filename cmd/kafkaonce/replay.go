@@ -2,14 +2,17 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
@@ -52,7 +55,12 @@ checks that in advance.
 
 Kafka only lets offsets be reset while the group has no active members, so
 replay refuses while members are active unless --force (the broker may
-still refuse). It asks for confirmation on a terminal; pass --yes otherwise.`,
+still refuse). It asks for confirmation on a terminal; pass --yes otherwise.
+
+A replay past a stored position moves that position forward, but only from
+the position the plan showed, and only if Kafka accepts the group's new
+offsets: when a consumer moved the position meanwhile, or Kafka refuses,
+nothing changes.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if consumerName == "" || topic == "" {
@@ -121,17 +129,7 @@ still refuse). It asks for confirmation on a terminal; pass --yes otherwise.`,
 			case !yes && !confirm(s.st, "Rewind the group? [y/N] "):
 				return errors.New("not confirmed; nothing changed")
 			}
-			// Moving forward skips messages: the stored position must move
-			// too, or the consumer would process them anyway (the stored
-			// position decides where a partition starts).
-			for _, rp := range plan.Partitions {
-				if rp.SkippedForGood > 0 {
-					if err := positions.Reset(ctx, pool, consumerName, topic, rp.Partition, rp.Target); err != nil {
-						return err
-					}
-				}
-			}
-			if err := admin.CommitOffsets(ctx, group, topic, targets); err != nil {
+			if err := executeReplay(ctx, pool, positions, admin, plan, targets); err != nil {
 				return err
 			}
 			plan.Executed = true
@@ -150,6 +148,43 @@ still refuse). It asks for confirmation on a terminal; pass --yes otherwise.`,
 	f.BoolVar(&force, "force", false, "try even while the group has active members")
 	f.BoolVar(&dryRun, "dry-run", false, "only show what would happen")
 	return cmd
+}
+
+// executeReplay moves the stored positions the plan moves forward and
+// commits the group's offsets, so that a failure changes nothing: the
+// positions move in a transaction that commits only after Kafka accepted
+// the offsets. Each position moves only from what the plan read, so a
+// consumer that moved it meanwhile (a group reset with --force) keeps its
+// position, and the command stops before Kafka is touched. The rows stay
+// locked while Kafka answers, so no consumer moves them in between. Only a
+// failure of the final Postgres commit leaves a change behind (the Kafka
+// offsets), and the error says so.
+func executeReplay(ctx context.Context, pool *pgxpool.Pool, positions *offsets.Store, admin *kafkaadmin.Admin, plan replayPlan, targets map[int]int64) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("%w; nothing changed", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	// Moving forward skips messages: the stored position must move too, or
+	// the consumer would process them anyway (the stored position decides
+	// where a partition starts).
+	for _, rp := range plan.Partitions {
+		if rp.SkippedForGood > 0 {
+			if err := positions.ResetFrom(ctx, tx, plan.Consumer, plan.Topic, rp.Partition, rp.Stored, rp.Target); err != nil {
+				if errors.Is(err, offsets.ErrMoved) {
+					return fmt.Errorf("%w: a consumer is processing it; nothing changed: stop the consumers and run replay again to see the new plan", err)
+				}
+				return fmt.Errorf("%w; nothing changed", err)
+			}
+		}
+	}
+	if err := admin.CommitOffsets(ctx, plan.Group, plan.Topic, targets); err != nil {
+		return fmt.Errorf("%w; nothing changed: the group's offsets and the stored positions are as they were", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("the group's offsets on %s were committed to Kafka, but the stored positions were not moved: %w; run replay again with the same --to to move them", plan.Topic, err)
+	}
+	return nil
 }
 
 // emitJSONOnly prints v with --json; text output was already printed.

@@ -152,9 +152,12 @@ func (s *Store) List(ctx context.Context, q Querier, f Filter) ([]Letter, error)
 
 // RequestRedrive asks the running consumer that owns the letters to redrive
 // them (an operator's tool has no handler to run them with). It returns how
-// many pending letters were marked.
+// many pending letters were marked. A request's time identifies it: a
+// request that replaces a pending one gets a later time even if the clock
+// says otherwise, so that the failure of an attempt that answered the
+// earlier request does not withdraw it.
 func (s *Store) RequestRedrive(ctx context.Context, q Querier, consumer string, ids []int64) (int64, error) {
-	tag, err := q.Exec(ctx, `UPDATE `+s.table+` SET redrive_requested_at = now(), redrive_error = NULL
+	tag, err := q.Exec(ctx, `UPDATE `+s.table+` SET redrive_requested_at = greatest(now(), redrive_requested_at + interval '1 microsecond'), redrive_error = NULL
 WHERE consumer = $1 AND id = ANY($2) AND redriven_at IS NULL`, consumer, ids)
 	if err != nil {
 		return 0, fmt.Errorf("deadletter: request redrive: %w", err)

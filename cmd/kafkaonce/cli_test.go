@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
@@ -546,4 +547,60 @@ func TestReplayRefusedByKafkaMovesNoPosition(t *testing.T) {
 	require.Contains(t, out, "1 active members")
 	require.Contains(t, errOut, "nothing changed")
 	require.Equal(t, committed, w.kafka.CommittedOffsets(t, w.name, w.topic, 1))
+}
+
+// The failure of a redrive answers the request it was started for: a
+// request made while it ran stays pending, with no error, for an attempt of
+// its own. The test holds the letter's row, so the attempt waits after it
+// read the first request, and makes the second request meanwhile.
+func TestALateRedriveFailureKeepsANewerRequest(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	w.produce(3, "d")
+	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "d1" {
+			return consumer.Permanent(errors.New("partner said no"))
+		}
+		return nil
+	}
+	w.consume(h, 3)
+	letters := w.db.Table("dead_letters")
+	id := strconv.FormatInt(w.db.Int(t, `SELECT id FROM `+letters+` WHERE consumer = $1`, w.name), 10)
+	out, errOut, code := w.cli("dead-letters", "redrive", "--consumer", w.name, id)
+	require.Equal(t, 0, code, out+errOut)
+
+	ctx := context.Background()
+	tx, err := w.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, `SELECT id FROM `+letters+` WHERE id = $1 FOR UPDATE`, id)
+	require.NoError(t, err)
+
+	c, err := consumer.New(w.db.Pool, &consumer.Config{Name: w.name, Brokers: w.kafka.Brokers, Topics: []string{w.topic},
+		Schema: w.db.Schema, Handler: consumer.HandlerFunc(h), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	type result struct {
+		res consumer.RedriveResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := c.Redrive(ctx, consumer.RedriveFilter{Requested: true})
+		done <- result{res, err}
+	}()
+	w.waitForLockWait("dead_letters") // the attempt read the first request
+	store, err := deadletter.NewStore(w.db.Schema)
+	require.NoError(t, err)
+	letterID, err := strconv.ParseInt(id, 10, 64)
+	require.NoError(t, err)
+	n, err := store.RequestRedrive(ctx, tx, w.name, []int64{letterID})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.NoError(t, tx.Commit(ctx))
+
+	r := <-done
+	require.NoError(t, r.err)
+	require.Len(t, r.res.Failed, 1)
+	require.EqualValues(t, 1, w.db.Int(t, `SELECT count(*) FROM `+letters+` WHERE id = $1 AND redrive_requested_at IS NOT NULL AND redrive_error IS NULL`, id),
+		"the newer request is still pending")
 }

@@ -50,7 +50,12 @@ func (c *Consumer) Redrive(ctx context.Context, f deadletter.Filter) (RedriveRes
 			res.Failed = append(res.Failed, RedriveError{LetterID: l.ID, Err: err})
 			c.log.Warn("redrive failed; the letter stays", slog.Int64("dead_letter", l.ID), slog.String("error", err.Error()))
 			if l.RedriveRequestedAt != nil {
-				if merr := c.inTx(ctx, func(q querier) error { return c.letters.MarkRedriveFailed(ctx, q, l.ID, err.Error()) }); merr != nil {
+				// The failure answers the request read above; a request
+				// made since waits for an attempt of its own.
+				if merr := c.inTx(ctx, func(q querier) error {
+					_, err := c.letters.MarkRedriveFailed(ctx, q, l.ID, *l.RedriveRequestedAt, err.Error())
+					return err
+				}); merr != nil {
 					c.log.Warn("could not record a failed redrive", slog.Int64("dead_letter", l.ID), slog.String("error", merr.Error()))
 				}
 			}

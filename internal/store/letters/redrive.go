@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -35,10 +36,16 @@ func (s *Store) MarkRedriven(ctx context.Context, q schema.Querier, id int64) er
 }
 
 // MarkRedriveFailed records why a requested redrive failed, and withdraws
-// the request so it is not retried in a loop.
-func (s *Store) MarkRedriveFailed(ctx context.Context, q schema.Querier, id int64, reason string) error {
-	if _, err := q.Exec(ctx, `UPDATE `+s.table+` SET redrive_requested_at = NULL, redrive_error = $2 WHERE id = $1`, id, truncateError(reason)); err != nil {
-		return fmt.Errorf("deadletter: mark redrive of %d failed: %w", id, err)
+// the request so it is not retried in a loop. requestedAt identifies the
+// request the redrive answered (the letter's RedriveRequestedAt when the
+// redrive read it): a request made since, or a letter redriven since, is
+// left as it is, so a late failure of an earlier attempt never withdraws a
+// newer request. It reports whether the failure was recorded.
+func (s *Store) MarkRedriveFailed(ctx context.Context, q schema.Querier, id int64, requestedAt time.Time, reason string) (bool, error) {
+	tag, err := q.Exec(ctx, `UPDATE `+s.table+` SET redrive_requested_at = NULL, redrive_error = $3
+WHERE id = $1 AND redrive_requested_at = $2 AND redriven_at IS NULL`, id, requestedAt, truncateError(reason))
+	if err != nil {
+		return false, fmt.Errorf("deadletter: mark redrive of %d failed: %w", id, err)
 	}
-	return nil
+	return tag.RowsAffected() == 1, nil
 }

@@ -39,6 +39,9 @@ type auditCounts struct {
 	Missing      int64 `json:"missing"`
 	// Suspects have the content of a recent message under another id.
 	Suspects int64 `json:"suspect_duplicates"`
+	// Unread offsets of the range were not read (a fetch failed, or
+	// retention deleted them first): the audit says nothing about them.
+	Unread int64 `json:"unread"`
 }
 
 func (c *auditCounts) add(o auditCounts) {
@@ -52,6 +55,7 @@ func (c *auditCounts) add(o auditCounts) {
 	c.Conflicts += o.Conflicts
 	c.Missing += o.Missing
 	c.Suspects += o.Suspects
+	c.Unread += o.Unread
 }
 
 func (c auditCounts) problems() int64 { return c.WouldReapply + c.Conflicts + c.Missing }
@@ -70,7 +74,13 @@ type auditPartition struct {
 	From      int64 `json:"from"`
 	To        int64 `json:"to"`
 	Stored    int64 `json:"stored_position"`
+	// Incomplete says why offsets of the range were not read.
+	Incomplete string `json:"incomplete,omitempty"`
 	auditCounts
+	// processedSince is the latest processed_at of the claims applied at
+	// the offsets read so far: a message after them in the partition was
+	// processed no earlier.
+	processedSince time.Time
 }
 
 type auditReport struct {
@@ -80,7 +90,10 @@ type auditReport struct {
 	Total      auditCounts      `json:"total"`
 	// Findings lists the first problems and suspects found.
 	Findings []auditFinding `json:"findings"`
-	OK       bool           `json:"ok"`
+	// Complete is false when offsets of the range were not read (see
+	// Unread); OK is then false too.
+	Complete bool `json:"complete"`
+	OK       bool `json:"ok"`
 }
 
 const maxFindings = 50
@@ -96,12 +109,14 @@ consumer's claims (processed_messages), dead letters and stored positions:
   applied        claimed and applied at this position
   duplicates     the id was applied at another position (a copy that was skipped)
   dead-lettered  set aside (see kafkaonce dead-letters)
-  pruned         below the stored position, claim pruned (older than --retention):
-                 a replay is still safe (the position covers it)
+  pruned         below the stored position, claim missing, and processed before
+                 the --retention horizon, so pruning may have deleted it: a
+                 replay is still safe (the position covers it)
   unprocessed    at or past the stored position: not processed yet
   WOULD REAPPLY  below the stored position but its claim is missing although it
-                 is recent: if the position were reset (or the producer re-sent
-                 it), it would be applied again
+                 was processed after the horizon, so no prune deleted it: if
+                 the position were reset (or the producer re-sent it), it
+                 would be applied again
   CONFLICT       its id is claimed for different content
   MISSING        below the stored position without a valid id and without a
                  dead letter: it was skipped without a trace
@@ -109,9 +124,18 @@ consumer's claims (processed_messages), dead letters and stored positions:
 It also lists suspect duplicates: the same content under another id within
 --suspect-window (a producer that makes a new id on each retry).
 
+Pruning deletes claims by the time they were processed (processed_at),
+and a missing claim's time is gone with it. The audit bounds it from below:
+a message is processed no earlier than its own time, nor than the claims
+applied at lower offsets of its partition. Only a message whose bound is
+before the horizon counts as pruned. Set --retention to the --older-than
+prune uses.
+
 --id must derive ids the way the consumer's Config.MessageID does.
 The exit code is 1 when anything would be applied again, conflicts, or is
-missing.`,
+missing; it is 2, with the partial report, when offsets of the range could
+not be read (a fetch failed or timed out, or retention deleted them before
+the audit read them): an audit that did not read everything is no verdict.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if consumerName == "" || topic == "" {
@@ -146,6 +170,9 @@ missing.`,
 			}
 			if err := s.emit(r, func(w io.Writer) { printAudit(w, r) }); err != nil {
 				return err
+			}
+			if !r.Complete {
+				return fmt.Errorf("the audit did not read %d offsets of the range (%s): run it again, or narrow --from and --to to what can be read", r.Total.Unread, incompleteReasons(r))
 			}
 			if !r.OK {
 				return errFindings
@@ -237,8 +264,20 @@ func (a *auditor) run(ctx context.Context, from, to string) (auditReport, error)
 		r.Partitions = append(r.Partitions, ap)
 		r.Total.add(ap.auditCounts)
 	}
-	r.OK = r.Total.problems() == 0
+	r.Complete = r.Total.Unread == 0
+	r.OK = r.Total.problems() == 0 && r.Complete
 	return r, nil
+}
+
+// incompleteReasons joins the partitions' reasons for offsets not read.
+func incompleteReasons(r auditReport) string {
+	var reasons []string
+	for _, p := range r.Partitions {
+		if p.Incomplete != "" {
+			reasons = append(reasons, fmt.Sprintf("partition %d: %s", p.Partition, p.Incomplete))
+		}
+	}
+	return strings.Join(reasons, "; ")
 }
 
 // resolveOffsets turns earliest/latest/an offset/a time into an offset per
@@ -299,7 +338,12 @@ func (a *auditor) partition(ctx context.Context, ap *auditPartition, r *auditRep
 		chunk = chunk[:0]
 		return err
 	}
+	// The reader moves past offsets it cannot read: offsets compacted away,
+	// and offsets retention deleted since LogBounds (it skips to the log's
+	// new start). gaps records them, to tell the two apart after the read.
+	var gaps [][2]int64
 	next := ap.From
+	var stopped error
 	for next < ap.To {
 		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		m, err := rd.FetchMessage(fctx)
@@ -308,11 +352,16 @@ func (a *auditor) partition(ctx context.Context, ap *auditPartition, r *auditRep
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			// Nothing more to read below the end: the rest are transaction
-			// markers or compacted away.
+			// A timeout too: the log's end is at or past ap.To, so a
+			// message or a marker is there to read.
+			stopped = err
 			break
 		}
+		if m.Offset > next {
+			gaps = append(gaps, [2]int64{next, min(m.Offset, ap.To)})
+		}
 		if m.Offset >= ap.To {
+			next = ap.To
 			break
 		}
 		next = m.Offset + 1
@@ -323,7 +372,36 @@ func (a *auditor) partition(ctx context.Context, ap *auditPartition, r *auditRep
 			}
 		}
 	}
-	return flush()
+	if err := flush(); err != nil {
+		return err
+	}
+	if stopped != nil {
+		ap.Unread += ap.To - next
+		ap.Incomplete = fmt.Sprintf("the read stopped at offset %d of %d..%d: %v", next, ap.From, ap.To, stopped)
+	}
+	if len(gaps) == 0 {
+		return nil
+	}
+	bounds, err := a.admin.LogBounds(ctx, a.topic, []int{ap.Partition})
+	if err != nil {
+		return err
+	}
+	start := bounds[ap.Partition].Start
+	var deleted int64
+	for _, g := range gaps {
+		if g[0] < start {
+			deleted += min(g[1], start) - g[0]
+		}
+	}
+	if deleted > 0 {
+		ap.Unread += deleted
+		reason := fmt.Sprintf("%d offsets below %d were deleted (retention) before they were read", deleted, start)
+		if ap.Incomplete != "" {
+			reason = ap.Incomplete + "; " + reason
+		}
+		ap.Incomplete = reason
+	}
+	return nil
 }
 
 // classify checks a chunk of messages against the tables.
@@ -393,16 +471,21 @@ func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, letters *d
 				ap.DeadLettered++
 			} else {
 				ap.Applied++
+				if rec.ProcessedAt.After(ap.processedSince) {
+					ap.processedSince = rec.ProcessedAt
+				}
 			}
 		case claimed:
 			ap.Duplicates++
 		case !below:
 			ap.Unprocessed++
-		case chunk[i].Time.Before(horizon):
+		case chunk[i].Time.Before(horizon) && ap.processedSince.Before(horizon):
+			// Pruning deletes by processed_at: both bounds on this
+			// message's say it may have been processed before the horizon.
 			ap.Pruned++
 		default:
 			ap.WouldReapply++
-			find("would_reapply", i, "processed (below the stored position) but its claim is missing: a position reset or a re-send would apply it again")
+			find("would_reapply", i, "processed (below the stored position) after the retention horizon, so not pruned, but its claim is missing: a position reset or a re-send would apply it again")
 		}
 	}
 	return nil
@@ -413,13 +496,13 @@ func printAudit(w io.Writer, r auditReport) {
 	var rows [][]string
 	n := func(v int64) string { return strconv.FormatInt(v, 10) }
 	for _, p := range r.Partitions {
-		rows = append(rows, []string{strconv.Itoa(p.Partition), n(p.From) + ".." + n(p.To), optional(p.Stored), n(p.Read), n(p.Applied), n(p.Duplicates),
+		rows = append(rows, []string{strconv.Itoa(p.Partition), n(p.From) + ".." + n(p.To), optional(p.Stored), n(p.Read), n(p.Unread), n(p.Applied), n(p.Duplicates),
 			n(p.DeadLettered), n(p.Pruned), n(p.Unprocessed), n(p.WouldReapply), n(p.Conflicts), n(p.Missing), n(p.Suspects)})
 	}
 	t := r.Total
-	rows = append(rows, []string{"total", "", "", n(t.Read), n(t.Applied), n(t.Duplicates), n(t.DeadLettered), n(t.Pruned), n(t.Unprocessed),
+	rows = append(rows, []string{"total", "", "", n(t.Read), n(t.Unread), n(t.Applied), n(t.Duplicates), n(t.DeadLettered), n(t.Pruned), n(t.Unprocessed),
 		n(t.WouldReapply), n(t.Conflicts), n(t.Missing), n(t.Suspects)})
-	table(w, "PARTITION\tRANGE\tSTORED\tREAD\tAPPLIED\tDUPLICATES\tDEAD-LETTERED\tPRUNED\tUNPROCESSED\tWOULD REAPPLY\tCONFLICTS\tMISSING\tSUSPECTS", rows)
+	table(w, "PARTITION\tRANGE\tSTORED\tREAD\tUNREAD\tAPPLIED\tDUPLICATES\tDEAD-LETTERED\tPRUNED\tUNPROCESSED\tWOULD REAPPLY\tCONFLICTS\tMISSING\tSUSPECTS", rows)
 	if len(r.Findings) > 0 {
 		fmt.Fprintln(w)
 		sort.SliceStable(r.Findings, func(i, j int) bool { return r.Findings[i].Kind < r.Findings[j].Kind })
@@ -428,9 +511,13 @@ func printAudit(w io.Writer, r auditReport) {
 		}
 	}
 	fmt.Fprintln(w)
-	if r.OK {
+	switch {
+	case r.OK:
 		fmt.Fprintf(w, "OK: a replay of this range applies nothing twice (%d messages checked)\n", t.Read)
-	} else {
+	case t.problems() > 0:
 		fmt.Fprintf(w, "PROBLEMS: %d would be applied again, %d conflict, %d missing\n", t.WouldReapply, t.Conflicts, t.Missing)
+	}
+	if !r.Complete {
+		fmt.Fprintf(w, "INCOMPLETE: %d offsets of the range were not read, and the audit says nothing about them (%s)\n", t.Unread, incompleteReasons(r))
 	}
 }

@@ -604,3 +604,73 @@ func TestALateRedriveFailureKeepsANewerRequest(t *testing.T) {
 	require.EqualValues(t, 1, w.db.Int(t, `SELECT count(*) FROM `+letters+` WHERE id = $1 AND redrive_requested_at IS NOT NULL AND redrive_error IS NULL`, id),
 		"the newer request is still pending")
 }
+
+// An audit that could not read part of its range says so and exits with 2,
+// never OK: here retention deletes offsets after the audit read the log's
+// bounds and before it read the partition. The test holds consumer_offsets,
+// which the audit reads between the two, until it waits for it.
+func TestAuditThatDidNotReadEverythingIsNoVerdict(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	w.produce(10, "a")
+	w.consume(nil, 10)
+
+	ctx := context.Background()
+	tx, err := w.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, `LOCK TABLE `+w.db.Table("consumer_offsets")+` IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	type result struct {
+		out, errOut string
+		code        int
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, errOut, code := w.cli("audit", "--consumer", w.name, "--topic", w.topic)
+		done <- result{out, errOut, code}
+	}()
+	w.waitForLockWait("consumer_offsets")
+	w.kafka.DeleteRecordsBefore(t, w.topic, 0, 4)
+	require.NoError(t, tx.Commit(ctx))
+
+	r := <-done
+	require.NotContains(t, r.out, "OK:")
+	require.Equal(t, 2, r.code, r.out+r.errOut)
+	require.Contains(t, r.out, "INCOMPLETE: 4 offsets of the range were not read")
+	require.Contains(t, r.errOut, "4 offsets below 4 were deleted (retention) before they were read")
+}
+
+// Pruning deletes claims by when they were processed, not by the message's
+// own time: an old message processed recently (a consumer that lagged for
+// days) has a claim no prune deleted, so a missing one is a problem.
+func TestAuditTellsPrunedFromMissingByProcessingTime(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	old := time.Now().Add(-10 * 24 * time.Hour)
+	var msgs []kafka.Message
+	for i := range 10 {
+		id := "o" + strconv.Itoa(i)
+		msgs = append(msgs, kafka.Message{Key: []byte(id), Value: []byte("v" + id), Time: old,
+			Headers: []kafka.Header{{Key: "message-id", Value: []byte(id)}}})
+	}
+	w.kafka.Produce(t, w.topic, msgs...)
+	w.consume(nil, 10) // processed now, 10 days after they were written
+	w.db.Exec(t, `DELETE FROM `+w.db.Table("processed_messages")+` WHERE message_id = 'o5'`)
+
+	out, _, code := w.cli("audit", "--consumer", w.name, "--topic", w.topic, "--retention", "7d", "--json")
+	var r auditReport
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	require.EqualValues(t, 1, r.Total.WouldReapply, "o5 was processed after o0..o4, today: no 7-day prune deleted its claim")
+	require.EqualValues(t, 0, r.Total.Pruned)
+	require.Equal(t, 1, code)
+
+	// Pruned for real, every claim is covered by the position.
+	out, errOut, code := w.cli("prune", "--consumer", w.name, "--older-than", "0s", "--force")
+	require.Equal(t, 0, code, out+errOut)
+	out, _, code = w.cli("audit", "--consumer", w.name, "--topic", w.topic, "--retention", "0s", "--json")
+	r = auditReport{}
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	require.EqualValues(t, 10, r.Total.Pruned)
+	require.Equal(t, 0, code, out)
+}

@@ -284,7 +284,7 @@ outcome and exits with 1 if any redrive failed.`,
 					return nil
 				}
 				if time.Now().After(deadline) {
-					return fmt.Errorf("%d letter(s) still wait for a redrive after %v: is a consumer named %s running?", waiting, timeout, f.consumer)
+					return fmt.Errorf("%d letter(s) still wait for a redrive after %v: is a consumer named %s running? The requests stay, and it performs them when it runs", waiting, timeout, f.consumer)
 				}
 				select {
 				case <-ctx.Done():

@@ -114,7 +114,8 @@ func pruneKeys(ctx context.Context, pool *pgxpool.Pool, store *idempotency.Store
 	for !dryRun {
 		n, err := store.Prune(ctx, pool, batch)
 		if err != nil {
-			return res, err
+			// Each batch commits on its own: say what is gone.
+			return res, fmt.Errorf("%w; %d expired idempotency keys were deleted before the failure, the rest are kept: run it again to finish", err, res.Deleted)
 		}
 		res.Deleted += n
 		if n < int64(batch) {

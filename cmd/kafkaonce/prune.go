@@ -84,7 +84,9 @@ windows shorter than 1 day are refused unless --force.`,
 						n, err := claims.Prune(ctx, pool, c, before, batch)
 						if err != nil {
 							bar.done()
-							return err
+							// Each batch commits on its own: say what is gone.
+							return fmt.Errorf("%w; deleted %d claims of consumer %s older than %s before the failure, after pruning %d consumer(s) before it; the rest are kept: run prune again to finish",
+								err, res.Deleted, c, before.UTC().Format(time.RFC3339), len(results))
 						}
 						res.Deleted += n
 						bar.add(n)
@@ -136,3 +138,4 @@ windows shorter than 1 day are refused unless --force.`,
 	f.BoolVar(&dryRun, "dry-run", false, "only count what would be deleted")
 	return cmd
 }
+

@@ -138,4 +138,3 @@ windows shorter than 1 day are refused unless --force.`,
 	f.BoolVar(&dryRun, "dry-run", false, "only count what would be deleted")
 	return cmd
 }
-

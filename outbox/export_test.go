@@ -12,3 +12,6 @@ func NewTestBudget(ratio float64, min int, now func() time.Time) (success func()
 	b.now = now
 	return b.success, b.allowRetry
 }
+
+// BucketOf is the bucket a key hashes to.
+func BucketOf(key []byte) int32 { return bucketOf(key) }

@@ -396,6 +396,8 @@ func TestNewRelayValidates(t *testing.T) {
 	_, err = outbox.NewRelay(db.Pool, &outbox.RelayConfig{Brokers: []string{"x:1"}, BatchSize: -1, Schema: "Bad"})
 	require.ErrorContains(t, err, "BatchSize must be between")
 	require.ErrorContains(t, err, "Schema must match")
+	_, err = outbox.NewRelay(db.Pool, &outbox.RelayConfig{Brokers: []string{"x:1"}, DeliveryTimeout: -time.Second})
+	require.ErrorContains(t, err, "DeliveryTimeout must be positive")
 	o, _ := outbox.New(db.Schema)
 	_, err = o.Write(context.Background(), db.Pool, outbox.Message{})
 	require.ErrorContains(t, err, "Destination must name")

@@ -29,7 +29,17 @@ const (
 	DefaultMinRetriesPerMinute  = 10
 	DefaultConcurrency          = 8
 	DefaultLockBuckets          = 16
+	DefaultDeliveryTimeout      = 30 * time.Second
 )
+
+// deliveryGrace is how long a call past DeliveryTimeout, its context
+// cancelled, may take to return before it is abandoned.
+const deliveryGrace = 2 * time.Second
+
+// maxBatchBytes bounds the bytes of one write to Kafka: kafka-go's default
+// BatchBytes, under the broker's default message.max.bytes (1048588). A
+// message larger than this is never sent.
+const maxBatchBytes = 1 << 20
 
 // DeliverFunc delivers one message to a receiver other than Kafka, typically
 // an HTTP API, using d.ID as the idempotency key. Return nil once the
@@ -98,6 +108,17 @@ type RelayConfig struct {
 	// other relays take the rest. Defaults to DefaultLockBuckets.
 	LockBuckets int
 
+	// DeliveryTimeout bounds one Deliver call, and one write to Kafka. The
+	// round's transaction, and the locks on its buckets, stay open until
+	// its deliveries return, so a hung receiver must not hold them: when
+	// DeliveryTimeout passes, the call's context is cancelled; a Deliver
+	// that still has not returned 2 seconds later is abandoned with its
+	// goroutine. The attempt counts as a failure and is retried with
+	// backoff; the round records its results and commits, which frees its
+	// buckets. An abandoned call may still reach the receiver, which
+	// deduplicates by id. Defaults to DefaultDeliveryTimeout.
+	DeliveryTimeout time.Duration
+
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// OnDelivered, when set, is called for every delivered row after its
@@ -159,6 +180,7 @@ func NewRelay(db DB, cfg *RelayConfig) (*Relay, error) {
 	defD(&c.PollInterval, DefaultPollInterval)
 	defD(&c.RetryInitialInterval, DefaultRetryInitialInterval)
 	defD(&c.RetryMaxInterval, DefaultRetryMaxInterval)
+	defD(&c.DeliveryTimeout, DefaultDeliveryTimeout)
 	if c.RetryBudget == 0 {
 		c.RetryBudget = DefaultRetryBudget
 	}
@@ -188,6 +210,9 @@ func NewRelay(db DB, cfg *RelayConfig) (*Relay, error) {
 	if c.RetryBudget < 0 || c.MinRetriesPerMinute < 0 {
 		bad("RetryBudget and MinRetriesPerMinute must not be negative")
 	}
+	if c.DeliveryTimeout < 0 {
+		bad("DeliveryTimeout must be positive, or zero for DefaultDeliveryTimeout (got %v)", c.DeliveryTimeout)
+	}
 	if c.LockBuckets < 1 || c.LockBuckets > Buckets {
 		bad("LockBuckets must be between 1 and %d (got %d)", Buckets, c.LockBuckets)
 	}
@@ -202,7 +227,7 @@ func NewRelay(db DB, cfg *RelayConfig) (*Relay, error) {
 			tr.TLS, tr.SASL, tr.ClientID = d.TLS, d.SASLMechanism, d.ClientID
 		}
 		r.writer = &kafka.Writer{Addr: kafka.TCP(c.Brokers...), Transport: tr, Balancer: &kafka.Hash{},
-			RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: c.BatchSize, MaxAttempts: 1}
+			RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: c.BatchSize, BatchBytes: maxBatchBytes, MaxAttempts: 1}
 	}
 	return r, nil
 }
@@ -237,8 +262,6 @@ type row struct {
 	headers   []Header
 	attempts  int
 	createdAt time.Time
-	// due is false for a row waiting for its next attempt.
-	due bool
 }
 
 // outcome of one row.
@@ -247,11 +270,17 @@ type outcome struct {
 	wait    time.Duration // for a retry
 	park    bool
 	deferTo time.Duration // over the retry budget: try again later, no attempt used
+	// held: not attempted, because an earlier row of its key failed in this
+	// round. Nothing is recorded: the failed row, waiting, holds it back.
+	held bool
 }
 
-// Round runs one round: lock some key buckets with due rows, deliver up to
-// BatchSize of their rows in order, and record the results. It returns how
-// many rows it took.
+// delivered reports whether the row reached its receiver.
+func (o *outcome) delivered() bool { return o.err == nil && o.deferTo == 0 && !o.held }
+
+// Round runs one round: lock some key buckets with rows to deliver, deliver
+// up to BatchSize of their rows in order, and record the results. It
+// returns how many rows it took.
 func (r *Relay) Round(ctx context.Context) (int, error) {
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
@@ -268,16 +297,16 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	outcomes := make([]outcome, len(rows))
-	due := r.dueRows(rows, outcomes)
+	r.spendBudget(rows, outcomes)
 	if r.writer != nil {
-		r.publish(ctx, rows, due, outcomes)
+		r.publish(ctx, rows, outcomes)
 	} else {
-		r.deliver(ctx, rows, due, outcomes)
+		r.deliver(ctx, rows, outcomes)
 	}
 	if r.afterDeliver != nil {
 		r.afterDeliver()
 	}
-	if err := r.record(ctx, tx, rows, due, outcomes); err != nil {
+	if err := r.record(ctx, tx, rows, outcomes); err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -286,8 +315,8 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("outbox: commit: %w", err)
 	}
 	if r.cfg.OnDelivered != nil {
-		for i, ok := range due {
-			if ok && outcomes[i].err == nil {
+		for i := range rows {
+			if outcomes[i].delivered() {
 				r.cfg.OnDelivered(rows[i].id, rows[i].createdAt)
 			}
 		}
@@ -295,16 +324,43 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 	return len(rows), nil
 }
 
-// lockBuckets takes transaction-scoped advisory locks on some buckets with
-// due rows, picked at random so several relays share the work.
-func (r *Relay) lockBuckets(ctx context.Context, tx pgx.Tx) ([]int32, error) {
-	sql := `SELECT DISTINCT key_bucket FROM ` + r.table + ` WHERE failed_at IS NULL AND next_attempt_at <= now()`
-	args := []any{}
-	if len(r.cfg.Destinations) > 0 {
-		sql += ` AND destination = ANY($1)`
-		args = append(args, r.cfg.Destinations)
+// ready is the condition on a row of outbox o that the relay may attempt
+// now: due, and not behind a row of its key that waits for its retry. A key
+// is its message_key (a NULL key and an empty one are the same key, as they
+// are to the Go side), within the relay's destinations; the waiting row
+// holds back the key's later rows, those written after it began waiting
+// included, so none overtakes it. The waiting rows are few (those that
+// failed and are not parked) and read through outbox_waiting_idx. $1 is the
+// relay's destinations, or NULL for all.
+const ready = `o.failed_at IS NULL AND o.next_attempt_at <= now() AND ($1::text[] IS NULL OR o.destination = ANY($1))
+	AND NOT EXISTS (SELECT 1 FROM waiting w WHERE w.k = coalesce(o.message_key, '') AND w.seq < o.seq)`
+
+// waiting is the CTE of the first waiting row of each key in the buckets
+// the condition bucketCond (on w) allows.
+func (r *Relay) waiting(bucketCond string) string {
+	return `WITH waiting AS MATERIALIZED (SELECT coalesce(w.message_key, '') AS k, min(w.seq) AS seq FROM ` + r.table + ` w
+	WHERE ` + bucketCond + ` AND w.failed_at IS NULL AND w.next_attempt_at > '-infinity' AND w.next_attempt_at > now()
+	AND ($1::text[] IS NULL OR w.destination = ANY($1)) GROUP BY 1) `
+}
+
+func (r *Relay) destinations() []string {
+	if len(r.cfg.Destinations) == 0 {
+		return nil
 	}
-	rows, err := tx.Query(ctx, sql, args...)
+	return r.cfg.Destinations
+}
+
+// lockBuckets takes transaction-scoped advisory locks on some buckets with
+// rows ready, picked at random so several relays share the work. A bucket
+// whose only rows wait, or are held back by a waiting row, is not picked:
+// with nothing ready the relay sleeps.
+func (r *Relay) lockBuckets(ctx context.Context, tx pgx.Tx) ([]int32, error) {
+	// One ordered probe of outbox_pending_idx per bucket, stopping at the
+	// bucket's first ready row: the cost is the buckets, and the held-back
+	// rows ahead of that row, not the backlog.
+	sql := r.waiting(`true`) + `SELECT b FROM generate_series(0, ` + fmt.Sprint(Buckets-1) + `) b
+	CROSS JOIN LATERAL (SELECT 1 FROM ` + r.table + ` o WHERE o.key_bucket = b AND ` + ready + ` ORDER BY o.seq LIMIT 1) first`
+	rows, err := tx.Query(ctx, sql, r.destinations())
 	if err != nil {
 		return nil, fmt.Errorf("outbox: find work: %w", err)
 	}
@@ -326,24 +382,21 @@ func (r *Relay) lockBuckets(ctx context.Context, tx pgx.Tx) ([]int32, error) {
 	return locked, nil
 }
 
-// take reads the buckets' pending rows in order and locks them.
+// take reads the buckets' ready rows in order and locks them. Rows held back
+// by a waiting row of their key are not read, so they cannot fill the batch
+// and keep the bucket's other keys out.
 func (r *Relay) take(ctx context.Context, tx pgx.Tx, buckets []int32) ([]row, error) {
-	sql := `SELECT seq, id, destination, message_key, message_value, headers, attempts, created_at,
-	next_attempt_at <= now() FROM ` + r.table + ` WHERE key_bucket = ANY($1) AND failed_at IS NULL`
-	args := []any{buckets, r.cfg.BatchSize}
-	if len(r.cfg.Destinations) > 0 {
-		sql += ` AND destination = ANY($3)`
-		args = append(args, r.cfg.Destinations)
-	}
-	sql += ` ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED`
-	rs, err := tx.Query(ctx, sql, args...)
+	sql := r.waiting(`w.key_bucket = ANY($2)`) + `SELECT o.seq, o.id, o.destination, o.message_key, o.message_value, o.headers, o.attempts, o.created_at
+	FROM ` + r.table + ` o WHERE o.key_bucket = ANY($2) AND ` + ready + `
+	ORDER BY o.seq LIMIT $3 FOR UPDATE OF o SKIP LOCKED`
+	rs, err := tx.Query(ctx, sql, r.destinations(), buckets, r.cfg.BatchSize)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: take rows: %w", err)
 	}
 	var out []row
 	var rw row
 	var headers []byte
-	_, err = pgx.ForEachRow(rs, []any{&rw.seq, &rw.id, &rw.dest, &rw.key, &rw.val, &headers, &rw.attempts, &rw.createdAt, &rw.due}, func() error {
+	_, err = pgx.ForEachRow(rs, []any{&rw.seq, &rw.id, &rw.dest, &rw.key, &rw.val, &headers, &rw.attempts, &rw.createdAt}, func() error {
 		rw.headers = nil
 		if err := json.Unmarshal(headers, &rw.headers); err != nil {
 			return fmt.Errorf("outbox: headers of row %s: %w", rw.id, err)
@@ -357,71 +410,169 @@ func (r *Relay) take(ctx context.Context, tx pgx.Tx, buckets []int32) ([]row, er
 	return out, nil
 }
 
-// dueRows decides which rows to attempt now: a row not due yet holds back
-// the later rows of its key, to keep the key's order.
-func (r *Relay) dueRows(rows []row, outcomes []outcome) []bool {
-	due := make([]bool, len(rows))
+// spendBudget defers the retries over the retry budget, without using an
+// attempt; a deferred row holds the later rows of its key.
+func (r *Relay) spendBudget(rows []row, outcomes []outcome) {
 	blocked := map[string]bool{}
 	for i := range rows {
 		k := string(rows[i].key)
 		switch {
 		case blocked[k]:
-		case !rows[i].due:
-			blocked[k] = true
+			outcomes[i] = outcome{held: true}
 		case rows[i].attempts > 0 && !r.budget.allowRetry():
-			// Over the retry budget: leave it for later without using an
-			// attempt.
 			outcomes[i] = outcome{deferTo: r.cfg.RetryInitialInterval}
 			blocked[k] = true
-			due[i] = true
-		default:
-			due[i] = true
 		}
 	}
-	return due
 }
 
-// publish writes the due rows to Kafka in one call. Rows of one key go to
-// one partition, which Kafka accepts or rejects as a whole, in order.
-func (r *Relay) publish(ctx context.Context, rows []row, due []bool, outcomes []outcome) {
-	var msgs []kafka.Message
+// pending reports whether the row is still to be attempted this round.
+func (o *outcome) pending() bool { return o.deferTo == 0 && !o.held }
+
+// publish writes the rows to Kafka, in calls made one after the other in
+// the rows' order, and keeps each key's order by construction:
+//
+//   - kafka-go splits a call's messages into one batch per partition,
+//     unless they pass BatchBytes; each call holds at most BatchBytes, so
+//     a key's messages in a call are one batch, which the broker appends or
+//     rejects as a whole;
+//   - a key's messages in one call go to one topic (a key that has a row
+//     for another topic starts a new call);
+//   - once a row of a key failed, the key's later rows are held: not
+//     sent in this round, and then held back by the waiting row.
+//
+// A message larger than BatchBytes never goes (kafka-go rejects the whole
+// call), and one the broker rejects as too large alone never will: both
+// are parked at once with the reason. (A message without a key goes to any
+// partition, so such messages have no order in Kafka.)
+func (r *Relay) publish(ctx context.Context, rows []row, outcomes []outcome) {
+	failed := map[string]bool{}
 	var idx []int
+	var msgs []kafka.Message
+	var bytes int64
+	topicOf := map[string]string{} // key -> topic, in the current call
+	flush := func() {
+		if len(msgs) > 0 {
+			r.write(ctx, rows, outcomes, idx, msgs, failed)
+		}
+		idx, msgs, bytes = idx[:0], msgs[:0], 0
+		clear(topicOf)
+	}
 	for i := range rows {
-		if !due[i] || outcomes[i].deferTo > 0 {
+		rw := &rows[i]
+		k := string(rw.key)
+		if failed[k] {
+			outcomes[i] = outcome{held: true}
 			continue
 		}
-		m := kafka.Message{Topic: rows[i].dest, Key: rows[i].key, Value: rows[i].val}
-		for _, h := range rows[i].headers {
+		if !outcomes[i].pending() {
+			continue
+		}
+		m := kafka.Message{Topic: rw.dest, Key: rw.key, Value: rw.val}
+		for _, h := range rw.headers {
 			m.Headers = append(m.Headers, kafka.Header{Key: h.Key, Value: h.Value})
 		}
-		m.Headers = append(m.Headers, kafka.Header{Key: r.cfg.MessageIDHeader, Value: []byte(rows[i].id)})
-		msgs = append(msgs, m)
-		idx = append(idx, i)
+		m.Headers = append(m.Headers, kafka.Header{Key: r.cfg.MessageIDHeader, Value: []byte(rw.id)})
+		size := messageBytes(&m)
+		if size > maxBatchBytes {
+			// Earlier rows of the key in the current call go first; this one
+			// can never go.
+			flush()
+			if failed[k] {
+				outcomes[i] = outcome{held: true}
+				continue
+			}
+			outcomes[i] = outcome{park: true, err: fmt.Errorf("outbox: message of %d bytes is larger than the %d bytes the relay sends to Kafka in one request; it can never be published: make it smaller",
+				size, maxBatchBytes)}
+			failed[k] = true
+			continue
+		}
+		if t, ok := topicOf[k]; (ok && t != rw.dest) || bytes+size > maxBatchBytes {
+			flush()
+			if failed[k] {
+				outcomes[i] = outcome{held: true}
+				continue
+			}
+		}
+		topicOf[k] = rw.dest
+		idx, msgs, bytes = append(idx, i), append(msgs, m), bytes+size
 	}
-	if len(msgs) == 0 {
-		return
+	flush()
+}
+
+// write makes one WriteMessages call and judges its rows; failed collects
+// the keys of rows that failed. The messages the broker rejected as too
+// large in a batch of several are sent again one at a time, in order, to
+// learn which one can never fit: none of them was appended.
+func (r *Relay) write(ctx context.Context, rows []row, outcomes []outcome, idx []int, msgs []kafka.Message, failed map[string]bool) {
+	wctx, cancel := context.WithTimeout(ctx, r.cfg.DeliveryTimeout)
+	err := r.writer.WriteMessages(wctx, msgs...)
+	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
+		err = fmt.Errorf("outbox: the write to Kafka exceeded DeliveryTimeout (%v): %w", r.cfg.DeliveryTimeout, err)
 	}
-	err := r.writer.WriteMessages(ctx, msgs...)
+	cancel()
 	var perMessage kafka.WriteErrors
 	isPer := errors.As(err, &perMessage) && len(perMessage) == len(msgs)
+	var tooLarge []int // positions in msgs
 	for j, i := range idx {
 		e := err
 		if isPer {
 			e = perMessage[j]
 		}
-		outcomes[i] = r.judge(&rows[i], e)
+		if e != nil && errors.Is(e, kafka.MessageSizeTooLarge) && len(msgs) > 1 {
+			tooLarge = append(tooLarge, j)
+			continue
+		}
+		r.judgeKafka(&rows[i], &outcomes[i], e, failed)
+	}
+	for _, j := range tooLarge {
+		i := idx[j]
+		if failed[string(rows[i].key)] {
+			outcomes[i] = outcome{held: true}
+			continue
+		}
+		r.write(ctx, rows, outcomes, []int{i}, msgs[j:j+1], failed)
 	}
 }
 
-// deliver hands the due rows to Deliver: keys in parallel, each key's rows
-// in order.
-func (r *Relay) deliver(ctx context.Context, rows []row, due []bool, outcomes []outcome) {
+// judgeKafka records the result of one message's write.
+func (r *Relay) judgeKafka(rw *row, o *outcome, err error, failed map[string]bool) {
+	if err != nil && errors.Is(err, kafka.MessageSizeTooLarge) {
+		// Sent alone: it can never fit.
+		err = permanent.Mark(fmt.Errorf("outbox: the broker rejects the message as larger than the topic's max.message.bytes; it can never be published: make it smaller, or raise the topic's limit and retry the row: %w", err))
+	}
+	*o = r.judge(rw, err)
+	if err != nil {
+		failed[string(rw.key)] = true
+	}
+}
+
+// messageBytes is the size kafka-go counts a message as against BatchBytes
+// (kafka.Message's unexported totalSize).
+func messageBytes(m *kafka.Message) int64 {
+	n := int64(4 + 1 + 1 + 4 + len(m.Key) + 4 + len(m.Value) + 8)
+	n += int64(varIntLen(len(m.Headers)))
+	for _, h := range m.Headers {
+		n += int64(varIntLen(len(h.Key)) + len(h.Key) + varIntLen(len(h.Value)) + len(h.Value))
+	}
+	return n
+}
+
+func varIntLen(i int) int {
+	u := uint64(int64(i)<<1) ^ uint64(int64(i)>>63) // zig-zag
+	n := 1
+	for ; u >= 0x80; u >>= 7 {
+		n++
+	}
+	return n
+}
+
+// deliver hands the rows to Deliver: keys in parallel, each key's rows in
+// order; once a row of a key failed, the key's later rows are held.
+func (r *Relay) deliver(ctx context.Context, rows []row, outcomes []outcome) {
 	byKey := map[string][]int{}
 	var order []string
 	for i := range rows {
-		if !due[i] || outcomes[i].deferTo > 0 {
-			continue
-		}
 		k := string(rows[i].key)
 		if _, ok := byKey[k]; !ok {
 			order = append(order, k)
@@ -437,14 +588,18 @@ func (r *Relay) deliver(ctx context.Context, rows []row, due []bool, outcomes []
 			defer wg.Done()
 			defer func() { <-sem }()
 			for n, i := range chain {
+				if !outcomes[i].pending() {
+					continue
+				}
 				rw := &rows[i]
 				err := r.call(ctx, &Delivery{ID: rw.id, Destination: rw.dest, Key: rw.key, Value: rw.val, Headers: rw.headers,
 					Attempt: rw.attempts + 1, CreatedAt: rw.createdAt})
 				outcomes[i] = r.judge(rw, err)
 				if err != nil {
-					// The key's later rows wait for this one.
 					for _, later := range chain[n+1:] {
-						outcomes[later] = outcome{deferTo: time.Millisecond}
+						if outcomes[later].pending() {
+							outcomes[later] = outcome{held: true}
+						}
 					}
 					return
 				}
@@ -454,13 +609,40 @@ func (r *Relay) deliver(ctx context.Context, rows []row, due []bool, outcomes []
 	wg.Wait()
 }
 
-func (r *Relay) call(ctx context.Context, d *Delivery) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("outbox: the delivery function panicked: %v", p)
-		}
+// call runs Deliver under DeliveryTimeout, in a goroutine of its own so that
+// a call that ignores its context can be abandoned.
+func (r *Relay) call(ctx context.Context, d *Delivery) error {
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.DeliveryTimeout)
+	defer cancel()
+	done := make(chan error, 1) // buffered: an abandoned call still returns
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				done <- fmt.Errorf("outbox: the delivery function panicked: %v", p)
+			}
+		}()
+		done <- r.cfg.Deliver(cctx, d)
 	}()
-	return r.cfg.Deliver(ctx, d)
+	timedOut := func(err error) error {
+		if err != nil && cctx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
+			return fmt.Errorf("outbox: Deliver exceeded DeliveryTimeout (%v): %w", r.cfg.DeliveryTimeout, err)
+		}
+		return err
+	}
+	select {
+	case err := <-done:
+		return timedOut(err)
+	case <-cctx.Done():
+	}
+	grace := time.NewTimer(deliveryGrace)
+	defer grace.Stop()
+	select {
+	case err := <-done:
+		return timedOut(err)
+	case <-grace.C:
+		return fmt.Errorf("outbox: Deliver did not return within DeliveryTimeout (%v) and %v after its context was cancelled; it was abandoned, and the row is retried",
+			r.cfg.DeliveryTimeout, deliveryGrace)
+	}
 }
 
 // judge turns a delivery's error into what to record.
@@ -483,18 +665,16 @@ func (r *Relay) judge(rw *row, err error) outcome {
 
 // record deletes delivered rows and schedules or parks the others, in the
 // round's transaction.
-func (r *Relay) record(ctx context.Context, tx pgx.Tx, rows []row, due []bool, outcomes []outcome) error {
+func (r *Relay) record(ctx context.Context, tx pgx.Tx, rows []row, outcomes []outcome) error {
 	var done, retrySeqs, parkSeqs []int64
 	var waits []float64
 	var retryErrs, parkErrs []string
 	var deferSeqs []int64
 	var deferWaits []float64
 	for i := range rows {
-		if !due[i] {
-			continue
-		}
 		o := outcomes[i]
 		switch {
+		case o.held:
 		case o.deferTo > 0:
 			deferSeqs = append(deferSeqs, rows[i].seq)
 			deferWaits = append(deferWaits, o.deferTo.Seconds())

@@ -14,10 +14,23 @@
 //     idempotency key, so the provider does the same.
 //
 // Delivery is at-least-once: a relay that dies between delivering and
-// deleting the row delivers it again. Order is kept per key: with several
-// relays running, a key's rows are delivered by one relay at a time, in the
-// order they were written, and a row waiting for a retry holds back the
-// key's later rows. Rows that cannot be delivered (a permanent error, or
-// attempts exhausted) are parked with the reason, never dropped: see
-// Relay.Failed and Relay.Retry.
+// deleting the row delivers it again. Order is kept per key (the message
+// key, on both paths): with several relays running, a key's rows are
+// delivered by one relay at a time, in the order they were written, and a
+// row that failed holds back the key's later rows, those written after it
+// included, until it is delivered or parked. It holds back nothing else:
+// the other keys keep flowing, and a relay with nothing ready sleeps. To
+// Kafka the relay writes in requests of at most 1 MiB, made one after the
+// other, so that a key's messages in one request are one batch, appended
+// or rejected as a whole (messages without a key go to any partition, and
+// have no order in Kafka).
+//
+// Rows that cannot be delivered (a permanent error, attempts exhausted, or
+// a message too large for Kafka ever to take: larger than 1 MiB, or than
+// the topic's max.message.bytes, parked at its first attempt) are parked
+// with the reason, never dropped: see Outbox.Parked and Outbox.Retry.
+//
+// Each delivery has a deadline, RelayConfig.DeliveryTimeout, since a round
+// holds its transaction and its buckets until its deliveries return: a
+// receiver that hangs is cut off, and the row retried.
 package outbox

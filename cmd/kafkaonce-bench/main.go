@@ -43,6 +43,10 @@
 // drain rate (msgs/s from a backlog produced beforehand), which leaves the
 // producer and the broker out and so makes half of it a heavier load.
 //
+// Outbox (-outbox, run alone): one relay delivering to a simulated API for
+// healthy keys, with and without a hot key whose receiver answers 429; see
+// outbox.go.
+//
 // Output: a table on stdout, results as JSON (-json), an SVG chart and
 // BENCHMARKS.md (-markdown); the last line of stdout is a JSON object with
 // the key ratios.
@@ -87,24 +91,26 @@ var allModes = []mode{
 }
 
 type options struct {
-	quick      bool
-	rounds     int
-	messages   int
-	slowBudget time.Duration
-	hotBudget  time.Duration
-	prefill    int
-	jsonPath   string
-	markdown   string
-	chartPath  string
-	only       string
-	modes      string
-	cpuProfile string
-	memProfile string
-	from       string
-	latency    bool
-	loadShare  float64
-	memory     bool
-	verbose    bool
+	quick          bool
+	rounds         int
+	messages       int
+	slowBudget     time.Duration
+	hotBudget      time.Duration
+	prefill        int
+	jsonPath       string
+	markdown       string
+	chartPath      string
+	only           string
+	modes          string
+	cpuProfile     string
+	memProfile     string
+	from           string
+	latency        bool
+	loadShare      float64
+	memory         bool
+	verbose        bool
+	outbox         bool
+	outboxDuration time.Duration
 }
 
 func main() {
@@ -132,6 +138,8 @@ func main() {
 	fs.Float64Var(&o.loadShare, "latency-load", 0.5, "the share of each mode's capacity (and drain rate) the latency runs produce at")
 	fs.BoolVar(&o.memory, "memory", true, "measure peak RSS draining 1M and 10M message backlogs (full set)")
 	fs.BoolVar(&o.verbose, "v", false, "log the consumers' own messages")
+	fs.BoolVar(&o.outbox, "outbox", false, "run only the outbox relay cells (a hot failing key beside healthy ones, and without it); -markdown then rewrites only their section")
+	fs.DurationVar(&o.outboxDuration, "outbox-duration", 10*time.Second, "how long the outbox cells write at a steady rate")
 	apply := devenv.RegisterFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: kafkaonce-bench [flags]\n\nMeasures kafkaonce against hand-written consumer loops; see BENCHMARKS.md.\n\n")
@@ -147,6 +155,9 @@ func main() {
 	run := run
 	if o.from != "" {
 		run = rebuild
+	}
+	if o.outbox {
+		run = runOutboxCells
 	}
 	if err := run(ctx, log, o); err != nil {
 		fmt.Fprintln(os.Stderr, "kafkaonce-bench:", err)

@@ -65,9 +65,12 @@ func (rep *report) writeMarkdown(path, chart string) error {
 		}
 		fmt.Fprintf(&sb, "\n## Chart\n\n![throughput by mode and by batch size](%s)\n", filepath.ToSlash(rel))
 	}
-	// Sections other programs own (kafkaonce-httpbench's) are kept as they are.
-	if kept := benchdoc.Kept(path, httpSection); kept != "" {
-		sb.WriteString("\n" + kept + "\n")
+	// Sections written by other runs (kafkaonce-httpbench's, the outbox
+	// cells') are kept as they are.
+	for _, name := range []string{outboxSection, httpSection} {
+		if kept := benchdoc.Kept(path, name); kept != "" {
+			sb.WriteString("\n" + kept + "\n")
+		}
 	}
 	return os.WriteFile(path, []byte(sb.String()), 0o644)
 }

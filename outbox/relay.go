@@ -325,22 +325,24 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 }
 
 // ready is the condition on a row of outbox o that the relay may attempt
-// now: due, and not behind a row of its key that waits for its retry. A key
-// is its message_key (a NULL key and an empty one are the same key, as they
-// are to the Go side), within the relay's destinations; the waiting row
-// holds back the key's later rows, those written after it began waiting
-// included, so none overtakes it. The waiting rows are few (those that
-// failed and are not parked) and read through outbox_waiting_idx. $1 is the
-// relay's destinations, or NULL for all.
+// now: due, and its key not waiting for a retry. A key is its message_key
+// (a NULL key and an empty one are the same key, as they are to the Go
+// side, and share bucket 0), within the relay's destinations. While one of
+// its rows waits, none of the key's other rows goes: not those behind it,
+// nor one that sorts before it but committed after it was first attempted
+// (a transaction that was still open then), so nothing reaches the
+// receiver ahead of the row it already saw first. The waiting rows are few
+// (those that failed and are not parked) and read through
+// outbox_waiting_idx. $1 is the relay's destinations, or NULL for all.
 const ready = `o.failed_at IS NULL AND o.next_attempt_at <= now() AND ($1::text[] IS NULL OR o.destination = ANY($1))
-	AND NOT EXISTS (SELECT 1 FROM waiting w WHERE w.k = coalesce(o.message_key, '') AND w.seq < o.seq)`
+	AND NOT EXISTS (SELECT 1 FROM waiting w WHERE w.k = coalesce(o.message_key, ''))`
 
-// waiting is the CTE of the first waiting row of each key in the buckets
-// the condition bucketCond (on w) allows.
+// waiting is the CTE of the keys with a waiting row in the buckets the
+// condition bucketCond (on w) allows.
 func (r *Relay) waiting(bucketCond string) string {
-	return `WITH waiting AS MATERIALIZED (SELECT coalesce(w.message_key, '') AS k, min(w.seq) AS seq FROM ` + r.table + ` w
+	return `WITH waiting AS MATERIALIZED (SELECT DISTINCT coalesce(w.message_key, '') AS k FROM ` + r.table + ` w
 	WHERE ` + bucketCond + ` AND w.failed_at IS NULL AND w.next_attempt_at > '-infinity' AND w.next_attempt_at > now()
-	AND ($1::text[] IS NULL OR w.destination = ANY($1)) GROUP BY 1) `
+	AND ($1::text[] IS NULL OR w.destination = ANY($1))) `
 }
 
 func (r *Relay) destinations() []string {
@@ -510,9 +512,13 @@ func (r *Relay) write(ctx context.Context, rows []row, outcomes []outcome, idx [
 	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
 		err = fmt.Errorf("outbox: the write to Kafka exceeded DeliveryTimeout (%v): %w", r.cfg.DeliveryTimeout, err)
 	}
+	timedOut := wctx.Err() != nil
 	cancel()
 	var perMessage kafka.WriteErrors
 	isPer := errors.As(err, &perMessage) && len(perMessage) == len(msgs)
+	if err != nil && !isPer && !timedOut && ctx.Err() == nil && r.splitByTopic(ctx, rows, outcomes, idx, msgs, failed) {
+		return
+	}
 	var tooLarge []int // positions in msgs
 	for j, i := range idx {
 		e := err
@@ -533,6 +539,35 @@ func (r *Relay) write(ctx context.Context, rows []row, outcomes []outcome, idx [
 		}
 		r.write(ctx, rows, outcomes, []int{i}, msgs[j:j+1], failed)
 	}
+}
+
+// splitByTopic sends a call that failed as a whole again one topic at a
+// time, and says whether it did: kafka-go fails a whole call when it cannot
+// look up one of its topics (one that does not exist, say), and that error
+// is no other topic's. A key's messages in a call are of one topic, so
+// each key's order holds.
+func (r *Relay) splitByTopic(ctx context.Context, rows []row, outcomes []outcome, idx []int, msgs []kafka.Message, failed map[string]bool) bool {
+	var topics []string
+	byTopic := map[string][]int{} // positions in msgs
+	for j := range msgs {
+		t := msgs[j].Topic
+		if _, ok := byTopic[t]; !ok {
+			topics = append(topics, t)
+		}
+		byTopic[t] = append(byTopic[t], j)
+	}
+	if len(topics) < 2 {
+		return false
+	}
+	for _, t := range topics {
+		var sub []int
+		var subMsgs []kafka.Message
+		for _, j := range byTopic[t] {
+			sub, subMsgs = append(sub, idx[j]), append(subMsgs, msgs[j])
+		}
+		r.write(ctx, rows, outcomes, sub, subMsgs, failed)
+	}
+	return true
 }
 
 // judgeKafka records the result of one message's write.

@@ -96,9 +96,11 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int[], $5::bytea[]
 	return ids, nil
 }
 
-// bucketOf hashes a key to its bucket; a nil key is its own bucket (0).
+// bucketOf hashes a key to its bucket. No key, nil or empty, is one key to
+// the relay (its order is kept among such rows), so both are in bucket 0:
+// two relays can never take one key's rows at once.
 func bucketOf(key []byte) int32 {
-	if key == nil {
+	if len(key) == 0 {
 		return 0
 	}
 	h := fnv.New32a()

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -179,12 +181,32 @@ func executeReplay(ctx context.Context, pool *pgxpool.Pool, positions *offsets.S
 		}
 	}
 	if err := admin.CommitOffsets(ctx, plan.Group, plan.Topic, targets); err != nil {
-		return fmt.Errorf("%w; nothing changed: the group's offsets and the stored positions are as they were", err)
+		return commitFailed(plan.Topic, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("the group's offsets on %s were committed to Kafka, but the stored positions were not moved: %w; run replay again with the same --to to move them", plan.Topic, err)
 	}
 	return nil
+}
+
+// commitFailed says what a failed offset commit changed: the stored
+// positions are as they were (their transaction rolls back), and the
+// group's offsets are too, unless Kafka committed some partitions and
+// refused others, or the request failed without an answer.
+func commitFailed(topic string, err error) error {
+	var ce *kafkaadmin.CommitError
+	switch {
+	case errors.As(err, &ce) && len(ce.Committed) > 0:
+		var moved []string
+		for _, p := range slices.Sorted(maps.Keys(ce.Committed)) {
+			moved = append(moved, fmt.Sprintf("%s/%d to %d", topic, p, ce.Committed[p]))
+		}
+		return fmt.Errorf("%w; Kafka committed the group's offsets on %s all the same, the other partitions' offsets and every stored position are as they were: fix the cause and run replay again with the same --to",
+			err, strings.Join(moved, ", "))
+	case errors.As(err, &ce):
+		return fmt.Errorf("%w; nothing changed: the group's offsets and the stored positions are as they were", err)
+	}
+	return fmt.Errorf("%w; the stored positions are as they were, and Kafka may or may not have committed the group's offsets (the request got no answer): see them with status, and run replay again with the same --to", err)
 }
 
 // emitJSONOnly prints v with --json; text output was already printed.

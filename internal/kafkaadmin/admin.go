@@ -7,7 +7,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -163,7 +166,10 @@ func (a *Admin) DescribeGroup(ctx context.Context, group string) (Group, error) 
 }
 
 // CommitOffsets sets a group's offsets from outside the group, as a reset
-// does. Kafka accepts it only while the group has no members.
+// does. Kafka accepts it only while the group has no members. Kafka answers
+// each partition on its own: when it refused some, the error is a
+// *CommitError that says which were committed all the same. Any other
+// error is the request's: Kafka may or may not have committed any.
 func (a *Admin) CommitOffsets(ctx context.Context, group, topic string, offsets map[int]int64) error {
 	var commits []kafka.OffsetCommit
 	for p, off := range offsets {
@@ -174,10 +180,34 @@ func (a *Admin) CommitOffsets(ctx context.Context, group, topic string, offsets 
 	if err != nil {
 		return fmt.Errorf("kafka: commit offsets of group %s: %w", group, err)
 	}
+	ce := &CommitError{Group: group, Topic: topic, Committed: map[int]int64{}, Refused: map[int]error{}}
 	for _, p := range resp.Topics[topic] {
 		if p.Error != nil {
-			return fmt.Errorf("kafka: commit offset of group %s on %s/%d: %w", group, topic, p.Partition, p.Error)
+			ce.Refused[p.Partition] = p.Error
+		} else if off, ok := offsets[p.Partition]; ok {
+			ce.Committed[p.Partition] = off
 		}
 	}
+	if len(ce.Refused) > 0 {
+		return ce
+	}
 	return nil
+}
+
+// CommitError is an offset commit Kafka refused for some partitions, and
+// accepted for the others.
+type CommitError struct {
+	Group, Topic string
+	// Committed are the partitions whose offsets Kafka committed, with the
+	// offsets; Refused those it refused, with why.
+	Committed map[int]int64
+	Refused   map[int]error
+}
+
+func (e *CommitError) Error() string {
+	var parts []string
+	for _, p := range slices.Sorted(maps.Keys(e.Refused)) {
+		parts = append(parts, fmt.Sprintf("%s/%d: %v", e.Topic, p, e.Refused[p]))
+	}
+	return fmt.Sprintf("kafka: commit offsets of group %s refused on %s", e.Group, strings.Join(parts, ", "))
 }

@@ -15,11 +15,14 @@
 //
 // Delivery is at-least-once: a relay that dies between delivering and
 // deleting the row delivers it again. Order is kept per key (the message
-// key, on both paths): with several relays running, a key's rows are
-// delivered by one relay at a time, in the order they were written, and a
-// row that failed holds back the key's later rows, those written after it
-// included, until it is delivered or parked. It holds back nothing else:
-// the other keys keep flowing, and a relay with nothing ready sleeps. To
+// key, on both paths; no key, nil or empty, is one key): with several
+// relays running, a key's rows are delivered by one relay at a time, in
+// the order they were written, and a row that failed holds back every
+// other row of its key, those written after it included, until it is
+// delivered or parked. Rows written by transactions that commit
+// concurrently have no order between them but the one the relay sees. A
+// failing row holds back nothing else: the other keys keep flowing, and a
+// relay with nothing ready sleeps. To
 // Kafka the relay writes in requests of at most 1 MiB, made one after the
 // other, so that a key's messages in one request are one batch, appended
 // or rejected as a whole (messages without a key go to any partition, and

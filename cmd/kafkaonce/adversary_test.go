@@ -113,3 +113,45 @@ func TestAReplayKafkaCommitsInPartSaysWhatItCommitted(t *testing.T) {
 	}
 	require.Contains(t, errOut, "Kafka committed the group's offsets on "+w.topic+"/0 to 15 all the same")
 }
+
+// An audit whose fetches fail (a broker error, every time) reads nothing
+// of the range: it says INCOMPLETE with the reason and exits 2, never OK.
+func TestAnAuditWhoseFetchesFailIsNoVerdict(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	db.Exec(t, `CREATE TABLE `+db.Table("effects")+` (message_id text NOT NULL)`)
+	fk, err := devenv.StartFakeKafka()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = fk.Close() })
+	k := &testenv.Kafka{Kafka: fk}
+	w := &world{t: t, db: db, kafka: k, topic: k.Topic(t, 1), name: testenv.Name(t, "c")}
+	w.produce(10, "f")
+	w.consume(nil, 10)
+
+	var failed atomic.Int64
+	fk.Fake.ControlKey(kmsg.Fetch.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		fk.Fake.KeepControl()
+		req := kreq.(*kmsg.FetchRequest)
+		resp := req.ResponseKind().(*kmsg.FetchResponse)
+		resp.SetVersion(req.GetVersion())
+		for _, rt := range req.Topics {
+			st := kmsg.NewFetchResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewFetchResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.KafkaStorageError.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		failed.Add(1)
+		return resp, nil, true
+	})
+
+	out, errOut, code := w.cli("audit", "--consumer", w.name, "--topic", w.topic)
+	require.Positive(t, failed.Load(), "the audit's fetches were answered with errors")
+	require.NotContains(t, out, "OK:")
+	require.Equal(t, 2, code, out+errOut)
+	require.Contains(t, out, "INCOMPLETE: 10 offsets of the range were not read")
+}

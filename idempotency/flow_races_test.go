@@ -366,7 +366,7 @@ func TestTwoSweepsAndARetryRaceForOneStalledRun(t *testing.T) {
 	require.Equal(t, "true", resp.Header.Get(idempotency.ReplayedHeader))
 }
 
-// PASSES: a pool of one connection is enough: no step holds a connection
+// A pool of one connection is enough: no step holds a connection
 // while it asks for a second (claim, Start, phases, release after a
 // failure, the sweep), even with concurrent duplicates.
 func TestAPoolOfOneConnectionDoesNotDeadlock(t *testing.T) {
@@ -403,7 +403,7 @@ func TestAPoolOfOneConnectionDoesNotDeadlock(t *testing.T) {
 	require.EqualValues(t, 2, pp.starts.Load())
 }
 
-// PASSES: a phase that panics (Atomic or External) fails like a phase
+// A phase that panics (Atomic or External) fails like a phase
 // that returned an error: the Atomic phase's writes roll back, the lease
 // is released, and the retry resumes at once, without Start again.
 func TestAPanickingPhaseLeavesTheRunToResume(t *testing.T) {
@@ -441,7 +441,7 @@ func TestAPanickingPhaseLeavesTheRunToResume(t *testing.T) {
 	require.Equal(t, 1, pp.provider.madeCharges())
 }
 
-// PASSES: Respond with nil header and nil body, from an Atomic phase and
+// Respond with nil header and nil body, from an Atomic phase and
 // from Start over an expired completed row, satisfies migration 012's
 // CHECK (headers and body NOT NULL when completed) and is replayed byte
 // for byte.
@@ -488,7 +488,7 @@ func TestNilHeaderAndBodyResponsesAreStoredAndReplayed(t *testing.T) {
 	require.EqualValues(t, 2, starts.Load())
 }
 
-// PASSES: the COMMIT of Start's transaction is lost (the proxy cuts the
+// The COMMIT of Start's transaction is lost (the proxy cuts the
 // connection after forwarding it): the client gets 503, the run exists
 // and holds its lease; a retry during the lease gets 409 with a
 // Retry-After covering it, and one after it resumes the run without
@@ -520,7 +520,7 @@ func TestALostCommitOfStartIsResumedNotRestarted(t *testing.T) {
 	require.Equal(t, []string{"charged ch_1"}, pp.payments(t))
 }
 
-// PASSES: with Config.InProgressWait > 0 (the claim waits for the key's
+// With Config.InProgressWait > 0 (the claim waits for the key's
 // lock instead of answering 409 at once), concurrent duplicates of a
 // phased request still make one run and one charge.
 func TestInProgressWaitWithPhasedDuplicates(t *testing.T) {

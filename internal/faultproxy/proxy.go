@@ -50,8 +50,8 @@ func StartOn(addr, target string) (*Proxy, error) {
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // DropAfterCommits makes the proxy cut the next n connections that send a
-// COMMIT, right after forwarding it to the server and before any reply
-// reaches the client.
+// COMMIT: it forwards the COMMIT, and cuts the client when the server
+// answers it, so the server has committed and the client hears nothing.
 func (p *Proxy) DropAfterCommits(n int) { p.dropCommits.Store(int64(n)) }
 
 // SwallowCommits makes the proxy keep the next n COMMITs from the server:
@@ -110,20 +110,24 @@ func (p *Proxy) accept() {
 		}
 		p.track(client, server)
 		p.wg.Add(2)
+		var dropReply atomic.Bool // set: the server's next reply is the client's to lose
 		go func() {
 			defer p.wg.Done()
-			if keepServer := p.clientToServer(client, server); keepServer {
+			switch p.clientToServer(client, server, &dropReply) {
+			case keepServer:
 				// The server side stays open, as a client that vanished
 				// without a goodbye would leave it; the copy below ends
 				// when the server gives up on the session.
 				client.Close()
-				return
+			case awaitReply:
+				// The copy below cuts the client when the server answers.
+			default:
+				p.closePair(client, server)
 			}
-			p.closePair(client, server)
 		}()
 		go func() {
 			defer p.wg.Done()
-			p.copyDelayed(client, server)
+			p.copyDelayed(client, server, &dropReply)
 			p.closePair(client, server)
 		}()
 	}
@@ -152,11 +156,17 @@ const (
 	gssencRequest = 80877104
 )
 
-// copyDelayed copies src to dst with the proxy's latency.
-func (p *Proxy) copyDelayed(dst, src net.Conn) {
+// copyDelayed copies src to dst with the proxy's latency. Once dropReply
+// is set, what src sends next is not forwarded: dst is cut instead.
+func (p *Proxy) copyDelayed(dst, src net.Conn, dropReply *atomic.Bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if n > 0 && dropReply.Load() {
+			dst.Close()
+			_, _ = io.Copy(io.Discard, src)
+			return
+		}
 		if n > 0 {
 			p.delay()
 			if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -173,19 +183,29 @@ func (p *Proxy) copyDelayed(dst, src net.Conn) {
 	}
 }
 
+// ending is what becomes of a connection when the proxy stops forwarding
+// the client's messages.
+type ending int
+
+const (
+	closeBoth  ending = iota // both sides are closed
+	keepServer               // the server side stays open (a swallowed COMMIT)
+	awaitReply               // the client is cut when the server answers (a dropped COMMIT's reply)
+)
+
 // clientToServer forwards the client's messages one at a time, watching for
 // COMMIT: a simple Query "commit", or an extended-protocol Bind of a
-// statement that is one, which takes effect at the next Sync. It reports whether the server side
-// must be left open (a swallowed COMMIT).
-func (p *Proxy) clientToServer(client, server net.Conn) (keepServer bool) {
+// statement that is one, which takes effect at the next Sync. It reports
+// what becomes of the connection when it stops forwarding.
+func (p *Proxy) clientToServer(client, server net.Conn, dropReply *atomic.Bool) ending {
 	// Startup: untyped messages (length, then payload).
 	for {
 		msg, err := readUntyped(client)
 		if err != nil {
-			return false
+			return closeBoth
 		}
 		if _, err := server.Write(msg); err != nil {
-			return false
+			return closeBoth
 		}
 		code := binary.BigEndian.Uint32(msg[4:8])
 		if code != sslRequest && code != gssencRequest {
@@ -200,7 +220,7 @@ func (p *Proxy) clientToServer(client, server net.Conn) (keepServer bool) {
 	for {
 		msg, err := readTyped(client)
 		if err != nil {
-			return false
+			return closeBoth
 		}
 		typ, body := msg[0], msg[5:]
 		fires, commitAhead := false, false
@@ -237,28 +257,34 @@ func (p *Proxy) clientToServer(client, server net.Conn) (keepServer bool) {
 				// timeout applies) instead of waiting mid-pipeline.
 				_, _ = server.Write([]byte{'S', 0, 0, 0, 4})
 			}
-			return true
+			return keepServer
 		} else if fires || commitAhead {
 			p.swallowCommits.Add(1)
 		}
+		drop := fires && p.dropCommits.Add(-1) >= 0
+		if fires && !drop {
+			p.dropCommits.Add(1)
+		}
+		// Set before the COMMIT goes, so that no answer to it can slip
+		// through to the client.
+		dropReply.Store(drop)
 		p.delay()
 		if _, err := server.Write(msg); err != nil {
-			return false
+			return closeBoth
 		}
 		if fires {
 			p.commits.Add(1)
-			if p.dropCommits.Add(-1) >= 0 {
-				p.dropped.Add(1)
-				// Closing the client side first guarantees the reply is
-				// lost; the server already has the COMMIT in its socket
-				// buffer and executes it before it notices the hang-up.
-				client.Close()
-				if tcp, ok := server.(*net.TCPConn); ok {
-					_ = tcp.CloseWrite()
-				}
-				return false
+		}
+		if drop {
+			p.dropped.Add(1)
+			// The server reads the COMMIT, executes it and answers; the
+			// copy of its answers cuts the client then, so the client
+			// hears nothing, and only once the server committed. Its
+			// input ends here, so it ends the session after.
+			if tcp, ok := server.(*net.TCPConn); ok {
+				_ = tcp.CloseWrite()
 			}
-			p.dropCommits.Add(1)
+			return awaitReply
 		}
 	}
 }

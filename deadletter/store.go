@@ -174,3 +174,27 @@ func (s *Store) Count(ctx context.Context, q Querier, consumer string) (total, p
 	}
 	return total, pending, nil
 }
+
+// ClassCount counts a consumer's letters of one class.
+type ClassCount struct {
+	Consumer string
+	Class    Class
+	Total    int64
+	// Pending counts those not redriven yet.
+	Pending int64
+}
+
+// CountByClass counts every consumer's letters by class, ordered by
+// consumer and class.
+func (s *Store) CountByClass(ctx context.Context, q Querier) ([]ClassCount, error) {
+	rows, err := q.Query(ctx, `SELECT consumer, error_class, count(*), count(*) FILTER (WHERE redriven_at IS NULL)
+FROM `+s.table+` GROUP BY consumer, error_class ORDER BY consumer, error_class`)
+	if err != nil {
+		return nil, fmt.Errorf("deadletter: count by class: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[ClassCount])
+	if err != nil {
+		return nil, fmt.Errorf("deadletter: count by class: %w", err)
+	}
+	return out, nil
+}

@@ -86,6 +86,13 @@ func run(args []string, st streams) int {
 }
 
 func newRoot(st streams) *cobra.Command {
+	root, _ := newRootSettings(st)
+	return root
+}
+
+// newRootSettings returns the root command and the settings its flags
+// fill.
+func newRootSettings(st streams) (*cobra.Command, *settings) {
 	s := &settings{st: st}
 	root := &cobra.Command{
 		Use:   "kafkaonce",
@@ -107,8 +114,8 @@ failed redrive); 2 the command could not run.`,
 	f.StringVar(&s.saslMech, "kafka-sasl", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512 (password from $KAFKA_PASSWORD)")
 	f.StringVar(&s.saslUser, "kafka-user", "", "SASL user name")
 	f.BoolVar(&s.json, "json", false, "print JSON instead of text")
-	root.AddCommand(migrateCmd(s), statusCmd(s), auditCmd(s), replayCmd(s), deadLettersCmd(s), pruneCmd(s), keysCmd(s))
-	return root
+	root.AddCommand(migrateCmd(s), statusCmd(s), auditCmd(s), replayCmd(s), deadLettersCmd(s), pruneCmd(s), keysCmd(s), serveCmd(s))
+	return root, s
 }
 
 // pool connects to Postgres.

@@ -32,6 +32,9 @@ type partitionStatus struct {
 	Stored int64 `json:"stored_position"`
 	// Lag is how many messages are not processed yet.
 	Lag int64 `json:"lag"`
+	// LastCommit is when a transaction of the consumer last moved the
+	// stored position (the position's updated_at); absent with no position.
+	LastCommit *time.Time `json:"last_commit,omitempty"`
 	// BatchLimit is the most messages the partition's transactions cover
 	// now, when contention made its run adapt; absent otherwise (its
 	// batches are then Config.MaxBatch).
@@ -146,13 +149,13 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 		}
 		paceOf[p.Topic][p.Partition] = p
 	}
-	storedAt := map[string]map[int]int64{}
+	storedAt := map[string]map[int]offsets.Position{}
 	topicSet := map[string]bool{}
 	for _, p := range stored {
 		if storedAt[p.Topic] == nil {
-			storedAt[p.Topic] = map[int]int64{}
+			storedAt[p.Topic] = map[int]offsets.Position{}
 		}
-		storedAt[p.Topic][p.Partition] = p.Next
+		storedAt[p.Topic][p.Partition] = p
 		topicSet[p.Topic] = true
 	}
 	for _, t := range extra {
@@ -179,7 +182,9 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 		for _, p := range parts {
 			ps := partitionStatus{Topic: topic, Partition: p, LogStart: bounds[p].Start, LogEnd: bounds[p].End, Committed: committed[p], Stored: -1}
 			if v, ok := storedAt[topic][p]; ok {
-				ps.Stored = v
+				ps.Stored = v.Next
+				at := v.UpdatedAt
+				ps.LastCommit = &at
 			}
 			if pc, ok := paceOf[topic][p]; ok {
 				showPace(&ps, pc)

@@ -1,0 +1,358 @@
+package main
+
+import (
+	"crypto/rand"
+	"embed"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"html/template"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/offsets"
+	"github.com/kafkaonce/kafkaonce/outbox"
+)
+
+//go:embed web
+var webFiles embed.FS
+
+// page is the web page of kafkaonce serve. It reads through the same
+// stores, and acts through the same calls, as the CLI commands.
+type page struct {
+	s         *settings
+	c         *conn
+	o         serveOptions
+	letters   *deadletter.Store
+	claims    *dedupe.Store
+	positions *offsets.Store
+	outbox    *outbox.Outbox
+	tmpl      *template.Template
+	// token guards the actions against cross-site requests: it is made
+	// once per process, set in a SameSite=Strict cookie and put in every
+	// form, and a POST must carry both.
+	token string
+	log   *slog.Logger
+}
+
+// Limits of what one page shows; the CLI lists the rest.
+const (
+	pageLetters  = 200
+	pageSuspects = 20
+	pageParked   = 100
+	// previewBytes bounds a message value or key shown on a letter's page.
+	previewBytes = 4 << 10
+)
+
+func newPage(s *settings, c *conn, o serveOptions) (*page, error) {
+	p := &page{s: s, c: c, o: o, log: slog.New(slog.NewTextHandler(s.st.err, nil))}
+	var err error
+	if p.letters, err = deadletter.NewStore(s.schema); err != nil {
+		return nil, fmt.Errorf("--schema: %w", err)
+	}
+	p.claims, _ = dedupe.NewStore(s.schema)
+	p.positions, _ = offsets.NewStore(s.schema)
+	p.outbox, _ = outbox.New(s.schema)
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return nil, err
+	}
+	p.token = base64.RawURLEncoding.EncodeToString(b)
+	p.tmpl, err = template.New("").Funcs(template.FuncMap{
+		"when":     when,
+		"optional": optional,
+		"preview":  preview,
+		"state":    func(l deadletter.Letter) string { return letterState(&l) },
+	}).ParseFS(webFiles, "web/*.html")
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *page) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", p.overview)
+	mux.HandleFunc("GET /letters/{id}", p.letter)
+	mux.HandleFunc("GET /style.css", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/css; charset=utf-8")
+		http.ServeFileFS(w, r, webFiles, "web/style.css")
+	})
+	p.actions(mux)
+	return p.guard(mux)
+}
+
+// guard sets the security headers of every response, and refuses a Host
+// the page is not served as: a page on loopback must not answer a DNS name
+// that an attacker's site rebinds to 127.0.0.1.
+func (p *page) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("Referrer-Policy", "same-origin")
+		h.Set("Cache-Control", "no-store")
+		if !p.servedAs(r.Host) {
+			http.Error(w, "unexpected Host header: open the page by the address kafkaonce serve printed", http.StatusMisdirectedRequest)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// servedAs reports whether host (a request's Host) names this server: a
+// loopback address or localhost, or with --allow-remote the --listen host
+// (any host when it listens on every interface).
+func (p *page) servedAs(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = strings.Trim(hostport, "[]")
+	}
+	if isLoopback(host) {
+		return true
+	}
+	if !p.o.allowRemote {
+		return false
+	}
+	listen, _, _ := net.SplitHostPort(p.o.listen)
+	if ip := net.ParseIP(listen); listen == "" || ip != nil && ip.IsUnspecified() {
+		return true
+	}
+	return strings.EqualFold(host, listen)
+}
+
+// chrome is what every page shows around its content.
+type chrome struct {
+	Title   string
+	Schema  string
+	Actions bool
+	Token   string
+	Notice  string
+	Errors  []string
+}
+
+func (p *page) chrome(r *http.Request, title string) chrome {
+	return chrome{Title: title, Schema: p.s.schema, Actions: p.o.allowActions, Token: p.token, Notice: notices[r.URL.Query().Get("done")]}
+}
+
+// notices are the outcomes an action redirects to; only these texts are
+// shown, so a link cannot make the page say anything else.
+var notices = map[string]string{}
+
+// render writes a page, and the cookie that an action's POST must send back.
+func (p *page) render(w http.ResponseWriter, name string, data any) {
+	if p.o.allowActions {
+		http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: p.token, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	var b strings.Builder
+	if err := p.tmpl.ExecuteTemplate(&b, name, data); err != nil {
+		p.fail(w, err)
+		return
+	}
+	_, _ = w.Write([]byte(b.String()))
+}
+
+// fail answers with an error the page can show: without secrets.
+func (p *page) fail(w http.ResponseWriter, err error) {
+	p.log.Error("kafkaonce serve", slog.String("error", p.redact(err)))
+	http.Error(w, p.redact(err), http.StatusInternalServerError)
+}
+
+// redact removes the database password and the Kafka password from an
+// error the page shows.
+func (p *page) redact(err error) string {
+	u := p.s.databaseURL
+	if u == "" {
+		u = p.s.st.getenv("DATABASE_URL")
+	}
+	return redact(err.Error(), u, p.s.st.getenv("KAFKA_PASSWORD"))
+}
+
+type consumerView struct {
+	Name   string
+	Report statusReport
+	Lag    int64
+	// Err says why Kafka's side (or the status as a whole) could not be
+	// read; the rows from Postgres are shown anyway.
+	Err string
+}
+
+type suspectView struct {
+	Consumer string
+	dedupe.Suspect
+}
+
+type letterClass struct {
+	Class   deadletter.Class
+	Letters []deadletter.Letter
+}
+
+type overviewData struct {
+	chrome
+	Consumers     []consumerView
+	Classes       []deadletter.ClassCount
+	Letters       []letterClass
+	MoreLetters   bool
+	Suspects      []suspectView
+	Conflicts     []deadletter.Letter
+	OutboxPending int64
+	Parked        []outbox.Parked
+}
+
+func (p *page) overview(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	d := overviewData{chrome: p.chrome(r, "kafkaonce")}
+	pool := p.c.pool
+	names, err := p.positions.Consumers(ctx, pool)
+	if err != nil {
+		p.fail(w, err)
+		return
+	}
+	for _, name := range names {
+		group := name
+		if g, ok := p.o.groups[name]; ok {
+			group = g
+		}
+		cv := consumerView{Name: name}
+		rep, err := status(ctx, pool, p.c.admin, p.s.schema, name, group, nil)
+		if err != nil {
+			cv.Err = p.redact(err)
+		}
+		cv.Report = rep
+		for _, ps := range rep.Partitions {
+			cv.Lag += ps.Lag
+		}
+		d.Consumers = append(d.Consumers, cv)
+		suspects, err := p.claims.Suspects(ctx, pool, name, pageSuspects)
+		if err != nil {
+			d.Errors = append(d.Errors, p.redact(err))
+		}
+		for _, sp := range suspects {
+			d.Suspects = append(d.Suspects, suspectView{Consumer: name, Suspect: sp})
+		}
+	}
+	if d.Classes, err = p.letters.CountByClass(ctx, pool); err != nil {
+		d.Errors = append(d.Errors, p.redact(err))
+	}
+	pending, err := p.letters.List(ctx, pool, deadletter.Filter{Pending: true, Limit: pageLetters + 1})
+	if err != nil {
+		d.Errors = append(d.Errors, p.redact(err))
+	}
+	if len(pending) > pageLetters {
+		pending, d.MoreLetters = pending[:pageLetters], true
+	}
+	d.Letters = byClass(pending)
+	if d.Conflicts, err = p.letters.List(ctx, pool, deadletter.Filter{Class: deadletter.ClassConflict, Limit: pageLetters}); err != nil {
+		d.Errors = append(d.Errors, p.redact(err))
+	}
+	if d.OutboxPending, err = p.outbox.Pending(ctx, pool); err != nil {
+		d.Errors = append(d.Errors, p.redact(err))
+	}
+	if d.Parked, err = p.outbox.Parked(ctx, pool, pageParked); err != nil {
+		d.Errors = append(d.Errors, p.redact(err))
+	}
+	p.render(w, "overview.html", d)
+}
+
+// byClass groups letters by class, keeping their order within a class.
+func byClass(ls []deadletter.Letter) []letterClass {
+	idx := map[deadletter.Class]int{}
+	var out []letterClass
+	for _, l := range ls {
+		i, ok := idx[l.Class]
+		if !ok {
+			i = len(out)
+			idx[l.Class] = i
+			out = append(out, letterClass{Class: l.Class})
+		}
+		out[i].Letters = append(out[i].Letters, l)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Class < out[j].Class })
+	return out
+}
+
+type letterData struct {
+	chrome
+	Letter deadletter.Letter
+	// Open is true while the letter can be redriven or settled.
+	Open bool
+}
+
+func (p *page) letter(w http.ResponseWriter, r *http.Request) {
+	l, ok := p.findLetter(w, r)
+	if !ok {
+		return
+	}
+	d := letterData{chrome: p.chrome(r, fmt.Sprintf("dead letter %d", l.ID)), Letter: l, Open: letterOpen(&l)}
+	p.render(w, "letter.html", d)
+}
+
+// findLetter reads the letter the path names, or answers that it cannot.
+func (p *page) findLetter(w http.ResponseWriter, r *http.Request) (deadletter.Letter, bool) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		http.Error(w, "a dead letter's id is a number", http.StatusNotFound)
+		return deadletter.Letter{}, false
+	}
+	l, err := p.letters.Get(r.Context(), p.c.pool, id)
+	if errors.Is(err, deadletter.ErrNotFound) {
+		http.Error(w, fmt.Sprintf("no dead letter %d", id), http.StatusNotFound)
+		return deadletter.Letter{}, false
+	}
+	if err != nil {
+		p.fail(w, err)
+		return deadletter.Letter{}, false
+	}
+	return l, true
+}
+
+// letterOpen reports whether a letter waits for an operator: not redriven.
+func letterOpen(l *deadletter.Letter) bool { return l.RedrivenAt == nil }
+
+func when(t any) string {
+	switch v := t.(type) {
+	case time.Time:
+		if v.IsZero() {
+			return "-"
+		}
+		return v.UTC().Format("2006-01-02 15:04:05Z")
+	case *time.Time:
+		if v == nil {
+			return "-"
+		}
+		return when(*v)
+	}
+	return fmt.Sprint(t)
+}
+
+// preview shows bytes as text when they are printable UTF-8, else as
+// base64, cut at previewBytes. The template escapes it: a value holding
+// markup is shown, never run.
+func preview(b []byte) string {
+	if b == nil {
+		return "(none)"
+	}
+	cut := ""
+	if len(b) > previewBytes {
+		cut = fmt.Sprintf(" … (%d bytes in all)", len(b))
+		b = b[:previewBytes]
+		for len(b) > 0 && !utf8.Valid(b) && len(b) > previewBytes-utf8.UTFMax {
+			b = b[:len(b)-1]
+		}
+	}
+	if utf8.Valid(b) && strings.IndexFunc(string(b), func(r rune) bool { return !unicode.IsPrint(r) && !unicode.IsSpace(r) }) < 0 {
+		return string(b) + cut
+	}
+	return "base64:" + base64.StdEncoding.EncodeToString(b) + cut
+}

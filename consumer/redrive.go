@@ -8,7 +8,8 @@ import (
 )
 
 // RedriveFilter selects the dead letters of this consumer to redrive. Only
-// letters not yet redriven are considered. Zero fields select everything.
+// open letters are considered: not redriven yet, and not settled by an
+// operator. Zero fields select everything.
 type RedriveFilter struct {
 	// IDs selects these letters.
 	IDs []int64
@@ -29,8 +30,9 @@ type RedriveFilter struct {
 type RedriveResult struct {
 	// Applied counts letters whose message the handler applied.
 	Applied int
-	// AlreadyApplied counts letters found redriven meanwhile, or whose
-	// message id was applied in another way (a later duplicate of it).
+	// AlreadyApplied counts letters found redriven (or settled by an
+	// operator) meanwhile, or whose message id was applied in another way
+	// (a later duplicate of it).
 	AlreadyApplied int
 	// Failed lists letters the handler (or the claim) failed for; they stay
 	// dead letters.

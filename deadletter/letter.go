@@ -107,6 +107,10 @@ type Letter struct {
 	// failed.
 	RedriveRequestedAt *time.Time
 	RedriveError       string
+	// SettledAt is set when an operator settled the letter instead of
+	// redriving it (its effect was made by other means, or is not
+	// wanted): it is then never redriven.
+	SettledAt *time.Time
 }
 
 // MaxErrorLen bounds the stored error text; longer texts are cut, keeping

@@ -31,14 +31,14 @@ func NewStore(schemaName string) (*Store, error) {
 
 const columns = `id, consumer, topic, partition, kafka_offset, coalesce(message_id, ''), message_key, message_value, headers,
 	coalesce(message_time, 'epoch'), error_class, error, attempts, first_failed_at, last_failed_at, dead_lettered_at, published_at, redriven_at,
-	redrive_requested_at, coalesce(redrive_error, '')`
+	redrive_requested_at, coalesce(redrive_error, ''), settled_at`
 
 func scan(row pgx.Row) (Letter, error) {
 	var l Letter
 	var headers []byte
 	err := row.Scan(&l.ID, &l.Consumer, &l.Topic, &l.Partition, &l.Offset, &l.MessageID, &l.Key, &l.Value, &headers,
 		&l.MessageTime, &l.Class, &l.Error, &l.Attempts, &l.FirstFailedAt, &l.LastFailedAt, &l.DeadLetteredAt, &l.PublishedAt, &l.RedrivenAt,
-		&l.RedriveRequestedAt, &l.RedriveError)
+		&l.RedriveRequestedAt, &l.RedriveError, &l.SettledAt)
 	if err != nil {
 		return Letter{}, err
 	}
@@ -73,7 +73,7 @@ type Filter struct {
 	Class        Class
 	// IDs selects these letters only.
 	IDs []int64
-	// Pending selects letters not redriven yet.
+	// Pending selects the open letters: neither redriven nor settled.
 	Pending bool
 	// Unpublished selects letters not published to a dead-letter topic yet.
 	Unpublished bool
@@ -110,13 +110,13 @@ func (s *Store) List(ctx context.Context, q Querier, f Filter) ([]Letter, error)
 		add("id = ANY($%d)", f.IDs)
 	}
 	if f.Pending {
-		where = append(where, "redriven_at IS NULL")
+		where = append(where, "redriven_at IS NULL AND settled_at IS NULL")
 	}
 	if f.Unpublished {
 		where = append(where, "published_at IS NULL")
 	}
 	if f.RedriveRequested {
-		where = append(where, "redrive_requested_at IS NOT NULL AND redriven_at IS NULL")
+		where = append(where, "redrive_requested_at IS NOT NULL AND redriven_at IS NULL AND settled_at IS NULL")
 	}
 	if f.AfterID > 0 {
 		add("id > $%d", f.AfterID)
@@ -158,17 +158,32 @@ func (s *Store) List(ctx context.Context, q Querier, f Filter) ([]Letter, error)
 // earlier request does not withdraw it.
 func (s *Store) RequestRedrive(ctx context.Context, q Querier, consumer string, ids []int64) (int64, error) {
 	tag, err := q.Exec(ctx, `UPDATE `+s.table+` SET redrive_requested_at = greatest(now(), redrive_requested_at + interval '1 microsecond'), redrive_error = NULL
-WHERE consumer = $1 AND id = ANY($2) AND redriven_at IS NULL`, consumer, ids)
+WHERE consumer = $1 AND id = ANY($2) AND redriven_at IS NULL AND settled_at IS NULL`, consumer, ids)
 	if err != nil {
 		return 0, fmt.Errorf("deadletter: request redrive: %w", err)
 	}
 	return tag.RowsAffected(), nil
 }
 
+// Settle closes open letters of a consumer without a redrive, for an
+// operator whose fix made their effects by other means (or who decided
+// they are not wanted), and withdraws any redrive request of theirs. It
+// returns how many open letters it settled: a letter redriven or settled
+// before is left as it was. A redrive that holds a letter's lock finishes
+// first; one that comes after finds the letter settled and leaves it.
+func (s *Store) Settle(ctx context.Context, q Querier, consumer string, ids []int64) (int64, error) {
+	tag, err := q.Exec(ctx, `UPDATE `+s.table+` SET settled_at = now(), redrive_requested_at = NULL
+WHERE consumer = $1 AND id = ANY($2) AND redriven_at IS NULL AND settled_at IS NULL`, consumer, ids)
+	if err != nil {
+		return 0, fmt.Errorf("deadletter: settle: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // Count returns how many letters a consumer has, and how many of them are
-// not redriven yet.
+// open (neither redriven nor settled).
 func (s *Store) Count(ctx context.Context, q Querier, consumer string) (total, pending int64, err error) {
-	err = q.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE redriven_at IS NULL) FROM `+s.table+` WHERE consumer = $1`, consumer).Scan(&total, &pending)
+	err = q.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE redriven_at IS NULL AND settled_at IS NULL) FROM `+s.table+` WHERE consumer = $1`, consumer).Scan(&total, &pending)
 	if err != nil {
 		return 0, 0, fmt.Errorf("deadletter: count: %w", err)
 	}
@@ -180,14 +195,14 @@ type ClassCount struct {
 	Consumer string
 	Class    Class
 	Total    int64
-	// Pending counts those not redriven yet.
+	// Pending counts the open ones: neither redriven nor settled.
 	Pending int64
 }
 
 // CountByClass counts every consumer's letters by class, ordered by
 // consumer and class.
 func (s *Store) CountByClass(ctx context.Context, q Querier) ([]ClassCount, error) {
-	rows, err := q.Query(ctx, `SELECT consumer, error_class, count(*), count(*) FILTER (WHERE redriven_at IS NULL)
+	rows, err := q.Query(ctx, `SELECT consumer, error_class, count(*), count(*) FILTER (WHERE redriven_at IS NULL AND settled_at IS NULL)
 FROM `+s.table+` GROUP BY consumer, error_class ORDER BY consumer, error_class`)
 	if err != nil {
 		return nil, fmt.Errorf("deadletter: count by class: %w", err)

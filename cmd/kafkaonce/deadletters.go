@@ -43,9 +43,9 @@ func deadLettersCmd(s *settings) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "dead-letters",
 		Aliases: []string{"dl"},
-		Short:   "List, show and redrive dead letters",
+		Short:   "List, show, redrive and settle dead letters",
 	}
-	cmd.AddCommand(dlListCmd(s), dlShowCmd(s), dlRedriveCmd(s))
+	cmd.AddCommand(dlListCmd(s), dlShowCmd(s), dlRedriveCmd(s), dlSettleCmd(s))
 	return cmd
 }
 
@@ -101,7 +101,7 @@ func dlListCmd(s *settings) *cobra.Command {
 		},
 	}
 	f.register(cmd)
-	cmd.Flags().BoolVar(&f.pending, "pending", false, "only letters not redriven yet")
+	cmd.Flags().BoolVar(&f.pending, "pending", false, "only open letters: neither redriven nor settled")
 	return cmd
 }
 
@@ -117,6 +117,8 @@ func letterState(l *deadletter.Letter) string {
 	switch {
 	case l.RedrivenAt != nil:
 		return "redriven " + l.RedrivenAt.UTC().Format(time.RFC3339)
+	case l.SettledAt != nil:
+		return "settled " + l.SettledAt.UTC().Format(time.RFC3339)
 	case l.RedriveRequestedAt != nil:
 		return "redrive requested"
 	case l.RedriveError != "":
@@ -213,13 +215,9 @@ outcome and exits with 1 if any redrive failed.`,
 			if f.consumer == "" {
 				return errors.New("--consumer is required: redrives are performed by the consumer of that name")
 			}
-			var ids []int64
-			for _, a := range args {
-				id, err := strconv.ParseInt(a, 10, 64)
-				if err != nil {
-					return fmt.Errorf("%q is not a dead letter's number", a)
-				}
-				ids = append(ids, id)
+			ids, err := letterIDs(args)
+			if err != nil {
+				return err
 			}
 			if len(ids) == 0 && !all {
 				return errors.New("name letters by ID, or pass --all (with --topic, --class, ... to narrow it)")
@@ -304,4 +302,58 @@ outcome and exits with 1 if any redrive failed.`,
 func firstLine(s string) string {
 	line, _, _ := strings.Cut(s, "\n")
 	return line
+}
+
+// letterIDs parses letters' ids from arguments.
+func letterIDs(args []string) ([]int64, error) {
+	var ids []int64
+	for _, a := range args {
+		id, err := strconv.ParseInt(a, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a dead letter's number", a)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+func dlSettleCmd(s *settings) *cobra.Command {
+	var consumerName string
+	cmd := &cobra.Command{
+		Use:   "settle ID...",
+		Short: "Close dead letters without a redrive: their effect was made by other means, or is not wanted",
+		Long: `settle closes open dead letters without running them: for a letter whose
+effect you made by other means, or decided is not wanted. A settled letter
+is never redriven (a pending redrive request of it is withdrawn), no longer
+counts as open, and stays listed as the record of the message. A letter
+that a redrive is running for right now is left to it.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if consumerName == "" {
+				return errors.New("--consumer is required: the consumer the letters belong to (a guard against a mistyped id)")
+			}
+			ids, err := letterIDs(args)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			pool, store, err := s.letters(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			n, err := store.Settle(ctx, pool, consumerName, ids)
+			if err != nil {
+				return err
+			}
+			return s.emit(map[string]any{"settled": n}, func(w io.Writer) {
+				fmt.Fprintf(w, "settled %d of %d letter(s) of consumer %s\n", n, len(ids), consumerName)
+				if n < int64(len(ids)) {
+					fmt.Fprintln(w, "the others are redriven or settled already, or are not that consumer's: see dead-letters show")
+				}
+			})
+		},
+	}
+	cmd.Flags().StringVar(&consumerName, "consumer", "", "the consumer's name (Config.Name)")
+	return cmd
 }

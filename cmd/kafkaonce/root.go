@@ -114,7 +114,7 @@ failed redrive); 2 the command could not run.`,
 	f.StringVar(&s.saslMech, "kafka-sasl", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512 (password from $KAFKA_PASSWORD)")
 	f.StringVar(&s.saslUser, "kafka-user", "", "SASL user name")
 	f.BoolVar(&s.json, "json", false, "print JSON instead of text")
-	root.AddCommand(migrateCmd(s), statusCmd(s), auditCmd(s), replayCmd(s), deadLettersCmd(s), pruneCmd(s), keysCmd(s), serveCmd(s))
+	root.AddCommand(migrateCmd(s), statusCmd(s), auditCmd(s), replayCmd(s), deadLettersCmd(s), pruneCmd(s), keysCmd(s), outboxCmd(s), serveCmd(s))
 	return root, s
 }
 

@@ -145,10 +145,6 @@ func (p *page) chrome(r *http.Request, title string) chrome {
 	return chrome{Title: title, Schema: p.s.schema, Actions: p.o.allowActions, Token: p.token, Notice: notices[r.URL.Query().Get("done")]}
 }
 
-// notices are the outcomes an action redirects to; only these texts are
-// shown, so a link cannot make the page say anything else.
-var notices = map[string]string{}
-
 // render writes a page, and the cookie that an action's POST must send back.
 func (p *page) render(w http.ResponseWriter, name string, data any) {
 	if p.o.allowActions {
@@ -317,8 +313,9 @@ func (p *page) findLetter(w http.ResponseWriter, r *http.Request) (deadletter.Le
 	return l, true
 }
 
-// letterOpen reports whether a letter waits for an operator: not redriven.
-func letterOpen(l *deadletter.Letter) bool { return l.RedrivenAt == nil }
+// letterOpen reports whether a letter waits for an operator: neither
+// redriven nor settled.
+func letterOpen(l *deadletter.Letter) bool { return l.RedrivenAt == nil && l.SettledAt == nil }
 
 func when(t any) string {
 	switch v := t.(type) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/outbox"
 )
 
 const scriptValue = `<script>alert(1)</script>`
@@ -141,7 +143,7 @@ func TestServeNeverShowsSecrets(t *testing.T) {
 	// why, without the secrets.
 	srv := w.servePage(env, serveOptions{allowActions: true}, "--kafka-sasl", "plain", "--kafka-user", user)
 	bad1 := strconv.FormatInt(w.letterID("bad1"), 10)
-	for _, path := range []string{"/", "/letters/" + bad1} {
+	for _, path := range []string{"/", "/letters/" + bad1, "/letters/" + bad1 + "/redrive"} {
 		res, body := get(t, srv, path)
 		require.Equal(t, http.StatusOK, res.StatusCode, body)
 		for _, secret := range []string{canary, user, u.String(), w.db.URL} {
@@ -164,4 +166,174 @@ func TestServeRefusesANonLoopbackAddress(t *testing.T) {
 		require.NoError(t, checkListen(addr, false))
 	}
 	require.ErrorContains(t, checkListen("8080", false), "host:port")
+}
+
+// park writes an outbox row and parks it, as the relay does when its
+// deliveries keep failing, and returns its id.
+func (w *world) park() string {
+	w.t.Helper()
+	box, err := outbox.New(w.db.Schema)
+	require.NoError(w.t, err)
+	tx, err := w.db.Pool.Begin(context.Background())
+	require.NoError(w.t, err)
+	ids, err := box.Write(context.Background(), tx, outbox.Message{Destination: "orders", Key: []byte("k1"), Value: []byte("v1")})
+	require.NoError(w.t, err)
+	require.NoError(w.t, tx.Commit(context.Background()))
+	w.db.Exec(w.t, `UPDATE `+w.db.Table("outbox")+` SET failed_at = now(), attempts = 9, last_error = 'partner said <i>no</i>' WHERE id = $1`, ids[0])
+	return ids[0]
+}
+
+// post sends a form to the page as a browser would: from origin, with
+// cookie (if any) and the form's token.
+func post(t *testing.T, srv *httptest.Server, path, origin, cookie, token string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(url.Values{"csrf": {token}}.Encode()))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if origin != "" {
+		req.Header.Set("Origin", origin)
+	}
+	if cookie != "" {
+		req.AddCookie(&http.Cookie{Name: csrfCookie, Value: cookie})
+	}
+	client := *srv.Client()
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	res, err := client.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return res, string(b)
+}
+
+// actionState returns a fingerprint of what the actions change.
+func (w *world) actionState(parked string) string {
+	var s string
+	require.NoError(w.t, w.db.Pool.QueryRow(context.Background(), `SELECT
+  (SELECT string_agg(id || ':' || coalesce(redrive_requested_at::text, '-') || ':' || coalesce(settled_at::text, '-'), ',' ORDER BY id) FROM `+w.db.Table("dead_letters")+`)
+  || '|' || (SELECT coalesce(failed_at::text, 'delivering') FROM `+w.db.Table("outbox")+` WHERE id = $1)`, parked).Scan(&s))
+	return s
+}
+
+func TestServeWithoutAllowActionsRefusesEveryAction(t *testing.T) {
+	t.Parallel()
+	w := newPoisoned(t)
+	parked := w.park()
+	srv := w.servePage(w.env(), serveOptions{})
+	before := w.actionState(parked)
+	bad1 := strconv.FormatInt(w.letterID("bad1"), 10)
+
+	for _, path := range []string{"/", "/letters/" + bad1} {
+		res, body := get(t, srv, path)
+		require.Equal(t, http.StatusOK, res.StatusCode)
+		require.NotContains(t, body, "<form", path)
+		require.NotContains(t, body, "/redrive", path)
+		require.NotContains(t, body, "/unpark", path)
+		require.Empty(t, res.Cookies(), "no token is handed out")
+	}
+	for _, path := range []string{"/letters/" + bad1 + "/redrive", "/letters/" + bad1 + "/settle", "/outbox/" + parked + "/unpark"} {
+		res, body := get(t, srv, path)
+		require.Equal(t, http.StatusForbidden, res.StatusCode, path)
+		require.Contains(t, body, "--allow-actions")
+		res, _ = post(t, srv, path, srv.URL, "guess", "guess")
+		require.Equal(t, http.StatusForbidden, res.StatusCode, path)
+	}
+	for _, path := range []string{"/", "/letters/" + bad1} {
+		res, _ := post(t, srv, path, srv.URL, "", "")
+		require.Equal(t, http.StatusMethodNotAllowed, res.StatusCode, path)
+	}
+	require.Equal(t, before, w.actionState(parked))
+}
+
+// tokenOf reads the token of a confirmation page's form, and checks that
+// the page set the same in its cookie.
+func tokenOf(t *testing.T, res *http.Response, body string) string {
+	t.Helper()
+	_, rest, ok := strings.Cut(body, `name="csrf" value="`)
+	require.True(t, ok, "the confirmation page has a form with the token")
+	token, _, _ := strings.Cut(rest, `"`)
+	var cookie *http.Cookie
+	for _, c := range res.Cookies() {
+		if c.Name == csrfCookie {
+			cookie = c
+		}
+	}
+	require.NotNil(t, cookie)
+	require.Equal(t, token, cookie.Value)
+	require.Equal(t, http.SameSiteStrictMode, cookie.SameSite)
+	require.True(t, cookie.HttpOnly)
+	return token
+}
+
+func TestServeActionsAreRefusedWithoutTheTokenOrFromAnotherOrigin(t *testing.T) {
+	t.Parallel()
+	w := newPoisoned(t)
+	parked := w.park()
+	srv := w.servePage(w.env(), serveOptions{allowActions: true})
+	bad1, bad3 := w.letterID("bad1"), w.letterID("bad3")
+	redrive := "/letters/" + strconv.FormatInt(bad1, 10) + "/redrive"
+
+	res, body := get(t, srv, redrive)
+	require.Equal(t, http.StatusOK, res.StatusCode, body)
+	require.Contains(t, body, "Redrive dead letter "+strconv.FormatInt(bad1, 10), "the confirmation names the action")
+	require.Contains(t, body, w.name, "and the consumer that performs it")
+	require.Contains(t, body, "&lt;script&gt;", "the value is shown as text here too")
+	token := tokenOf(t, res, body)
+
+	before := w.actionState(parked)
+	for _, path := range []string{redrive, "/letters/" + strconv.FormatInt(bad3, 10) + "/settle", "/outbox/" + parked + "/unpark"} {
+		for name, r := range map[string]struct{ origin, cookie, token string }{
+			"no token":          {srv.URL, token, ""},
+			"a wrong token":     {srv.URL, token, "x" + token},
+			"no cookie":         {srv.URL, "", token},
+			"a foreign origin":  {"http://evil.example", token, token},
+			"no origin":         {"", token, token},
+			"a foreign port":    {"http://127.0.0.1:1", token, token},
+			"a stale token":     {srv.URL, "stale", "stale"},
+			"a null origin":     {"null", token, token},
+			"an origin in path": {srv.URL + ".evil.example", token, token},
+		} {
+			res, _ := post(t, srv, path, r.origin, r.cookie, r.token)
+			require.Equal(t, http.StatusForbidden, res.StatusCode, "%s with %s", path, name)
+		}
+	}
+	require.Equal(t, before, w.actionState(parked), "nothing changed")
+
+	// A Host the page is not served as is refused, reads too.
+	req, err := http.NewRequest(http.MethodGet, srv.URL+"/", nil)
+	require.NoError(t, err)
+	req.Host = "rebound.example:8080"
+	res, err = srv.Client().Do(req)
+	require.NoError(t, err)
+	res.Body.Close()
+	require.Equal(t, http.StatusMisdirectedRequest, res.StatusCode)
+
+	// From the page, with its token, each action does what the CLI does.
+	res, _ = post(t, srv, redrive, srv.URL, token, token)
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+	require.Equal(t, "/letters/"+strconv.FormatInt(bad1, 10)+"?done=redrive", res.Header.Get("Location"))
+	require.EqualValues(t, 1, w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("dead_letters")+` WHERE id = $1 AND redrive_requested_at IS NOT NULL`, bad1))
+
+	res, _ = post(t, srv, "/letters/"+strconv.FormatInt(bad3, 10)+"/settle", srv.URL, token, token)
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+	require.EqualValues(t, 1, w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("dead_letters")+` WHERE id = $1 AND settled_at IS NOT NULL`, bad3))
+	_, body = get(t, srv, "/letters/"+strconv.FormatInt(bad3, 10)+"?done=settled")
+	require.Contains(t, body, "Letter settled")
+	require.NotContains(t, body, "Mark settled", "a settled letter offers no action")
+
+	res, _ = post(t, srv, "/outbox/"+parked+"/unpark", srv.URL, token, token)
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+	require.Equal(t, "delivering", w.actionState(parked)[strings.LastIndex(w.actionState(parked), "|")+1:])
+
+	// A settled letter is not redriven, even when asked for by id.
+	w.fixed.Store(true)
+	c, err := consumer.New(w.db.Pool, &consumer.Config{Name: w.name, Brokers: w.kafka.Brokers, Topics: []string{w.topic},
+		Schema: w.db.Schema, Handler: w.handler, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	r, err := c.Redrive(context.Background(), consumer.RedriveFilter{IDs: []int64{bad1, bad3}})
+	require.NoError(t, err)
+	require.Equal(t, 1, r.Applied)
+	require.Zero(t, w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("effects")+` WHERE message_id = 'bad3'`))
+	res, _ = post(t, srv, "/letters/"+strconv.FormatInt(bad3, 10)+"/redrive", srv.URL, token, token)
+	require.Equal(t, "/letters/"+strconv.FormatInt(bad3, 10)+"?done=unchanged", res.Header.Get("Location"))
 }

@@ -228,7 +228,7 @@ func printStatus(w io.Writer, r statusReport) {
 		fmt.Fprintf(w, ", oldest %s", r.Claims.Oldest.UTC().Format(time.RFC3339))
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "dead letters: %d (%d not redriven)\n", r.DeadLetters, r.Pending)
+	fmt.Fprintf(w, "dead letters: %d (%d open: neither redriven nor settled)\n", r.DeadLetters, r.Pending)
 	fmt.Fprintf(w, "suspect duplicates recorded: %d\n", r.Suspects)
 	fmt.Fprintf(w, "idempotency keys (HTTP, whole schema): %d (%d expired, %d phased runs in progress, %d of them stalled)\n",
 		r.Keys.Total, r.Keys.Expired, r.Keys.Running, r.Keys.Stalled)

@@ -91,7 +91,9 @@ func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool
 			if err != nil {
 				return err
 			}
-			if l.RedrivenAt != nil {
+			if l.RedrivenAt != nil || l.SettledAt != nil {
+				// Redriven, or settled by an operator, since it was
+				// listed: there is nothing left to do.
 				return errAlreadyApplied
 			}
 			m := messageOfLetter(&l)

@@ -167,18 +167,24 @@ func (p *page) fail(w http.ResponseWriter, err error) {
 
 // redact removes the database password and the Kafka password from an
 // error the page shows.
-func (p *page) redact(err error) string {
+func (p *page) redact(err error) string { return p.redactText(err.Error()) }
+
+// redactText removes them from a text the page shows that came from
+// elsewhere, such as a stopped partition's reason.
+func (p *page) redactText(text string) string {
 	u := p.s.databaseURL
 	if u == "" {
 		u = p.s.st.getenv("DATABASE_URL")
 	}
-	return redact(err.Error(), u, p.s.st.getenv("KAFKA_PASSWORD"))
+	return redact(text, u, p.s.st.getenv("KAFKA_PASSWORD"))
 }
 
 type consumerView struct {
 	Name   string
 	Report statusReport
 	Lag    int64
+	// Stopped are the partitions stopped at a message, with why.
+	Stopped []partitionStatus
 	// Err says why Kafka's side (or the status as a whole) could not be
 	// read; the rows from Postgres are shown anyway.
 	Err string
@@ -225,10 +231,15 @@ func (p *page) overview(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			cv.Err = p.redact(err)
 		}
-		cv.Report = rep
-		for _, ps := range rep.Partitions {
+		for i := range rep.Partitions {
+			ps := &rep.Partitions[i]
 			cv.Lag += ps.Lag
+			if ps.StoppedAt != nil {
+				ps.StopReason = p.redactText(ps.StopReason)
+				cv.Stopped = append(cv.Stopped, *ps)
+			}
 		}
+		cv.Report = rep
 		d.Consumers = append(d.Consumers, cv)
 		suspects, err := p.claims.Suspects(ctx, pool, name, pageSuspects)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
@@ -336,4 +337,49 @@ func TestServeActionsAreRefusedWithoutTheTokenOrFromAnotherOrigin(t *testing.T) 
 	require.Zero(t, w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("effects")+` WHERE message_id = 'bad3'`))
 	res, _ = post(t, srv, "/letters/"+strconv.FormatInt(bad3, 10)+"/redrive", srv.URL, token, token)
 	require.Equal(t, "/letters/"+strconv.FormatInt(bad3, 10)+"?done=unchanged", res.Header.Get("Location"))
+}
+
+// A partition stopped at a message shows on the page, with why, though
+// the consumer that stopped it runs in another process; the next
+// assignment clears it.
+func TestServeShowsAStoppedPartitionAndWhy(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 2)
+	w.produce(6, "s")
+	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "s3" {
+			return consumer.Permanent(errors.New("partner said <b>no</b>"))
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+w.db.Table("effects")+` VALUES ($1)`, m.ID)
+		return err
+	}
+	c, err := consumer.New(w.db.Pool, &consumer.Config{Name: w.name, Brokers: w.kafka.Brokers, Topics: []string{w.topic},
+		Schema: w.db.Schema, Handler: consumer.HandlerFunc(h), OnPermanentFailure: consumer.StopPartition,
+		SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("partition_runs")+` WHERE consumer = $1 AND stopped_at IS NOT NULL`, w.name) == 0 {
+		require.True(t, time.Now().Before(deadline), "the partition did not stop")
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	require.NoError(t, <-done)
+
+	srv := w.servePage(w.env(), serveOptions{})
+	_, body := get(t, srv, "/")
+	require.Contains(t, body, w.topic+"/1 stopped", "s3 is in partition 1")
+	require.Contains(t, body, "partner said &lt;b&gt;no&lt;/b&gt;")
+	require.Contains(t, body, `<tr class="stopped">`)
+	out, errOut, code := w.cli("status", "--consumer", w.name)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "STOPPED "+w.topic+"/1 since ")
+
+	// Fixed, and assigned again: the partition runs, and the mark is gone.
+	w.consume(nil, 3)
+	_, body = get(t, srv, "/")
+	require.NotContains(t, body, "stopped</strong>")
+	require.NotContains(t, body, `<tr class="stopped">`)
 }

@@ -32,6 +32,11 @@ type partitionStatus struct {
 	Stored int64 `json:"stored_position"`
 	// Lag is how many messages are not processed yet.
 	Lag int64 `json:"lag"`
+	// StoppedAt is set while the partition is stopped at a message it
+	// must not skip (its run recorded it; the next assignment clears it),
+	// and StopReason says why.
+	StoppedAt  *time.Time `json:"stopped_at,omitempty"`
+	StopReason string     `json:"stop_reason,omitempty"`
 	// LastCommit is when a transaction of the consumer last moved the
 	// stored position (the position's updated_at); absent with no position.
 	LastCommit *time.Time `json:"last_commit,omitempty"`
@@ -142,6 +147,17 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 	if err != nil {
 		return r, err
 	}
+	stops, err := tries.Stops(ctx, pool, consumerName)
+	if err != nil {
+		return r, err
+	}
+	stopOf := map[string]map[int]attempts.Stop{}
+	for _, st := range stops {
+		if stopOf[st.Topic] == nil {
+			stopOf[st.Topic] = map[int]attempts.Stop{}
+		}
+		stopOf[st.Topic][st.Partition] = st
+	}
 	paceOf := map[string]map[int]attempts.PartitionPace{}
 	for _, p := range paces {
 		if paceOf[p.Topic] == nil {
@@ -188,6 +204,10 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 			}
 			if pc, ok := paceOf[topic][p]; ok {
 				showPace(&ps, pc)
+			}
+			if st, ok := stopOf[topic][p]; ok {
+				at := st.At
+				ps.StoppedAt, ps.StopReason = &at, st.Reason
 			}
 			done := max(ps.Committed, ps.Stored, ps.LogStart)
 			ps.Lag = max(ps.LogEnd-done, 0)
@@ -263,6 +283,11 @@ func printStatus(w io.Writer, r statusReport) {
 	fmt.Fprintln(w)
 	table(w, "TOPIC\tPARTITION\tLOG START\tLOG END\tCOMMITTED\tSTORED\tLAG\tBATCH\tCONTENTION RETRIES", rows)
 	fmt.Fprintf(w, "total lag: %d\n", lag)
+	for _, p := range r.Partitions {
+		if p.StoppedAt != nil {
+			fmt.Fprintf(w, "STOPPED %s/%d since %s: %s\n", p.Topic, p.Partition, p.StoppedAt.UTC().Format(time.RFC3339), firstLine(p.StopReason))
+		}
+	}
 	if contended {
 		fmt.Fprintln(w, "contention: transactions lost races for rows and ran again with smaller batches; see \"Hot rows\" in docs/design.md")
 	}

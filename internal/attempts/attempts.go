@@ -17,6 +17,7 @@ package attempts
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -202,7 +203,8 @@ func (s *Store) Assigned(ctx context.Context, db schema.Beginner, consumer, topi
 ON CONFLICT (consumer, topic, partition) DO UPDATE
 SET starts = CASE WHEN r.start_offset = EXCLUDED.start_offset THEN r.starts + 1 ELSE 1 END,
     start_offset = EXCLUDED.start_offset, started_at = now(), run = EXCLUDED.run,
-    batch_limit = NULL, contention_retries = 0, last_contention_at = NULL, serialized_until = NULL
+    batch_limit = NULL, contention_retries = 0, last_contention_at = NULL, serialized_until = NULL,
+    stopped_at = NULL, stop_reason = NULL
 RETURNING run, starts`, consumer, topic, partition, start).QueryRow(func(row pgx.Row) error { return row.Scan(&run, &starts) })
 	b.Queue(`DELETE FROM `+s.attempts+` WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset < $4`,
 		consumer, topic, partition, start)
@@ -229,6 +231,60 @@ func (s *Store) inOneTransaction(ctx context.Context, db schema.Beginner, b *pgx
 		b = withSession
 	}
 	return pipetx.InOneTrip(ctx, db, b)
+}
+
+// Stopped records that the partition stopped at a message it must not skip,
+// and why, for operators in other processes (kafkaonce serve). run is the
+// run's number as Assigned returned it, or 0 when the partition stopped
+// before its run was recorded (a check at assignment): its record is then
+// created, or marked whatever run it holds; its starts are left as they
+// were, so a careful start counts only runs that began. The next
+// Assigned clears the mark.
+func (s *Store) Stopped(ctx context.Context, db schema.Beginner, consumer, topic string, partition int, run int64, reason string) error {
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO `+s.runs+` AS r (consumer, topic, partition, start_offset, starts, stopped_at, stop_reason) VALUES ($1, $2, $3, -1, 0, now(), $5)
+ON CONFLICT (consumer, topic, partition) DO UPDATE SET stopped_at = now(), stop_reason = EXCLUDED.stop_reason
+WHERE $4 = 0 OR r.run = $4`, consumer, topic, partition, run, stopReason(reason))
+	if err := s.inOneTransaction(ctx, db, b); err != nil {
+		return fmt.Errorf("attempts: record stop of %s/%d: %w", topic, partition, err)
+	}
+	return nil
+}
+
+// maxStopReason bounds a recorded stop's reason: the start says why.
+const maxStopReason = 4 << 10
+
+// stopReason makes an error text storable (see internal/pgtext) and cuts
+// it to maxStopReason.
+func stopReason(s string) string {
+	s = pgtext.Clean(s)
+	if len(s) <= maxStopReason {
+		return s
+	}
+	return strings.ToValidUTF8(s[:maxStopReason], "") + "... [truncated]"
+}
+
+// Stop is a partition stopped at a message, as its run recorded it.
+type Stop struct {
+	Topic     string
+	Partition int
+	At        time.Time
+	Reason    string
+}
+
+// Stops returns the consumer's partitions that are stopped, by topic and
+// partition.
+func (s *Store) Stops(ctx context.Context, q schema.Querier, consumer string) ([]Stop, error) {
+	rows, err := q.Query(ctx, `SELECT topic, partition, stopped_at, coalesce(stop_reason, '') FROM `+s.runs+`
+WHERE consumer = $1 AND stopped_at IS NOT NULL ORDER BY topic, partition`, consumer)
+	if err != nil {
+		return nil, fmt.Errorf("attempts: read stopped partitions: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Stop])
+	if err != nil {
+		return nil, fmt.Errorf("attempts: read stopped partitions: %w", err)
+	}
+	return out, nil
 }
 
 // Ended records that the run of the partition numbered run (as Assigned

@@ -2,6 +2,7 @@ package attempts_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -99,4 +100,37 @@ func TestAttemptsOfAnotherMessageAtTheSameOffsetStartOver(t *testing.T) {
 	rec, err = s.Begin(ctx, db.Pool, attempts.Key{Consumer: "c", Topic: "t", Partition: 0, Offset: 6}, "other", 2)
 	require.NoError(t, err)
 	require.Equal(t, 2, rec.Attempts, "a first record starts at initial")
+}
+
+// A stop is recorded on the run that stopped, or, before any run was
+// recorded, on a record of its own that does not count as a start; the
+// next assignment clears it. A zombie's run cannot mark the new owner's.
+func TestAStopIsRecordedUntilTheNextAssignment(t *testing.T) {
+	t.Parallel()
+	db, s := setup(t)
+	ctx := context.Background()
+
+	require.NoError(t, s.Stopped(ctx, db.Pool, "c", "t", 0, 0, "position ahead of the log\x00"))
+	stops, err := s.Stops(ctx, db.Pool, "c")
+	require.NoError(t, err)
+	require.Len(t, stops, 1)
+	require.Equal(t, "position ahead of the log\uFFFD", stops[0].Reason)
+	_, starts, _, _, err := s.Assigned(ctx, db.Pool, "c", "t", 0, 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, starts, "a stop before the run is no start")
+	stops, err = s.Stops(ctx, db.Pool, "c")
+	require.NoError(t, err)
+	require.Empty(t, stops)
+
+	owner, _, _, _, err := s.Assigned(ctx, db.Pool, "c", "t", 0, 10)
+	require.NoError(t, err)
+	require.NoError(t, s.Stopped(ctx, db.Pool, "c", "t", 0, owner-1, "a zombie's"))
+	stops, err = s.Stops(ctx, db.Pool, "c")
+	require.NoError(t, err)
+	require.Empty(t, stops, "another run's stop leaves the owner's record alone")
+	require.NoError(t, s.Stopped(ctx, db.Pool, "c", "t", 0, owner, strings.Repeat("é", 3000)))
+	stops, err = s.Stops(ctx, db.Pool, "c")
+	require.NoError(t, err)
+	require.Len(t, stops, 1)
+	require.True(t, strings.HasSuffix(stops[0].Reason, "... [truncated]"))
 }

@@ -126,8 +126,24 @@ func (w *worker) report(ctx context.Context, perr *PartitionError) {
 		}
 	}
 	w.log.Error("partition stopped: nothing after this message is processed until it is resolved", attrs...)
+	w.recordStop(ctx, perr)
 	for _, h := range w.hooks.Stopped {
 		h(ctx, perr)
+	}
+}
+
+// recordStop writes the stop and its reason on the partition's run record,
+// where operators in other processes see it (kafkaonce serve). The log and
+// the hooks have it already: a failure to record it is only logged.
+func (w *worker) recordStop(ctx context.Context, perr *PartitionError) {
+	var run int64
+	if w.started {
+		run = w.runID
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := w.attempts.Stopped(ctx, w.db, w.cfg.Name, w.topic, w.partition, run, perr.Err.Error()); err != nil && ctx.Err() == nil {
+		w.log.Warn("could not record the partition's stop for operators", w.logAttrs(slog.String("error", err.Error()))...)
 	}
 }
 

@@ -383,3 +383,37 @@ func TestServeShowsAStoppedPartitionAndWhy(t *testing.T) {
 	require.NotContains(t, body, "stopped</strong>")
 	require.NotContains(t, body, `<tr class="stopped">`)
 }
+
+// The CLI commands behind the page's actions.
+func TestDeadLettersSettleAndOutboxRetry(t *testing.T) {
+	t.Parallel()
+	w := newPoisoned(t)
+	parked := w.park()
+	bad3 := strconv.FormatInt(w.letterID("bad3"), 10)
+
+	_, errOut, code := w.cli("dead-letters", "settle", bad3)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--consumer is required")
+	out, errOut, code := w.cli("dead-letters", "settle", "--consumer", w.name, bad3, "999999")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "settled 1 of 2 letter(s)")
+	out, _, _ = w.cli("dead-letters", "show", bad3)
+	require.Contains(t, out, "state:         settled ")
+	out, _, _ = w.cli("dead-letters", "list", "--consumer", w.name, "--pending")
+	require.Contains(t, out, "bad1")
+	require.NotContains(t, out, "bad3", "a settled letter is not open")
+	out, _, _ = w.cli("dead-letters", "redrive", "--consumer", w.name, bad3)
+	require.Contains(t, out, "requested a redrive of 0 letter(s)")
+	out, _, _ = w.cli("status", "--consumer", w.name)
+	require.Contains(t, out, "dead letters: 2 (1 open")
+
+	out, errOut, code = w.cli("outbox", "parked")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "0 rows waiting for delivery, 1 parked")
+	require.Contains(t, out, parked)
+	out, _, code = w.cli("outbox", "retry", parked)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "put 1 of 1 row(s) back")
+	out, _, _ = w.cli("outbox", "parked")
+	require.Contains(t, out, "1 rows waiting for delivery, 0 parked")
+}

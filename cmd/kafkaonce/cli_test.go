@@ -359,6 +359,7 @@ func TestDeadLettersListShowRedrive(t *testing.T) {
 	w.requireEffectsOnce(3)
 }
 
+// The page's own canary test is TestServeNeverShowsSecrets.
 func TestPasswordsAreNeverPrinted(t *testing.T) {
 	t.Parallel()
 	w := &world{t: t, db: testenv.NewEmptyDB(t)}
@@ -368,10 +369,12 @@ func TestPasswordsAreNeverPrinted(t *testing.T) {
 		"host=127.0.0.1 port=1 user=ledger password=" + canary + " connect_timeout=2",
 		"postgres://ledger:" + canary + "@[::1:bad",
 	} {
-		out, errOut, code := w.cliWith(map[string]string{"DATABASE_URL": url, "KAFKA_PASSWORD": canary}, "status", "--consumer", "c")
-		require.Equal(t, 2, code)
-		require.NotContains(t, out+errOut, canary, "url form %q", url)
-		require.NotEmpty(t, errOut)
+		for _, args := range [][]string{{"status", "--consumer", "c"}, {"serve", "--listen", "127.0.0.1:0"}} {
+			out, errOut, code := w.cliWith(map[string]string{"DATABASE_URL": url, "KAFKA_PASSWORD": canary}, args...)
+			require.Equal(t, 2, code)
+			require.NotContains(t, out+errOut, canary, "url form %q, %s", url, args[0])
+			require.NotEmpty(t, errOut)
+		}
 	}
 }
 

@@ -30,7 +30,14 @@ func NewStore(schemaName string) (*Store, error) {
 }
 
 const columns = `id, consumer, topic, partition, kafka_offset, coalesce(message_id, ''), message_key, message_value, headers,
-	coalesce(message_time, 'epoch'), error_class, error, attempts, first_failed_at, last_failed_at, dead_lettered_at, published_at, redriven_at,
+	` + metaColumns
+
+// withoutPayload are columns with the message's key, value and headers
+// left out (a listing that does not show them reads no payload).
+const withoutPayload = `id, consumer, topic, partition, kafka_offset, coalesce(message_id, ''), NULL::bytea, NULL::bytea, 'null'::jsonb,
+	` + metaColumns
+
+const metaColumns = `coalesce(message_time, 'epoch'), error_class, error, attempts, first_failed_at, last_failed_at, dead_lettered_at, published_at, redriven_at,
 	redrive_requested_at, coalesce(redrive_error, ''), settled_at`
 
 func scan(row pgx.Row) (Letter, error) {
@@ -84,6 +91,10 @@ type Filter struct {
 	AfterID int64
 	// Limit bounds the result (default 100, at most 10000).
 	Limit int
+	// WithoutPayload leaves each letter's Key, Value and Headers empty,
+	// and unread: for a listing that does not show them, so that large
+	// messages cost it nothing.
+	WithoutPayload bool
 }
 
 // List returns the letters matching f, oldest first.
@@ -126,7 +137,11 @@ func (s *Store) List(ctx context.Context, q Querier, f Filter) ([]Letter, error)
 		limit = 100
 	}
 	limit = min(limit, 10000)
-	sql := `SELECT ` + columns + ` FROM ` + s.table
+	cols := columns
+	if f.WithoutPayload {
+		cols = withoutPayload
+	}
+	sql := `SELECT ` + cols + ` FROM ` + s.table
 	if len(where) > 0 {
 		sql += ` WHERE ` + strings.Join(where, " AND ")
 	}

@@ -8,21 +8,29 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// PreviewBytes bounds the value Parked returns of each row.
+const PreviewBytes = 4096
+
 // Parked is a row that could not be delivered.
 type Parked struct {
 	ID          string
 	Destination string
-	Key, Value  []byte
-	Attempts    int
-	LastError   string
-	CreatedAt   time.Time
-	FailedAt    time.Time
+	Key         []byte
+	// Value is the message's first PreviewBytes at most, so that a listing
+	// of large rows stays small; Size is its whole length.
+	Value     []byte
+	Size      int
+	Attempts  int
+	LastError string
+	CreatedAt time.Time
+	FailedAt  time.Time
 }
 
 // Parked lists rows that could not be delivered, oldest first.
 func (o *Outbox) Parked(ctx context.Context, q Querier, limit int) ([]Parked, error) {
-	rows, err := q.Query(ctx, `SELECT id, destination, message_key, message_value, attempts, coalesce(last_error, ''), created_at, failed_at
-FROM `+o.table+` WHERE failed_at IS NOT NULL ORDER BY seq LIMIT $1`, limit)
+	rows, err := q.Query(ctx, `SELECT id, destination, message_key, substring(message_value FROM 1 FOR $2), coalesce(octet_length(message_value), 0),
+	attempts, coalesce(last_error, ''), created_at, failed_at
+FROM `+o.table+` WHERE failed_at IS NOT NULL ORDER BY seq LIMIT $1`, limit, PreviewBytes)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: parked: %w", err)
 	}

@@ -16,6 +16,9 @@ type serveOptions struct {
 	listen       string
 	allowRemote  bool
 	allowActions bool
+	// hosts are the names the page is served as (its requests' Host),
+	// besides loopback and a specific --listen address.
+	hosts []string
 	// groups maps a consumer's name to its group, for consumers whose
 	// Config.GroupID is not their name.
 	groups map[string]string
@@ -41,7 +44,7 @@ It listens on the loopback interface only, unless --allow-remote: the page
 shows message contents, and it has no login of its own.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkListen(o.listen, o.allowRemote); err != nil {
+			if err := checkListen(o.listen, o.allowRemote, o.hosts); err != nil {
 				return err
 			}
 			ctx := cmd.Context()
@@ -78,19 +81,29 @@ shows message contents, and it has no login of its own.`,
 	}
 	cmd.Flags().StringVar(&o.listen, "listen", "127.0.0.1:8080", "the address to listen on (loopback only, unless --allow-remote)")
 	cmd.Flags().BoolVar(&o.allowRemote, "allow-remote", false, "allow a --listen address other hosts can reach (the page has no login: put it behind one)")
+	cmd.Flags().StringSliceVar(&o.hosts, "host", nil, "with --allow-remote, a name the page is served as, with its port if not 80 (the Host header is checked; repeatable)")
 	cmd.Flags().BoolVar(&o.allowActions, "allow-actions", false, "offer redrive, settle and un-park (default: read-only)")
 	cmd.Flags().StringToStringVar(&o.groups, "group", nil, "a consumer's group when it is not the consumer's name: name=group (repeatable)")
 	return cmd
 }
 
 // checkListen refuses an address other hosts can reach, unless allowed:
-// the page shows message contents and has no login.
-func checkListen(addr string, allowRemote bool) error {
+// the page shows message contents and has no login. Listening on every
+// interface, it must be told the names it is served as: a Host it cannot
+// check would let a site rebind its own name to this machine and use the
+// page from a browser here.
+func checkListen(addr string, allowRemote bool, hosts []string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("--listen must be host:port, such as 127.0.0.1:8080 (got %q)", addr)
 	}
-	if isLoopback(host) || allowRemote {
+	if isLoopback(host) {
+		return nil
+	}
+	if allowRemote && everyInterface(host) && len(hosts) == 0 {
+		return fmt.Errorf("--listen %s listens on every interface: name the host the page is served as with --host (say --host ops.example.com:8080), so that requests for any other name are refused", addr)
+	}
+	if allowRemote {
 		return nil
 	}
 	return fmt.Errorf("--listen %s is reachable from other hosts, and the page has no login: listen on 127.0.0.1, or pass --allow-remote (behind a proxy that authenticates)", addr)

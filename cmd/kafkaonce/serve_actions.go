@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 )
@@ -185,11 +186,13 @@ func (p *page) unpark() action {
 	}
 }
 
-// idOf is the letter id of an action's path; one that is no number finds
-// no letter.
+// idOf is the letter id of an action's path; one that is not a number,
+// whole ("5abc" is not 5), finds no letter.
 func idOf(r *http.Request) int64 {
-	var id int64
-	_, _ = fmt.Sscan(r.PathValue("id"), &id)
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		return 0
+	}
 	return id
 }
 

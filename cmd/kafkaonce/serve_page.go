@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
 	"embed"
 	"encoding/base64"
@@ -10,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -71,7 +73,10 @@ func newPage(s *settings, c *conn, o serveOptions) (*page, error) {
 		"when":     when,
 		"optional": optional,
 		"preview":  preview,
-		"state":    func(l deadletter.Letter) string { return letterState(&l) },
+		// segment escapes a value put in one segment of a URL's path
+		// (an outbox id is free text: "/", "?" and "#" included).
+		"segment": url.PathEscape,
+		"state":   func(l deadletter.Letter) string { return letterState(&l) },
 	}).ParseFS(webFiles, "web/*.html")
 	if err != nil {
 		return nil, err
@@ -91,6 +96,9 @@ func (p *page) handler() http.Handler {
 	return p.guard(mux)
 }
 
+// requestTimeout bounds the reads and the action of one request.
+const requestTimeout = 10 * time.Second
+
 // guard sets the security headers of every response, and refuses a Host
 // the page is not served as: a page on loopback must not answer a DNS name
 // that an attacker's site rebinds to 127.0.0.1.
@@ -106,13 +114,19 @@ func (p *page) guard(next http.Handler) http.Handler {
 			http.Error(w, "unexpected Host header: open the page by the address kafkaonce serve printed", http.StatusMisdirectedRequest)
 			return
 		}
-		next.ServeHTTP(w, r)
+		// A database or broker that stops answering (a connection left
+		// open, nothing coming back) ends the request with an error page,
+		// instead of holding it, and its connection, for ever.
+		ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
 // servedAs reports whether host (a request's Host) names this server: a
-// loopback address or localhost, or with --allow-remote the --listen host
-// (any host when it listens on every interface).
+// loopback address or localhost, or with --allow-remote a specific
+// --listen host or one of the --host names. Listening on every interface
+// names no host: only --host does.
 func (p *page) servedAs(hostport string) bool {
 	host, _, err := net.SplitHostPort(hostport)
 	if err != nil {
@@ -124,11 +138,19 @@ func (p *page) servedAs(hostport string) bool {
 	if !p.o.allowRemote {
 		return false
 	}
-	listen, _, _ := net.SplitHostPort(p.o.listen)
-	if ip := net.ParseIP(listen); listen == "" || ip != nil && ip.IsUnspecified() {
-		return true
+	for _, h := range p.o.hosts {
+		if strings.EqualFold(hostport, h) || strings.EqualFold(host, strings.Trim(h, "[]")) {
+			return true
+		}
 	}
-	return strings.EqualFold(host, listen)
+	listen, _, _ := net.SplitHostPort(p.o.listen)
+	return !everyInterface(listen) && strings.EqualFold(host, listen)
+}
+
+// everyInterface reports whether a listen host listens on every interface.
+func everyInterface(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "" || ip != nil && ip.IsUnspecified()
 }
 
 // chrome is what every page shows around its content.
@@ -252,7 +274,7 @@ func (p *page) overview(w http.ResponseWriter, r *http.Request) {
 	if d.Classes, err = p.letters.CountByClass(ctx, pool); err != nil {
 		d.Errors = append(d.Errors, p.redact(err))
 	}
-	pending, err := p.letters.List(ctx, pool, deadletter.Filter{Pending: true, Limit: pageLetters + 1})
+	pending, err := p.letters.List(ctx, pool, deadletter.Filter{Pending: true, Limit: pageLetters + 1, WithoutPayload: true})
 	if err != nil {
 		d.Errors = append(d.Errors, p.redact(err))
 	}
@@ -260,7 +282,7 @@ func (p *page) overview(w http.ResponseWriter, r *http.Request) {
 		pending, d.MoreLetters = pending[:pageLetters], true
 	}
 	d.Letters = byClass(pending)
-	if d.Conflicts, err = p.letters.List(ctx, pool, deadletter.Filter{Class: deadletter.ClassConflict, Limit: pageLetters}); err != nil {
+	if d.Conflicts, err = p.letters.List(ctx, pool, deadletter.Filter{Class: deadletter.ClassConflict, Limit: pageLetters, WithoutPayload: true}); err != nil {
 		d.Errors = append(d.Errors, p.redact(err))
 	}
 	if d.OutboxPending, err = p.outbox.Pending(ctx, pool); err != nil {

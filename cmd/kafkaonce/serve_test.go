@@ -159,14 +159,18 @@ func TestServeNeverShowsSecrets(t *testing.T) {
 func TestServeRefusesANonLoopbackAddress(t *testing.T) {
 	t.Parallel()
 	for _, addr := range []string{"0.0.0.0:8080", ":8080", "192.0.2.1:8080", "[::]:8080"} {
-		err := checkListen(addr, false)
+		err := checkListen(addr, false, nil)
 		require.ErrorContains(t, err, "--allow-remote", addr)
-		require.NoError(t, checkListen(addr, true))
+		require.NoError(t, checkListen(addr, true, []string{"ops.example.com:8080"}))
 	}
+	for _, addr := range []string{"0.0.0.0:8080", ":8080", "[::]:8080"} {
+		require.ErrorContains(t, checkListen(addr, true, nil), "--host", "every interface names no host")
+	}
+	require.NoError(t, checkListen("192.0.2.1:8080", true, nil), "a specific address is its own name")
 	for _, addr := range []string{"127.0.0.1:8080", "[::1]:0", "localhost:8080"} {
-		require.NoError(t, checkListen(addr, false))
+		require.NoError(t, checkListen(addr, false, nil))
 	}
-	require.ErrorContains(t, checkListen("8080", false), "host:port")
+	require.ErrorContains(t, checkListen("8080", false, nil), "host:port")
 }
 
 // park writes an outbox row and parks it, as the relay does when its

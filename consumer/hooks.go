@@ -214,6 +214,28 @@ type TopicPartitionOffset struct {
 	Offset    int64
 }
 
+// HookBatchScope gives each batch transaction a context of the hook's
+// making, for tracing: ScopeBatch is called before HookBatchStart with the
+// transaction's messages, and the context it returns is the one the
+// transaction, the handler and every hook called for the transaction get,
+// up to HookBatchEnd and the per-message hooks of what it committed; end
+// is called after those. Every transaction is a scope of its own: a batch
+// that runs again after a failure opens another. Like every Message, msgs
+// must not be kept after end returns.
+type HookBatchScope interface {
+	ScopeBatch(ctx context.Context, b BatchInfo, msgs []*Message) (_ context.Context, end func())
+}
+
+// HookHandlerScope gives each handler call for one message a context of
+// the hook's making, for tracing: the handler gets the context ScopeHandler
+// returns, and end is called with the call's error when it returns. It
+// covers Handler calls, BatchHandler calls for one message (after a
+// failure, or from a savepoint on) and redrives; a BatchHandler call for
+// several messages runs in the batch's scope (HookBatchScope) alone.
+type HookHandlerScope interface {
+	ScopeHandler(ctx context.Context, msg *Message) (_ context.Context, end func(err error))
+}
+
 // sortHooks turns each of hs into functions the engine calls, one per hook
 // interface it implements. The payloads convert between the engine's types
 // and this package's at no cost: they are the same structs.
@@ -280,6 +302,20 @@ func sortHooks(hs []Hook) (engine.Hooks, error) {
 		if v, ok := h.(HookContention); ok {
 			out.Contention = append(out.Contention, func(ctx context.Context, b engine.BatchInfo, c engine.Contention) {
 				v.OnContention(ctx, BatchInfo(b), Contention(c))
+			})
+		}
+		if v, ok := h.(HookBatchScope); ok {
+			out.BatchScope = append(out.BatchScope, func(ctx context.Context, b engine.BatchInfo, msgs []*engine.Message) (context.Context, func()) {
+				public := make([]*Message, len(msgs))
+				for i, m := range msgs {
+					public[i] = (*Message)(m)
+				}
+				return v.ScopeBatch(ctx, BatchInfo(b), public)
+			})
+		}
+		if v, ok := h.(HookHandlerScope); ok {
+			out.HandlerScope = append(out.HandlerScope, func(ctx context.Context, m *engine.Message) (context.Context, func(error)) {
+				return v.ScopeHandler(ctx, (*Message)(m))
 			})
 		}
 		if out.Len() == n {

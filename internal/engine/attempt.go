@@ -88,13 +88,16 @@ func (st *batchState) reset(n int) {
 // that hangs, ignoring its context, can be cut off: after HandlerTimeout its
 // context is cancelled, and if it has not returned handlerCutoffGrace later,
 // its connection is closed (the server rolls the transaction back) and the
-// attempt is abandoned.
+// attempt is abandoned. It hands on the messages the transaction committed
+// (afterCommit) inside the batch's scope, whose hooks see them.
 func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int) txOutcome {
 	items = items[:p.n]
 	serialized, limit, paceRow := w.paceNow()
 	info := BatchInfo{Topic: w.topic, Partition: w.partition, FirstOffset: items[0].msg.Offset,
 		LastOffset: items[len(items)-1].msg.Offset, Size: len(items), Attempt: attempt, HighWaterMark: w.hwm,
 		Serialized: serialized, BatchLimit: limit}
+	work, endScope := w.hooks.enterBatch(work, info, items)
+	defer endScope()
 	for _, h := range w.hooks.Start {
 		h(work, info)
 	}
@@ -145,6 +148,9 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 		for _, h := range w.hooks.End {
 			h(work, info, r)
 		}
+	}
+	if out.committed > 0 {
+		w.afterCommit(work, items[:out.committed], p, out.st)
 	}
 	return out
 }

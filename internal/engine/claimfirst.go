@@ -271,7 +271,9 @@ func (a *txAttempt) handle(hctx, ctx context.Context, tx pgx.Tx) (h handled, out
 			savepointOpen = true
 		}
 		began := time.Now()
-		err := a.user.call(hctx, a.uc, i, tx, &items[i].msg)
+		cctx, endCall := a.hooks.enterHandler(hctx, &items[i].msg)
+		err := a.user.call(cctx, a.uc, i, tx, &items[i].msg)
+		endCall(err)
 		if errors.Is(err, usercall.ErrAbandoned) {
 			return h, infra(err) // nobody reads it: the worker has moved on
 		}

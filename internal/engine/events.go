@@ -25,13 +25,17 @@ type Hooks struct {
 	Suspect    []func(context.Context, *Message, SuspectOf)
 	Handler    []func(context.Context, *Message, time.Duration, error)
 	Contention []func(context.Context, BatchInfo, Contention)
+	// BatchScope and HandlerScope wrap a batch transaction and a handler
+	// call in a context of the hook's (see scopes.go).
+	BatchScope   []func(context.Context, BatchInfo, []*Message) (context.Context, func())
+	HandlerScope []func(context.Context, *Message) (context.Context, func(error))
 }
 
 // Len returns the number of functions in h.
 func (h *Hooks) Len() int {
 	return len(h.Assigned) + len(h.Stopped) + len(h.Start) + len(h.End) + len(h.Applied) +
 		len(h.Skipped) + len(h.Conflict) + len(h.Committed) + len(h.Failed) + len(h.Dead) +
-		len(h.Suspect) + len(h.Handler) + len(h.Contention)
+		len(h.Suspect) + len(h.Handler) + len(h.Contention) + len(h.BatchScope) + len(h.HandlerScope)
 }
 
 // PartitionAssignment mirrors consumer.PartitionAssignment.

@@ -29,13 +29,12 @@ func (w *worker) newLadder() *ladder {
 	return &ladder{w: w, backoff: w.retry.New(), short: contentionWaits.New()}
 }
 
-// step runs one transaction over items[:p.n] and hands on the messages it
-// committed. err is set when the partition's run must end; out says what
-// happened otherwise.
+// step runs one transaction over items[:p.n], which hands on the messages
+// it committed. err is set when the partition's run must end; out says
+// what happened otherwise.
 func (l *ladder) step(work context.Context, items []item, p *plan, attempt int) (out txOutcome, err error) {
 	out = l.w.runTx(work, items, p, attempt)
 	if out.committed > 0 {
-		l.w.afterCommit(work, items[:out.committed], p, out.st)
 		l.backoff.Reset()
 		l.short.Reset()
 		l.lost = 0

@@ -121,7 +121,12 @@ func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool
 				}
 				return errAlreadySettled
 			}
-			if err := c.user.call(hctx, uc, 0, tx, m); err != nil {
+			// The letter keeps the message's headers, trace context
+			// included: a tracing hook's span continues the message's trace.
+			cctx, endCall := c.hooks.enterHandler(hctx, m)
+			err = c.user.call(cctx, uc, 0, tx, m)
+			endCall(err)
+			if err != nil {
 				return fmt.Errorf("handler: %w", err)
 			}
 			msg = m

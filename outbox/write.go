@@ -60,7 +60,8 @@ func New(schemaName string) (*Outbox, error) {
 }
 
 // Write adds messages to the outbox in tx and returns their ids. They are
-// delivered once tx commits, and never if it rolls back.
+// delivered once tx commits, and never if it rolls back. When ctx carries
+// a span, each row carries its trace context (see HeaderTraceParent).
 func (o *Outbox) Write(ctx context.Context, tx Execer, msgs ...Message) ([]string, error) {
 	n := len(msgs)
 	ids, dests, buckets, headers := make([]string, n), make([]string, n), make([]int32, n), make([]string, n)
@@ -77,7 +78,7 @@ func (o *Outbox) Write(ctx context.Context, tx Execer, msgs ...Message) ([]strin
 			}
 			id = u.String()
 		}
-		h := m.Headers
+		h := withTraceContext(ctx, m.Headers)
 		if h == nil {
 			h = []Header{}
 		}

@@ -22,8 +22,9 @@
 // # Spans
 //
 //   - "transaction <topic>": one per batch transaction, a new root, with a
-//     link to each distinct span its messages were written under: a batch
-//     has many parents, and a span has one. Its events are what befell
+//     link to each distinct span its messages were written under (the
+//     first 128, the SDK's default limit): a batch has many parents, and
+//     a span has one. Its events are what befell
 //     single messages: "message skipped" (a duplicate), "message
 //     dead-lettered", "fingerprint conflict", and "contention" when the
 //     transaction lost a race for rows and runs again.

@@ -35,12 +35,20 @@ func (h *Hooks) ScopeBatch(ctx context.Context, b consumer.BatchInfo, msgs []*co
 	return ctx, func() { span.End() }
 }
 
-// producerLinks links to each distinct producer span of msgs: a batch
-// written in one request holds one.
+// maxLinks bounds the links of a batch's span: the SDK's default limit,
+// which drops the rest. Reading no further than that keeps a batch of
+// thousands of traces from paying for links nobody keeps.
+const maxLinks = 128
+
+// producerLinks links to each distinct producer span of msgs, the first
+// maxLinks of them: a batch written in one request holds one.
 func producerLinks(msgs []*consumer.Message) []trace.Link {
 	var links []trace.Link
 	var seen map[[24]byte]bool
 	for _, m := range msgs {
+		if len(links) == maxLinks {
+			break
+		}
 		sc := producerOf(m)
 		if !sc.IsValid() {
 			continue

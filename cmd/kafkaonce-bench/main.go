@@ -47,6 +47,9 @@
 // healthy keys, with and without a hot key whose receiver answers 429; see
 // outbox.go.
 //
+// Tracing (-tracing, run alone): the base cell with tracing off and on
+// (otelhooks, every span sampled), side by side; see tracing.go.
+//
 // Output: a table on stdout, results as JSON (-json), an SVG chart and
 // BENCHMARKS.md (-markdown); the last line of stdout is a JSON object with
 // the key ratios.
@@ -88,6 +91,8 @@ var allModes = []mode{
 	{"kafkaonce", runKafkaonce, true, false},
 	{"kafkaonce-batch", runKafkaonceBatch, true, false},
 	{"kafkaonce-keys", runKafkaonceKeys, true, false},
+	{"kafkaonce-traced", traced(runKafkaonce), true, false},
+	{"kafkaonce-batch-traced", traced(runKafkaonceBatch), true, false},
 }
 
 type options struct {
@@ -111,6 +116,7 @@ type options struct {
 	verbose        bool
 	outbox         bool
 	outboxDuration time.Duration
+	tracing        bool
 }
 
 func main() {
@@ -139,6 +145,7 @@ func main() {
 	fs.BoolVar(&o.memory, "memory", true, "measure peak RSS draining 1M and 10M message backlogs (full set)")
 	fs.BoolVar(&o.verbose, "v", false, "log the consumers' own messages")
 	fs.BoolVar(&o.outbox, "outbox", false, "run only the outbox relay cells (a hot failing key beside healthy ones, and without it); -markdown then rewrites only their section")
+	fs.BoolVar(&o.tracing, "tracing", false, "run only the tracing cells (the base cell with tracing off and on, per-message and batch handlers); -markdown then rewrites only their section")
 	fs.DurationVar(&o.outboxDuration, "outbox-duration", 10*time.Second, "how long the outbox cells write at a steady rate")
 	apply := devenv.RegisterFlags(fs)
 	fs.Usage = func() {
@@ -158,6 +165,9 @@ func main() {
 	}
 	if o.outbox {
 		run = runOutboxCells
+	}
+	if o.tracing {
+		run = runTracingCells
 	}
 	if err := run(ctx, log, o); err != nil {
 		fmt.Fprintln(os.Stderr, "kafkaonce-bench:", err)

@@ -66,8 +66,8 @@ func (rep *report) writeMarkdown(path, chart string) error {
 		fmt.Fprintf(&sb, "\n## Chart\n\n![throughput by mode and by batch size](%s)\n", filepath.ToSlash(rel))
 	}
 	// Sections written by other runs (kafkaonce-httpbench's, the outbox
-	// cells') are kept as they are.
-	for _, name := range []string{outboxSection, httpSection} {
+	// and tracing cells') are kept as they are.
+	for _, name := range []string{outboxSection, tracingSection, httpSection} {
 		if kept := benchdoc.Kept(path, name); kept != "" {
 			sb.WriteString("\n" + kept + "\n")
 		}

@@ -74,12 +74,12 @@ func runConsumer(ctx context.Context, e *env, c cell, b backlog, rec *recorder, 
 		Name:     nextConsumerName(),
 		Brokers:  e.brokers,
 		Topics:   []string{b.topic},
-		GroupID:  b.topic + "-" + mode,
+		GroupID:  b.topic + "-" + mode + wrapping(ctx).group,
 		Schema:   schema,
 		MaxBatch: c.MaxBatch,
 		Dialer:   e.kafkaDialer,
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Hooks:    []consumer.Hook{&kafkaonceHooks{rec: rec}},
+		Hooks:    append([]consumer.Hook{&kafkaonceHooks{rec: rec}}, wrapping(ctx).hooks...),
 	}
 	if e.verbose {
 		cfg.Logger = e.log

@@ -28,6 +28,9 @@ type cell struct {
 	// between (0 for the other effects, which spread over all accounts).
 	// Omitted when 0, so cells saved before it existed read back equal.
 	Accounts int `json:"accounts,omitempty"`
+	// Traceparent: every message carries a W3C traceparent of its own (the
+	// tracing cells).
+	Traceparent bool `json:"traceparent,omitempty"`
 }
 
 func (c cell) String() string {
@@ -40,6 +43,9 @@ func (c cell) String() string {
 		// Only then: the cells without hot accounts keep the names their
 		// saved results have.
 		s += fmt.Sprintf(" accounts=%d", c.Accounts)
+	}
+	if c.Traceparent {
+		s += " traced"
 	}
 	return s
 }
@@ -187,6 +193,9 @@ func produce(ctx context.Context, brokers []string, topic string, c cell, n int,
 		m := g.next()
 		perPartition[m.Partition]++
 		m.Headers = append(m.Headers[:len(m.Headers):len(m.Headers)], kafka.Header{Key: sentHeader, Value: stamp(time.Now())})
+		if c.Traceparent {
+			m.Headers = append(m.Headers, kafka.Header{Key: "traceparent", Value: newTraceparent()})
+		}
 		// Without re-sends every id is new (UUIDs); the set is only kept
 		// when there are duplicates to count, so that a 10M backlog does not
 		// leave a 10M-entry map behind in the consumer's process.

@@ -75,8 +75,10 @@ func (tr *tracing) names() []string {
 }
 
 // tree renders the spans of one trace as an indented tree with durations,
-// each span's links after it: what the README shows.
-func tree(spans tracetest.SpanStubs, traceID trace.TraceID) string {
+// each span's links after it: what the README shows, with the test's topic
+// called "orders".
+func tree(spans tracetest.SpanStubs, traceID trace.TraceID, topic string) string {
+	name := func(s tracetest.SpanStub) string { return strings.ReplaceAll(s.Name, topic, "orders") }
 	byParent := map[trace.SpanID][]tracetest.SpanStub{}
 	names := map[trace.SpanID]string{}
 	for _, s := range spans {
@@ -96,10 +98,10 @@ func tree(spans tracetest.SpanStubs, traceID trace.TraceID) string {
 	var b strings.Builder
 	var walk func(s tracetest.SpanStub, depth int)
 	walk = func(s tracetest.SpanStub, depth int) {
-		fmt.Fprintf(&b, "%s%-*s %8s  %s\n", strings.Repeat("  ", depth), 34-2*depth, s.Name,
+		fmt.Fprintf(&b, "%s%-*s %8s  %s\n", strings.Repeat("  ", depth), 24-2*depth, name(s),
 			s.EndTime.Sub(s.StartTime).Round(10*time.Microsecond), s.SpanKind)
 		for _, l := range s.Links {
-			fmt.Fprintf(&b, "%s  ↳ link: %s\n", strings.Repeat("  ", depth), describe(spans, l.SpanContext))
+			fmt.Fprintf(&b, "%s  ↳ link: %s\n", strings.Repeat("  ", depth), strings.ReplaceAll(describe(spans, l.SpanContext), topic, "orders"))
 		}
 		kids := byParent[s.SpanContext.SpanID()]
 		slices.SortFunc(kids, func(a, b tracetest.SpanStub) int { return a.StartTime.Compare(b.StartTime) })

@@ -98,8 +98,7 @@ func TestOneTraceFromTheHTTPRequestToTheHandler(t *testing.T) {
 	require.EqualValues(t, 1, attr(batch, "kafkaonce.applied").AsInt64())
 	require.True(t, handler.StartTime.After(batch.StartTime) && handler.EndTime.Before(batch.EndTime), "the handler ran inside the transaction")
 
-	t.Logf("the trace:\n%s\nthe batch's:\n%s", strings.ReplaceAll(tree(spans, traceID), topic, "orders"),
-		strings.ReplaceAll(tree(spans, batch.SpanContext.TraceID()), topic, "orders"))
+	t.Logf("the trace:\n%s\nthe batch's:\n%s", tree(spans, traceID, topic), tree(spans, batch.SpanContext.TraceID(), topic))
 }
 
 // attr returns a span's attribute by key.

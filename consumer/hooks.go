@@ -53,7 +53,8 @@ type HookBatchStart interface {
 }
 
 // HookBatchEnd is called after each transaction of a batch: committed
-// (r.Err nil) or not.
+// whole (r.Err nil), committed in part (r.Committed > 0 and r.Err says
+// what stopped it), or not at all.
 type HookBatchEnd interface {
 	OnBatchEnd(ctx context.Context, b BatchInfo, r BatchResult)
 }
@@ -105,10 +106,16 @@ type Contention struct {
 // BatchResult is the outcome of one batch transaction.
 type BatchResult struct {
 	// Applied and Skipped count messages whose handler ran and messages
-	// skipped as duplicates; both are 0 unless the transaction committed.
+	// skipped as duplicates, of those that committed.
 	Applied, Skipped int
-	Duration         time.Duration
-	// Err is nil when the transaction committed.
+	// Committed counts the transaction's messages that committed: all of
+	// them when Err is nil; those before the message that failed when the
+	// transaction was cut there, committing what came before it; 0 when it
+	// rolled back.
+	Committed int
+	Duration  time.Duration
+	// Err is nil when the whole transaction committed, else what stopped
+	// it.
 	Err error
 }
 
@@ -222,13 +229,20 @@ type TopicPartitionOffset struct {
 // is called after those. Every transaction is a scope of its own: a batch
 // that runs again after a failure opens another. Like every Message, msgs
 // must not be kept after end returns.
+//
+// The returned context lends its values only (a span): its deadline and
+// cancellation are ignored, the consumer's own decide, so that a hook can
+// neither hold a handler past shutdown nor stop a batch. A nil context, or
+// a panic in ScopeBatch or end, opens no scope and fails nothing.
 type HookBatchScope interface {
 	ScopeBatch(ctx context.Context, b BatchInfo, msgs []*Message) (_ context.Context, end func())
 }
 
 // HookHandlerScope gives each handler call for one message a context of
 // the hook's making, for tracing: the handler gets the context ScopeHandler
-// returns, and end is called with the call's error when it returns. It
+// returns (its values, as for HookBatchScope), and end is called once with
+// the call's error when it returns, or when the consumer abandons a call
+// that hung past HandlerTimeout (the call may still return later). It
 // covers Handler calls, BatchHandler calls for one message (after a
 // failure, or from a savepoint on) and redrives; a BatchHandler call for
 // several messages runs in the batch's scope (HookBatchScope) alone.

@@ -168,12 +168,12 @@ func (h *Hooks) OnContention(ctx context.Context, b consumer.BatchInfo, c consum
 
 func (h *Hooks) OnBatchEnd(ctx context.Context, b consumer.BatchInfo, r consumer.BatchResult) {
 	outcome := "committed"
-	if r.Err != nil {
+	if r.Committed == 0 {
 		outcome = "failed"
 	}
 	h.txDuration.Record(ctx, r.Duration.Seconds(), h.with(postgres, attrOutcome.String(outcome)))
 	endBatchSpan(ctx, r)
-	if r.Err != nil {
+	if r.Committed == 0 {
 		return
 	}
 	h.batchSize.Record(ctx, int64(b.Size), h.with())

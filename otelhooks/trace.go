@@ -97,7 +97,13 @@ func endBatchSpan(ctx context.Context, r consumer.BatchResult) {
 		return
 	}
 	span.SetAttributes(attrApplied.Int(r.Applied), attrSkipped.Int(r.Skipped))
-	if r.Err != nil {
+	switch {
+	case r.Err != nil && r.Committed > 0:
+		// Cut at a failing message: what came before it committed, and
+		// the failure is the next transaction's to retry.
+		span.AddEvent("transaction cut", trace.WithAttributes(attribute.Int("kafkaonce.committed", r.Committed),
+			attribute.String("exception.message", r.Err.Error())))
+	case r.Err != nil:
 		span.RecordError(r.Err)
 		span.SetStatus(codes.Error, r.Err.Error())
 	}

@@ -168,11 +168,11 @@ func (h *Hooks) OnContention(_ context.Context, b consumer.BatchInfo, c consumer
 
 func (h *Hooks) OnBatchEnd(_ context.Context, b consumer.BatchInfo, r consumer.BatchResult) {
 	outcome := "committed"
-	if r.Err != nil {
+	if r.Committed == 0 {
 		outcome = "failed"
 	}
 	h.txDuration.WithLabelValues(outcome).Observe(r.Duration.Seconds())
-	if r.Err != nil {
+	if r.Committed == 0 {
 		return
 	}
 	h.batchSize.Observe(float64(b.Size))

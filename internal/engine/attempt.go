@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"sync/atomic"
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
@@ -24,6 +25,10 @@ import (
 // returns, sees usercall.ErrAbandoned and ends without a write.
 type txAttempt struct {
 	*deps
+	// openCall ends the scope of the handler call in progress, if any: the
+	// worker ends it when it abandons the attempt, since the call may
+	// never return.
+	openCall  atomic.Pointer[func(error)]
 	topic     string
 	partition int
 	items     []item
@@ -116,6 +121,9 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 		return out
 	})
 	if abandoned != nil {
+		if end := a.openCall.Load(); end != nil {
+			(*end)(usercall.ErrAbandoned)
+		}
 		// The abandoned attempt keeps its scratch space, and the handler
 		// may still read the messages: the next fetch gets new buffers.
 		w.items = nil
@@ -133,7 +141,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 	}
 	w.paced(work, info, &out, took)
 	if len(w.hooks.End) > 0 {
-		r := BatchResult{Duration: took, Err: out.err}
+		r := BatchResult{Duration: took, Err: out.err, Committed: out.committed}
 		if out.st != nil {
 			for _, f := range out.st.fates[:out.committed] {
 				switch f {

@@ -272,7 +272,9 @@ func (a *txAttempt) handle(hctx, ctx context.Context, tx pgx.Tx) (h handled, out
 		}
 		began := time.Now()
 		cctx, endCall := a.hooks.enterHandler(hctx, &items[i].msg)
+		a.openCall.Store(&endCall) // ended by runTx if the call is abandoned
 		err := a.user.call(cctx, a.uc, i, tx, &items[i].msg)
+		a.openCall.Store(nil)
 		endCall(err)
 		if errors.Is(err, usercall.ErrAbandoned) {
 			return h, infra(err) // nobody reads it: the worker has moved on

@@ -70,6 +70,7 @@ type Contention struct {
 // BatchResult mirrors consumer.BatchResult.
 type BatchResult struct {
 	Applied, Skipped int
+	Committed        int
 	Duration         time.Duration
 	Err              error
 }

@@ -22,7 +22,7 @@ import (
 const (
 	DefaultMaxBatch                 = 1000
 	DefaultMaxWait                  = 5 * time.Millisecond
-	DefaultSchema                   = schema.DefaultName
+	DefaultSchema                   = "kafkaonce"
 	DefaultShutdownTimeout          = 10 * time.Second
 	DefaultStatementTimeout         = 30 * time.Second
 	DefaultLockTimeout              = 10 * time.Second

@@ -115,6 +115,16 @@ var (
 // marked, and the reverse.
 func Permanent(err error) error { return permanent.Mark(err) }
 
+// IsPermanent reports whether err, or an error it wraps, was marked by
+// Permanent (or outbox.Permanent): the consumer sets its message aside at
+// once, without retries. Other errors from a handler are retried, up to
+// Config.Retry.MaxAttempts. A handler's test asks it of the error
+// consumertest.Handle returns:
+//
+//	err := consumertest.Handle(ctx, t, tx, handler, consumertest.NewMessage([]byte("not json")))
+//	require.True(t, consumer.IsPermanent(err))
+func IsPermanent(err error) bool { return permanent.Is(err) }
+
 // ErrMessagesDeleted: the partition's log no longer holds messages this
 // consumer has not processed yet (retention or a DeleteRecords call removed
 // them). They cannot be processed any more, and skipping them silently

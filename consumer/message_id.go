@@ -58,7 +58,10 @@ func IDFromHeader(name string) MessageIDFunc {
 // the field name, or names joined by dots for nested objects ("meta.id"). A
 // string field is used as is; a number field by its literal text
 // (12345678901234567890 stays exact). Any other type, a missing field or a
-// value that is not a JSON object is an invalid id.
+// value that is not a JSON object is an invalid id. Such a message never
+// reaches the handler: it is set aside by Config.OnPermanentFailure (a
+// dead letter of class invalid_id, by default), so a handler behind
+// IDFromJSONField never sees a value that is not JSON.
 func IDFromJSONField(path string) MessageIDFunc {
 	fields := strings.Split(path, ".")
 	return func(msg *Message) (string, error) {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/engine"
+	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
 
 // The consumer package states these values for its users and the engine
@@ -15,6 +16,7 @@ func TestPublicValuesMatchTheEngine(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct{ name, public, engine string }{
 		{"DefaultMessageIDHeader", consumer.DefaultMessageIDHeader, engine.DefaultMessageIDHeader},
+		{"DefaultSchema", consumer.DefaultSchema, schema.DefaultName},
 		{"HeaderConsumer", consumer.HeaderConsumer, engine.HeaderConsumer},
 		{"HeaderSourceTopic", consumer.HeaderSourceTopic, engine.HeaderSourceTopic},
 		{"HeaderSourcePartition", consumer.HeaderSourcePartition, engine.HeaderSourcePartition},

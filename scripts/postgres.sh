@@ -24,12 +24,26 @@ start)
 		apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
 		bin=$(find_bin)
 	fi
-	mkdir -p "$dir"
+	if [ -z "$bin" ] || [ ! -x "$bin/initdb" ]; then
+		echo "postgres: no PostgreSQL server binaries (initdb, pg_ctl) found, and apt-get could not install them: install the postgresql package, or set DATABASE_URL to a server of your own" >&2
+		exit 1
+	fi
+	mkdir -p "$dir" || { echo "postgres: cannot create $dir" >&2; exit 1; }
 	if [ "$(id -u)" = 0 ]; then
 		id postgres >/dev/null 2>&1 || useradd --system --home "$dir" postgres
 		chown -R postgres "$dir"
+		# Postgres refuses to run as root, so the postgres user runs it, and
+		# must reach the directory through every parent of it.
+		if ! runuser -u postgres -- test -w "$dir"; then
+			echo "postgres: the postgres user cannot reach $dir: a parent directory is not searchable by it (chmod 755 the parents, or use a directory under /tmp)" >&2
+			exit 1
+		fi
 	fi
-	as_owner "$bin/initdb" -D "$dir/data" -U postgres --auth=trust --encoding=UTF8 --locale=C --no-sync >"$dir/initdb.log" 2>&1
+	if ! as_owner "$bin/initdb" -D "$dir/data" -U postgres --auth=trust --encoding=UTF8 --locale=C --no-sync >"$dir/initdb.log" 2>&1; then
+		echo "postgres: initdb failed in $dir/data:" >&2
+		cat "$dir/initdb.log" >&2
+		exit 1
+	fi
 	as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
 		-o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
 		start >"$dir/pg_ctl.log" 2>&1 || { cat "$dir/pg_ctl.log" "$dir/server.log" >&2; exit 1; }

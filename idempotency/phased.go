@@ -13,8 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/kafkaonce/kafkaonce/internal/pipetx"
 )
 
 // Phased serves a Flow: an http.Handler whose requests run in phases with
@@ -65,19 +63,18 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	conn, err := s.db.Acquire(ctx)
-	if err != nil {
+	var got bool
+	var row *stored
+	t, err := s.begin(ctx, func(b *pgx.Batch, idle string) bool {
+		s.keys.queueClaim(b, k.scope, k.key, idle, s.cfg.InProgressWait, &got, &row)
+		return true
+	})
+	if t == nil {
 		s.unavailable(w, r, "begin", err)
 		return
 	}
-	t := &requestTx{conn: conn, tx: pipetx.New(conn.Conn())}
 	defer t.end(ctx)
-	b := &pgx.Batch{}
-	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	var got bool
-	var row *stored
-	s.keys.queueClaim(b, k.scope, k.key, s.idle(), s.cfg.InProgressWait, &got, &row)
-	err = conn.SendBatch(ctx, b).Close()
+	conn := t.conn
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil && row != nil && row.run != nil &&
@@ -105,7 +102,7 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	token := newToken()
 	var run *Run
 	var step Step
-	b = &pgx.Batch{}
+	b := &pgx.Batch{}
 	if row != nil && row.run != nil {
 		// Its server is gone (its lease ran out): this request takes the run
 		// over and resumes it from its recovery point. The takeover waits
@@ -266,23 +263,19 @@ func (p *Phased) advance(ctx context.Context, run *Run, token string, leaseStart
 // lock, not the clock, says the run is still this server's.
 func (p *Phased) atomic(ctx, phaseCtx context.Context, ph Phase, run *Run, token string) (next Step, lease time.Time, res result) {
 	s := p.s
-	conn, err := s.db.Acquire(ctx)
+	var holds bool
+	var left time.Duration
+	t, err := s.begin(ctx, func(b *pgx.Batch, _ string) bool {
+		s.keys.queueHolds(b, run.Scope, run.Key, token, &holds, &left)
+		return false
+	})
+	if t != nil {
+		defer t.end(ctx)
+	}
 	if err != nil {
 		return next, lease, result{outcome: unreachable, err: err}
 	}
-	t := &requestTx{conn: conn, tx: pipetx.New(conn.Conn())}
-	defer t.end(ctx)
-	b := &pgx.Batch{}
-	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	if idle := s.idle(); idle != "" {
-		b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, idle)
-	}
-	var holds bool
-	var left time.Duration
-	s.keys.queueHolds(b, run.Scope, run.Key, token, &holds, &left)
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		return next, lease, result{outcome: unreachable, err: err}
-	}
+	conn := t.conn
 	if !holds {
 		return next, lease, result{outcome: lost, leaseLeft: left}
 	}
@@ -299,7 +292,7 @@ func (p *Phased) atomic(ctx, phaseCtx context.Context, ph Phase, run *Run, token
 	case next.respond && !storable(next.status):
 		return next, lease, result{outcome: answered, step: next}
 	}
-	b = &pgx.Batch{}
+	b := &pgx.Batch{}
 	sql, args := s.keys.stepSQL(run.Scope, run.Key, token, next, s.cfg.SecretHeaders, p.flow.Lease, s.cfg.Retention)
 	b.Queue(sql, args...)
 	queueCommit(b)

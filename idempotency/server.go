@@ -157,27 +157,21 @@ type keyed struct {
 // refused or waited for as the key says); without one, as is.
 func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed) {
 	ctx := r.Context()
-	conn, err := s.db.Acquire(ctx)
-	if err != nil {
+	var got bool
+	var row *stored
+	t, err := s.begin(ctx, func(b *pgx.Batch, idle string) bool {
+		if k == nil {
+			return false
+		}
+		s.keys.queueClaim(b, k.scope, k.key, idle, s.cfg.InProgressWait, &got, &row)
+		return true
+	})
+	if t == nil {
 		s.unavailable(w, r, "begin", err)
 		return
 	}
-	t := &requestTx{conn: conn, tx: pipetx.New(conn.Conn())}
 	defer t.end(ctx)
-	// One round trip: BEGIN, the transaction's bounds, and the key's claim
-	// and read. READ COMMITTED, whatever the session's default: the read
-	// must see what a holder of the key that just finished committed.
-	b := &pgx.Batch{}
-	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	idle := s.idle()
-	var got bool
-	var row *stored
-	if k != nil {
-		s.keys.queueClaim(b, k.scope, k.key, idle, s.cfg.InProgressWait, &got, &row)
-	} else if idle != "" {
-		b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, idle)
-	}
-	err = conn.SendBatch(ctx, b).Close()
+	conn := t.conn
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil && row != nil && row.run != nil:
@@ -219,7 +213,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 		return
 	}
 	// One round trip: the expired row gone, the key stored, COMMIT.
-	b = &pgx.Batch{}
+	b := &pgx.Batch{}
 	if k != nil {
 		if row != nil {
 			s.keys.queueForget(b, k.scope, k.key)
@@ -249,6 +243,29 @@ func (s *Server) idle() string {
 		return ""
 	}
 	return strconv.FormatInt(s.cfg.IdleInTransactionTimeout.Milliseconds(), 10)
+}
+
+// begin borrows a connection and begins a transaction on it, in one round
+// trip with the statements queue adds: the key's claim and read, say.
+// READ COMMITTED, whatever the session's default: a read after the key's
+// lock must see what the previous holder committed. queue gets the
+// transaction's idle timeout ("" for the server's) and reports whether it
+// set it (the claim does, in its first statement); else begin does. A nil
+// requestTx is a connection not borrowed; with one, err is the round
+// trip's, and the caller ends it.
+func (s *Server) begin(ctx context.Context, queue func(b *pgx.Batch, idle string) (setsIdle bool)) (*requestTx, error) {
+	conn, err := s.db.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t := &requestTx{conn: conn, tx: pipetx.New(conn.Conn())}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	idle := s.idle()
+	if !queue(b, idle) && idle != "" {
+		b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, idle)
+	}
+	return t, conn.SendBatch(ctx, b).Close()
 }
 
 // requestTx is a request's transaction on a borrowed connection.

@@ -51,8 +51,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
-	"github.com/kafkaonce/kafkaonce/idempotency"
 	"github.com/kafkaonce/kafkaonce/devenv"
+	"github.com/kafkaonce/kafkaonce/idempotency"
 )
 
 const schemaName = "payments_example"

@@ -218,6 +218,10 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 type recorder struct {
 	mu sync.Mutex
 	recorded
+	// held are the contexts OnPartitionAssigned got, one per element of
+	// assigned: the consumer ends one when this member stops processing
+	// that partition (its generation ended, or Run returned).
+	held []context.Context
 }
 
 // recorded is what a recorder saw.
@@ -258,10 +262,25 @@ func (r *recorder) OnPartitionStopped(_ context.Context, err *consumer.Partition
 	r.mu.Unlock()
 }
 
-func (r *recorder) OnPartitionAssigned(_ context.Context, a consumer.PartitionAssignment) {
+func (r *recorder) OnPartitionAssigned(ctx context.Context, a consumer.PartitionAssignment) {
 	r.mu.Lock()
 	r.assigned = append(r.assigned, a)
+	r.held = append(r.held, ctx)
 	r.mu.Unlock()
+}
+
+// assignments returns how many partition assignments the member reported,
+// and how many of those it still holds (their context is not done), as of
+// one moment.
+func (r *recorder) assignments() (reported, holding int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ctx := range r.held {
+		if ctx.Err() == nil {
+			holding++
+		}
+	}
+	return len(r.assigned), holding
 }
 
 func (r *recorder) OnOffsetsCommitted(_ context.Context, _ []consumer.TopicPartitionOffset, err error) {

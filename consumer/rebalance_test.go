@@ -259,6 +259,13 @@ func TestMemberJoinsAndLeavesWhileBatchesAreInFlight(t *testing.T) {
 // once the group has settled, the members with no partition must sit
 // quietly, so the group stays in one generation and the busy member keeps
 // its partition while it processes what is produced meanwhile.
+//
+// The group has settled when every member is in the same generation and
+// the member holding the partition in it has reported the assignment.
+// That report comes after the generation started (the worker first reads
+// the stored position and the log's bounds), and may come after the
+// messages produced before are all applied: the same member may have
+// applied them in an earlier generation, before the others joined.
 func TestIdleMembersDoNotRebalanceTheGroup(t *testing.T) {
 	t.Parallel()
 	for _, members := range []int{2, 3} {
@@ -277,21 +284,35 @@ func TestIdleMembersDoNotRebalanceTheGroup(t *testing.T) {
 				cfg.Hooks = []consumer.Hook{recs[i]}
 				runs[i] = e.start(cfg)
 			}
-			waitFor(t, 60*time.Second, "every member in the same generation", func() bool {
-				first := gens[0].latest()
-				for _, g := range gens {
-					if g.latest() < 0 || g.latest() != first {
-						return false
+			e.waitEffects(len(ids), 60*time.Second)
+			// A member starts a generation only once the workers of its
+			// previous one returned, and a worker's hooks' context ends
+			// when it returns: once every member has logged the same
+			// generation, an assignment still held is one of that
+			// generation.
+			settled := -1
+			assigned, held := make([]int, members), make([]int, members)
+			waitFor(t, 60*time.Second, "every member in the same generation, one of them holding the partition", func() bool {
+				gen := gens[0].latest()
+				sameGeneration := func() bool {
+					for _, g := range gens {
+						if g.latest() < 0 || g.latest() != gen {
+							return false
+						}
 					}
+					return true
 				}
-				return true
+				if !sameGeneration() {
+					return false
+				}
+				holders := 0
+				for i, r := range recs {
+					assigned[i], held[i] = r.assignments()
+					holders += held[i]
+				}
+				settled = gen
+				return holders == 1 && sameGeneration()
 			})
-			e.waitEffects(len(ids), 30*time.Second)
-			settled := gens[0].latest()
-			assigned := make([]int, members)
-			for i, r := range recs {
-				assigned[i] = len(r.snapshot().assigned)
-			}
 
 			// A quiet period with traffic: nothing changes in the group.
 			w := e.kafka.Writer(e.topic)
@@ -304,13 +325,16 @@ func TestIdleMembersDoNotRebalanceTheGroup(t *testing.T) {
 			require.NoError(t, w.Close())
 			e.waitEffects(len(ids), 30*time.Second)
 
-			newGenerations, newAssignments := make([]int, members), make([]int, members)
+			newGenerations, newAssignments, stillHeld := make([]int, members), make([]int, members), make([]int, members)
 			for i := range members {
 				newGenerations[i] = len(gens[i].since(settled)) - 1
-				newAssignments[i] = len(recs[i].snapshot().assigned) - assigned[i]
+				var reported int
+				reported, stillHeld[i] = recs[i].assignments()
+				newAssignments[i] = reported - assigned[i]
 			}
 			require.Equal(t, make([]int, members), newAssignments, "partition assignments per member during the quiet period")
 			require.Equal(t, make([]int, members), newGenerations, "generations started per member after generation %d", settled)
+			require.Equal(t, held, stillHeld, "partitions held per member at the end of the quiet period")
 			for _, r := range runs {
 				r.stop()
 			}

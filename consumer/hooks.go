@@ -19,7 +19,10 @@ import (
 type Hook any
 
 // HookPartitionAssigned is called when this member starts processing a
-// partition, after it decided where to start.
+// partition, after it decided where to start. ctx is the partition's: it is
+// done once this member stops processing the partition (revoked in a
+// rebalance, or the consumer stopping), so a hook that keeps it can tell
+// whether the partition is still held.
 type HookPartitionAssigned interface {
 	OnPartitionAssigned(ctx context.Context, a PartitionAssignment)
 }

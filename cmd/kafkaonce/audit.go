@@ -141,9 +141,9 @@ the audit read them): an audit that did not read everything is no verdict.`,
 			if consumerName == "" || topic == "" {
 				return errors.New("--consumer and --topic are required")
 			}
-			idFn, err := parseIDSpec(idSpec)
+			idFn, err := consumer.ParseMessageIDRule(idSpec)
 			if err != nil {
-				return err
+				return fmt.Errorf("--id: %w", err)
 			}
 			retention, err := parseDuration(retentionText)
 			if err != nil {
@@ -185,29 +185,10 @@ the audit read them): an audit that did not read everything is no verdict.`,
 	f.StringVar(&topic, "topic", "", "the topic to audit")
 	f.StringVar(&from, "from", "earliest", "start: earliest, an offset, an RFC 3339 time, or a duration ago (24h)")
 	f.StringVar(&to, "to", "latest", "end (exclusive): latest, an offset, or an RFC 3339 time")
-	f.StringVar(&idSpec, "id", "header:"+consumer.DefaultMessageIDHeader, "how ids are derived: header:<name>, json:<field.path>, hash, or position")
+	f.StringVar(&idSpec, "id", "header:"+consumer.DefaultMessageIDHeader, "how ids are derived: "+consumer.MessageIDRuleForms)
 	f.StringVar(&retentionText, "retention", "7d", "claims older than this may have been pruned")
 	f.StringVar(&windowText, "suspect-window", "10m", "how close in time a suspect duplicate must be")
 	return cmd
-}
-
-// parseIDSpec turns --id into the consumer's message-id function.
-func parseIDSpec(spec string) (consumer.MessageIDFunc, error) {
-	kind, arg, _ := strings.Cut(spec, ":")
-	switch kind {
-	case "header":
-		return consumer.IDFromHeader(arg), nil
-	case "json":
-		if arg == "" {
-			return nil, errors.New("--id json:<field> needs a field name")
-		}
-		return consumer.IDFromJSONField(arg), nil
-	case "hash":
-		return consumer.IDFromContentHash(), nil
-	case "position":
-		return consumer.IDFromPosition(), nil
-	}
-	return nil, fmt.Errorf("--id must be header:<name>, json:<field>, hash or position (got %q)", spec)
 }
 
 type auditor struct {
@@ -218,7 +199,7 @@ type auditor struct {
 	schema    string
 	consumer  string
 	topic     string
-	id        consumer.MessageIDFunc
+	id        consumer.MessageIDSource
 	retention time.Duration
 	window    time.Duration
 	progress  *progress
@@ -413,7 +394,7 @@ func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, letters *d
 	for i := range chunk {
 		m := consumer.Message{Topic: chunk[i].Topic, Partition: chunk[i].Partition, Offset: chunk[i].Offset, Key: chunk[i].Key,
 			Value: chunk[i].Value, Headers: chunk[i].Headers, Time: chunk[i].Time}
-		id, err := a.id(&m)
+		id, err := a.id.MessageID(&m)
 		if err == nil {
 			err = consumer.ValidateMessageID(id)
 		}

@@ -185,7 +185,7 @@ func (r MessageIDRule) MessageID(msg *Message) (string, error) {
 	case ruleHeader:
 		v, ok := msg.Header(r.arg)
 		if !ok {
-			return "", fmt.Errorf("no %q header (set it at the producer, or choose another Config.MessageID)", r.arg)
+			return "", fmt.Errorf("no %q header", r.arg)
 		}
 		return string(v), nil
 	case ruleJSON:

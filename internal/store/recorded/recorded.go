@@ -39,7 +39,7 @@ type Settings struct {
 
 // Store reads and writes the settings in the consumers table of one schema.
 type Store struct {
-	recordSQL, loadSQL, knownSQL string
+	recordSQL, loadSQL, listSQL, knownSQL string
 }
 
 // NewStore returns a Store for the tables in schemaName.
@@ -56,8 +56,10 @@ VALUES ($1, $2, $3, $4, $5, $6, nullif($7, ''), now())
 ON CONFLICT (name) DO UPDATE SET message_id_rule = excluded.message_id_rule, group_id = excluded.group_id,
     topics = excluded.topics, brokers = excluded.brokers, kafka_tls = excluded.kafka_tls,
     kafka_sasl = excluded.kafka_sasl, settings_recorded_at = excluded.settings_recorded_at`,
-		loadSQL: `SELECT message_id_rule, group_id, topics, brokers, kafka_tls, coalesce(kafka_sasl, ''), settings_recorded_at
+		loadSQL: `SELECT name, message_id_rule, group_id, topics, brokers, kafka_tls, coalesce(kafka_sasl, ''), settings_recorded_at
 FROM ` + t + ` WHERE name = $1 AND settings_recorded_at IS NOT NULL`,
+		listSQL: `SELECT name, message_id_rule, group_id, topics, brokers, kafka_tls, coalesce(kafka_sasl, ''), settings_recorded_at
+FROM ` + t + ` WHERE settings_recorded_at IS NOT NULL ORDER BY name`,
 		knownSQL: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE name = $1)`,
 	}, nil
 }
@@ -76,8 +78,7 @@ func (st *Store) Record(ctx context.Context, q schema.Querier, s Settings) error
 // Load returns the settings consumer recorded; ok is false when it has
 // recorded none (it has not started since migration 015, or not at all).
 func (st *Store) Load(ctx context.Context, q schema.Querier, consumer string) (s Settings, ok bool, err error) {
-	s.Consumer = consumer
-	err = q.QueryRow(ctx, st.loadSQL, consumer).Scan(&s.MessageIDRule, &s.GroupID, &s.Topics, &s.Brokers, &s.KafkaTLS, &s.KafkaSASL, &s.RecordedAt)
+	err = q.QueryRow(ctx, st.loadSQL, consumer).Scan(s.fields()...)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Settings{Consumer: consumer}, false, nil
@@ -95,4 +96,24 @@ func (st *Store) Known(ctx context.Context, q schema.Querier, consumer string) (
 		return false, fmt.Errorf("recorded: look consumer %s up: %w", consumer, err)
 	}
 	return known, nil
+}
+
+// List returns the settings of every consumer that recorded some, by name.
+func (st *Store) List(ctx context.Context, q schema.Querier) ([]Settings, error) {
+	rows, err := q.Query(ctx, st.listSQL)
+	if err != nil {
+		return nil, fmt.Errorf("recorded: list the consumers' settings: %w", err)
+	}
+	var out []Settings
+	var s Settings
+	// s is zeroed after each row, so that no row shares a slice with the next.
+	if _, err := pgx.ForEachRow(rows, s.fields(), func() error { out = append(out, s); s = Settings{}; return nil }); err != nil {
+		return nil, fmt.Errorf("recorded: list the consumers' settings: %w", err)
+	}
+	return out, nil
+}
+
+// fields are the columns loadSQL and listSQL read, in order.
+func (s *Settings) fields() []any {
+	return []any{&s.Consumer, &s.MessageIDRule, &s.GroupID, &s.Topics, &s.Brokers, &s.KafkaTLS, &s.KafkaSASL, &s.RecordedAt}
 }

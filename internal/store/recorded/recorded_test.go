@@ -58,10 +58,21 @@ func TestRecordThenLoad(t *testing.T) {
 	require.Equal(t, second, got)
 	require.Equal(t, number, db.Int(t, `SELECT id FROM `+db.Table("consumers")+` WHERE name = 'ledger'`))
 
-	// A consumer that never ran here records nothing by being recorded.
+	// A consumer that never ran here has no record.
 	_, ok, err = s.Load(ctx, db.Pool, "mailer")
 	require.NoError(t, err)
 	require.False(t, ok)
+
+	mailer := recorded.Settings{Consumer: "mailer", MessageIDRule: "position", GroupID: "mail", Topics: []string{"orders"}, Brokers: []string{"kafka:9092"}}
+	require.NoError(t, s.Record(ctx, db.Pool, mailer))
+	db.Exec(t, `SELECT `+db.Table("consumer_id")+`('numbered-only')`)
+	all, err := s.List(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Len(t, all, 2, "consumers without a record are left out")
+	for i := range all {
+		all[i].RecordedAt = time.Time{}
+	}
+	require.Equal(t, []recorded.Settings{second, mailer}, all)
 }
 
 func TestRecordRefusesAnEmptyRule(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
@@ -263,5 +264,92 @@ func TestSchemaIsFoundInADatabaseOfItsOwn(t *testing.T) {
 		_, errOut, code = cliAt(dbURL, "", args...)
 		require.Equal(t, 2, code, args)
 		require.Contains(t, errOut, "2 schemas hold kafkaonce's tables (kafkaonce, ledger_v2): pass --schema", args)
+	}
+}
+
+// A consumer that has recorded nothing (it last ran before kafkaonce
+// recorded settings): the audit falls back on the default header and says
+// so, and its hint for missing ids names --id, not the producer.
+func TestAuditOfAConsumerWithoutARecordSaysItAssumedTheDefault(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	w.produceEvents(4, "e")
+	w.consumeWith(func(c *consumer.Config) { c.MessageID = consumer.IDFromJSONField("event_id") }, 4)
+	w.db.Exec(t, `UPDATE `+w.db.Table("consumers")+` SET message_id_rule = NULL, group_id = NULL, topics = NULL, brokers = NULL,
+kafka_tls = NULL, kafka_sasl = NULL, settings_recorded_at = NULL WHERE name = $1`, w.name)
+
+	_, errOut, code := w.cliBare("audit", "--consumer", w.name)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--topic is required: consumer "+w.name+" has recorded no settings")
+
+	out, errOut, code := w.cliBare("audit", "--consumer", w.name, "--topic", w.topic)
+	require.Equal(t, 1, code, errOut+out)
+	require.Contains(t, out, "ids: header:message-id, the default: consumer "+w.name+" has recorded no settings")
+	require.Contains(t, out, `no valid id by header:message-id (no "message-id" header)`)
+	require.Contains(t, out, "HINT: 4 messages have no id by header:message-id, the default")
+	require.Contains(t, out, "pass that rule as --id (header:<name>, json:<field.path>, hash, position)")
+
+	out, errOut, code = w.cliBare("audit", "--consumer", w.name, "--topic", w.topic, "--id", "json:event_id")
+	require.Equal(t, 0, code, errOut+out)
+
+	out, errOut, code = w.cliBare("status", "--consumer", w.name, "--topic", w.topic)
+	require.Equal(t, 0, code, errOut+out)
+	require.Contains(t, out, "recorded settings: none")
+}
+
+// Where the brokers, TLS and SASL come from: a flag, then KAFKA_BROKERS,
+// then the record, whose TLS and SASL apply only with its brokers.
+func TestKafkaSettingsPrecedence(t *testing.T) {
+	t.Parallel()
+	rec := &recorded.Settings{Consumer: "ledger", MessageIDRule: "hash", GroupID: "ledger", Topics: []string{"t"},
+		Brokers: []string{"kafka-1:9093"}, KafkaTLS: true, KafkaSASL: "SCRAM-SHA-512"}
+	for _, tc := range []struct {
+		name    string
+		env     string
+		flags   []string
+		rec     *recorded.Settings
+		brokers []string
+		tls     bool
+		sasl    string
+		errs    []string
+		note    string
+	}{
+		{name: "flag wins", env: "env:9092", flags: []string{"--brokers", "flag:9092"}, rec: rec, brokers: []string{"flag:9092"},
+			note: "using the brokers of --brokers (flag:9092); consumer ledger records kafka-1:9093"},
+		{name: "environment next", env: "env:9092", rec: rec, brokers: []string{"env:9092"}, note: "using the brokers of KAFKA_BROKERS"},
+		{name: "environment naming a recorded broker", env: "kafka-1:9093", rec: rec, brokers: []string{"kafka-1:9093"}},
+		{name: "record with its TLS and SASL", flags: []string{"--kafka-user", "u"}, rec: rec, brokers: []string{"kafka-1:9093"}, tls: true, sasl: "scram-sha-512"},
+		{name: "record, flags override TLS and SASL", flags: []string{"--kafka-tls=false", "--kafka-sasl", "plain"}, rec: rec, brokers: []string{"kafka-1:9093"}, sasl: "plain"},
+		{name: "record's SASL without a user", rec: rec, errs: []string{"consumer ledger reaches Kafka (kafka-1:9093) with SASL SCRAM-SHA-512, as it records: pass --kafka-user and set KAFKA_PASSWORD"}},
+		{name: "nothing", errs: []string{"no Kafka brokers: set KAFKA_BROKERS or pass --brokers host:port; consumer ledger has recorded none"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var errb bytes.Buffer
+			st := streams{in: strings.NewReader(""), out: io.Discard, err: &errb, terminal: func() bool { return false },
+				getenv: func(k string) string {
+					if k == "KAFKA_BROKERS" {
+						return tc.env
+					}
+					return ""
+				}}
+			root, s := newRootSettings(st)
+			require.NoError(t, root.PersistentFlags().Parse(tc.flags))
+			k, err := s.kafkaSettings(tc.rec, "consumer ledger")
+			for _, e := range tc.errs {
+				require.ErrorContains(t, err, e)
+			}
+			if len(tc.errs) > 0 {
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.brokers, k.brokers)
+			require.Equal(t, tc.tls, k.tls)
+			require.Equal(t, tc.sasl, k.sasl)
+			if tc.note == "" {
+				require.Empty(t, errb.String())
+			} else {
+				require.Contains(t, errb.String(), tc.note)
+			}
+		})
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
 )
 
@@ -44,17 +46,13 @@ func (c *Consumer) recordSettings(ctx context.Context) {
 	}
 }
 
+// recordIn writes s in a transaction of its own, with the session settings
+// every transaction of the consumer's starts with, then a shorter lock wait.
 func (c *Consumer) recordIn(ctx context.Context, s recorded.Settings) error {
-	tx, err := c.db.Begin(ctx)
-	if err != nil {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, recordLockWait.String())
+	if err := c.recorded.QueueRecord(b, s); err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, recordLockWait.String()); err != nil {
-		return err
-	}
-	if err := c.recorded.Record(ctx, tx, s); err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
+	return c.inOneTrip(ctx, b)
 }

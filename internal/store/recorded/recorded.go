@@ -66,11 +66,32 @@ FROM ` + t + ` WHERE settings_recorded_at IS NOT NULL ORDER BY name`,
 
 // Record writes s, replacing what the consumer recorded before.
 func (st *Store) Record(ctx context.Context, q schema.Querier, s Settings) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	if _, err := q.Exec(ctx, st.recordSQL, st.args(s)...); err != nil {
+		return fmt.Errorf("recorded: record the settings of consumer %s: %w", s.Consumer, err)
+	}
+	return nil
+}
+
+// QueueRecord adds to b the statement Record runs, for a caller that sends
+// it with others (the consumer, with its session settings).
+func (st *Store) QueueRecord(b *pgx.Batch, s Settings) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	b.Queue(st.recordSQL, st.args(s)...)
+	return nil
+}
+
+func (st *Store) args(s Settings) []any {
+	return []any{s.Consumer, s.MessageIDRule, s.GroupID, s.Topics, s.Brokers, s.KafkaTLS, s.KafkaSASL}
+}
+
+func (s Settings) check() error {
 	if s.MessageIDRule == "" {
 		return errors.New("recorded: the message id rule must be set (recorded.Custom for a function of the consumer's own)")
-	}
-	if _, err := q.Exec(ctx, st.recordSQL, s.Consumer, s.MessageIDRule, s.GroupID, s.Topics, s.Brokers, s.KafkaTLS, s.KafkaSASL); err != nil {
-		return fmt.Errorf("recorded: record the settings of consumer %s: %w", s.Consumer, err)
 	}
 	return nil
 }

@@ -353,3 +353,15 @@ func TestKafkaSettingsPrecedence(t *testing.T) {
 		})
 	}
 }
+
+// serve, told neither --brokers nor KAFKA_BROKERS, reads Kafka through
+// the brokers its consumers record.
+func TestServeReadsKafkaThroughTheRecordedBrokers(t *testing.T) {
+	t.Parallel()
+	w := newPoisoned(t)
+	srv := w.servePage(map[string]string{"DATABASE_URL": w.db.URL}, serveOptions{})
+	res, body := get(t, srv, "/")
+	require.Equal(t, 200, res.StatusCode, body)
+	require.Contains(t, body, w.name)
+	require.Contains(t, body, "lag 1", "the log's end, read from Kafka")
+}

@@ -115,15 +115,34 @@ var (
 // marked, and the reverse.
 func Permanent(err error) error { return permanent.Mark(err) }
 
-// IsPermanent reports whether err, or an error it wraps, was marked by
-// Permanent (or outbox.Permanent): the consumer sets its message aside at
-// once, without retries. Other errors from a handler are retried, up to
-// Config.Retry.MaxAttempts. A handler's test asks it of the error
-// consumertest.Handle returns:
+// IsPermanent reports whether the consumer sets a message aside at once,
+// without retries, when its handler fails with err: err, or an error it
+// wraps, was marked by Permanent (or outbox.Permanent); it is a panic
+// (ErrHandlerPanicked); a misuse of the transaction
+// (ErrTxControlledByConsumer, ErrTxEnded, ErrRowsLeftOpen); a payload
+// encoding/json could not decode (*json.SyntaxError,
+// *json.UnmarshalTypeError); or a Postgres error that the same data would
+// raise again (SQLSTATE class 22; class 23 but for 23503, a foreign key
+// whose parent row may still arrive; class 54). It asks the consumer's own
+// classification, so it cannot disagree with it. The message is then set
+// aside by Config.OnPermanentFailure: a dead letter, or its partition stops.
+//
+// Any other error is retried: alone, with backoff, up to
+// Config.Retry.MaxAttempts, then set aside as retries_exhausted (with
+// MaxAttempts 1, after its one attempt). Failures taken for the database's
+// or a connection's are retried without limit, counting no attempt: a
+// serialization failure, a deadlock, a lock timeout, a lost connection, and
+// any net.Error, which includes a failed HTTP call and
+// context.DeadlineExceeded. A timeout of the handler (ErrHandlerTimeout),
+// ErrTxAborted and a plain error are retried up to MaxAttempts.
+//
+// A handler's test asks it of the error consumertest.Handle returns, which
+// turns panics, timeouts and misuses into their errors as the consumer
+// does:
 //
 //	err := consumertest.Handle(ctx, t, tx, handler, consumertest.NewMessage([]byte("not json")))
 //	require.True(t, consumer.IsPermanent(err))
-func IsPermanent(err error) bool { return permanent.Is(err) }
+func IsPermanent(err error) bool { return engine.IsPermanent(err) }
 
 // ErrMessagesDeleted: the partition's log no longer holds messages this
 // consumer has not processed yet (retention or a DeleteRecords call removed

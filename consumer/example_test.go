@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -76,6 +77,21 @@ func ExampleIDFromPosition() {
 	id, _ := consumer.IDFromPosition().MessageID(&consumer.Message{Topic: "orders", Partition: 2, Offset: 1041})
 	fmt.Println(id)
 	// Output: orders/2/1041
+}
+
+// Whether the consumer sets a message aside at once or retries it, by the
+// error its handler returned. A payload encoding/json cannot decode is
+// permanent whether the handler marks it or not; an error that may pass
+// is retried.
+func ExampleIsPermanent() {
+	var t Transfer
+	fmt.Println(consumer.IsPermanent(json.Unmarshal([]byte("not json"), &t)))
+	fmt.Println(consumer.IsPermanent(consumer.Permanent(errors.New("the partner rejected the account"))))
+	fmt.Println(consumer.IsPermanent(fmt.Errorf("post transfer: %w", errors.New("partner answered 503"))))
+	// Output:
+	// true
+	// true
+	// false
 }
 
 // The ledger worker with a BatchHandler: one statement per batch, queued to

@@ -11,6 +11,8 @@
 # Exit code 3 means the jars could not be fetched (one line on stderr says
 # why); callers may carry on without a real broker.
 set -euo pipefail
+# Any failure not handled below still says where and what failed.
+trap 'echo "kafka-broker: failed (exit $?) at line $LINENO: $BASH_COMMAND" >&2' ERR
 
 cmd=${1:-}
 case "$cmd" in
@@ -74,8 +76,16 @@ log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
 LOG
 	cp="$cache/libs/*"
 	jvm=(-Xmx768m -Dlog4j.configuration="file:$dir/log4j.properties" -Dkafka.logs.dir="$dir")
+	if ! command -v java >/dev/null 2>&1; then
+		echo "kafka-broker: java is not installed; Apache Kafka $version needs Java 17 or later" >&2
+		exit 1
+	fi
 	cluster_id=$(java -cp "$cp" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)
-	java "${jvm[@]}" -cp "$cp" kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" >"$dir/format.log" 2>&1
+	if ! java "${jvm[@]}" -cp "$cp" kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" >"$dir/format.log" 2>&1; then
+		echo "kafka-broker: formatting the storage of Apache Kafka $version failed; $dir/format.log says:" >&2
+		tail -20 "$dir/format.log" >&2
+		exit 1
+	fi
 	nohup java "${jvm[@]}" -cp "$cp" kafka.Kafka "$dir/server.properties" >"$dir/stdout.log" 2>&1 &
 	echo $! >"$dir/pid"
 	for _ in $(seq 1 120); do

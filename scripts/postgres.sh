@@ -5,6 +5,8 @@
 #   scripts/postgres.sh start PORT DIR   # prints a connection URL when ready
 #   scripts/postgres.sh stop DIR
 set -euo pipefail
+# Any failure not handled below still says where and what failed.
+trap 'echo "postgres.sh: failed (exit $?) at line $LINENO: $BASH_COMMAND" >&2' ERR
 
 find_bin() {
 	if command -v initdb >/dev/null 2>&1; then dirname "$(command -v initdb)"; return; fi

@@ -94,17 +94,32 @@ func Tx(tb testing.TB, db consumer.DB) pgx.Tx {
 }
 
 // Handle runs h for msg inside tx, as the consumer would, and returns the
-// handler's error. It calls the handler through the consumer's own code
-// for calling handlers: a panic becomes an error wrapping
-// consumer.ErrHandlerPanicked; a handler that commits or rolls back gets
-// consumer.ErrTxControlledByConsumer, and Handle returns that error even
-// if the handler then returns nil (consumer.ErrTxEnded when it ended tx
-// with a COMMIT or ROLLBACK statement: tx is then unusable); one that
-// leaves a query's rows open gets consumer.ErrRowsLeftOpen; one that
-// swallows a SQL error gets
-// consumer.ErrTxAborted; one that runs past consumer.DefaultHandlerTimeout
-// has its context cancelled and fails with consumer.ErrHandlerTimeout; and
-// the transaction refuses every use once the handler has returned.
+// handler's error as the consumer sees it. It calls the handler through
+// the consumer's own code for calling handlers: a panic becomes an error
+// wrapping consumer.ErrHandlerPanicked; a handler that commits or rolls
+// back gets consumer.ErrTxControlledByConsumer, and Handle returns that
+// error even if the handler then returns nil (consumer.ErrTxEnded when it
+// ended tx with a COMMIT or ROLLBACK statement: tx is then unusable); one
+// that leaves a query's rows open gets consumer.ErrRowsLeftOpen; one that
+// swallows a SQL error gets consumer.ErrTxAborted; one that runs past
+// consumer.DefaultHandlerTimeout has its context cancelled and fails with
+// consumer.ErrHandlerTimeout (which replaces what it returns, as in the
+// consumer); and the transaction refuses every use once the handler has
+// returned. Any other error is the handler's own, as it returned it, so
+// errors.Is and errors.As find what the handler wrapped.
+//
+// consumer.IsPermanent of the error says what the consumer would do with
+// the message: set it aside at once, or retry it. It asks the consumer's
+// own classification of this same error, so a test that asserts it cannot
+// pass while the consumer decides otherwise:
+//
+//	err := consumertest.Handle(ctx, t, tx, handler, consumertest.NewMessage([]byte("not json")))
+//	require.True(t, consumer.IsPermanent(err)) // dead-lettered, not retried
+//
+// No setting of Config changes that verdict; Retry.MaxAttempts and
+// OnPermanentFailure only decide what follows it (how many retries, and
+// whether a message set aside becomes a dead letter or stops its
+// partition).
 //
 // The handler runs in a savepoint: when it fails, its writes are undone
 // (as the consumer's rollback would) and tx stays usable, so a test can
@@ -123,11 +138,18 @@ func Tx(tb testing.TB, db consumer.DB) pgx.Tx {
 // tables it is given.
 func Handle(ctx context.Context, tb testing.TB, tx pgx.Tx, h consumer.Handler, msg *consumer.Message) error {
 	tb.Helper()
+	return handle(ctx, tb, tx, h, msg, consumer.DefaultHandlerTimeout)
+}
+
+// handle is Handle with the handler's timeout given (the tests of the
+// timeout use a short one).
+func handle(ctx context.Context, tb testing.TB, tx pgx.Tx, h consumer.Handler, msg *consumer.Message, timeout time.Duration) error {
+	tb.Helper()
 	sp, err := tx.Begin(ctx)
 	if err != nil {
 		tb.Fatalf("consumertest: savepoint: %v", err)
 	}
-	herr, hung := engine.HandleAlone(ctx, consumer.DefaultHandlerTimeout, sp, func(ctx context.Context, tx pgx.Tx, m *engine.Message) error {
+	herr, hung := engine.HandleAlone(ctx, timeout, sp, func(ctx context.Context, tx pgx.Tx, m *engine.Message) error {
 		return h.Handle(ctx, tx, (*consumer.Message)(m))
 	}, nil, (*engine.Message)(msg))
 	if hung != nil {

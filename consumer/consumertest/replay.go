@@ -3,6 +3,8 @@ package consumertest
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +12,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -79,12 +82,32 @@ type ReplayOptions struct {
 //
 // Use NewMessage to build msgs; their Key, Value, Headers, Time and
 // Partition are produced. cfg needs Name, Handler or BatchHandler and,
-// unless the default suits, MessageID and Schema; ReplayTwice sets the
-// Kafka fields itself. The schema is migrated if needed. Run it against a
-// database the test owns: the consumer's claims and positions stay behind,
-// and the tables listed are read whole after each attempt.
-func ReplayTwice(tb testing.TB, db consumer.DB, cfg consumer.Config, msgs []*consumer.Message, tables []string, opts ...ReplayOptions) {
+// unless the default suits, MessageID and Schema; ReplayTwice works on a
+// copy, sets the Kafka fields itself and leaves *cfg as it was. The schema
+// is migrated if needed.
+//
+// Each call runs in a scope of its own, so that it passes however often it
+// runs against one database: a broker and a topic of its own, and a
+// consumer named cfg.Name plus a suffix unique to the call (see
+// ReplayResult.Consumer), so claims and positions left by an earlier run
+// never meet this one. That consumer's claims, positions and dead letters
+// are deleted when the test ends, unless it failed (they are then left for
+// you to look at). Your tables are not cleaned: ReplayTwice compares them
+// before and after each step, so rows from earlier runs do no harm, but a
+// test writing to the same tables at the same time would be reported as a
+// changing table.
+//
+// A run that cannot finish fails at once with the reason: a partition
+// stopped (at a message, with Config.OnPermanentFailure set to
+// StopPartition).
+// One that is still retrying a message when ReplayOptions.Timeout passes
+// fails naming the message and its last error.
+func ReplayTwice(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*consumer.Message, tables []string, opts ...ReplayOptions) ReplayResult {
 	tb.Helper()
+	if cfg == nil {
+		tb.Fatalf("consumertest: ReplayTwice needs a *consumer.Config (got nil)")
+	}
+	run := *cfg // the caller's Config stays as it was
 	var o ReplayOptions
 	if len(opts) > 0 {
 		o = opts[0]
@@ -93,10 +116,10 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg consumer.Config, msgs []*con
 		o.Timeout = time.Minute
 	}
 	ctx := context.Background()
-	if cfg.Schema == "" {
-		cfg.Schema = consumer.DefaultSchema
+	if run.Schema == "" {
+		run.Schema = consumer.DefaultSchema
 	}
-	if _, err := consumer.Migrate(ctx, db, cfg.Schema); err != nil {
+	if _, err := consumer.Migrate(ctx, db, run.Schema); err != nil {
 		tb.Fatalf("consumertest: migrate: %v", err)
 	}
 	idents := make([]string, len(tables))
@@ -121,20 +144,25 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg consumer.Config, msgs []*con
 	}
 	produce(tb, broker.Brokers, topic, msgs)
 
-	rollBackOnce(tb, db, cfg, fetch(tb, broker.Brokers, topic, perPartition, o.Timeout), tables, idents)
+	rollBackOnce(tb, db, &run, fetch(tb, broker.Brokers, topic, perPartition, o.Timeout), tables, idents)
 
-	cfg.Brokers, cfg.Topics = broker.Brokers, []string{topic}
-	cfg.GroupID = "replay-twice-" + cfg.Name
-	cfg.SessionTimeout, cfg.HeartbeatInterval = 6*time.Second, 200*time.Millisecond
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if run.Name != "" {
+		run.Name = scopedName(run.Name)
+		tb.Cleanup(func() { forgetConsumer(tb, db, run.Schema, run.Name) })
+	}
+	run.Brokers, run.Topics = broker.Brokers, []string{topic}
+	run.GroupID = "replay-twice"
+	run.SessionTimeout, run.HeartbeatInterval = 6*time.Second, 200*time.Millisecond
+	if run.Logger == nil {
+		run.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 
-	first := runUntilSettled(tb, db, cfg, len(msgs), o.Timeout, "first run")
-	if first.applied.Load() == 0 {
+	first := runUntilSettled(tb, db, run, len(msgs), o.Timeout, "first run")
+	result := ReplayResult{Consumer: run.Name, Applied: int(first.applied.Load()), Skipped: int(first.skipped.Load()), DeadLettered: int(first.deadLettered.Load())}
+	if result.Applied == 0 {
 		tb.Fatalf("consumertest: the first run applied none of the %d messages (%d dead-lettered, %d skipped as duplicates), so the replay would compare nothing: "+
-			"see why in %s.dead_letters (the handler's error, or invalid_id when cfg.MessageID could not derive an id), or give msgs distinct ids",
-			len(msgs), first.deadLettered.Load(), first.skipped.Load(), cfg.Schema)
+			"see why in %s.dead_letters WHERE consumer = '%s' (the handler's error, or invalid_id when cfg.MessageID could not derive an id), or give msgs distinct ids",
+			len(msgs), result.DeadLettered, result.Skipped, run.Schema, run.Name)
 	}
 	before := contents(tb, db, idents)
 
@@ -144,13 +172,13 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg consumer.Config, msgs []*con
 	for p := 0; p < partitions; p++ {
 		start[p] = 0
 	}
-	if err := admin.CommitOffsets(ctx, cfg.GroupID, topic, start); err != nil {
+	if err := admin.CommitOffsets(ctx, run.GroupID, topic, start); err != nil {
 		tb.Fatalf("consumertest: rewind the group: %v", err)
 	}
 	if !o.KeepPositions {
-		positions, _ := offsets.NewStore(cfg.Schema) // Migrate took the name
+		positions, _ := offsets.NewStore(run.Schema) // Migrate took the name
 		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-			_, err := positions.Forget(ctx, tx, cfg.Name, topic)
+			_, err := positions.Forget(ctx, tx, run.Name, topic)
 			return err
 		})
 		if err != nil {
@@ -158,12 +186,72 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg consumer.Config, msgs []*con
 		}
 	}
 
-	runUntilSettled(tb, db, cfg, len(msgs), o.Timeout, "replay")
+	runUntilSettled(tb, db, run, len(msgs), o.Timeout, "replay")
 	after := contents(tb, db, idents)
 	for i, t := range tables {
 		if d := diff(before[i], after[i]); d != "" {
 			tb.Errorf("consumertest: replaying the topic changed table %s: %s; a message was applied twice (is its message id stable across deliveries?)", t, d)
 		}
+	}
+	return result
+}
+
+// ReplayResult says what ReplayTwice's consumer did in its first run.
+type ReplayResult struct {
+	// Consumer is the Name the consumer ran under: cfg.Name, a tilde and
+	// a suffix unique to the call. Look for its dead letters under it.
+	Consumer string
+	// Applied, Skipped and DeadLettered count the messages of the first
+	// run by how they settled: applied, skipped as duplicates (copies of
+	// one id among msgs), or set aside.
+	Applied, Skipped, DeadLettered int
+}
+
+// scopedName is name with a suffix unique to this call, cut to fit
+// consumer.MaxNameLen.
+func scopedName(name string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	suffix := "~replay-" + hex.EncodeToString(b[:])
+	if len(name)+len(suffix) > consumer.MaxNameLen {
+		name = strings.ToValidUTF8(name[:consumer.MaxNameLen-len(suffix)], "")
+	}
+	return name + suffix
+}
+
+// forgetConsumer deletes what the consumer named name left in the schema,
+// unless the test failed: every row of a table with a consumer column,
+// its claims, and its row in consumers.
+func forgetConsumer(tb testing.TB, db consumer.DB, schemaName, name string) {
+	if tb.Failed() {
+		tb.Logf("consumertest: the claims, positions and dead letters of consumer %q are left in schema %s for you to look at", name, schemaName)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		rows, _ := tx.Query(ctx, `SELECT c.table_name FROM information_schema.columns c
+			JOIN information_schema.tables t USING (table_schema, table_name)
+			WHERE c.table_schema = $1 AND c.column_name = 'consumer' AND t.table_type = 'BASE TABLE' ORDER BY 1`, schemaName)
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		for _, t := range names {
+			if _, err := tx.Exec(ctx, `DELETE FROM `+pgx.Identifier{schemaName, t}.Sanitize()+` WHERE consumer = $1`, name); err != nil {
+				return fmt.Errorf("%s: %w", t, err)
+			}
+		}
+		consumers := pgx.Identifier{schemaName, "consumers"}.Sanitize()
+		if _, err := tx.Exec(ctx, `DELETE FROM `+pgx.Identifier{schemaName, "processed_messages"}.Sanitize()+
+			` WHERE consumer_id = (SELECT id FROM `+consumers+` WHERE name = $1)`, name); err != nil {
+			return fmt.Errorf("processed_messages: %w", err)
+		}
+		_, err = tx.Exec(ctx, `DELETE FROM `+consumers+` WHERE name = $1`, name)
+		return err
+	})
+	if err != nil {
+		tb.Errorf("consumertest: delete what consumer %q left in schema %s: %v", name, schemaName, err)
 	}
 }
 
@@ -194,7 +282,7 @@ func fetch(tb testing.TB, brokers []string, topic string, perPartition map[int]i
 
 // rollBackOnce runs the handler for each message in a transaction of its
 // own that it rolls back, and reports the tables that changed anyway.
-func rollBackOnce(tb testing.TB, db consumer.DB, cfg consumer.Config, msgs []*consumer.Message, tables, idents []string) {
+func rollBackOnce(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*consumer.Message, tables, idents []string) {
 	tb.Helper()
 	handle, handleBatch := handleFunc(cfg.Handler), (func(context.Context, *engine.Batch) error)(nil)
 	if cfg.BatchHandler != nil {
@@ -296,8 +384,16 @@ func produce(tb testing.TB, brokers []string, topic string, msgs []*consumer.Mes
 	}
 }
 
-// settled counts messages the consumer finished with, by how.
-type settled struct{ applied, skipped, deadLettered atomic.Int64 }
+// settled counts messages the consumer finished with, by how, and keeps
+// what keeps the others from settling.
+type settled struct {
+	applied, skipped, deadLettered atomic.Int64
+
+	mu        sync.Mutex
+	stopped   *consumer.PartitionError
+	lastFail  string
+	failCount int
+}
 
 func (s *settled) OnMessageApplied(context.Context, *consumer.Message) { s.applied.Add(1) }
 func (s *settled) OnMessageSkipped(context.Context, *consumer.Message, consumer.SkipReason) {
@@ -306,8 +402,29 @@ func (s *settled) OnMessageSkipped(context.Context, *consumer.Message, consumer.
 func (s *settled) OnMessageDeadLettered(context.Context, *consumer.Message, consumer.DeadLettered) {
 	s.deadLettered.Add(1)
 }
+func (s *settled) OnPartitionStopped(_ context.Context, err *consumer.PartitionError) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopped = err
+}
+func (s *settled) OnMessageFailed(_ context.Context, m *consumer.Message, f consumer.Failure) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failCount++
+	s.lastFail = fmt.Sprintf("message %q (%s), attempt %d: %v", m.ID, m.Position(), f.Attempt, f.Err)
+}
 
 func (s *settled) total() int64 { return s.applied.Load() + s.skipped.Load() + s.deadLettered.Load() }
+
+// stuck says why the run cannot settle, or "".
+func (s *settled) stuck() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped != nil {
+		return fmt.Sprintf("a partition stopped, so its messages cannot settle: %v", s.stopped)
+	}
+	return ""
+}
 
 func runUntilSettled(tb testing.TB, db consumer.DB, cfg consumer.Config, n int, timeout time.Duration, what string) *settled {
 	tb.Helper()
@@ -321,15 +438,25 @@ func runUntilSettled(tb testing.TB, db consumer.DB, cfg consumer.Config, n int, 
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	deadline := time.Now().Add(timeout)
-	for count.total() < int64(n) && time.Now().Before(deadline) {
+	for count.total() < int64(n) && count.stuck() == "" && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	cancel()
 	if err := <-done; err != nil {
 		tb.Fatalf("consumertest: %s: %v", what, err)
 	}
+	if why := count.stuck(); why != "" {
+		tb.Fatalf("consumertest: %s: %d of %d messages settled: %s", what, count.total(), n, why)
+	}
 	if got := count.total(); got < int64(n) {
-		tb.Fatalf("consumertest: %s: %d of %d messages settled within %v", what, got, n, timeout)
+		count.mu.Lock()
+		last, fails := count.lastFail, count.failCount
+		count.mu.Unlock()
+		if fails > 0 {
+			tb.Fatalf("consumertest: %s: %d of %d messages settled within %v; %d failed attempts, the last: %s (a transient error is retried until it succeeds or the attempts run out; mark errors that retrying cannot cure with consumer.Permanent)",
+				what, got, n, timeout, fails, last)
+		}
+		tb.Fatalf("consumertest: %s: %d of %d messages settled within %v, with no failed attempt: raise ReplayOptions.Timeout if the handler is slow", what, got, n, timeout)
 	}
 	return count
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -43,8 +44,71 @@ func ledger(t *testing.T) (*testenv.DB, consumer.Config, []*consumer.Message) {
 func TestReplayTwicePassesForAStableHandler(t *testing.T) {
 	t.Parallel()
 	db, cfg, msgs := ledger(t)
-	consumertest.ReplayTwice(t, db.Pool, cfg, msgs, []string{db.Schema + ".balances"})
+	consumertest.ReplayTwice(t, db.Pool, &cfg, msgs, []string{db.Schema + ".balances"})
 	require.EqualValues(t, 100-190, db.Int(t, `SELECT amount FROM `+db.Table("balances")+` WHERE account = 'a'`))
+}
+
+// The report of issue 23: with a fixed Name on one database, the second
+// run met the first run's positions, fetched nothing and waited out its
+// timeout. Each run now has a consumer of its own.
+func TestReplayTwicePassesTwiceInARowOnOneDatabase(t *testing.T) {
+	t.Parallel()
+	db, cfg, msgs := ledger(t)
+	tables := []string{db.Schema + ".balances"}
+	opts := consumertest.ReplayOptions{Timeout: 20 * time.Second}
+	// What an earlier run under the plain Name (a crashed one, or one of an
+	// older consumertest) left behind: positions at the end of its topic.
+	_, err := consumer.Migrate(context.Background(), db.Pool, db.Schema)
+	require.NoError(t, err)
+	db.Exec(t, `INSERT INTO `+db.Table("consumer_offsets")+` (consumer, topic, partition, next_offset) VALUES ('ledger', 'replay-twice', 0, 10), ('ledger', 'replay-twice', 1, 10)`)
+	var consumers []string
+	for run := range 2 {
+		started := time.Now()
+		var r consumertest.ReplayResult
+		t.Run("run "+strconv.Itoa(run+1), func(t *testing.T) {
+			r = consumertest.ReplayTwice(t, db.Pool, &cfg, msgs, tables, opts)
+		})
+		require.Equal(t, len(msgs), r.Applied, "run %d applied", run+1)
+		require.Less(t, time.Since(started), opts.Timeout, "run %d waited out its timeout", run+1)
+		consumers = append(consumers, r.Consumer)
+	}
+	require.Equal(t, "ledger", cfg.Name, "ReplayTwice changed the caller's Config")
+	require.NotEqual(t, consumers[0], consumers[1])
+	require.True(t, strings.HasPrefix(consumers[0], "ledger~replay-"), consumers[0])
+	// Both runs applied every transfer: 190 moved twice.
+	require.EqualValues(t, 100-2*190, db.Int(t, `SELECT amount FROM `+db.Table("balances")+` WHERE account = 'a'`))
+	// What each run's consumer left is deleted when its (passing) test ends.
+	for _, name := range consumers {
+		require.Zero(t, db.Int(t, `SELECT count(*) FROM `+db.Table("consumers")+` WHERE name = $1`, name), "consumer %s left behind", name)
+		require.Zero(t, db.Int(t, `SELECT count(*) FROM `+db.Table("consumer_offsets")+` WHERE consumer = $1`, name), "positions of %s left behind", name)
+	}
+}
+
+// A partition stopped at a poison message can never settle: ReplayTwice
+// says so at once instead of waiting out its timeout.
+func TestReplayTwiceFailsAtOnceWhenAPartitionStops(t *testing.T) {
+	t.Parallel()
+	db, cfg, msgs := ledger(t)
+	cfg.OnPermanentFailure = consumer.StopPartition
+	inner := cfg.Handler
+	cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "t-3" {
+			return consumer.Permanent(errors.New("poison"))
+		}
+		return inner.Handle(ctx, tx, m)
+	})
+	started := time.Now()
+	got := &captured{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		consumertest.ReplayTwice(capturingTB{TB: t, got: got}, db.Pool, &cfg, msgs, []string{db.Schema + ".balances"}, consumertest.ReplayOptions{Timeout: 50 * time.Second})
+	}()
+	<-done
+	require.Len(t, got.failures(), 1)
+	require.Contains(t, got.failures()[0], "a partition stopped")
+	require.Contains(t, got.failures()[0], "poison")
+	require.Less(t, time.Since(started), 40*time.Second, "ReplayTwice waited for a stopped partition")
 }
 
 func TestReplayTwiceCatchesAnUnstableMessageID(t *testing.T) {
@@ -227,7 +291,7 @@ func replayCapturing(t *testing.T, db *testenv.DB, cfg consumer.Config, msgs []*
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		consumertest.ReplayTwice(capturingTB{TB: t, got: got}, db.Pool, cfg, msgs, tables)
+		consumertest.ReplayTwice(capturingTB{TB: t, got: got}, db.Pool, &cfg, msgs, tables)
 	}()
 	<-done
 	for _, f := range got.failures() {

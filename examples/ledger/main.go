@@ -38,8 +38,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
-	"github.com/kafkaonce/kafkaonce/internal/devenv"
-	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+	"github.com/kafkaonce/kafkaonce/devenv"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
@@ -99,19 +98,20 @@ func main() {
 
 func run(ctx context.Context, nTransfers, nAccounts, partitions, dupEvery, resendEvery int) (summary, error) {
 	var s summary
-	env, err := devenv.StartEnv(ctx)
+	env, err := devenv.Start(ctx)
 	if err != nil {
 		return s, err
 	}
 	defer env.Close()
-	pool, kf := env.Pool, env.Kafka
-	s.Postgres, s.Kafka = env.Postgres.Source, kf.Source
+	log.Print(env)
+	pool := env.Pool
+	s.Postgres, s.Kafka = env.PostgresSource, env.KafkaSource
 	if err := setUpSchema(ctx, pool, nAccounts); err != nil {
 		return s, err
 	}
 	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
 	topic := "transfers-" + runID
-	if err := devenv.CreateTopic(ctx, kf.Brokers, topic, partitions); err != nil {
+	if err := env.CreateTopic(ctx, topic, partitions); err != nil {
 		return s, err
 	}
 
@@ -123,7 +123,7 @@ func run(ctx context.Context, nTransfers, nAccounts, partitions, dupEvery, resen
 		to := (from + 1 + rng.IntN(nAccounts-1)) % nAccounts
 		log1[i] = Transfer{ID: fmt.Sprintf("tr-%s-%06d", runID, i), From: acct(from), To: acct(to), Amount: 1 + rng.Int64N(10000)}
 	}
-	w := &kafka.Writer{Addr: kafka.TCP(kf.Brokers...), Topic: topic, Balancer: &kafka.Hash{}, BatchTimeout: time.Millisecond,
+	w := &kafka.Writer{Addr: kafka.TCP(env.Brokers...), Topic: topic, Balancer: &kafka.Hash{}, BatchTimeout: time.Millisecond,
 		RequiredAcks: kafka.RequireAll, Transport: &kafka.Transport{}}
 	defer w.Close()
 	var first []kafka.Message
@@ -143,7 +143,7 @@ func run(ctx context.Context, nTransfers, nAccounts, partitions, dupEvery, resen
 	cfg := consumer.Config{
 		Name:      "ledger",
 		GroupID:   "ledger-" + runID,
-		Brokers:   kf.Brokers,
+		Brokers:   env.Brokers,
 		Topics:    []string{topic},
 		Schema:    schemaName,
 		MessageID: consumer.IDFromJSONField("id"),
@@ -191,13 +191,7 @@ func run(ctx context.Context, nTransfers, nAccounts, partitions, dupEvery, resen
 	// Replay the whole topic: rewind the group, and drop the stored
 	// positions so every message meets its claim.
 	progress.phase("replay from the earliest offset")
-	admin := kafkaadmin.New(kf.Brokers, nil)
-	defer admin.Close()
-	zero := map[int]int64{}
-	for p := 0; p < partitions; p++ {
-		zero[p] = 0
-	}
-	if err := retryFor(10*time.Second, func() error { return admin.CommitOffsets(ctx, cfg.GroupID, topic, zero) }); err != nil {
+	if err := env.Rewind(ctx, cfg.GroupID, topic); err != nil {
 		return s, err
 	}
 	positions, err := offsets.NewStore(schemaName)
@@ -348,17 +342,6 @@ func waitUntil(ctx context.Context, cond func() bool) {
 			log.Fatal("timed out; is the consumer stuck? run with a smaller -transfers, or look at the warnings above")
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func retryFor(d time.Duration, fn func() error) error {
-	deadline := time.Now().Add(d)
-	for {
-		err := fn()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(200 * time.Millisecond) // the group may still be settling after its members left
 	}
 }
 

@@ -37,7 +37,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
-	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/devenv"
 	"github.com/kafkaonce/kafkaonce/outbox"
 )
 
@@ -94,13 +94,14 @@ func main() {
 
 func run(ctx context.Context, nOrders, dupEvery, busyEvery, loseEvery int) (summary, error) {
 	var s summary
-	env, err := devenv.StartEnv(ctx)
+	env, err := devenv.Start(ctx)
 	if err != nil {
 		return s, err
 	}
 	defer env.Close()
-	pool, kf := env.Pool, env.Kafka
-	s.Postgres, s.Kafka = env.Postgres.Source, kf.Source
+	log.Print(env)
+	pool := env.Pool
+	s.Postgres, s.Kafka = env.PostgresSource, env.KafkaSource
 	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+schemaName+` CASCADE`); err != nil {
 		return s, err
 	}
@@ -117,10 +118,10 @@ func run(ctx context.Context, nOrders, dupEvery, busyEvery, loseEvery int) (summ
 
 	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
 	topic := "orders-" + runID
-	if err := devenv.CreateTopic(ctx, kf.Brokers, topic, 3); err != nil {
+	if err := env.CreateTopic(ctx, topic, 3); err != nil {
 		return s, err
 	}
-	w := &kafka.Writer{Addr: kafka.TCP(kf.Brokers...), Topic: topic, Balancer: &kafka.Hash{}, BatchTimeout: time.Millisecond, Transport: &kafka.Transport{}}
+	w := &kafka.Writer{Addr: kafka.TCP(env.Brokers...), Topic: topic, Balancer: &kafka.Hash{}, BatchTimeout: time.Millisecond, Transport: &kafka.Transport{}}
 	defer w.Close()
 	var msgs []kafka.Message
 	for i := range nOrders {
@@ -142,7 +143,7 @@ func run(ctx context.Context, nOrders, dupEvery, busyEvery, loseEvery int) (summ
 	// transaction with the claim.
 	counts := &counter{}
 	c, err := consumer.New(pool, &consumer.Config{
-		Name: "notifications", GroupID: "notifications-" + runID, Brokers: kf.Brokers, Topics: []string{topic}, Schema: schemaName,
+		Name: "notifications", GroupID: "notifications-" + runID, Brokers: env.Brokers, Topics: []string{topic}, Schema: schemaName,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})), Hooks: []consumer.Hook{counts},
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {

@@ -51,8 +51,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/devenv"
 	"github.com/kafkaonce/kafkaonce/idempotency"
-	"github.com/kafkaonce/kafkaonce/internal/devenv"
 )
 
 const schemaName = "payments_example"
@@ -121,19 +121,20 @@ func main() {
 
 func run(ctx context.Context, n, workers, kills int, lease time.Duration) (summary, error) {
 	s := summary{Operations: n}
-	env, err := devenv.StartEnv(ctx)
+	env, err := devenv.Start(ctx)
 	if err != nil {
 		return s, err
 	}
 	defer env.Close()
+	log.Print(env)
 	pool := env.Pool
-	s.Postgres, s.Kafka = env.Postgres.Source, env.Kafka.Source
+	s.Postgres, s.Kafka = env.PostgresSource, env.KafkaSource
 	if err := setUpSchema(ctx, pool); err != nil {
 		return s, err
 	}
 	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
 	topic := "payments-" + runID
-	if err := devenv.CreateTopic(ctx, env.Kafka.Brokers, topic, 4); err != nil {
+	if err := env.CreateTopic(ctx, topic, 4); err != nil {
 		return s, err
 	}
 	card := startProvider(0.08, 0.08)
@@ -142,7 +143,7 @@ func run(ctx context.Context, n, workers, kills int, lease time.Duration) (summa
 	if err != nil {
 		return s, err
 	}
-	api := &apiProcess{cfg: apiConfig{Addr: addr, DatabaseURL: env.Postgres.URL, Brokers: env.Kafka.Brokers, Topic: topic,
+	api := &apiProcess{cfg: apiConfig{Addr: addr, DatabaseURL: env.DatabaseURL, Brokers: env.Brokers, Topic: topic,
 		ProviderURL: card.srv.URL, Lease: lease.String()}}
 	if err := api.start(ctx); err != nil {
 		return s, err
@@ -153,7 +154,7 @@ func run(ctx context.Context, n, workers, kills int, lease time.Duration) (summa
 	ledger, err := consumer.New(pool, &consumer.Config{
 		Name:    "ledger",
 		GroupID: "ledger-" + runID,
-		Brokers: env.Kafka.Brokers,
+		Brokers: env.Brokers,
 		Topics:  []string{topic},
 		Schema:  schemaName,
 		Handler: consumer.HandlerFunc(post),

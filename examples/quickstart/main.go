@@ -3,6 +3,9 @@
 //
 //	go run ./examples/quickstart
 //
+// It imports only kafkaonce's public packages, so it can be copied into a
+// module of your own as it is and run there the same way.
+//
 // It starts an in-process Kafka broker (or uses KAFKA_BROKERS) and a
 // throwaway Postgres (or uses DATABASE_URL), produces credit messages of
 // which some are re-sent by a "retrying producer", applies them with a
@@ -27,10 +30,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
-	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/devenv"
 )
 
 type summary struct {
@@ -61,12 +63,15 @@ func main() {
 }
 
 func run(ctx context.Context, n, resend int) error {
-	env, err := devenv.StartEnv(ctx)
+	// A Postgres and a Kafka broker: DATABASE_URL and KAFKA_BROKERS when
+	// set, else a throwaway local cluster and an in-process broker.
+	env, err := devenv.Start(ctx)
 	if err != nil {
 		return err
 	}
 	defer env.Close()
-	pg, kf, pool := env.Postgres, env.Kafka, env.Pool
+	log.Print(env)
+	pool := env.Pool
 	// kafkaonce's own tables, then the example's effect table next to them.
 	const schema = "kafkaonce_quickstart"
 	if _, err := consumer.Migrate(ctx, pool, schema); err != nil {
@@ -79,10 +84,10 @@ func run(ctx context.Context, n, resend int) error {
 
 	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
 	topic := "quickstart-" + runID
-	if err := devenv.CreateTopic(ctx, kf.Brokers, topic, 3); err != nil {
+	if err := env.CreateTopic(ctx, topic, 3); err != nil {
 		return err
 	}
-	produced, err := produce(ctx, kf.Brokers, topic, n, resend)
+	produced, err := produce(ctx, env, topic, n, resend)
 	if err != nil {
 		return err
 	}
@@ -101,7 +106,7 @@ func run(ctx context.Context, n, resend int) error {
 	counts := &counter{}
 	cfg := &consumer.Config{
 		Name:              "quickstart-" + runID,
-		Brokers:           kf.Brokers,
+		Brokers:           env.Brokers,
 		Topics:            []string{topic},
 		Schema:            schema,
 		Handler:           credit,
@@ -115,12 +120,12 @@ func run(ctx context.Context, n, resend int) error {
 	if err := consumeUntil(ctx, pool, cfg, func() bool { return counts.seen() >= int64(produced) }); err != nil {
 		return err
 	}
-	s := summary{Postgres: pg.Source, Kafka: kf.Source, Produced: produced, Unique: n,
+	s := summary{Postgres: env.PostgresSource, Kafka: env.KafkaSource, Produced: produced, Unique: n,
 		Applied: counts.applied.Load(), DuplicatesSkipped: counts.skipped.Load()}
 	log.Printf("first pass: applied %d, skipped %d duplicates", s.Applied, s.DuplicatesSkipped)
 
 	// Replay: rewind the group to the start of the topic and run again.
-	if err := rewind(ctx, kf.Brokers, cfg.Name, topic); err != nil {
+	if err := env.Rewind(ctx, cfg.Name, topic); err != nil {
 		return err
 	}
 	before := counts.applied.Load()
@@ -149,21 +154,17 @@ func run(ctx context.Context, n, resend int) error {
 
 // produce writes n credits (id "credit-i", amount i) and re-sends every
 // resend-th one with the same id and content.
-func produce(ctx context.Context, brokers []string, topic string, n, resend int) (int, error) {
-	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{}, BatchTimeout: time.Millisecond,
-		RequiredAcks: kafka.RequireAll, Transport: &kafka.Transport{}}
-	defer w.Close()
-	var msgs []kafka.Message
+func produce(ctx context.Context, env *devenv.Env, topic string, n, resend int) (int, error) {
+	var msgs []devenv.Message
 	for i := range n {
 		id := "credit-" + strconv.Itoa(i)
-		m := kafka.Message{Key: []byte(id), Value: []byte(strconv.Itoa(i)),
-			Headers: []kafka.Header{{Key: consumer.DefaultMessageIDHeader, Value: []byte(id)}}}
+		m := devenv.Message{ID: id, Key: []byte(id), Value: []byte(strconv.Itoa(i))}
 		msgs = append(msgs, m)
 		if resend > 0 && i%resend == 0 {
 			msgs = append(msgs, m)
 		}
 	}
-	return len(msgs), w.WriteMessages(ctx, msgs...)
+	return len(msgs), env.Produce(ctx, topic, msgs...)
 }
 
 // consumeUntil runs a consumer until done reports true, then shuts it down.
@@ -190,24 +191,6 @@ func consumeUntil(ctx context.Context, pool *pgxpool.Pool, cfg *consumer.Config,
 	}
 	cancel()
 	return <-errc
-}
-
-// rewind commits offset 0 for every partition of topic in the (idle) group,
-// as `kafka-consumer-groups --reset-offsets --to-earliest` would.
-func rewind(ctx context.Context, brokers []string, group, topic string) error {
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: &kafka.Transport{}}
-	var commits []kafka.OffsetCommit
-	for p := range 3 {
-		commits = append(commits, kafka.OffsetCommit{Partition: p, Offset: 0})
-	}
-	for attempt := 0; ; attempt++ {
-		_, err := client.OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1,
-			Topics: map[string][]kafka.OffsetCommit{topic: commits}})
-		if err == nil || attempt == 50 {
-			return err
-		}
-		time.Sleep(200 * time.Millisecond) // the group may still be settling after the last member left
-	}
 }
 
 // counter is a hook counting what the consumer did.

@@ -1,14 +1,22 @@
 package devenv
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
-
-	"github.com/testcontainers/testcontainers-go"
 )
+
+// Containers are run through the docker command line rather than a Docker
+// client library: the command is all a developer with Docker has anyway, and
+// a client library would put dozens of modules into the go.mod of every
+// module that imports kafkaonce's dev environment.
 
 var dockerOnce struct {
 	sync.Once
@@ -16,27 +24,29 @@ var dockerOnce struct {
 }
 
 // DockerAvailable reports whether a Docker engine answers. The answer is
-// computed once per process; it costs nothing when no Docker socket exists.
+// computed once per process; it costs nothing when there is no docker
+// command or no Docker socket.
 func DockerAvailable() bool {
-	dockerOnce.Do(func() { dockerOnce.ok = probeDocker() })
+	dockerOnce.Do(func() { dockerOnce.ok = probeDocker(context.Background()) })
 	return dockerOnce.ok
 }
 
-func probeDocker() bool {
+// probeDocker asks the engine for its version, bounded by a few seconds, so
+// that a machine whose engine hangs never holds a test up.
+func probeDocker(ctx context.Context) bool {
 	if os.Getenv("KAFKAONCE_DOCKER") == "off" {
+		return false
+	}
+	if _, err := exec.LookPath("docker"); err != nil {
 		return false
 	}
 	if os.Getenv("DOCKER_HOST") == "" && !anyExists(dockerSockets()) {
 		return false
 	}
-	p, err := testcontainers.NewDockerProvider()
-	if err != nil {
-		return false
-	}
-	defer p.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	return p.Health(ctx) == nil
+	_, err := docker(ctx, "version", "--format", "{{.Server.Version}}")
+	return err == nil
 }
 
 func dockerSockets() []string {
@@ -57,4 +67,80 @@ func anyExists(paths []string) bool {
 		}
 	}
 	return false
+}
+
+// docker runs the docker command and returns its standard output, trimmed.
+// Its error carries what the command printed on standard error.
+func docker(ctx context.Context, args ...string) (string, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, "docker", args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("docker %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.TrimSpace(stdout.String()), nil
+}
+
+// container is a container this process started; remove stops and deletes
+// it.
+type container struct{ id string }
+
+// runContainer starts image detached with args (flags before the image,
+// then the command after it).
+func runContainer(ctx context.Context, flags []string, image string, command ...string) (*container, error) {
+	args := append(append([]string{"run", "--detach", "--rm"}, flags...), image)
+	out, err := docker(ctx, append(args, command...)...)
+	if err != nil {
+		return nil, err
+	}
+	lines := strings.Fields(out)
+	if len(lines) == 0 {
+		return nil, errors.New("docker run printed no container id")
+	}
+	return &container{id: lines[len(lines)-1]}, nil
+}
+
+// hostAddr is the host address that port (as "5432/tcp") of the container
+// is published on.
+func (c *container) hostAddr(ctx context.Context, port string) (string, error) {
+	out, err := docker(ctx, "port", c.id, port)
+	if err != nil {
+		return "", err
+	}
+	// One line per published address ("0.0.0.0:49153", "[::]:49153"): the
+	// first IPv4 one, with a wildcard host read as loopback.
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "[") {
+			continue
+		}
+		return strings.Replace(line, "0.0.0.0:", "127.0.0.1:", 1), nil
+	}
+	return "", fmt.Errorf("docker port %s %s printed no IPv4 address: %q", c.id, port, out)
+}
+
+func (c *container) remove() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := docker(ctx, "rm", "--force", c.id)
+	return err
+}
+
+// waitReady calls ready until it succeeds or d passes; the error names what
+// was being waited for and the last failure.
+func waitReady(ctx context.Context, d time.Duration, what string, ready func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	start := time.Now()
+	for {
+		err := ready(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s not ready after %v: %w", what, time.Since(start).Round(time.Second), err)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }

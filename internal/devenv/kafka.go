@@ -8,8 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/testcontainers/testcontainers-go"
-	"github.com/testcontainers/testcontainers-go/wait"
+	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
@@ -65,44 +64,50 @@ func kafkaDocker(ctx context.Context) (*Kafka, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	// The advertised listener must name the address clients dial, so the host
-	// port is chosen before the container starts and mapped one to one.
+	// port is chosen before the container starts and published one to one.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
+	flags := []string{"--publish", fmt.Sprintf("127.0.0.1:%d:9092", port)}
+	for _, kv := range [][2]string{
+		{"KAFKA_NODE_ID", "1"},
+		{"KAFKA_PROCESS_ROLES", "broker,controller"},
+		{"KAFKA_LISTENERS", "PLAINTEXT://:9092,CONTROLLER://:9093"},
+		{"KAFKA_ADVERTISED_LISTENERS", fmt.Sprintf("PLAINTEXT://127.0.0.1:%d", port)},
+		{"KAFKA_CONTROLLER_LISTENER_NAMES", "CONTROLLER"},
+		{"KAFKA_LISTENER_SECURITY_PROTOCOL_MAP", "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"},
+		{"KAFKA_CONTROLLER_QUORUM_VOTERS", "1@localhost:9093"},
+		{"KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1"},
+		{"KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1"},
+		{"KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1"},
+		{"KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0"},
+	} {
+		flags = append(flags, "--env", kv[0]+"="+kv[1])
+	}
 	// apache/kafka 3.9 runs KRaft by default and accepts the JoinGroup v1
 	// that kafka-go's consumer group sends (4.0.0 does not).
-	c, err := testcontainers.GenericContainer(ctx, testcontainers.GenericContainerRequest{
-		ContainerRequest: testcontainers.ContainerRequest{
-			Image:        "apache/kafka:3.9.1",
-			ExposedPorts: []string{fmt.Sprintf("127.0.0.1:%d:9092/tcp", port)},
-			Env: map[string]string{
-				"KAFKA_NODE_ID":                                  "1",
-				"KAFKA_PROCESS_ROLES":                            "broker,controller",
-				"KAFKA_LISTENERS":                                "PLAINTEXT://:9092,CONTROLLER://:9093",
-				"KAFKA_ADVERTISED_LISTENERS":                     fmt.Sprintf("PLAINTEXT://127.0.0.1:%d", port),
-				"KAFKA_CONTROLLER_LISTENER_NAMES":                "CONTROLLER",
-				"KAFKA_LISTENER_SECURITY_PROTOCOL_MAP":           "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-				"KAFKA_CONTROLLER_QUORUM_VOTERS":                 "1@localhost:9093",
-				"KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR":         "1",
-				"KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
-				"KAFKA_TRANSACTION_STATE_LOG_MIN_ISR":            "1",
-				"KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS":         "0",
-			},
-			WaitingFor: wait.ForLog("Kafka Server started").WithStartupTimeout(2 * time.Minute),
-		},
-		Started: true,
-	})
+	c, err := runContainer(ctx, flags, "apache/kafka:3.9.1")
 	if err != nil {
 		return nil, fmt.Errorf("devenv: start Kafka container: %w", err)
 	}
-	return &Kafka{
-		Brokers: []string{fmt.Sprintf("127.0.0.1:%d", port)},
-		Source:  "docker",
-		close:   func() error { return c.Terminate(context.Background()) },
-	}, nil
+	brokers := []string{fmt.Sprintf("127.0.0.1:%d", port)}
+	err = waitReady(ctx, 2*time.Minute, "Kafka container", func(ctx context.Context) error {
+		conn, err := kafka.DialContext(ctx, "tcp", brokers[0])
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		_, err = conn.Brokers()
+		return err
+	})
+	if err != nil {
+		_ = c.remove()
+		return nil, fmt.Errorf("devenv: %w", err)
+	}
+	return &Kafka{Brokers: brokers, Source: "docker", close: c.remove}, nil
 }
 
 // SplitBrokers parses a comma-separated broker list, ignoring blanks.

@@ -7,8 +7,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/testcontainers/testcontainers-go"
-	"github.com/testcontainers/testcontainers-go/wait"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkaonce/kafkaonce/internal/pgcluster"
 )
@@ -81,31 +80,40 @@ func postgresDocker(ctx context.Context) (*Postgres, error) {
 	if !DockerAvailable() {
 		return nil, errNoDocker
 	}
+	return postgresContainer(ctx)
+}
+
+// postgresContainer runs postgres:15-alpine with its port published on
+// loopback, and waits until it accepts connections.
+func postgresContainer(ctx context.Context) (*Postgres, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	c, err := testcontainers.GenericContainer(ctx, testcontainers.GenericContainerRequest{
-		ContainerRequest: testcontainers.ContainerRequest{
-			Image:        "postgres:15-alpine",
-			ExposedPorts: []string{"5432/tcp"},
-			Env:          map[string]string{"POSTGRES_PASSWORD": "postgres", "POSTGRES_HOST_AUTH_METHOD": "trust"},
-			Cmd:          []string{"postgres", "-c", "fsync=off", "-c", "max_connections=300"},
-			WaitingFor:   wait.ForListeningPort("5432/tcp").WithStartupTimeout(2 * time.Minute),
-		},
-		Started: true,
-	})
+	c, err := runContainer(ctx,
+		[]string{"--publish", "127.0.0.1::5432", "--env", "POSTGRES_HOST_AUTH_METHOD=trust"},
+		"postgres:15-alpine", "postgres", "-c", "fsync=off", "-c", "max_connections=300")
 	if err != nil {
 		return nil, fmt.Errorf("devenv: start Postgres container: %w", err)
 	}
-	host, err := c.Host(ctx)
+	addr, err := c.hostAddr(ctx, "5432/tcp")
 	if err != nil {
-		_ = c.Terminate(context.Background())
-		return nil, err
+		_ = c.remove()
+		return nil, fmt.Errorf("devenv: Postgres container: %w", err)
 	}
-	port, err := c.MappedPort(ctx, "5432/tcp")
+	url := "postgres://postgres@" + addr + "/postgres?sslmode=disable"
+	// The image's entrypoint initialises the database behind a server that
+	// listens on no TCP port, then restarts it: a connection over TCP that
+	// answers a query is the real server.
+	err = waitReady(ctx, 2*time.Minute, "Postgres container", func(ctx context.Context) error {
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.Background())
+		return conn.Ping(ctx)
+	})
 	if err != nil {
-		_ = c.Terminate(context.Background())
-		return nil, err
+		_ = c.remove()
+		return nil, fmt.Errorf("devenv: %w", err)
 	}
-	url := fmt.Sprintf("postgres://postgres@%s:%s/postgres?sslmode=disable", host, port.Port())
-	return &Postgres{URL: url, Source: "docker", close: func() error { return c.Terminate(context.Background()) }}, nil
+	return &Postgres{URL: url, Source: "docker", close: c.remove}, nil
 }

@@ -62,6 +62,17 @@ func newFailure(class errClass, kind deadletter.Class, err error) *failure {
 	return &failure{class: class, kind: kind, err: err, attempts: 1, first: now, last: now}
 }
 
+// IsPermanent reports whether a message whose handler call came to err is
+// set aside at once, without retries (by Config.OnPermanentFailure). err is
+// what the call comes to as a worker sees it, a panic, a timeout or a
+// misuse of tx already turned into their errors by internal/usercall, as
+// HandleAlone returns it. It is classifyHandlerError's verdict, so that
+// consumer.IsPermanent, and a test of a handler through consumertest,
+// answer what the workers do.
+func IsPermanent(err error) bool {
+	return err != nil && classifyHandlerError(err).class == classPermanent
+}
+
 // classifyHandlerError sorts the error a handler returned.
 func classifyHandlerError(err error) *failure {
 	var syntax *json.SyntaxError

@@ -12,15 +12,13 @@ package testenv
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"go.uber.org/goleak"
 )
 
@@ -71,24 +69,7 @@ func leakOptions() []goleak.Option {
 // Name returns a name unique to this test run, built from the test's name
 // and usable as a Postgres identifier, topic or group: lower case letters,
 // digits and underscores, at most 63 bytes.
-func Name(tb testing.TB, prefix string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(tb.Name()) {
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
-			b.WriteRune(r)
-		default:
-			b.WriteByte('_')
-		}
-	}
-	base := b.String()
-	if len(base) > 40 {
-		base = base[len(base)-40:]
-	}
-	var suffix [4]byte
-	_, _ = rand.Read(suffix[:])
-	return prefix + "_" + strings.Trim(base, "_") + "_" + hex.EncodeToString(suffix[:])
-}
+func Name(tb testing.TB, prefix string) string { return devenv.UniqueName(prefix, tb.Name()) }
 
 // Context returns a context that ends with the test, bounded by d.
 func Context(tb testing.TB, d time.Duration) context.Context {

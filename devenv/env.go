@@ -1,0 +1,70 @@
+package devenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
+)
+
+// Env is a Postgres database and a Kafka broker to run consumers against.
+type Env struct {
+	// DatabaseURL connects to the database as a user who may create
+	// schemas (a superuser, for a server devenv started).
+	DatabaseURL string
+	// Pool is a connection pool to DatabaseURL.
+	Pool *pgxpool.Pool
+	// Brokers are the Kafka bootstrap addresses.
+	Brokers []string
+	// PostgresSource says where the database came from: "DATABASE_URL",
+	// "local binaries" or "docker".
+	PostgresSource string
+	// KafkaSource says where the broker came from: "KAFKA_BROKERS" or
+	// "in-process".
+	KafkaSource string
+
+	pg *devenv.Postgres
+	kf *devenv.Kafka
+}
+
+// Start finds or starts Postgres and Kafka (see the package doc for where
+// each comes from) and opens a pool. The error of a machine that offers no
+// Postgres says what to install or set. Close stops what Start started.
+func Start(ctx context.Context) (*Env, error) {
+	pg, err := devenv.StartPostgres(ctx, devenv.LocalFirst)
+	if err != nil {
+		return nil, err
+	}
+	kf, err := devenv.StartKafka(ctx, false)
+	if err != nil {
+		_ = pg.Close()
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, pg.URL)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
+		return nil, errors.Join(fmt.Errorf("devenv: connect to Postgres (%s): %w", pg.Source, err), kf.Close(), pg.Close())
+	}
+	return &Env{DatabaseURL: pg.URL, Pool: pool, Brokers: kf.Brokers, PostgresSource: pg.Source, KafkaSource: kf.Source, pg: pg, kf: kf}, nil
+}
+
+// Close closes the pool and stops the servers Start started; servers named
+// by DATABASE_URL and KAFKA_BROKERS keep running. A throwaway cluster's
+// data is deleted.
+func (e *Env) Close() error {
+	e.Pool.Close()
+	return errors.Join(e.kf.Close(), e.pg.Close())
+}
+
+// String says where the database and the broker came from, for a log line.
+func (e *Env) String() string {
+	return fmt.Sprintf("postgres: %s; kafka: %s %v", e.PostgresSource, e.KafkaSource, e.Brokers)
+}

@@ -1,0 +1,90 @@
+package devenv
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+)
+
+// MessageIDHeader is the header Produce sets to a Message's ID: the one
+// kafkaonce's consumers read ids from by default
+// (consumer.DefaultMessageIDHeader).
+const MessageIDHeader = "message-id"
+
+// Message is a message to produce.
+type Message struct {
+	// ID, when set, is sent in the MessageIDHeader header, as a producer
+	// that follows kafkaonce's default convention does.
+	ID string
+	// Key chooses the partition (by hash, as kafka-go's and Java's default
+	// partitioners do); messages without a key are spread round robin.
+	Key, Value []byte
+	Headers    []kafka.Header
+}
+
+// CreateTopic creates topic with the given number of partitions and waits
+// until each has a leader. A topic that exists already is not an error.
+func (e *Env) CreateTopic(ctx context.Context, topic string, partitions int) error {
+	return devenv.CreateTopic(ctx, e.Brokers, topic, partitions)
+}
+
+// Produce writes msgs to topic, in order per key, and returns once the
+// broker has acknowledged all of them (acks=all).
+func (e *Env) Produce(ctx context.Context, topic string, msgs ...Message) error {
+	// A transport of its own: kafka-go's shared default one caches cluster
+	// metadata and would not yet know a topic created a moment ago.
+	tr := &kafka.Transport{MetadataTTL: time.Second}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Addr: kafka.TCP(e.Brokers...), Topic: topic, Transport: tr,
+		Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	km := make([]kafka.Message, len(msgs))
+	for i, m := range msgs {
+		km[i] = kafka.Message{Key: m.Key, Value: m.Value, Headers: append([]kafka.Header(nil), m.Headers...)}
+		if m.ID != "" {
+			km[i].Headers = append(km[i].Headers, kafka.Header{Key: MessageIDHeader, Value: []byte(m.ID)})
+		}
+	}
+	err := w.WriteMessages(ctx, km...)
+	if cerr := w.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("devenv: produce %d messages to %s: %w", len(msgs), topic, err)
+	}
+	return nil
+}
+
+// Rewind sets the committed offset of consumer group to the start of every
+// partition of topic, as `kafka-consumer-groups --reset-offsets
+// --to-earliest` does, so the group's next member reads the topic again.
+// The group must have no members: Rewind retries for up to 30 seconds
+// while the last one leaves. (kafkaonce's stored positions still skip
+// what was processed; `kafkaonce replay` moves both.)
+func (e *Env) Rewind(ctx context.Context, group, topic string) error {
+	admin := kafkaadmin.New(e.Brokers, nil)
+	defer admin.Close()
+	parts, err := admin.Partitions(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("devenv: rewind %s: %w", topic, err)
+	}
+	start := make(map[int]int64, len(parts))
+	for _, p := range parts {
+		start[p] = 0
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := admin.CommitOffsets(ctx, group, topic, start)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("devenv: rewind group %s on %s (is a member still running?): %w", group, topic, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -1,0 +1,115 @@
+package devenv
+
+import (
+	"context"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fakeDocker puts a docker command on PATH that answers as an engine would,
+// publishing the container's port at addr, and records every call in the
+// returned log file. No Docker engine is needed: what is tested is how this
+// package drives the command.
+func fakeDocker(t *testing.T, addr string) (calls string) {
+	t.Helper()
+	dir := t.TempDir()
+	calls = filepath.Join(dir, "calls")
+	script := `#!/bin/sh
+echo "$*" >> ` + calls + `
+case "$1" in
+version) echo 27.3.1 ;;
+run) echo "Unable to find image locally; pulling" >&2; echo 0123456789abcdef ;;
+port) echo "0.0.0.0:` + addr[strings.LastIndex(addr, ":")+1:] + `"; echo "[::]:1" ;;
+rm) echo "$3" ;;
+*) echo "unexpected docker $1" >&2; exit 1 ;;
+esac
+`
+	if err := os.WriteFile(filepath.Join(dir, "docker"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(dir, "docker.sock"))
+	t.Setenv("KAFKAONCE_DOCKER", "")
+	return calls
+}
+
+func TestAPostgresContainerIsRunReachedAndRemoved(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	real, err := StartPostgres(ctx, LocalFirst) // the server the fake engine "publishes"
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer real.Close()
+	u, err := url.Parse(real.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := fakeDocker(t, u.Host)
+
+	if !probeDocker(ctx) {
+		t.Fatal("probeDocker: false, want true with a docker command that answers")
+	}
+	pg, err := postgresContainer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "127.0.0.1:" + u.Port(); !strings.Contains(pg.URL, "@"+want+"/") {
+		t.Errorf("URL %s, want the published address %s", pg.URL, want)
+	}
+	if err := pg.Close(); err != nil {
+		t.Fatal(err)
+	}
+	log, _ := os.ReadFile(calls)
+	got := string(log)
+	for _, want := range []string{
+		"run --detach --rm --publish 127.0.0.1::5432 --env POSTGRES_HOST_AUTH_METHOD=trust postgres:15-alpine postgres",
+		"port 0123456789abcdef 5432/tcp",
+		"rm --force 0123456789abcdef",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("docker was not called with %q; calls:\n%s", want, got)
+		}
+	}
+}
+
+func TestDockerIsNotAskedWhenItCannotAnswer(t *testing.T) {
+	calls := fakeDocker(t, "127.0.0.1:1")
+	t.Setenv("KAFKAONCE_DOCKER", "off")
+	if probeDocker(context.Background()) {
+		t.Error("probeDocker with KAFKAONCE_DOCKER=off: true")
+	}
+	t.Setenv("KAFKAONCE_DOCKER", "")
+	t.Setenv("DOCKER_HOST", "")
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("XDG_RUNTIME_DIR", "")
+	if _, err := os.Stat("/var/run/docker.sock"); err != nil && probeDocker(context.Background()) {
+		t.Error("probeDocker with no socket and no DOCKER_HOST: true")
+	}
+	t.Setenv("PATH", t.TempDir())
+	t.Setenv("DOCKER_HOST", "unix:///nowhere")
+	if probeDocker(context.Background()) {
+		t.Error("probeDocker with no docker command: true")
+	}
+	if log, _ := os.ReadFile(calls); len(log) != 0 {
+		t.Errorf("docker was run although it could not answer:\n%s", log)
+	}
+}
+
+func TestAContainerThatNeverGetsReadyIsRemoved(t *testing.T) {
+	calls := fakeDocker(t, "127.0.0.1:1") // nothing listens on port 1
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if _, err := postgresContainer(ctx); err == nil {
+		t.Fatal("postgresContainer succeeded with nothing listening")
+	} else if !strings.Contains(err.Error(), "Postgres container not ready") {
+		t.Errorf("error %q does not say what was not ready", err)
+	}
+	if log, _ := os.ReadFile(calls); !strings.Contains(string(log), "rm --force 0123456789abcdef") {
+		t.Errorf("the container was left running; calls:\n%s", log)
+	}
+}

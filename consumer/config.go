@@ -137,9 +137,15 @@ type Config struct {
 	// dropped.
 	ClaimFirst bool
 
-	// MessageID derives each message's id (the dedupe key). Defaults to
-	// IDFromHeader(DefaultMessageIDHeader).
-	MessageID MessageIDFunc
+	// MessageID derives each message's id (the dedupe key): a built-in
+	// MessageIDRule (IDFromHeader, IDFromJSONField, IDFromContentHash,
+	// IDFromPosition), or a function of your own wrapped in MessageIDFunc.
+	// When Run starts, the consumer records the rule's text in its row of
+	// the consumers table ("custom" for a MessageIDFunc), with GroupID,
+	// Topics and Brokers, so that kafkaonce audit, replay and status use
+	// them without being told; with a MessageIDFunc, kafkaonce audit needs
+	// --id. Defaults to IDFromHeader(DefaultMessageIDHeader).
+	MessageID MessageIDSource
 
 	// MaxBatch is the most messages of one partition handled in one
 	// transaction. Larger batches amortise the transaction's round trips;
@@ -276,7 +282,9 @@ func (c *Config) withDefaults() Config {
 	out.Topics = slices.Clone(c.Topics)
 	out.Hooks = slices.Clone(c.Hooks)
 	setDefault(&out.GroupID, c.Name)
-	if out.MessageID == nil {
+	if f, ok := out.MessageID.(MessageIDFunc); out.MessageID == nil || ok && f == nil {
+		// A nil MessageIDFunc is as unset as a nil field: it would
+		// otherwise panic on every message.
 		out.MessageID = IDFromHeader(DefaultMessageIDHeader)
 	}
 	setDefault(&out.MaxBatch, DefaultMaxBatch)
@@ -352,6 +360,11 @@ func (c *Config) validate() error {
 		bad("Handler must be set: it applies each message, e.g. consumer.HandlerFunc(func(ctx, tx, msg) error { ... }) (or set BatchHandler to apply a batch per call)")
 	case c.Handler != nil && c.BatchHandler != nil:
 		bad("Handler and BatchHandler are both set; set one: Handler for a call per message, BatchHandler for a call per batch")
+	}
+	if r, ok := ruleOf(c.MessageID); ok {
+		if err := r.check(); err != nil {
+			bad("MessageID %v", err)
+		}
 	}
 	if c.MaxBatch < 1 || c.MaxBatch > MaxMaxBatch {
 		bad("MaxBatch must be between 1 and %d (got %d)", MaxMaxBatch, c.MaxBatch)
@@ -481,6 +494,7 @@ func (c *Config) engineConfig(hooks engine.Hooks) engine.Config {
 		Handle:                   handleFunc(c.Handler),
 		HandleBatch:              handleBatchFunc(c.BatchHandler),
 		MessageID:                messageIDFunc(c.MessageID),
+		MessageIDRule:            ruleText(c.MessageID),
 		Hooks:                    hooks,
 		ClaimFirst:               c.ClaimFirst,
 		MaxBatch:                 c.MaxBatch,

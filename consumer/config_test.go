@@ -74,6 +74,9 @@ func TestNewRejectsBadConfigNamingTheField(t *testing.T) {
 		{"prune retention too short", func(c *consumer.Config) { c.Prune.Retention = time.Minute }, []string{"Prune.Retention must be at least 24h0m0s"}},
 		{"prune batch too big", func(c *consumer.Config) { c.Prune.Interval, c.Prune.Batch = time.Hour, 1<<20 }, []string{"Prune.Batch must be between 1 and 100000"}},
 		{"hook of no kind", func(c *consumer.Config) { c.Hooks = []consumer.Hook{42} }, []string{"Hooks[0] (int) implements no hook interface"}},
+		{"json id without a field", func(c *consumer.Config) { c.MessageID = consumer.IDFromJSONField("") }, []string{`MessageID JSON field path "" has an empty field name`}},
+		{"json id with an empty name", func(c *consumer.Config) { c.MessageID = consumer.IDFromJSONField("meta..id") }, []string{`MessageID JSON field path "meta..id" has an empty field name`, `"meta.id"`}},
+		{"zero id rule", func(c *consumer.Config) { c.MessageID = consumer.MessageIDRule{} }, []string{"MessageID is the zero MessageIDRule", "IDFromHeader"}},
 		{"negative shutdown", func(c *consumer.Config) { c.ShutdownTimeout = -time.Second }, []string{"ShutdownTimeout must not be negative"}},
 		{"idle timeout within the handler's", func(c *consumer.Config) { c.IdleInTransactionTimeout = 20 * time.Second }, []string{"IdleInTransactionTimeout must be longer than HandlerTimeout (got 20s and 30s)"}},
 	}

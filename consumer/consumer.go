@@ -80,5 +80,13 @@ func Migrate(ctx context.Context, db DB, schemaName string) (int, error) {
 // aside (Config.OnPermanentFailure) or stops its partition (see
 // PartitionError); it never ends Run.
 //
+// Once the schema is checked, Run records the consumer's settings in its
+// row of the consumers table: the MessageID rule ("custom" for a
+// MessageIDFunc), GroupID, Topics, Brokers, and whether the Dialer uses TLS
+// or SASL (never credentials). kafkaonce audit, replay and status read them
+// instead of asking for --id, --group, --topic and --brokers. The record
+// only serves those tools: when it cannot be written within a few seconds,
+// Run logs a warning and consumes all the same.
+//
 // Run may be called once per Consumer.
 func (c *Consumer) Run(ctx context.Context) error { return c.engine.Run(ctx) }

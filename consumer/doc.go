@@ -37,9 +37,12 @@
 // # Message ids
 //
 // Deduplication is by message id, derived with Config.MessageID: a header
-// (the default, DefaultMessageIDHeader), a JSON field, the content hash, the
-// log position, or your own function. The id should be chosen once per
-// logical message at the producer. The same id arriving with different
+// (the default, DefaultMessageIDHeader), a JSON field, the content hash or
+// the log position (each a MessageIDRule), or your own function (a
+// MessageIDFunc). The id should be chosen once per logical message at the
+// producer. A consumer records its rule when it starts ("json:meta.id"; see
+// MessageIDRule), so that kafkaonce audit derives ids as it does; for your
+// own function, which no tool can run, the audit must be given --id. The same id arriving with different
 // content is reported as a FingerprintConflictError, never skipped
 // silently; a message whose id cannot be read fails with
 // ErrInvalidMessageID rather than being retried forever. Both are set aside

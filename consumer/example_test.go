@@ -64,9 +64,9 @@ func Example() {
 
 func ExampleIDFromJSONField() {
 	id := consumer.IDFromJSONField("meta.event_id")
-	got, err := id(&consumer.Message{Value: []byte(`{"meta":{"event_id":"01J9ZK3V8W"},"amount":5}`)})
+	got, err := id.MessageID(&consumer.Message{Value: []byte(`{"meta":{"event_id":"01J9ZK3V8W"},"amount":5}`)})
 	fmt.Println(got, err)
-	_, err = id(&consumer.Message{Value: []byte(`{"amount":5}`)})
+	_, err = id.MessageID(&consumer.Message{Value: []byte(`{"amount":5}`)})
 	fmt.Println(err)
 	// Output:
 	// 01J9ZK3V8W <nil>
@@ -74,7 +74,7 @@ func ExampleIDFromJSONField() {
 }
 
 func ExampleIDFromPosition() {
-	id, _ := consumer.IDFromPosition()(&consumer.Message{Topic: "orders", Partition: 2, Offset: 1041})
+	id, _ := consumer.IDFromPosition().MessageID(&consumer.Message{Topic: "orders", Partition: 2, Offset: 1041})
 	fmt.Println(id)
 	// Output: orders/2/1041
 }

@@ -89,7 +89,7 @@ func TestInvalidIDsFromAMisbehavingIDFunctionAreSetAside(t *testing.T) {
 		if batched {
 			cfg.Handler, cfg.BatchHandler = nil, e.queueEffects()
 		}
-		cfg.MessageID = lyingID
+		cfg.MessageID = consumer.MessageIDFunc(lyingID)
 		tp := withTap(cfg)
 		end := int64(2*len(lyingCases) + 1)
 		r := e.start(cfg)
@@ -155,7 +155,7 @@ func TestAMisbehavingIDFunctionStopsItsPartitionUnderStopPartition(t *testing.T)
 	}
 	e.kafka.Produce(t, e.topic, msgs...)
 	cfg := e.config(e.applyHandler())
-	cfg.MessageID = lyingID
+	cfg.MessageID = consumer.MessageIDFunc(lyingID)
 	cfg.OnPermanentFailure = consumer.StopPartition
 	tp := withTap(cfg)
 	r := e.start(cfg)
@@ -209,7 +209,7 @@ func TestRedriveWithAPanickingIDFunctionOrHandler(t *testing.T) {
 		kafka.Message{Key: []byte("k-1"), Value: []byte("panic")},
 		kafka.Message{Key: []byte("k-2"), Value: []byte("v-2")})
 	cfg := e.config(e.applyHandler())
-	cfg.MessageID = lyingID
+	cfg.MessageID = consumer.MessageIDFunc(lyingID)
 	r := e.start(cfg)
 	e.waitCommitted(map[int]int64{0: 3}, 30*time.Second)
 	r.stop()
@@ -232,7 +232,7 @@ func TestRedriveWithAPanickingIDFunctionOrHandler(t *testing.T) {
 	require.Nil(t, e.letters()["offset:1"].RedrivenAt)
 
 	// A handler that panics: the id is fine now, the handler is not.
-	fixedID := func(m *consumer.Message) (string, error) { return string(m.Key), nil }
+	fixedID := consumer.MessageIDFunc(func(m *consumer.Message) (string, error) { return string(m.Key), nil })
 	cfg2 := *cfg
 	cfg2.MessageID = fixedID
 	cfg2.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {

@@ -20,6 +20,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/internal/recent"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
@@ -84,8 +85,16 @@ type auditPartition struct {
 }
 
 type auditReport struct {
-	Consumer   string           `json:"consumer"`
-	Topic      string           `json:"topic"`
+	Consumer string `json:"consumer"`
+	Topic    string `json:"topic"`
+	Schema   string `json:"schema"`
+	// MessageIDRule is the rule ids were derived by, and MessageIDRuleFrom
+	// where it came from: "--id", "record" (what the consumer recorded) or
+	// "default" (the consumer recorded nothing).
+	MessageIDRule     string `json:"message_id_rule"`
+	MessageIDRuleFrom string `json:"message_id_rule_from"`
+	// Hint says what missing ids more likely mean, when there are some.
+	Hint       string           `json:"hint,omitempty"`
 	Partitions []auditPartition `json:"partitions"`
 	Total      auditCounts      `json:"total"`
 	// Findings lists the first problems and suspects found.
@@ -131,19 +140,20 @@ applied at lower offsets of its partition. Only a message whose bound is
 before the horizon counts as pruned. Set --retention to the --older-than
 prune uses.
 
---id must derive ids the way the consumer's Config.MessageID does.
+--id must derive ids the way the consumer's Config.MessageID does. Without
+it, the audit uses the rule the consumer recorded when it last started; a
+consumer that derives ids with a function of its own (a MessageIDFunc) must
+be given --id. --topic defaults to the consumer's topic when it records
+exactly one.
+
 The exit code is 1 when anything would be applied again, conflicts, or is
 missing; it is 2, with the partial report, when offsets of the range could
 not be read (a fetch failed or timed out, or retention deleted them before
 the audit read them): an audit that did not read everything is no verdict.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if consumerName == "" || topic == "" {
-				return errors.New("--consumer and --topic are required")
-			}
-			idFn, err := parseIDSpec(idSpec)
-			if err != nil {
-				return err
+			if consumerName == "" {
+				return errors.New("--consumer is required: the consumer's Config.Name")
 			}
 			retention, err := parseDuration(retentionText)
 			if err != nil {
@@ -154,7 +164,7 @@ the audit read them): an audit that did not read everything is no verdict.`,
 				return fmt.Errorf("--suspect-window: %w", err)
 			}
 			ctx := cmd.Context()
-			c, err := s.connect(ctx)
+			c, err := s.connectDB(ctx, consumerName)
 			if err != nil {
 				return err
 			}
@@ -162,11 +172,28 @@ the audit read them): an audit that did not read everything is no verdict.`,
 			if err := schema.RequireLatest(ctx, c.pool, s.schema); err != nil {
 				return err
 			}
+			// Before Kafka is read: a rule the audit cannot have is no
+			// reason to read the log, and a wrong one would call every
+			// message missing.
+			ids, err := idRuleOf(idSpec, c.record, consumerName)
+			if err != nil {
+				return err
+			}
+			if topic, err = topicOf(topic, c.record, consumerName); err != nil {
+				return err
+			}
+			if err := s.connectKafka(c, consumerName); err != nil {
+				return err
+			}
 			a := &auditor{pool: c.pool, brokers: c.brokers, dialer: c.dialer, admin: c.admin, schema: s.schema, consumer: consumerName,
-				topic: topic, id: idFn, retention: retention, window: window, progress: newProgress(s.st, "auditing")}
+				topic: topic, id: ids.rule, retention: retention, window: window, progress: newProgress(s.st, "auditing")}
 			r, err := a.run(ctx, from, to)
 			if err != nil {
 				return err
+			}
+			r.Schema, r.MessageIDRule, r.MessageIDRuleFrom = s.schema, ids.rule.String(), ids.from
+			if r.Total.Missing > 0 {
+				r.Hint = missingHint(r.Total.Missing, ids, c.record, consumerName)
 			}
 			if err := s.emit(r, func(w io.Writer) { printAudit(w, r) }); err != nil {
 				return err
@@ -182,32 +209,13 @@ the audit read them): an audit that did not read everything is no verdict.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&consumerName, "consumer", "", "the consumer's name (Config.Name)")
-	f.StringVar(&topic, "topic", "", "the topic to audit")
+	f.StringVar(&topic, "topic", "", "the topic to audit (default: the consumer's, when it records one)")
 	f.StringVar(&from, "from", "earliest", "start: earliest, an offset, an RFC 3339 time, or a duration ago (24h)")
 	f.StringVar(&to, "to", "latest", "end (exclusive): latest, an offset, or an RFC 3339 time")
-	f.StringVar(&idSpec, "id", "header:"+consumer.DefaultMessageIDHeader, "how ids are derived: header:<name>, json:<field.path>, hash, or position")
+	f.StringVar(&idSpec, "id", "", "how ids are derived: "+consumer.MessageIDRuleForms+" (default: the rule the consumer records, else header:"+consumer.DefaultMessageIDHeader+")")
 	f.StringVar(&retentionText, "retention", "7d", "claims older than this may have been pruned")
 	f.StringVar(&windowText, "suspect-window", "10m", "how close in time a suspect duplicate must be")
 	return cmd
-}
-
-// parseIDSpec turns --id into the consumer's message-id function.
-func parseIDSpec(spec string) (consumer.MessageIDFunc, error) {
-	kind, arg, _ := strings.Cut(spec, ":")
-	switch kind {
-	case "header":
-		return consumer.IDFromHeader(arg), nil
-	case "json":
-		if arg == "" {
-			return nil, errors.New("--id json:<field> needs a field name")
-		}
-		return consumer.IDFromJSONField(arg), nil
-	case "hash":
-		return consumer.IDFromContentHash(), nil
-	case "position":
-		return consumer.IDFromPosition(), nil
-	}
-	return nil, fmt.Errorf("--id must be header:<name>, json:<field>, hash or position (got %q)", spec)
 }
 
 type auditor struct {
@@ -218,7 +226,7 @@ type auditor struct {
 	schema    string
 	consumer  string
 	topic     string
-	id        consumer.MessageIDFunc
+	id        consumer.MessageIDRule
 	retention time.Duration
 	window    time.Duration
 	progress  *progress
@@ -413,7 +421,7 @@ func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, letters *d
 	for i := range chunk {
 		m := consumer.Message{Topic: chunk[i].Topic, Partition: chunk[i].Partition, Offset: chunk[i].Offset, Key: chunk[i].Key,
 			Value: chunk[i].Value, Headers: chunk[i].Headers, Time: chunk[i].Time}
-		id, err := a.id(&m)
+		id, err := a.id.MessageID(&m)
 		if err == nil {
 			err = consumer.ValidateMessageID(id)
 		}
@@ -460,7 +468,7 @@ func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, letters *d
 			ap.DeadLettered++
 		case idErrs[i] != nil && below:
 			ap.Missing++
-			find("missing", i, "no valid id and no dead letter, yet below the stored position: "+idErrs[i].Error())
+			find("missing", i, fmt.Sprintf("no valid id by %s (%v) and no dead letter, yet below the stored position", a.id, idErrs[i]))
 		case idErrs[i] != nil:
 			ap.Unprocessed++
 		case claimed && rec.Fingerprint != fps[i]:
@@ -491,8 +499,34 @@ func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, letters *d
 	return nil
 }
 
+// missingHint says what n messages without a valid id below the stored
+// position more likely mean. A consumer sets a message whose id it cannot
+// derive aside as a dead letter, so such messages are rarely skipped
+// without a trace: far more often the audit derived ids by another rule
+// than the consumer did.
+func missingHint(n int64, ids idChoice, rec *recorded.Settings, consumerName string) string {
+	rule := ids.rule.String()
+	switch {
+	case ids.from == "--id" && rec != nil && rec.MessageIDRule == recorded.Custom:
+		return fmt.Sprintf("%d messages have no id by --id %s, and consumer %s derives its ids with a function of its own: pass as --id the rule that function follows (%s)",
+			n, rule, consumerName, consumer.MessageIDRuleForms)
+	case ids.from == "--id" && rec != nil && rec.MessageIDRule != rule:
+		return fmt.Sprintf("%d messages have no id by --id %s, but consumer %s records its ids as %s: run the audit again without --id (or with --id %s)",
+			n, rule, consumerName, rec.MessageIDRule, rec.MessageIDRule)
+	case ids.from == "--id" && rec == nil:
+		return fmt.Sprintf("%d messages have no id by --id %s, and %s: if it derives ids by another rule, audit with that one; if not, they were skipped without a trace (the consumer sets messages without an id aside as dead letters)",
+			n, rule, noRecord(consumerName))
+	case ids.from == "default":
+		return fmt.Sprintf("%d messages have no id by %s, the default: %s, so the audit cannot know its Config.MessageID. If it derives ids otherwise, pass that rule as --id (%s); a start of the consumer with this kafkaonce records it",
+			n, rule, noRecord(consumerName), consumer.MessageIDRuleForms)
+	}
+	return fmt.Sprintf("%d messages have no id by %s, the rule consumer %s uses, yet it sets such messages aside as dead letters: if it derived ids by another rule when it processed them, audit with that one (--id %s); if not, they were skipped without a trace",
+		n, rule, consumerName, consumer.MessageIDRuleForms)
+}
+
 func printAudit(w io.Writer, r auditReport) {
-	fmt.Fprintf(w, "audit of consumer %s on %s\n\n", r.Consumer, r.Topic)
+	fmt.Fprintf(w, "audit of consumer %s on %s (schema %s)\n", r.Consumer, r.Topic, r.Schema)
+	fmt.Fprintf(w, "ids: %s\n\n", describeRule(r))
 	var rows [][]string
 	n := func(v int64) string { return strconv.FormatInt(v, 10) }
 	for _, p := range r.Partitions {
@@ -517,7 +551,21 @@ func printAudit(w io.Writer, r auditReport) {
 	case t.problems() > 0:
 		fmt.Fprintf(w, "PROBLEMS: %d would be applied again, %d conflict, %d missing\n", t.WouldReapply, t.Conflicts, t.Missing)
 	}
+	if r.Hint != "" {
+		fmt.Fprintf(w, "HINT: %s\n", r.Hint)
+	}
 	if !r.Complete {
 		fmt.Fprintf(w, "INCOMPLETE: %d offsets of the range were not read, and the audit says nothing about them (%s)\n", t.Unread, incompleteReasons(r))
 	}
+}
+
+// describeRule says what the report's ids were derived by, and why.
+func describeRule(r auditReport) string {
+	switch r.MessageIDRuleFrom {
+	case "--id":
+		return r.MessageIDRule + " (--id)"
+	case "record":
+		return r.MessageIDRule + ", as the consumer records"
+	}
+	return r.MessageIDRule + ", the default: " + noRecord(r.Consumer)
 }

@@ -18,22 +18,23 @@ import (
 	"github.com/kafkaonce/kafkaonce/deadletter"
 )
 
-// letters opens the database and the dead-letter store.
-func (s *settings) letters(ctx context.Context) (*pgxpool.Pool, *deadletter.Store, error) {
-	return openStore(ctx, s, deadletter.NewStore)
+// letters opens the database and the dead-letter store, on the schema
+// that knows consumerName ("" for none; see settleSchema).
+func (s *settings) letters(ctx context.Context, consumerName string) (*pgxpool.Pool, *deadletter.Store, error) {
+	return openStore(ctx, s, consumerName, deadletter.NewStore)
 }
 
 // openStore opens the database and a store on the schema's tables, made
-// by newStore.
-func openStore[T any](ctx context.Context, s *settings, newStore func(schemaName string) (T, error)) (*pgxpool.Pool, T, error) {
-	store, err := newStore(s.schema)
+// by newStore. The schema is settled for consumerName ("" for none).
+func openStore[T any](ctx context.Context, s *settings, consumerName string, newStore func(schemaName string) (T, error)) (*pgxpool.Pool, T, error) {
+	var none T
+	pool, err := s.open(ctx, consumerName)
 	if err != nil {
-		var none T
 		return nil, none, err
 	}
-	pool, err := s.pool(ctx)
+	store, err := newStore(s.schema)
 	if err != nil {
-		var none T
+		pool.Close()
 		return nil, none, err
 	}
 	return pool, store, nil
@@ -77,7 +78,7 @@ func dlListCmd(s *settings) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			pool, store, err := s.letters(ctx)
+			pool, store, err := s.letters(ctx, f.consumer)
 			if err != nil {
 				return err
 			}
@@ -146,7 +147,7 @@ func dlShowCmd(s *settings) *cobra.Command {
 				return fmt.Errorf("ID must be a dead letter's number (got %q)", args[0])
 			}
 			ctx := cmd.Context()
-			pool, store, err := s.letters(ctx)
+			pool, store, err := s.letters(ctx, "")
 			if err != nil {
 				return err
 			}
@@ -223,7 +224,7 @@ outcome and exits with 1 if any redrive failed.`,
 				return errors.New("name letters by ID, or pass --all (with --topic, --class, ... to narrow it)")
 			}
 			ctx := cmd.Context()
-			pool, store, err := s.letters(ctx)
+			pool, store, err := s.letters(ctx, f.consumer)
 			if err != nil {
 				return err
 			}
@@ -337,7 +338,7 @@ that a redrive is running for right now is left to it.`,
 				return err
 			}
 			ctx := cmd.Context()
-			pool, store, err := s.letters(ctx)
+			pool, store, err := s.letters(ctx, consumerName)
 			if err != nil {
 				return err
 			}

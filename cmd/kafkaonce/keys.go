@@ -16,7 +16,7 @@ import (
 
 // keys opens the database and the store of its idempotency keys.
 func (s *settings) keys(ctx context.Context) (*pgxpool.Pool, *idempotency.Store, error) {
-	return openStore(ctx, s, idempotency.NewStore)
+	return openStore(ctx, s, "", idempotency.NewStore)
 }
 
 func keysCmd(s *settings) *cobra.Command {

@@ -16,7 +16,10 @@ func migrateCmd(s *settings) *cobra.Command {
 		Short: "Create or upgrade kafkaonce's tables and show the schema version",
 		Long: `migrate applies the embedded, numbered migrations that the schema lacks, in one
 transaction under an advisory lock: safe to run while workers start, and a
-second run changes nothing.`,
+second run changes nothing.
+
+Without --schema it migrates the one schema that holds kafkaonce's tables,
+or creates them in "kafkaonce" when none does; with several, it asks.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -25,6 +28,9 @@ second run changes nothing.`,
 				return err
 			}
 			defer pool.Close()
+			if err := s.settleMigrateSchema(ctx, pool); err != nil {
+				return err
+			}
 			before, err := schema.Version(ctx, pool, s.schema)
 			if err != nil {
 				return err

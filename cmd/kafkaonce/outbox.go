@@ -34,7 +34,7 @@ func outboxParkedCmd(s *settings) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			pool, box, err := openStore(ctx, s, outbox.New)
+			pool, box, err := openStore(ctx, s, "", outbox.New)
 			if err != nil {
 				return err
 			}
@@ -73,7 +73,7 @@ func outboxRetryCmd(s *settings) *cobra.Command {
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			pool, box, err := openStore(ctx, s, outbox.New)
+			pool, box, err := openStore(ctx, s, "", outbox.New)
 			if err != nil {
 				return err
 			}

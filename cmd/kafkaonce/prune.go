@@ -45,7 +45,7 @@ windows shorter than 1 day are refused unless --force.`,
 				return errors.New("--batch must be between 1 and 100000")
 			}
 			ctx := cmd.Context()
-			pool, err := s.pool(ctx)
+			pool, err := s.open(ctx, consumerName)
 			if err != nil {
 				return err
 			}

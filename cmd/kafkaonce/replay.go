@@ -35,6 +35,7 @@ type replayPartition struct {
 
 type replayPlan struct {
 	Consumer   string            `json:"consumer"`
+	Schema     string            `json:"schema"`
 	Group      string            `json:"group"`
 	Topic      string            `json:"topic"`
 	Members    int               `json:"active_members"`
@@ -62,21 +63,28 @@ still refuse). It asks for confirmation on a terminal; pass --yes otherwise.
 A replay past a stored position moves that position forward, but only from
 the position the plan showed, and only if Kafka accepts the group's new
 offsets: when a consumer moved the position meanwhile, or Kafka refuses,
-nothing changes.`,
+nothing changes.
+
+--group defaults to the group the consumer records when it starts, else
+its name; --topic to its topic, when it records exactly one.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if consumerName == "" || topic == "" {
-				return errors.New("--consumer and --topic are required")
-			}
-			if group == "" {
-				group = consumerName
+			if consumerName == "" {
+				return errors.New("--consumer is required: the consumer's Config.Name")
 			}
 			ctx := cmd.Context()
-			c, err := s.connect(ctx)
+			c, err := s.connectDB(ctx, consumerName)
 			if err != nil {
 				return err
 			}
 			defer c.close()
+			group = groupOf(group, c.record, consumerName)
+			if topic, err = topicOf(topic, c.record, consumerName); err != nil {
+				return err
+			}
+			if err := s.connectKafka(c, consumerName); err != nil {
+				return err
+			}
 			pool, admin := c.pool, c.admin
 
 			parts, err := admin.Partitions(ctx, topic)
@@ -100,7 +108,7 @@ nothing changes.`,
 				return err
 			}
 			positions, _ := offsets.NewStore(s.schema)
-			plan := replayPlan{Consumer: consumerName, Group: group, Topic: topic, Members: len(g.Members)}
+			plan := replayPlan{Consumer: consumerName, Schema: s.schema, Group: group, Topic: topic, Members: len(g.Members)}
 			for _, p := range parts {
 				stored, ok, err := positions.Load(ctx, pool, consumerName, topic, p)
 				if err != nil {
@@ -143,8 +151,8 @@ nothing changes.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&consumerName, "consumer", "", "the consumer's name (Config.Name)")
-	f.StringVar(&group, "group", "", "the consumer group (default: the consumer's name)")
-	f.StringVar(&topic, "topic", "", "the topic to replay")
+	f.StringVar(&group, "group", "", "the consumer group (default: the recorded one, else the consumer's name)")
+	f.StringVar(&topic, "topic", "", "the topic to replay (default: the consumer's, when it records one)")
 	f.StringVar(&to, "to", "earliest", "where to rewind to: earliest, an offset, an RFC 3339 time, or a duration ago (24h)")
 	f.BoolVar(&yes, "yes", false, "do not ask for confirmation")
 	f.BoolVar(&force, "force", false, "try even while the group has active members")
@@ -218,7 +226,7 @@ func (s *settings) emitJSONOnly(v any) error {
 }
 
 func printReplayPlan(w io.Writer, p replayPlan) {
-	fmt.Fprintf(w, "replay of %s for consumer %s (group %s, %d active members)\n\n", p.Topic, p.Consumer, p.Group, p.Members)
+	fmt.Fprintf(w, "replay of %s for consumer %s (schema %s, group %s, %d active members)\n\n", p.Topic, p.Consumer, p.Schema, p.Group, p.Members)
 	var rows [][]string
 	var skipped, fresh, lost int64
 	for _, rp := range p.Partitions {

@@ -22,9 +22,9 @@ import (
 	"github.com/segmentio/kafka-go/sasl/scram"
 	"github.com/spf13/cobra"
 
-	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
 )
 
 // streams are the command's input and outputs, replaceable in tests.
@@ -63,6 +63,9 @@ type settings struct {
 	saslMech    string
 	saslUser    string
 	json        bool
+	// root is the root command, whose global flags tell a flag given from
+	// its default.
+	root *cobra.Command
 }
 
 func run(args []string, st streams) int {
@@ -101,17 +104,26 @@ func newRootSettings(st streams) (*cobra.Command, *settings) {
 consumers. Settings come from flags or the environment (DATABASE_URL,
 KAFKA_BROKERS, KAFKA_PASSWORD). Passwords are never printed.
 
+What is not given is read from the database: the schema holding kafkaonce's
+tables (the only one, or the one that knows --consumer), and the settings
+the consumer records when it starts: how it derives message ids (audit's
+--id), its group (--group), its topic (--topic, when it reads one) and its
+brokers (--brokers, when neither it nor KAFKA_BROKERS is set). A flag always
+wins. A consumer that derives ids with a function of its own must be told
+--id.
+
 Exit codes: 0 success; 1 the command found a problem (an audit finding, a
 failed redrive); 2 the command could not run.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
 	f := root.PersistentFlags()
+	s.root = root
 	f.StringVar(&s.databaseURL, "database-url", "", "Postgres connection string (default $DATABASE_URL)")
-	f.StringVar(&s.schema, "schema", schema.DefaultName, "Postgres schema of kafkaonce's tables")
-	f.StringVar(&s.brokers, "brokers", "", "Kafka bootstrap brokers, comma-separated (default $KAFKA_BROKERS)")
-	f.BoolVar(&s.kafkaTLS, "kafka-tls", false, "connect to Kafka with TLS")
-	f.StringVar(&s.saslMech, "kafka-sasl", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512 (password from $KAFKA_PASSWORD)")
+	f.StringVar(&s.schema, "schema", "", "Postgres schema of kafkaonce's tables (default: the one schema holding them, or of several the one that knows --consumer)")
+	f.StringVar(&s.brokers, "brokers", "", "Kafka bootstrap brokers, comma-separated (default $KAFKA_BROKERS, else the brokers --consumer records)")
+	f.BoolVar(&s.kafkaTLS, "kafka-tls", false, "connect to Kafka with TLS (default: as --consumer records, when its brokers are used)")
+	f.StringVar(&s.saslMech, "kafka-sasl", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512 (password from $KAFKA_PASSWORD; default: as --consumer records, when its brokers are used)")
 	f.StringVar(&s.saslUser, "kafka-user", "", "SASL user name")
 	f.BoolVar(&s.json, "json", false, "print JSON instead of text")
 	root.AddCommand(migrateCmd(s), statusCmd(s), auditCmd(s), replayCmd(s), deadLettersCmd(s), pruneCmd(s), keysCmd(s), outboxCmd(s), serveCmd(s))
@@ -127,8 +139,10 @@ func (s *settings) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	if u == "" {
 		return nil, errors.New("no database: set DATABASE_URL or pass --database-url")
 	}
-	if err := schema.ValidateName(s.schema); err != nil {
-		return nil, fmt.Errorf("--schema %w", err)
+	if s.given("schema") {
+		if err := schema.ValidateName(s.schema); err != nil {
+			return nil, fmt.Errorf("--schema %w", err)
+		}
 	}
 	cfg, err := pgxpool.ParseConfig(u)
 	if err != nil {
@@ -146,19 +160,19 @@ func (s *settings) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// dialer builds the Kafka dialer from the TLS and SASL flags.
-func (s *settings) dialer() (*kafka.Dialer, error) {
+// dialer builds the Kafka dialer for k's TLS and SASL mechanism.
+func (s *settings) dialer(k kafkaSettings) (*kafka.Dialer, error) {
 	d := &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true}
-	if s.kafkaTLS {
+	if k.tls {
 		d.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
-	if s.saslMech == "" {
+	if k.sasl == "" {
 		return d, nil
 	}
 	pass := s.st.getenv("KAFKA_PASSWORD")
 	var mech sasl.Mechanism
 	var err error
-	switch strings.ToLower(s.saslMech) {
+	switch strings.ToLower(k.sasl) {
 	case "plain":
 		mech = plain.Mechanism{Username: s.saslUser, Password: pass}
 	case "scram-sha-256":
@@ -166,7 +180,7 @@ func (s *settings) dialer() (*kafka.Dialer, error) {
 	case "scram-sha-512":
 		mech, err = scram.Mechanism(scram.SHA512, s.saslUser, pass)
 	default:
-		return nil, fmt.Errorf("--kafka-sasl must be plain, scram-sha-256 or scram-sha-512 (got %q)", s.saslMech)
+		return nil, fmt.Errorf("--kafka-sasl must be plain, scram-sha-256 or scram-sha-512 (got %q)", k.sasl)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("--kafka-sasl: %w", err)
@@ -175,48 +189,78 @@ func (s *settings) dialer() (*kafka.Dialer, error) {
 	return d, nil
 }
 
-// kafka returns the brokers and an admin client.
-func (s *settings) kafka() ([]string, *kafka.Dialer, *kafkaadmin.Admin, error) {
-	b := s.brokers
-	if b == "" {
-		b = s.st.getenv("KAFKA_BROKERS")
-	}
-	brokers := devenv.SplitBrokers(b)
-	if len(brokers) == 0 {
-		return nil, nil, nil, errors.New("no Kafka brokers: set KAFKA_BROKERS or pass --brokers host:port")
-	}
-	d, err := s.dialer()
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return brokers, d, kafkaadmin.New(brokers, d), nil
-}
-
-// conn is what most commands need: a pool and a Kafka admin client.
+// conn is what most commands need: a pool on the settled schema, the named
+// consumer's record, and a Kafka admin client.
 type conn struct {
-	pool    *pgxpool.Pool
+	pool *pgxpool.Pool
+	// record is what the named consumer recorded; nil when it recorded
+	// nothing, or no consumer is named.
+	record  *recorded.Settings
+	kafka   kafkaSettings
 	brokers []string
 	dialer  *kafka.Dialer
 	admin   *kafkaadmin.Admin
 }
 
 func (c *conn) close() {
-	c.admin.Close()
+	if c.admin != nil {
+		c.admin.Close()
+	}
 	c.pool.Close()
 }
 
-// connect opens Postgres and Kafka.
-func (s *settings) connect(ctx context.Context) (*conn, error) {
-	pool, err := s.pool(ctx)
+// connectDB opens Postgres on the settled schema and reads consumerName's
+// record ("" for none): what a command needs to check before it reaches
+// Kafka.
+func (s *settings) connectDB(ctx context.Context, consumerName string) (*conn, error) {
+	pool, err := s.open(ctx, consumerName)
 	if err != nil {
 		return nil, err
 	}
-	brokers, dialer, admin, err := s.kafka()
+	rec, err := s.loadRecord(ctx, pool, consumerName)
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
-	return &conn{pool: pool, brokers: brokers, dialer: dialer, admin: admin}, nil
+	return &conn{pool: pool, record: rec}, nil
+}
+
+// connectKafka makes c's Kafka admin client, for consumerName ("" for
+// none; see kafkaSettings).
+func (s *settings) connectKafka(c *conn, consumerName string) error {
+	who := ""
+	if consumerName != "" {
+		who = "consumer " + consumerName
+	}
+	return s.connectKafkaAs(c, c.record, who)
+}
+
+// connectKafkaAs makes c's Kafka admin client, falling back on rec, the
+// record of who.
+func (s *settings) connectKafkaAs(c *conn, rec *recorded.Settings, who string) error {
+	k, err := s.kafkaSettings(rec, who)
+	if err != nil {
+		return err
+	}
+	d, err := s.dialer(k)
+	if err != nil {
+		return err
+	}
+	c.kafka, c.brokers, c.dialer, c.admin = k, k.brokers, d, kafkaadmin.New(k.brokers, d)
+	return nil
+}
+
+// connect opens Postgres and Kafka for consumerName ("" for none).
+func (s *settings) connect(ctx context.Context, consumerName string) (*conn, error) {
+	c, err := s.connectDB(ctx, consumerName)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.connectKafka(c, consumerName); err != nil {
+		c.close()
+		return nil, err
+	}
+	return c, nil
 }
 
 // emit prints v as JSON with --json, else calls text.

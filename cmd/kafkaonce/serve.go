@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
 )
 
 // serveOptions are the flags of kafkaonce serve.
@@ -41,14 +43,18 @@ operations as kafkaonce dead-letters redrive|settle and kafkaonce outbox
 retry, each behind a confirmation page that names what it will do.
 
 It listens on the loopback interface only, unless --allow-remote: the page
-shows message contents, and it has no login of its own.`,
+shows message contents, and it has no login of its own.
+
+A consumer's group is --group's, else the one it records when it starts,
+else its name. Without --brokers or KAFKA_BROKERS, the page uses the brokers
+the consumers record, when they all record the same.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkListen(o.listen, o.allowRemote, o.hosts); err != nil {
 				return err
 			}
 			ctx := cmd.Context()
-			c, err := s.connect(ctx)
+			c, err := s.connectServe(ctx)
 			if err != nil {
 				return err
 			}
@@ -83,7 +89,7 @@ shows message contents, and it has no login of its own.`,
 	cmd.Flags().BoolVar(&o.allowRemote, "allow-remote", false, "allow a --listen address other hosts can reach (the page has no login: put it behind one)")
 	cmd.Flags().StringSliceVar(&o.hosts, "host", nil, "with --allow-remote, a name the page is served as, with its port if not 80 (the Host header is checked; repeatable)")
 	cmd.Flags().BoolVar(&o.allowActions, "allow-actions", false, "offer redrive, settle and un-park (default: read-only)")
-	cmd.Flags().StringToStringVar(&o.groups, "group", nil, "a consumer's group when it is not the consumer's name: name=group (repeatable)")
+	cmd.Flags().StringToStringVar(&o.groups, "group", nil, "a consumer's group when it is neither recorded nor the consumer's name: name=group (repeatable)")
 	return cmd
 }
 
@@ -117,4 +123,34 @@ func isLoopback(host string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// connectServe opens Postgres on the settled schema and Kafka, whose
+// brokers, when neither --brokers nor KAFKA_BROKERS gives them, are those
+// every consumer of the schema records.
+func (s *settings) connectServe(ctx context.Context) (*conn, error) {
+	c, err := s.connectDB(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	var shared *recorded.Settings
+	if s.brokers == "" && s.st.getenv("KAFKA_BROKERS") == "" {
+		records, err := s.loadRecords(ctx, c.pool)
+		if err == nil {
+			shared, err = sharedKafka(records)
+		}
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+	}
+	who := ""
+	if shared != nil {
+		who = "every consumer of schema " + s.schema
+	}
+	if err := s.connectKafkaAs(c, shared, who); err != nil {
+		c.close()
+		return nil, err
+	}
+	return c, nil
 }

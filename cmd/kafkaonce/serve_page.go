@@ -21,6 +21,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
 	"github.com/kafkaonce/kafkaonce/offsets"
 	"github.com/kafkaonce/kafkaonce/outbox"
 )
@@ -243,13 +244,18 @@ func (p *page) overview(w http.ResponseWriter, r *http.Request) {
 		p.fail(w, err)
 		return
 	}
+	records, err := p.s.loadRecords(ctx, pool)
+	if err != nil {
+		d.Errors = append(d.Errors, p.redact(err))
+	}
+	recordOf := map[string]*recorded.Settings{}
+	for i := range records {
+		recordOf[records[i].Consumer] = &records[i]
+	}
 	for _, name := range names {
-		group := name
-		if g, ok := p.o.groups[name]; ok {
-			group = g
-		}
+		rec := recordOf[name]
 		cv := consumerView{Name: name}
-		rep, err := status(ctx, pool, p.c.admin, p.s.schema, name, group, nil)
+		rep, err := status(ctx, pool, p.c.admin, p.s.schema, name, groupOf(p.o.groups[name], rec, name), rec, nil)
 		if err != nil {
 			cv.Err = p.redact(err)
 		}

@@ -64,7 +64,7 @@ func (w *world) servePage(env map[string]string, o serveOptions, args ...string)
 	st := streams{in: strings.NewReader(""), out: io.Discard, err: io.Discard, terminal: func() bool { return false }, getenv: func(k string) string { return env[k] }}
 	root, s := newRootSettings(st)
 	require.NoError(w.t, root.PersistentFlags().Parse(append([]string{"--schema", w.db.Schema}, args...)))
-	c, err := s.connect(context.Background())
+	c, err := s.connectServe(context.Background())
 	require.NoError(w.t, err)
 	w.t.Cleanup(c.close)
 	if o.listen == "" {

@@ -7,17 +7,20 @@ import (
 	"io"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/idempotency"
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
@@ -66,6 +69,30 @@ type statusReport struct {
 	Keys          keyCounts         `json:"idempotency_keys"`
 	Recent        []dedupe.Suspect  `json:"recent_suspect_duplicates,omitempty"`
 	Partitions    []partitionStatus `json:"partitions"`
+	// Recorded are the settings the consumer recorded when it last
+	// started; absent when it recorded none.
+	Recorded *recordedView `json:"recorded_settings,omitempty"`
+}
+
+// recordedView shows a consumer's recorded settings.
+type recordedView struct {
+	// MessageIDRule is the rule's text, or "custom" for a function of the
+	// consumer's own.
+	MessageIDRule string    `json:"message_id_rule"`
+	Group         string    `json:"group"`
+	Topics        []string  `json:"topics"`
+	Brokers       []string  `json:"brokers"`
+	KafkaTLS      bool      `json:"kafka_tls"`
+	KafkaSASL     string    `json:"kafka_sasl,omitempty"`
+	RecordedAt    time.Time `json:"recorded_at"`
+}
+
+func viewOf(rec *recorded.Settings) *recordedView {
+	if rec == nil {
+		return nil
+	}
+	return &recordedView{MessageIDRule: rec.MessageIDRule, Group: rec.GroupID, Topics: rec.Topics, Brokers: rec.Brokers,
+		KafkaTLS: rec.KafkaTLS, KafkaSASL: rec.KafkaSASL, RecordedAt: rec.RecordedAt}
 }
 
 func statusCmd(s *settings) *cobra.Command {
@@ -77,25 +104,24 @@ func statusCmd(s *settings) *cobra.Command {
 		Long: `status shows, for a consumer and each partition of its topics: the log's
 start and end, the group's committed offset in Kafka, the processed position
 stored in Postgres, and the lag (messages not processed yet); then the
-consumer's claims, dead letters and recorded suspect duplicates.
+consumer's claims, dead letters and recorded suspect duplicates, and the
+settings it recorded when it last started (id rule, group, topics, brokers).
 
-Topics are those the consumer has stored positions for, plus any --topic.`,
+Topics are those the consumer has stored positions for or records, plus any
+--topic. The group is --group, else the recorded one, else the consumer's
+name.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if consumerName == "" {
 				return errors.New("--consumer is required: the consumer's Config.Name")
 			}
-			if group == "" {
-				group = consumerName
-			}
 			ctx := cmd.Context()
-			c, err := s.connect(ctx)
+			c, err := s.connect(ctx, consumerName)
 			if err != nil {
 				return err
 			}
 			defer c.close()
-			pool, admin := c.pool, c.admin
-			r, err := status(ctx, pool, admin, s.schema, consumerName, group, topics)
+			r, err := status(ctx, c.pool, c.admin, s.schema, consumerName, groupOf(group, c.record, consumerName), c.record, topics)
 			if err != nil {
 				return err
 			}
@@ -103,13 +129,13 @@ Topics are those the consumer has stored positions for, plus any --topic.`,
 		},
 	}
 	cmd.Flags().StringVar(&consumerName, "consumer", "", "the consumer's name (Config.Name)")
-	cmd.Flags().StringVar(&group, "group", "", "the consumer group (default: the consumer's name)")
-	cmd.Flags().StringSliceVar(&topics, "topic", nil, "a topic to show (repeatable; default: the topics with stored positions)")
+	cmd.Flags().StringVar(&group, "group", "", "the consumer group (default: the recorded one, else the consumer's name)")
+	cmd.Flags().StringSliceVar(&topics, "topic", nil, "a topic to show (repeatable; default: the topics with stored positions, and the recorded ones)")
 	return cmd
 }
 
-func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, schemaName, consumerName, group string, extra []string) (statusReport, error) {
-	r := statusReport{Consumer: consumerName, Group: group, Schema: schemaName}
+func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, schemaName, consumerName, group string, rec *recorded.Settings, extra []string) (statusReport, error) {
+	r := statusReport{Consumer: consumerName, Group: group, Schema: schemaName, Recorded: viewOf(rec)}
 	var err error
 	if r.SchemaVersion, err = schema.Version(ctx, pool, schemaName); err != nil {
 		return r, err
@@ -176,6 +202,11 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 	}
 	for _, t := range extra {
 		topicSet[t] = true
+	}
+	if rec != nil {
+		for _, t := range rec.Topics {
+			topicSet[t] = true
+		}
 	}
 	var topics []string
 	for t := range topicSet {
@@ -252,11 +283,12 @@ func printStatus(w io.Writer, r statusReport) {
 	fmt.Fprintf(w, "suspect duplicates recorded: %d\n", r.Suspects)
 	fmt.Fprintf(w, "idempotency keys (HTTP, whole schema): %d (%d expired, %d phased runs in progress, %d of them stalled)\n",
 		r.Keys.Total, r.Keys.Expired, r.Keys.Running, r.Keys.Stalled)
+	printRecorded(w, r)
 	for _, sp := range r.Recent {
 		fmt.Fprintf(w, "  %s/%d/%d %q looks like %q at offset %d\n", sp.Topic, sp.Partition, sp.Offset, sp.MessageID, sp.FirstMessageID, sp.FirstOffset)
 	}
 	if len(r.Partitions) == 0 {
-		fmt.Fprintln(w, "no partitions: the consumer has no stored positions yet; pass --topic to show a topic")
+		fmt.Fprintln(w, "no partitions: the consumer has no stored positions and records no topics yet; pass --topic to show a topic")
 		return
 	}
 	var rows [][]string
@@ -291,4 +323,28 @@ func printStatus(w io.Writer, r statusReport) {
 	if contended {
 		fmt.Fprintln(w, "contention: transactions lost races for rows and ran again with smaller batches; see \"Hot rows\" in docs/design.md")
 	}
+}
+
+// printRecorded shows what the consumer recorded when it last started, or
+// that the tools fall back to their defaults.
+func printRecorded(w io.Writer, r statusReport) {
+	v := r.Recorded
+	if v == nil {
+		fmt.Fprintf(w, "recorded settings: none (the consumer has not started since kafkaonce began recording them): audit assumes --id header:%s, and group, topics and brokers come from flags\n",
+			consumer.DefaultMessageIDHeader)
+		return
+	}
+	ids := v.MessageIDRule
+	if ids == recorded.Custom {
+		ids += " (a function of its own: audit needs --id)"
+	}
+	kafkaVia := ""
+	if v.KafkaTLS {
+		kafkaVia += ", TLS"
+	}
+	if v.KafkaSASL != "" {
+		kafkaVia += ", SASL " + v.KafkaSASL
+	}
+	fmt.Fprintf(w, "recorded settings (at its start %s): ids %s, group %s, topics %s, brokers %s%s\n",
+		v.RecordedAt.UTC().Format(time.RFC3339), ids, v.Group, strings.Join(v.Topics, ","), strings.Join(v.Brokers, ","), kafkaVia)
 }

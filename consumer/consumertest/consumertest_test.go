@@ -111,7 +111,7 @@ func TestNewMessageDefaultsAndOptions(t *testing.T) {
 	t.Parallel()
 	m := consumertest.NewMessage([]byte("v"))
 	require.Equal(t, consumertest.DefaultID, m.ID)
-	id, err := consumer.IDFromHeader("")(m)
+	id, err := consumer.IDFromHeader("").MessageID(m)
 	require.NoError(t, err)
 	require.Equal(t, m.ID, id, "the id header agrees with ID, as the default MessageID reads it")
 

@@ -358,13 +358,13 @@ func handleFunc(h consumer.Handler) func(context.Context, pgx.Tx, *engine.Messag
 
 // validID derives m's id as the consumer does; ok is false when the
 // consumer would set m aside for its id.
-func validID(fn consumer.MessageIDFunc, m *consumer.Message) (id string, ok bool) {
+func validID(src consumer.MessageIDSource, m *consumer.Message) (id string, ok bool) {
 	defer func() {
 		if recover() != nil {
 			ok = false
 		}
 	}()
-	id, err := fn(m)
+	id, err := src.MessageID(m)
 	return id, err == nil && consumer.ValidateMessageID(id) == nil
 }
 

@@ -115,11 +115,11 @@ func TestReplayTwiceCatchesAnUnstableMessageID(t *testing.T) {
 	t.Parallel()
 	db, cfg, msgs := ledger(t)
 	// A producer-side bug in miniature: the id is made up at delivery time.
-	cfg.MessageID = func(*consumer.Message) (string, error) {
+	cfg.MessageID = consumer.MessageIDFunc(func(*consumer.Message) (string, error) {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
 		return hex.EncodeToString(b[:]), nil
-	}
+	})
 	got := replayCapturing(t, db, cfg, msgs, []string{db.Schema + ".balances"})
 	require.Len(t, got.failures(), 1)
 	require.Contains(t, got.failures()[0], "changed table "+db.Schema+".balances")

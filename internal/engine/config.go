@@ -24,7 +24,10 @@ type Config struct {
 	HandleBatch func(ctx context.Context, b *Batch) error
 	// MessageID derives a message's id: its errors are invalid ids.
 	MessageID func(msg *Message) (string, error)
-	Hooks     Hooks
+	// MessageIDRule is the text of MessageID's rule, recorded at start-up
+	// for kafkaonce's tools; "" for a function of the user's own.
+	MessageIDRule string
+	Hooks         Hooks
 
 	ClaimFirst    bool
 	MaxBatch      int

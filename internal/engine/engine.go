@@ -21,6 +21,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/store/claims"
 	"github.com/kafkaonce/kafkaonce/internal/store/letters"
 	"github.com/kafkaonce/kafkaonce/internal/store/positions"
+	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
 )
 
 // DB is where the engine runs its transactions (see consumer.DB).
@@ -52,6 +53,8 @@ type deps struct {
 	offsets  *positions.Store
 	letters  *letters.Store
 	attempts *attempts.Store
+	// recorded is where the consumer records its settings at start-up.
+	recorded *recorded.Store
 	// idempotencyKeys are the HTTP requests' keys (package idempotency),
 	// pruned with the claims.
 	idempotencyKeys *idempotency.Store
@@ -94,6 +97,10 @@ func New(db DB, c Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
+	settings, err := recorded.NewStore(c.Schema)
+	if err != nil {
+		return nil, err
+	}
 	out := &deps{
 		db:              db,
 		cfg:             c,
@@ -103,6 +110,7 @@ func New(db DB, c Config) (*Consumer, error) {
 		offsets:         positions,
 		letters:         letters,
 		attempts:        tries,
+		recorded:        settings,
 		idempotencyKeys: keys,
 		retry:           retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
 		gate:            pace.NewGate(),
@@ -129,6 +137,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	c.recordSettings(ctx)
 	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 		ID:                c.cfg.GroupID,
 		Brokers:           c.cfg.Brokers,

@@ -224,3 +224,21 @@ VALUES ('ledger', 'transfers', 0, $1, NULLIF($2, ''), $3, $4, 'permanent', 'boom
 	require.EqualValues(t, 2, db.Int(t, `SELECT count(DISTINCT run) FROM `+runs+` WHERE run IS NOT NULL`))
 	require.EqualValues(t, 2, db.Int(t, `SELECT starts FROM `+runs+` WHERE partition = 0`), "the counts are kept")
 }
+
+// Find lists the schemas Migrate made, and not a schema whose tables only
+// share names with kafkaonce's (another migration tool's schema_migrations).
+func TestFindListsTheSchemasMigrateMade(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	decoy := testenv.NewEmptyDB(t)
+	decoy.Exec(t, `CREATE TABLE `+decoy.Table("schema_migrations")+` (version bigint PRIMARY KEY, dirty boolean NOT NULL)`)
+	decoy.Exec(t, `CREATE TABLE `+decoy.Table("consumer_offsets")+` (consumer text)`)
+	empty := testenv.NewEmptyDB(t)
+
+	found, err := schema.Find(context.Background(), db.Pool)
+	require.NoError(t, err)
+	require.Contains(t, found, db.Schema)
+	require.NotContains(t, found, decoy.Schema)
+	require.NotContains(t, found, empty.Schema)
+	require.IsIncreasing(t, found)
+}

@@ -1,0 +1,367 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+)
+
+// These tests run the CLI as an operator would who was told nothing but
+// the consumer's name: no --schema, no --id, no --group, no --topic. What
+// it needs it must find in the database, from what the consumer recorded.
+
+// cliBare runs the command without the --schema every other test gives.
+func (w *world) cliBare(args ...string) (stdout, stderr string, code int) {
+	return cliAt(w.db.URL, strings.Join(w.kafka.Brokers, ","), args...)
+}
+
+// cliAt runs the command against the database at dbURL and the brokers.
+func cliAt(dbURL, brokers string, args ...string) (stdout, stderr string, code int) {
+	env := map[string]string{"DATABASE_URL": dbURL, "KAFKA_BROKERS": brokers}
+	var out, errb bytes.Buffer
+	st := streams{in: strings.NewReader(""), out: &out, err: &errb, terminal: func() bool { return false }, getenv: func(k string) string { return env[k] }}
+	code = run(args, st)
+	return out.String(), errb.String(), code
+}
+
+// produceEvents writes n messages whose id is the JSON field event_id,
+// with no message-id header, as the loyalty-points worker of issue 23 got.
+func (w *world) produceEvents(n int, prefix string) {
+	var msgs []kafka.Message
+	for i := range n {
+		id := prefix + strconv.Itoa(i)
+		v, err := json.Marshal(map[string]any{"event_id": id, "points": i})
+		require.NoError(w.t, err)
+		msgs = append(msgs, kafka.Message{Partition: i % w.parts(), Key: []byte(id), Value: v})
+	}
+	w.kafka.Produce(w.t, w.topic, msgs...)
+}
+
+// consumeWith runs a consumer set up by adjust until every partition's
+// stored position reaches want, then stops it.
+func (w *world) consumeWith(adjust func(*consumer.Config), want int64) {
+	w.t.Helper()
+	cfg := &consumer.Config{Name: w.name, Brokers: w.kafka.Brokers, Topics: []string{w.topic}, Schema: w.db.Schema,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+w.db.Table("effects")+` VALUES ($1)`, m.ID)
+			return err
+		}),
+		SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
+		Retry: consumer.RetryPolicy{InitialInterval: time.Millisecond}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	adjust(cfg)
+	c, err := consumer.New(w.db.Pool, cfg)
+	require.NoError(w.t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for w.minPosition() < want {
+		require.True(w.t, time.Now().Before(deadline), "timed out consuming")
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	require.NoError(w.t, <-done)
+}
+
+// Issue 23: a consumer whose ids are a JSON field, audited with no flag
+// but its name, in a schema of its own among others. The audit finds the
+// schema, the topic and the id rule, and calls nothing missing.
+func TestAuditOfAJSONFieldConsumerNeedsOnlyItsName(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 2)
+	w.produceEvents(20, "e")
+	w.consumeWith(func(c *consumer.Config) { c.MessageID = consumer.IDFromJSONField("event_id") }, 10)
+	w.requireEffectsOnce(20)
+
+	out, errOut, code := w.cliBare("audit", "--consumer", w.name)
+	require.Equal(t, 0, code, errOut+out)
+	require.Contains(t, out, "OK: a replay of this range applies nothing twice (20 messages checked)")
+	require.NotRegexp(t, `(?m)^missing `, out, "no finding of a missing message")
+	require.Contains(t, out, "ids: json:event_id, as the consumer records")
+	require.Contains(t, out, "(schema "+w.db.Schema+")")
+
+	out, errOut, code = w.cliBare("audit", "--consumer", w.name, "--topic", w.topic, "--json")
+	require.Equal(t, 0, code, errOut+out)
+	var r struct {
+		Total    map[string]int64 `json:"total"`
+		Findings []any            `json:"findings"`
+		OK       bool             `json:"ok"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	require.True(t, r.OK)
+	require.EqualValues(t, 20, r.Total["applied"])
+	require.Zero(t, r.Total["missing"])
+	require.Empty(t, r.Findings)
+}
+
+// A flag wins over the record, and when the flag's rule finds no ids, the
+// hint points at the rule the consumer records rather than at the
+// producer.
+func TestAuditWithAnotherIDRuleThanRecordedSaysWhichToUse(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	w.produceEvents(6, "e")
+	w.consumeWith(func(c *consumer.Config) { c.MessageID = consumer.IDFromJSONField("event_id") }, 6)
+
+	out, errOut, code := w.cliBare("audit", "--consumer", w.name, "--id", "header:message-id")
+	require.Equal(t, 1, code, errOut+out)
+	require.Contains(t, out, "ids: header:message-id (--id)")
+	require.Contains(t, out, "PROBLEMS: 0 would be applied again, 0 conflict, 6 missing")
+	require.Contains(t, out, "HINT: 6 messages have no id by --id header:message-id, but consumer "+w.name+" records its ids as json:event_id: run the audit again without --id (or with --id json:event_id)")
+
+	_, errOut, code = w.cliBare("audit", "--consumer", w.name, "--id", "uuid")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, `--id: message id rule "uuid" is not one of header:<name>, json:<field.path>, hash, position`)
+}
+
+// A consumer with an id function of its own cannot be audited by a rule
+// the tool makes up: the audit stops at once and asks for --id. Commands
+// that need no ids (replay) still take the rest from the record.
+func TestAuditOfACustomIDConsumerAsksForID(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	w.produceEvents(5, "c")
+	w.consumeWith(func(c *consumer.Config) {
+		c.MessageID = consumer.MessageIDFunc(func(m *consumer.Message) (string, error) { return "k-" + string(m.Key), nil })
+	}, 5)
+
+	out, errOut, code := w.cliBare("audit", "--consumer", w.name)
+	require.Equal(t, 2, code, errOut+out)
+	require.Empty(t, out, "it stops before reading the log")
+	require.Contains(t, errOut, "consumer "+w.name+" derives message ids with a function of its own")
+	require.Contains(t, errOut, "pass --id with the rule that function follows, one of header:<name>, json:<field.path>, hash, position")
+
+	out, errOut, code = w.cliBare("replay", "--consumer", w.name, "--dry-run", "--json")
+	require.Equal(t, 0, code, errOut+out)
+	var plan replayPlan
+	require.NoError(t, json.Unmarshal([]byte(out), &plan))
+	require.Equal(t, w.topic, plan.Topic)
+	require.Equal(t, w.db.Schema, plan.Schema)
+}
+
+// status shows what the consumer records, and reads the group it
+// records: a GroupID other than the name needs no --group.
+func TestStatusShowsTheRecordedSettingsAndReadsTheRecordedGroup(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 2)
+	group := w.name + "_group"
+	w.produceEvents(10, "s")
+	w.consumeWith(func(c *consumer.Config) {
+		c.MessageID = consumer.IDFromJSONField("event_id")
+		c.GroupID = group
+	}, 5)
+
+	out, errOut, code := w.cliBare("status", "--consumer", w.name, "--json")
+	require.Equal(t, 0, code, errOut+out)
+	var r statusReport
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	require.Equal(t, w.db.Schema, r.Schema)
+	require.Equal(t, group, r.Group)
+	require.NotNil(t, r.Recorded)
+	require.Equal(t, "json:event_id", r.Recorded.MessageIDRule)
+	require.Equal(t, group, r.Recorded.Group)
+	require.Equal(t, []string{w.topic}, r.Recorded.Topics)
+	require.Equal(t, w.kafka.Brokers, r.Recorded.Brokers)
+	require.WithinDuration(t, time.Now(), r.Recorded.RecordedAt, time.Minute)
+	require.Len(t, r.Partitions, 2)
+	for _, p := range r.Partitions {
+		require.GreaterOrEqual(t, p.Committed, int64(0), "the committed offsets of the recorded group, not of a group named after the consumer")
+	}
+
+	out, errOut, code = w.cliBare("status", "--consumer", w.name)
+	require.Equal(t, 0, code, errOut+out)
+	require.Contains(t, out, "recorded settings (at its start ")
+	require.Contains(t, out, "ids json:event_id, group "+group+", topics "+w.topic+", brokers "+strings.Join(w.kafka.Brokers, ","))
+
+	out, errOut, code = w.cliBare("replay", "--consumer", w.name, "--dry-run", "--json")
+	require.Equal(t, 0, code, errOut+out)
+	var plan replayPlan
+	require.NoError(t, json.Unmarshal([]byte(out), &plan))
+	require.Equal(t, group, plan.Group)
+
+	// Without KAFKA_BROKERS, the recorded brokers are used.
+	out, errOut, code = cliAt(w.db.URL, "", "status", "--consumer", w.name, "--json")
+	require.Equal(t, 0, code, errOut+out)
+	require.Empty(t, errOut)
+	var again statusReport
+	require.NoError(t, json.Unmarshal([]byte(out), &again))
+	require.Len(t, again.Partitions, 2)
+	for _, p := range again.Partitions {
+		require.EqualValues(t, 5, p.LogEnd, "the log read through the recorded brokers")
+		require.GreaterOrEqual(t, p.Committed, int64(0))
+	}
+}
+
+// A schema the tool cannot tell apart from others is never picked: it
+// lists them and asks for --schema.
+func TestAToolNotToldTheSchemaNeverGuessesAmongSeveral(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	other := testenv.NewDB(t)
+	for _, db := range []*testenv.DB{w.db, other} {
+		db.Exec(t, `SELECT `+db.Table("consumer_id")+`($1)`, w.name)
+	}
+	_, errOut, code := w.cliBare("status", "--consumer", w.name)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "schemas hold kafkaonce's tables (")
+	require.Contains(t, errOut, w.db.Schema)
+	require.Contains(t, errOut, other.Schema)
+	require.Contains(t, errOut, "consumer "+w.name+" is known in ")
+	require.Contains(t, errOut, "pass --schema to say which")
+
+	_, errOut, code = w.cliBare("status", "--consumer", "nobody-"+w.name)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "consumer nobody-"+w.name+" is known in none of them: pass --schema")
+}
+
+// In a database of its own: no schema at first (an error that says what
+// to do), then the one migrate makes, then two, which commands naming no
+// consumer cannot choose between.
+func TestSchemaIsFoundInADatabaseOfItsOwn(t *testing.T) {
+	t.Parallel()
+	w := &world{t: t, db: testenv.NewEmptyDB(t)}
+	name := testenv.Name(t, "d")
+	ctx := context.Background()
+	_, err := w.db.Pool.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = w.db.Pool.Exec(context.Background(), `DROP DATABASE `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`)
+	})
+	u, err := url.Parse(w.db.URL)
+	require.NoError(t, err)
+	u.Path = "/" + name
+	dbURL := u.String()
+
+	_, errOut, code := cliAt(dbURL, "", "dead-letters", "list", "--consumer", "ledger")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "no schema of this database holds kafkaonce's tables: pass --schema with the consumer's Config.Schema, or run kafkaonce migrate")
+
+	out, errOut, code := cliAt(dbURL, "", "migrate")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "schema kafkaonce: version 0 -> ")
+	out, errOut, code = cliAt(dbURL, "", "dead-letters", "list")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "no dead letters")
+
+	_, errOut, code = cliAt(dbURL, "", "--schema", "ledger_v2", "migrate")
+	require.Equal(t, 0, code, errOut)
+	for _, args := range [][]string{{"dead-letters", "list"}, {"migrate"}, {"prune", "--dry-run"}, {"outbox", "parked"}} {
+		_, errOut, code = cliAt(dbURL, "", args...)
+		require.Equal(t, 2, code, args)
+		require.Contains(t, errOut, "2 schemas hold kafkaonce's tables (kafkaonce, ledger_v2): pass --schema", args)
+	}
+}
+
+// A consumer that has recorded nothing (it last ran before kafkaonce
+// recorded settings): the audit falls back on the default header and says
+// so, and its hint for missing ids names --id, not the producer.
+func TestAuditOfAConsumerWithoutARecordSaysItAssumedTheDefault(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	w.produceEvents(4, "e")
+	w.consumeWith(func(c *consumer.Config) { c.MessageID = consumer.IDFromJSONField("event_id") }, 4)
+	w.db.Exec(t, `UPDATE `+w.db.Table("consumers")+` SET message_id_rule = NULL, group_id = NULL, topics = NULL, brokers = NULL,
+kafka_tls = NULL, kafka_sasl = NULL, settings_recorded_at = NULL WHERE name = $1`, w.name)
+
+	_, errOut, code := w.cliBare("audit", "--consumer", w.name)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--topic is required: consumer "+w.name+" has recorded no settings")
+
+	out, errOut, code := w.cliBare("audit", "--consumer", w.name, "--topic", w.topic)
+	require.Equal(t, 1, code, errOut+out)
+	require.Contains(t, out, "ids: header:message-id, the default: consumer "+w.name+" has recorded no settings")
+	require.Contains(t, out, `no valid id by header:message-id (no "message-id" header)`)
+	require.Contains(t, out, "HINT: 4 messages have no id by header:message-id, the default")
+	require.Contains(t, out, "pass that rule as --id (header:<name>, json:<field.path>, hash, position)")
+
+	out, errOut, code = w.cliBare("audit", "--consumer", w.name, "--topic", w.topic, "--id", "json:event_id")
+	require.Equal(t, 0, code, errOut+out)
+
+	out, errOut, code = w.cliBare("status", "--consumer", w.name, "--topic", w.topic)
+	require.Equal(t, 0, code, errOut+out)
+	require.Contains(t, out, "recorded settings: none")
+}
+
+// Where the brokers, TLS and SASL come from: a flag, then KAFKA_BROKERS,
+// then the record, whose TLS and SASL apply only with its brokers.
+func TestKafkaSettingsPrecedence(t *testing.T) {
+	t.Parallel()
+	rec := &recorded.Settings{Consumer: "ledger", MessageIDRule: "hash", GroupID: "ledger", Topics: []string{"t"},
+		Brokers: []string{"kafka-1:9093"}, KafkaTLS: true, KafkaSASL: "SCRAM-SHA-512"}
+	for _, tc := range []struct {
+		name    string
+		env     string
+		flags   []string
+		rec     *recorded.Settings
+		brokers []string
+		tls     bool
+		sasl    string
+		errs    []string
+		note    string
+	}{
+		{name: "flag wins", env: "env:9092", flags: []string{"--brokers", "flag:9092"}, rec: rec, brokers: []string{"flag:9092"},
+			note: "using the brokers of --brokers (flag:9092); consumer ledger records kafka-1:9093"},
+		{name: "environment next", env: "env:9092", rec: rec, brokers: []string{"env:9092"}, note: "using the brokers of KAFKA_BROKERS"},
+		{name: "environment naming a recorded broker", env: "kafka-1:9093", rec: rec, brokers: []string{"kafka-1:9093"}},
+		{name: "record with its TLS and SASL", flags: []string{"--kafka-user", "u"}, rec: rec, brokers: []string{"kafka-1:9093"}, tls: true, sasl: "scram-sha-512"},
+		{name: "record, flags override TLS and SASL", flags: []string{"--kafka-tls=false", "--kafka-sasl", "plain"}, rec: rec, brokers: []string{"kafka-1:9093"}, sasl: "plain"},
+		{name: "record's SASL without a user", rec: rec, errs: []string{"consumer ledger reaches Kafka (kafka-1:9093) with SASL SCRAM-SHA-512, as it records: pass --kafka-user and set KAFKA_PASSWORD"}},
+		{name: "nothing", errs: []string{"no Kafka brokers: set KAFKA_BROKERS or pass --brokers host:port; consumer ledger has recorded none"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var errb bytes.Buffer
+			st := streams{in: strings.NewReader(""), out: io.Discard, err: &errb, terminal: func() bool { return false },
+				getenv: func(k string) string {
+					if k == "KAFKA_BROKERS" {
+						return tc.env
+					}
+					return ""
+				}}
+			root, s := newRootSettings(st)
+			require.NoError(t, root.PersistentFlags().Parse(tc.flags))
+			k, err := s.kafkaSettings(tc.rec, "consumer ledger")
+			for _, e := range tc.errs {
+				require.ErrorContains(t, err, e)
+			}
+			if len(tc.errs) > 0 {
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.brokers, k.brokers)
+			require.Equal(t, tc.tls, k.tls)
+			require.Equal(t, tc.sasl, k.sasl)
+			if tc.note == "" {
+				require.Empty(t, errb.String())
+			} else {
+				require.Contains(t, errb.String(), tc.note)
+			}
+		})
+	}
+}
+
+// serve, told neither --brokers nor KAFKA_BROKERS, reads Kafka through
+// the brokers its consumers record.
+func TestServeReadsKafkaThroughTheRecordedBrokers(t *testing.T) {
+	t.Parallel()
+	w := newPoisoned(t)
+	srv := w.servePage(map[string]string{"DATABASE_URL": w.db.URL}, serveOptions{})
+	res, body := get(t, srv, "/")
+	require.Equal(t, 200, res.StatusCode, body)
+	require.Contains(t, body, w.name)
+	require.Contains(t, body, "lag 1", "the log's end, read from Kafka")
+}

@@ -1,0 +1,115 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+)
+
+// recordedRow is a consumer's row of the consumers table, as a tool reads it.
+type recordedRow struct {
+	rule, group       string
+	topics, brokers   []string
+	tls               bool
+	sasl              *string
+	recordedAtWasNull bool
+}
+
+func (e *env) recordedRow() recordedRow {
+	e.t.Helper()
+	var r recordedRow
+	var rule, group *string
+	var at *time.Time
+	require.NoError(e.t, e.db.Pool.QueryRow(context.Background(), `SELECT message_id_rule, group_id, topics, brokers, coalesce(kafka_tls, false), kafka_sasl, settings_recorded_at
+FROM `+e.db.Table("consumers")+` WHERE name = $1`, e.name).Scan(&rule, &group, &r.topics, &r.brokers, &r.tls, &r.sasl, &at))
+	if rule != nil {
+		r.rule = *rule
+	}
+	if group != nil {
+		r.group = *group
+	}
+	r.recordedAtWasNull = at == nil
+	return r
+}
+
+// produceJSON writes n messages whose id is the JSON field event_id, and
+// no message-id header.
+func (e *env) produceJSON(prefix string, n int) []string {
+	ids := make([]string, n)
+	msgs := make([]kafka.Message, n)
+	for i := range n {
+		ids[i] = prefix + "-" + strconv.Itoa(i)
+		v, _ := json.Marshal(map[string]any{"event_id": ids[i], "points": i})
+		msgs[i] = kafka.Message{Partition: i % e.parts, Key: []byte(ids[i]), Value: v}
+	}
+	e.kafka.Produce(e.t, e.topic, msgs...)
+	return ids
+}
+
+// A consumer records, when it starts, what kafkaonce's tools would
+// otherwise be told: its id rule, group, topics and brokers. A later start
+// replaces the record, and a function of its own is recorded as custom.
+func TestRunRecordsTheConsumersSettings(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 2)
+	ids := e.produceJSON("j", 6)
+	cfg := e.config(e.applyHandler())
+	cfg.MessageID = consumer.IDFromJSONField("event_id")
+	r := e.start(cfg)
+	e.waitEffects(len(ids), 30*time.Second)
+	r.stop()
+	e.requireExactlyOnce(ids)
+
+	got := e.recordedRow()
+	require.Equal(t, recordedRow{rule: "json:event_id", group: e.group, topics: []string{e.topic}, brokers: e.kafka.Brokers}, got)
+
+	custom := e.config(e.applyHandler())
+	custom.MessageID = consumer.MessageIDFunc(func(m *consumer.Message) (string, error) { return string(m.Key), nil })
+	r = e.start(custom)
+	waitFor(t, 30*time.Second, "the custom rule recorded", func() bool { return e.recordedRow().rule == "custom" })
+	r.stop()
+	got = e.recordedRow()
+	require.Equal(t, "custom", got.rule)
+	require.Equal(t, e.group, got.group)
+}
+
+// The record only serves the tools: when it cannot be written (here a
+// row lock held by another transaction), the consumer says so in its log
+// and consumes all the same, soon.
+func TestAFailedRecordDoesNotStopTheConsumer(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ctx := context.Background()
+	e.db.Exec(t, `SELECT `+e.db.Table("consumer_id")+`($1)`, e.name)
+	hold, err := e.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = hold.Rollback(ctx) }()
+	_, err = hold.Exec(ctx, `SELECT 1 FROM `+e.db.Table("consumers")+` WHERE name = $1 FOR UPDATE`, e.name)
+	require.NoError(t, err)
+
+	var logs syncBuffer
+	cfg := e.config(e.applyHandler())
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	ids := e.produceIDs("h", 5)
+	r := e.start(cfg)
+	e.waitEffects(len(ids), 30*time.Second)
+	r.stop()
+	e.requireExactlyOnce(ids)
+	require.Contains(t, logs.String(), "could not record the consumer's settings")
+	require.Contains(t, logs.String(), "lock timeout")
+	require.True(t, e.recordedRow().recordedAtWasNull, "nothing recorded while the row was locked")
+
+	require.NoError(t, hold.Rollback(ctx))
+	r = e.start(cfg)
+	waitFor(t, 30*time.Second, "the settings recorded", func() bool { return !e.recordedRow().recordedAtWasNull })
+	r.stop()
+	require.Equal(t, "header:message-id", e.recordedRow().rule)
+}

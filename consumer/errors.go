@@ -129,12 +129,17 @@ func Permanent(err error) error { return permanent.Mark(err) }
 //
 // Any other error is retried: alone, with backoff, up to
 // Config.Retry.MaxAttempts, then set aside as retries_exhausted (with
-// MaxAttempts 1, after its one attempt). Failures taken for the database's
-// or a connection's are retried without limit, counting no attempt: a
-// serialization failure, a deadlock, a lock timeout, a lost connection, and
-// any net.Error, which includes a failed HTTP call and
-// context.DeadlineExceeded. A timeout of the handler (ErrHandlerTimeout),
-// ErrTxAborted and a plain error are retried up to MaxAttempts.
+// MaxAttempts 1, after its one attempt). Failures of the database are
+// retried without limit, counting no attempt: a serialization failure, a
+// deadlock, a lock timeout, a session the server ended, and a network
+// error (a net.Error, an EOF) that broke the connection of the message's
+// transaction. The same network errors from the handler's own calls (an
+// HTTP request refused or timed out, the deadline of a context of its own)
+// are its failures, retried up to MaxAttempts, as are a timeout of the
+// handler (ErrHandlerTimeout), ErrTxAborted and a plain error. Which of
+// the two a network error is depends on the transaction's connection, not
+// on the error, so IsPermanent, which answers only whether a message is
+// set aside at once, is false for both.
 //
 // A handler's test asks it of the error consumertest.Handle returns, which
 // turns panics, timeouts and misuses into their errors as the consumer

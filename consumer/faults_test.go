@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/faultproxy"
 	"github.com/kafkaonce/kafkaonce/internal/pgcluster"
@@ -495,6 +497,115 @@ func TestASessionTerminatedUnderAHandlerIsRetried(t *testing.T) {
 				msgs = append(msgs, s.Error())
 			}
 			require.Empty(t, msgs, "a terminated session stopped the partition")
+			e.check(expectation{ids: ids})
+		})
+	}
+}
+
+// A network error is the database's failure only when it broke the
+// transaction's own connection. When the network to Postgres fails under
+// a handler's query, the batch runs again, however often, counting no
+// attempt and setting nothing aside: whether the handler returns the
+// error or swallows it, and in a BatchHandler's call over several
+// messages, where the failure is no one message's. When a handler's own
+// network call fails (a partner that is down), the message fails: it is
+// retried up to MaxAttempts and set aside, as any failure of the handler's,
+// though its error is a net.Error too.
+func TestANetworkErrorIsTheDatabasesOnlyWhenItBrokeTheTransaction(t *testing.T) {
+	t.Parallel()
+	const (
+		victim      = "n-2"
+		maxAttempts = 3
+		cuts        = 2 * maxAttempts // times the network to Postgres fails under the victim
+	)
+	for _, tc := range []struct {
+		name    string
+		batch   bool // a BatchHandler, called with the whole batch
+		partner bool // the handler's own call fails; the database is fine
+		swallow bool // the handler returns nil after its query failed
+	}{
+		{name: "database/Handler returns the error"},
+		{name: "database/Handler swallows the error", swallow: true},
+		{name: "database/BatchHandler over several messages", batch: true},
+		{name: "partner/Handler", partner: true},
+		{name: "partner/BatchHandler over several messages", batch: true, partner: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, 1)
+			proxy, err := faultproxy.Start(e.db.ServerAddr(t))
+			require.NoError(t, err)
+			t.Cleanup(func() { proxy.Close() })
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			partner := "http://" + ln.Addr().String() + "/"
+			require.NoError(t, ln.Close()) // nothing listens there: the partner is down
+			ids := e.produceIDs("n", 5)
+
+			var calls atomic.Int32 // of the handler with the victim
+			// fail is what the handler does with the victim before it may
+			// pass: failed is false once it may.
+			fail := func(ctx context.Context, tx pgx.Tx) (failed bool, err error) {
+				if tc.partner {
+					req, err := http.NewRequestWithContext(ctx, http.MethodGet, partner, nil)
+					if err != nil {
+						return true, err
+					}
+					resp, err := http.DefaultClient.Do(req)
+					if err != nil {
+						return true, fmt.Errorf("call partner: %w", err)
+					}
+					resp.Body.Close()
+					return true, errors.New("the partner answered")
+				}
+				if calls.Load() > cuts {
+					return false, nil
+				}
+				proxy.CutAll()
+				_, err = tx.Exec(ctx, `SELECT 1`)
+				switch {
+				case err == nil:
+					return true, errors.New("a query went through a cut connection") // counts, and fails the test
+				case tc.swallow:
+					return true, nil
+				}
+				return true, fmt.Errorf("record the order: %w", err)
+			}
+			apply := e.applyHandler()
+			cfg := e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if m.ID == victim {
+					calls.Add(1)
+					if failed, err := fail(ctx, tx); failed {
+						return err
+					}
+				}
+				return apply.Handle(ctx, tx, m)
+			}))
+			if tc.batch {
+				h := cfg.Handler
+				cfg.Handler, cfg.ClaimFirst = nil, true
+				cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
+					for _, m := range b.Messages {
+						if err := h.Handle(ctx, b.Tx, m); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+			}
+			cfg.Retry.MaxAttempts = maxAttempts
+			r := e.start(cfg, e.db.PoolVia(t, proxy.Addr()))
+			e.waitCommitted(map[int]int64{0: 5}, 60*time.Second)
+			r.stop()
+			if tc.partner {
+				l, ok := e.letters()[victim]
+				require.True(t, ok, "the victim of a partner that is down was set aside")
+				require.Equal(t, deadletter.ClassRetriesExhausted, l.Class)
+				require.Equal(t, maxAttempts, l.Attempts)
+				e.check(expectation{ids: ids, poison: []string{victim}})
+				return
+			}
+			require.Greater(t, calls.Load(), int32(cuts), "the network failed under the victim's handler %d times", cuts)
 			e.check(expectation{ids: ids})
 		})
 	}

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -64,8 +67,43 @@ func raise(code string) func(ctx context.Context, tx pgx.Tx) error {
 	}
 }
 
-func classCases() []classCase {
+// get fails with what an HTTP GET of url comes to with client.
+func get(client *http.Client, url string) func(ctx context.Context, tx pgx.Tx) error {
+	return func(ctx context.Context, _ pgx.Tx) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return fmt.Errorf("call partner: %w", err)
+		}
+		resp.Body.Close()
+		return fmt.Errorf("the partner answered %s", resp.Status)
+	}
+}
+
+// closedPort returns a loopback address nothing listens on: a partner
+// that is down refuses the connection.
+func closedPort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
+func classCases(t *testing.T) []classCase {
 	errDown := errors.New("partner down")
+	down := closedPort(t)
+	// A partner that accepts the request and never answers.
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second):
+		}
+	}))
+	t.Cleanup(hung.Close)
 	return []classCase{
 		{name: "plain error", fail: func(context.Context, pgx.Tx) error { return errDown },
 			want: retriedThenSetAside, class: deadletter.ClassRetriesExhausted},
@@ -105,12 +143,54 @@ func classCases() []classCase {
 			<-ctx.Done()
 			return ctx.Err()
 		}, want: retriedThenSetAside, class: deadletter.ClassRetriesExhausted},
+		{name: "timeout in a query on tx (ErrHandlerTimeout)", fail: func(ctx context.Context, tx pgx.Tx) error {
+			// The query cancelled by the timeout breaks the connection
+			// (pgx closes it): still the handler's failure.
+			_, err := tx.Exec(ctx, `SELECT pg_sleep(10)`)
+			return err
+		}, want: retriedThenSetAside, class: deadletter.ClassRetriesExhausted},
 		{name: "context.Canceled", fail: func(context.Context, pgx.Tx) error { return fmt.Errorf("call partner: %w", context.Canceled) },
 			want: retriedThenSetAside, class: deadletter.ClassRetriesExhausted},
-		// context.DeadlineExceeded is a net.Error, and the consumer takes
-		// any net.Error for a lost connection: retried without counting.
-		{name: "context.DeadlineExceeded", fail: func(context.Context, pgx.Tx) error {
-			return fmt.Errorf("call partner: %w", context.DeadlineExceeded)
+		// A handler's own network calls failing are its failures, though
+		// their errors are net.Errors, as those of a broken connection to
+		// Postgres are: the transaction's connection is fine.
+		{name: "context.DeadlineExceeded of the handler's own context", fail: func(ctx context.Context, _ pgx.Tx) error {
+			cctx, cancel := context.WithTimeout(ctx, time.Millisecond)
+			defer cancel()
+			<-cctx.Done()
+			return fmt.Errorf("call partner: %w", cctx.Err())
+		}, want: retriedThenSetAside, class: deadletter.ClassRetriesExhausted},
+		{name: "HTTP call refused (partner down)", fail: get(http.DefaultClient, "http://"+down+"/"),
+			want: retriedThenSetAside, class: deadletter.ClassRetriesExhausted},
+		{name: "HTTP call timed out (http.Client.Timeout)", fail: get(&http.Client{Timeout: 20 * time.Millisecond}, hung.URL),
+			want: retriedThenSetAside, class: deadletter.ClassRetriesExhausted},
+		{name: "a connection of the handler's own to a database that is down", fail: func(ctx context.Context, _ pgx.Tx) error {
+			conn, err := pgx.Connect(ctx, "postgres://nobody@"+down+"/none?sslmode=disable&connect_timeout=2")
+			if err == nil {
+				conn.Close(ctx)
+				return errors.New("the closed port accepted a connection")
+			}
+			return fmt.Errorf("connect to the reporting database: %w", err)
+		}, want: retriedThenSetAside, class: deadletter.ClassRetriesExhausted},
+		// The transaction's own connection failing is the database's
+		// failure, whatever the error: retried without counting.
+		{name: "the transaction's network connection failed", fail: func(ctx context.Context, tx pgx.Tx) error {
+			_ = tx.Conn().PgConn().Conn().Close()
+			_, err := tx.Exec(ctx, `SELECT 1`)
+			return fmt.Errorf("insert: %w", err)
+		}, passAfter: maxAttempts + 1, want: retriedUncounted},
+		// A deadline of the handler's own that interrupts a query on tx
+		// breaks the transaction's connection as a network failure would:
+		// taken for the database's (docs/failures.md).
+		{name: "the handler's own deadline interrupts a query on tx", fail: func(ctx context.Context, tx pgx.Tx) error {
+			cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+			defer cancel()
+			_, err := tx.Exec(cctx, `SELECT pg_sleep(10)`)
+			return fmt.Errorf("look up the order: %w", err)
+		}, passAfter: maxAttempts + 1, want: retriedUncounted},
+		{name: "the server ended the transaction's session", fail: func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+			return fmt.Errorf("insert: %w", err)
 		}, passAfter: maxAttempts + 1, want: retriedUncounted},
 		{name: "SQLSTATE 22P02 invalid text", fail: raise("22P02"), want: setAsideAtOnce, class: deadletter.ClassData},
 		{name: "SQLSTATE 23505 unique violation", fail: raise("23505"), want: setAsideAtOnce, class: deadletter.ClassData},
@@ -131,7 +211,7 @@ func classCases() []classCase {
 // test compares two behaviours rather than one function with itself.
 func TestHandleErrorIsClassifiedAsTheConsumerDoes(t *testing.T) {
 	t.Parallel()
-	cases := classCases()
+	cases := classCases(t)
 	db := testenv.NewDB(t, testenv.MaxConns(int32(len(cases))+8))
 	ctx := context.Background()
 
@@ -187,10 +267,22 @@ func TestHandleErrorIsClassifiedAsTheConsumerDoes(t *testing.T) {
 
 	// The consumer is done with a case's message once its position is past
 	// it: applied or set aside.
+	// A case whose message is not done within the deadline fails on its
+	// own, saying how often its handler was called.
 	positions := db.Table("consumer_offsets")
-	deadline := time.Now().Add(90 * time.Second)
-	for db.Int(t, `SELECT count(*) FROM `+positions+` WHERE consumer = 'classify' AND topic = $1 AND next_offset = 1`, topic) < int64(len(cases)) {
-		require.Truef(t, time.Now().Before(deadline), "the consumer did not finish every case's message within 90s")
+	finishedNow := func() map[int]bool {
+		rows, err := db.Pool.Query(ctx, `SELECT partition FROM `+positions+` WHERE consumer = 'classify' AND topic = $1 AND next_offset = 1`, topic)
+		require.NoError(t, err)
+		parts, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		require.NoError(t, err)
+		m := map[int]bool{}
+		for _, p := range parts {
+			m[int(p)] = true
+		}
+		return m
+	}
+	finished := finishedNow()
+	for deadline := time.Now().Add(90 * time.Second); len(finished) < len(cases) && time.Now().Before(deadline); finished = finishedNow() {
 		time.Sleep(50 * time.Millisecond)
 	}
 
@@ -205,6 +297,7 @@ func TestHandleErrorIsClassifiedAsTheConsumerDoes(t *testing.T) {
 	for i, tc := range cases {
 		t.Run("consumer/"+tc.name, func(t *testing.T) {
 			n := int(calls[i].Load())
+			require.Truef(t, finished[i], "after 90s and %d calls of the handler the consumer had neither applied nor set aside the message (want: %s)", n, tc.want)
 			l, setAside := letterOf[i]
 			var did fate
 			switch {

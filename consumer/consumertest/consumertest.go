@@ -93,13 +93,21 @@ func Tx(tb testing.TB, db consumer.DB) pgx.Tx {
 	return tx
 }
 
+// connClosed reports whether tx's connection is closed (it broke, or the
+// server ended the session).
+func connClosed(tx pgx.Tx) bool {
+	c := tx.Conn()
+	return c != nil && c.IsClosed()
+}
+
 // Handle runs h for msg inside tx, as the consumer would, and returns the
 // handler's error as the consumer sees it. It calls the handler through
 // the consumer's own code for calling handlers: a panic becomes an error
 // wrapping consumer.ErrHandlerPanicked; a handler that commits or rolls
 // back gets consumer.ErrTxControlledByConsumer, and Handle returns that
 // error even if the handler then returns nil (consumer.ErrTxEnded when it
-// ended tx with a COMMIT or ROLLBACK statement: tx is then unusable); one
+// ended tx with a COMMIT or ROLLBACK statement: tx is then unusable, as
+// it is when its connection broke under the handler); one
 // that leaves a query's rows open gets consumer.ErrRowsLeftOpen; one that
 // swallows a SQL error gets consumer.ErrTxAborted; one that runs past
 // consumer.DefaultHandlerTimeout has its context cancelled and fails with
@@ -155,9 +163,9 @@ func handle(ctx context.Context, tb testing.TB, tx pgx.Tx, h consumer.Handler, m
 	if hung != nil {
 		tb.Fatalf("consumertest: the handler hung: %v (its connection was closed, so tx is gone)", hung)
 	}
-	if errors.Is(herr, consumer.ErrTxEnded) || errors.Is(herr, consumer.ErrRowsLeftOpen) {
-		// tx is unusable: ended by the handler, savepoint and all, or
-		// busy with rows the handler left open.
+	if errors.Is(herr, consumer.ErrTxEnded) || errors.Is(herr, consumer.ErrRowsLeftOpen) || herr != nil && connClosed(tx) {
+		// tx is unusable: ended by the handler, savepoint and all, busy
+		// with rows the handler left open, or its connection is gone.
 		return herr
 	}
 	if herr != nil {

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
 	"github.com/kafkaonce/kafkaonce/internal/pace"
@@ -50,6 +52,10 @@ type txAttempt struct {
 	// stored is the stored position the transaction read (nil when there
 	// is none).
 	stored *int64
+	// conn is the connection of the attempt's transaction, once it began:
+	// whether it broke tells a failure of the database's from one of the
+	// handler's own (see connLost).
+	conn *pgconn.PgConn
 }
 
 // fate is what a transaction did with one message.
@@ -217,10 +223,23 @@ func (a *txAttempt) logAttrs(extra ...any) []any {
 // messageFailure names the message in err and classifies it.
 func (a *txAttempt) messageFailure(msg *Message, err error) (*MessageError, *failure) {
 	merr := &MessageError{Topic: a.topic, Partition: a.partition, Offset: msg.Offset, MessageID: msg.ID, Err: err}
-	f := classifyHandlerError(err)
+	f := a.classify(err)
 	f.err = merr
 	return merr, f
 }
+
+// classify sorts err, what a handler's call (or its statements) in the
+// attempt's transaction came to.
+func (a *txAttempt) classify(err error) *failure { return classifyHandlerError(err, a.connLost()) }
+
+// connLost reports whether the connection of the attempt's transaction
+// broke. pgx marks a connection closed when its network I/O fails (a
+// reset, an EOF, a deadline that interrupted a read) or the server ends
+// the session (a FATAL error), before the call that met the failure
+// returns: a handler whose query failed that way returns to find it
+// closed. A handler's own network call (an HTTP request, a connection of
+// its own) leaves it open.
+func (a *txAttempt) connLost() bool { return a.conn != nil && a.conn.IsClosed() }
 
 func resize[T any](s []T, n int) []T {
 	if cap(s) < n {

@@ -102,6 +102,7 @@ func (a *txAttempt) claim(ctx context.Context) (bt *batchTx, gated time.Time, ou
 	case err != nil:
 		return nil, gated, infra(fmt.Errorf("begin and claim: %w", err))
 	}
+	a.conn = bt.tx.Conn().PgConn()
 	return bt, gated, txOutcome{failedAt: -1}
 }
 

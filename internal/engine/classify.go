@@ -68,13 +68,21 @@ func newFailure(class errClass, kind deadletter.Class, err error) *failure {
 // misuse of tx already turned into their errors by internal/usercall, as
 // HandleAlone returns it. It is classifyHandlerError's verdict, so that
 // consumer.IsPermanent, and a test of a handler through consumertest,
-// answer what the workers do.
+// answer what the workers do. Whether the transaction's connection broke
+// changes only whether a failure that is not permanent counts an attempt,
+// never whether it is permanent: it is left out.
 func IsPermanent(err error) bool {
-	return err != nil && classifyHandlerError(err).class == classPermanent
+	return err != nil && classifyHandlerError(err, false).class == classPermanent
 }
 
-// classifyHandlerError sorts the error a handler returned.
-func classifyHandlerError(err error) *failure {
+// classifyHandlerError sorts the error a handler's call came to. connLost
+// says whether the connection of the call's transaction broke (see
+// txAttempt.connLost): an error that looks like a failed network call is
+// the database's only then. Otherwise it is the handler's own call that
+// failed (a partner's API refusing connections, an http.Client timeout,
+// the deadline of a context of the handler's), which counts as an attempt
+// like any other failure that may pass.
+func classifyHandlerError(err error, connLost bool) *failure {
 	var syntax *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	switch {
@@ -88,7 +96,7 @@ func classifyHandlerError(err error) *failure {
 		return newFailure(classPermanent, deadletter.ClassUndecodable, err)
 	case isPermanentSQLError(err):
 		return newFailure(classPermanent, deadletter.ClassData, err)
-	case isInfraError(err):
+	case isInfraSQLError(err), connLost && isNetworkError(err):
 		return newFailure(classInfra, "", err)
 	default:
 		return newFailure(classTransient, deadletter.ClassRetriesExhausted, err)
@@ -116,28 +124,42 @@ func isPermanentSQLError(err error) bool {
 	return false
 }
 
-// isInfraError reports failures of the database or the connection to it
-// rather than of the message: serialisation failures, deadlocks and lock
+// isInfraError reports failures of the database or the connection to it,
+// for an error of the consumer's own statements, where every network
+// error is one of the connection to Postgres: see isInfraSQLError and
+// isNetworkError.
+func isInfraError(err error) bool { return isInfraSQLError(err) || isNetworkError(err) }
+
+// isInfraSQLError reports the errors Postgres raises for itself rather
+// than for the message: serialisation failures, deadlocks and lock
 // timeouts (the transaction lost a race and should simply run again; see
-// isContention), the server shutting
-// down, and connections that broke.
-func isInfraError(err error) bool {
+// isContention), the server shutting down, and sessions it ended.
+func isInfraSQLError(err error) bool {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "40001", // serialization_failure
-			"40P01", // deadlock_detected
-			"55P03", // lock_not_available (lock_timeout)
-			"57P01", // admin_shutdown
-			"57P02", // crash_shutdown
-			"57P03": // cannot_connect_now
-			return true
-		}
-		// A FATAL error ends the session (an idle-in-transaction timeout,
-		// a terminated backend): the connection is gone, whatever the code.
-		return len(pgErr.Code) == 5 && pgErr.Code[:2] == "08" || // connection_exception
-			pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC" || pgErr.SeverityUnlocalized == "FATAL"
+	if !errors.As(err, &pgErr) {
+		return false
 	}
+	switch pgErr.Code {
+	case "40001", // serialization_failure
+		"40P01", // deadlock_detected
+		"55P03", // lock_not_available (lock_timeout)
+		"57P01", // admin_shutdown
+		"57P02", // crash_shutdown
+		"57P03": // cannot_connect_now
+		return true
+	}
+	// A FATAL error ends the session (an idle-in-transaction timeout,
+	// a terminated backend): the connection is gone, whatever the code.
+	return len(pgErr.Code) == 5 && pgErr.Code[:2] == "08" || // connection_exception
+		pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC" || pgErr.SeverityUnlocalized == "FATAL"
+}
+
+// isNetworkError reports errors that look like a failed network call: a
+// net.Error (which includes context.DeadlineExceeded, a *url.Error of a
+// failed HTTP call, and pgx's timeouts), an EOF, a closed connection, or
+// a call pgx refused before sending anything. Whose network call failed
+// the error does not say.
+func isNetworkError(err error) bool {
 	var netErr net.Error
 	return errors.As(err, &netErr) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||

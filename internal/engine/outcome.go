@@ -89,7 +89,7 @@ func (a *txAttempt) txEnded(batch *Batch, end int, err error) txOutcome {
 // with one message that message failed, with several a transaction per
 // message tells which. A failure of the database's is retried.
 func (a *txAttempt) handlersFailed(end int, err error) txOutcome {
-	f := classifyHandlerError(err)
+	f := a.classify(err)
 	switch {
 	case f.class == classInfra:
 		return infra(err)
@@ -128,7 +128,7 @@ func (a *txAttempt) batchFailed(b *Batch, err error) txOutcome {
 		}
 		return txOutcome{failedAt: i, err: merr, fail: f}
 	}
-	f := classifyHandlerError(err)
+	f := a.classify(err)
 	if f.class == classInfra {
 		return infra(err)
 	}

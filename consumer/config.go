@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -361,6 +362,11 @@ func (c *Config) validate() error {
 	case c.Handler != nil && c.BatchHandler != nil:
 		bad("Handler and BatchHandler are both set; set one: Handler for a call per message, BatchHandler for a call per batch")
 	}
+	if isNilInside(c.MessageID) {
+		// A nil *MessageIDRule (or a nil value of a type of your own)
+		// would panic on every message and set each one aside.
+		bad("MessageID is a nil %T: set a rule (consumer.IDFromHeader(\"message-id\"), IDFromJSONField, …), a MessageIDFunc, or leave it unset for the default", c.MessageID)
+	}
 	if r, ok := ruleOf(c.MessageID); ok {
 		if err := r.check(); err != nil {
 			bad("MessageID %v", err)
@@ -524,4 +530,17 @@ func (c *Config) engineConfig(hooks engine.Hooks) engine.Config {
 		PruneRetention:           c.Prune.Retention,
 		PruneBatch:               c.Prune.Batch,
 	}
+}
+
+// isNilInside reports whether v is a non-nil interface holding a nil
+// pointer, func, map, slice, channel or interface.
+func isNilInside(v any) bool {
+	if v == nil {
+		return false
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Slice, reflect.Chan, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
 }

@@ -60,8 +60,8 @@ func (e *Env) Produce(ctx context.Context, topic string, msgs ...Message) error 
 }
 
 // Rewind sets the committed offset of consumer group to the start of every
-// partition of topic, as `kafka-consumer-groups --reset-offsets
-// --to-earliest` does, so the group's next member reads the topic again.
+// partition of topic (its log start offset, which retention moves), as
+// `kafka-consumer-groups --reset-offsets --to-earliest` does, so the group's next member reads the topic again.
 // The group must have no members: Rewind retries for up to 30 seconds
 // while the last one leaves. (kafkaonce's stored positions still skip
 // what was processed; `kafkaonce replay` moves both.)
@@ -72,9 +72,16 @@ func (e *Env) Rewind(ctx context.Context, group, topic string) error {
 	if err != nil {
 		return fmt.Errorf("devenv: rewind %s: %w", topic, err)
 	}
+	// The log start, not 0: once retention has deleted the head of a
+	// partition, offset 0 is gone, and a consumer starting there would
+	// stop the partition for the missing messages (ErrMessagesDeleted).
+	bounds, err := admin.LogBounds(ctx, topic, parts)
+	if err != nil {
+		return fmt.Errorf("devenv: rewind %s: %w", topic, err)
+	}
 	start := make(map[int]int64, len(parts))
 	for _, p := range parts {
-		start[p] = 0
+		start[p] = bounds[p].Start
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {

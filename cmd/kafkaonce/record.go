@@ -14,6 +14,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
+	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
 // What the tools are not told, they take from where the consumer wrote it:
@@ -44,7 +45,7 @@ func (s *settings) open(ctx context.Context, consumerName string) (*pgxpool.Pool
 
 // settleSchema sets s.schema when --schema was not given: the one schema of
 // the database holding kafkaonce's tables; of several, the one that knows
-// consumerName (it ran or claimed there). Anything less certain is an
+// consumerName (it ran, claimed or stored a position there). Anything less certain is an
 // error listing the schemas found: a tool reading the wrong schema would
 // report another consumer's state as this one's.
 func (s *settings) settleSchema(ctx context.Context, pool *pgxpool.Pool, consumerName string) error {
@@ -70,10 +71,20 @@ func (s *settings) settleSchema(ctx context.Context, pool *pgxpool.Pool, consume
 		known, err := store.Known(ctx, pool, consumerName)
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-			continue // a schema older than 007, or dropped since Find: it holds no consumers table
+			known, err = false, nil // a schema older than 007: it holds no consumers table, but may hold the consumer's positions
 		}
 		if err != nil {
 			return err
+		}
+		if !known {
+			// A consumer that ran before 007, or whose row is gone, still
+			// has its positions (every batch stores one).
+			positions, _ := offsets.NewStore(name)
+			ps, err := positions.List(ctx, pool, consumerName)
+			if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42P01") { // dropped since Find
+				return err
+			}
+			known = len(ps) > 0
 		}
 		if known {
 			knowing = append(knowing, name)

@@ -24,6 +24,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/engine"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
@@ -83,7 +84,10 @@ type ReplayOptions struct {
 // Use NewMessage to build msgs; their Key, Value, Headers, Time and
 // Partition are produced. cfg needs Name, Handler or BatchHandler and,
 // unless the default suits, MessageID and Schema; ReplayTwice works on a
-// copy, sets the Kafka fields itself and leaves *cfg as it was. The schema
+// copy and leaves *cfg as it was. It sets what concerns Kafka itself, for
+// its in-process broker: Brokers, Topics, GroupID, Dialer (none),
+// StartOffset (earliest) and the session timings; a DeadLetterTopic is
+// created there. The schema
 // is migrated if needed.
 //
 // Each call runs in a scope of its own, so that it passes however often it
@@ -150,14 +154,23 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*co
 		run.Name = scopedName(run.Name)
 		tb.Cleanup(func() { forgetConsumer(tb, db, run.Schema, run.Name) })
 	}
+	// Every setting about reaching Kafka and where to start is the
+	// in-process broker's, not the program's: a TLS Dialer or StartLatest
+	// from a production Config would read nothing here.
 	run.Brokers, run.Topics = broker.Brokers, []string{topic}
 	run.GroupID = "replay-twice"
+	run.Dialer, run.StartOffset = nil, consumer.StartEarliest
+	if run.DeadLetterTopic != "" {
+		if err := devenv.CreateTopic(ctx, broker.Brokers, run.DeadLetterTopic, 1); err != nil {
+			tb.Fatalf("consumertest: create the dead-letter topic: %v", err)
+		}
+	}
 	run.SessionTimeout, run.HeartbeatInterval = 6*time.Second, 200*time.Millisecond
 	if run.Logger == nil {
 		run.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 
-	first := runUntilSettled(tb, db, run, len(msgs), o.Timeout, "first run")
+	first := runUntilSettled(tb, db, run, perPartition, o.Timeout, "first run")
 	result := ReplayResult{Consumer: run.Name, Applied: int(first.applied.Load()), Skipped: int(first.skipped.Load()), DeadLettered: int(first.deadLettered.Load())}
 	if result.Applied == 0 {
 		tb.Fatalf("consumertest: the first run applied none of the %d messages (%d dead-lettered, %d skipped as duplicates), so the replay would compare nothing: "+
@@ -186,7 +199,7 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*co
 		}
 	}
 
-	runUntilSettled(tb, db, run, len(msgs), o.Timeout, "replay")
+	runUntilSettled(tb, db, run, perPartition, o.Timeout, "replay")
 	after := contents(tb, db, idents)
 	for i, t := range tables {
 		if d := diff(before[i], after[i]); d != "" {
@@ -220,8 +233,9 @@ func scopedName(name string) string {
 }
 
 // forgetConsumer deletes what the consumer named name left in the schema,
-// unless the test failed: every row of a table with a consumer column,
-// its claims, and its row in consumers.
+// unless the test failed: its rows in kafkaonce's tables that name a
+// consumer (schema.ConsumerTables: never the application's, which may
+// have a consumer column too), its claims, and its row in consumers.
 func forgetConsumer(tb testing.TB, db consumer.DB, schemaName, name string) {
 	if tb.Failed() {
 		tb.Logf("consumertest: the claims, positions and dead letters of consumer %q are left in schema %s for you to look at", name, schemaName)
@@ -230,14 +244,7 @@ func forgetConsumer(tb testing.TB, db consumer.DB, schemaName, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		rows, _ := tx.Query(ctx, `SELECT c.table_name FROM information_schema.columns c
-			JOIN information_schema.tables t USING (table_schema, table_name)
-			WHERE c.table_schema = $1 AND c.column_name = 'consumer' AND t.table_type = 'BASE TABLE' ORDER BY 1`, schemaName)
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return err
-		}
-		for _, t := range names {
+		for _, t := range schema.ConsumerTables {
 			if _, err := tx.Exec(ctx, `DELETE FROM `+pgx.Identifier{schemaName, t}.Sanitize()+` WHERE consumer = $1`, name); err != nil {
 				return fmt.Errorf("%s: %w", t, err)
 			}
@@ -247,7 +254,7 @@ func forgetConsumer(tb testing.TB, db consumer.DB, schemaName, name string) {
 			` WHERE consumer_id = (SELECT id FROM `+consumers+` WHERE name = $1)`, name); err != nil {
 			return fmt.Errorf("processed_messages: %w", err)
 		}
-		_, err = tx.Exec(ctx, `DELETE FROM `+consumers+` WHERE name = $1`, name)
+		_, err := tx.Exec(ctx, `DELETE FROM `+consumers+` WHERE name = $1`, name)
 		return err
 	})
 	if err != nil {
@@ -291,8 +298,10 @@ func rollBackOnce(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*c
 	if (handle == nil) == (handleBatch == nil) {
 		return // neither or both: consumer.New says what to set
 	}
+	// The default as New applies it: an unset MessageID, or a nil
+	// MessageIDFunc, reads the default header.
 	id := cfg.MessageID
-	if id == nil {
+	if f, ok := id.(consumer.MessageIDFunc); id == nil || ok && f == nil {
 		id = consumer.IDFromHeader(consumer.DefaultMessageIDHeader)
 	}
 	timeout := cmp.Or(cfg.HandlerTimeout, consumer.DefaultHandlerTimeout)
@@ -393,6 +402,32 @@ type settled struct {
 	stopped   *consumer.PartitionError
 	lastFail  string
 	failCount int
+	// starts holds where each partition's processing started: messages
+	// below it are skipped by the stored position, with no hook call.
+	starts map[int]int64
+}
+
+func (s *settled) OnPartitionAssigned(_ context.Context, a consumer.PartitionAssignment) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.starts[a.Partition] = a.Start
+}
+
+// done reports whether every message of perPartition is settled: skipped
+// by the stored position where its partition started, or reported by a
+// hook.
+func (s *settled) done(perPartition map[int]int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var due int64
+	for p, n := range perPartition {
+		start, ok := s.starts[p]
+		if !ok {
+			return false
+		}
+		due += int64(n) - min(start, int64(n))
+	}
+	return s.total() >= due
 }
 
 func (s *settled) OnMessageApplied(context.Context, *consumer.Message) { s.applied.Add(1) }
@@ -426,9 +461,13 @@ func (s *settled) stuck() string {
 	return ""
 }
 
-func runUntilSettled(tb testing.TB, db consumer.DB, cfg consumer.Config, n int, timeout time.Duration, what string) *settled {
+func runUntilSettled(tb testing.TB, db consumer.DB, cfg consumer.Config, perPartition map[int]int, timeout time.Duration, what string) *settled {
 	tb.Helper()
-	count := &settled{}
+	n := 0
+	for _, c := range perPartition {
+		n += c
+	}
+	count := &settled{starts: map[int]int64{}}
 	cfg.Hooks = append(append([]consumer.Hook(nil), cfg.Hooks...), count)
 	c, err := consumer.New(db, &cfg)
 	if err != nil {
@@ -438,7 +477,7 @@ func runUntilSettled(tb testing.TB, db consumer.DB, cfg consumer.Config, n int, 
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	deadline := time.Now().Add(timeout)
-	for count.total() < int64(n) && count.stuck() == "" && time.Now().Before(deadline) {
+	for !count.done(perPartition) && count.stuck() == "" && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	cancel()
@@ -448,7 +487,7 @@ func runUntilSettled(tb testing.TB, db consumer.DB, cfg consumer.Config, n int, 
 	if why := count.stuck(); why != "" {
 		tb.Fatalf("consumertest: %s: %d of %d messages settled: %s", what, count.total(), n, why)
 	}
-	if got := count.total(); got < int64(n) {
+	if got := count.total(); !count.done(perPartition) {
 		count.mu.Lock()
 		last, fails := count.lastFail, count.failCount
 		count.mu.Unlock()

@@ -3,7 +3,8 @@ package devenv
 import (
 	"bytes"
 	"context"
-	"errors"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -81,23 +82,26 @@ func docker(ctx context.Context, args ...string) (string, error) {
 	return strings.TrimSpace(stdout.String()), nil
 }
 
-// container is a container this process started; remove stops and deletes
-// it.
+// container is a container this process started, by its name; remove
+// stops and deletes it.
 type container struct{ id string }
 
 // runContainer starts image detached with args (flags before the image,
-// then the command after it).
+// then the command after it). The container gets a name of its own, so
+// that it can be removed even when docker run fails or its context ends
+// after the engine created it (the id it would have printed is then never
+// read, and --rm only removes a container that exits, which a server does
+// not).
 func runContainer(ctx context.Context, flags []string, image string, command ...string) (*container, error) {
-	args := append(append([]string{"run", "--detach", "--rm"}, flags...), image)
-	out, err := docker(ctx, append(args, command...)...)
-	if err != nil {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	c := &container{id: "kafkaonce-devenv-" + hex.EncodeToString(b[:])}
+	args := append(append([]string{"run", "--detach", "--rm", "--name", c.id, "--label", "kafkaonce.devenv=1"}, flags...), image)
+	if _, err := docker(ctx, append(args, command...)...); err != nil {
+		_ = c.remove() // nothing to remove when the engine created nothing
 		return nil, err
 	}
-	lines := strings.Fields(out)
-	if len(lines) == 0 {
-		return nil, errors.New("docker run printed no container id")
-	}
-	return &container{id: lines[len(lines)-1]}, nil
+	return c, nil
 }
 
 // hostAddr is the host address that port (as "5432/tcp") of the container

@@ -137,7 +137,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	c.recordSettings(ctx)
+	stopRecording := c.recordSettings(ctx)
+	defer stopRecording()
 	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 		ID:                c.cfg.GroupID,
 		Brokers:           c.cfg.Brokers,

@@ -13,18 +13,26 @@ import (
 // Bounds of recording the settings at start-up. The record only serves
 // kafkaonce's tools, so it must never hold up consuming for long: a row
 // lock held elsewhere (an operator's open transaction) is waited for
-// recordLockWait at most, and the whole write recordTimeout.
+// recordLockWait at most, and each write recordTimeout; a failed one is
+// tried again in the background, first after recordRetryFirst.
 const (
-	recordLockWait = time.Second
-	recordTimeout  = 5 * time.Second
+	recordLockWait   = time.Second
+	recordTimeout    = 5 * time.Second
+	recordRetryFirst = 2 * time.Second
+	recordRetryMax   = time.Minute
 )
 
 // recordSettings records, in the consumer's row of the consumers table,
 // what kafkaonce's tools would otherwise have to be told: the id rule, the
-// group, topics and brokers. A failure is logged at warning level and
-// consuming goes on: losing the record costs an operator some flags, while
-// refusing to start (or retrying here) would stop the effects themselves.
-func (c *Consumer) recordSettings(ctx context.Context) {
+// group, topics and brokers. It never holds up consuming for longer than
+// recordTimeout: losing the record costs an operator some flags, while
+// refusing to start would stop the effects themselves. A failed write is
+// logged at warning level and tried again in the background (after
+// recordRetryFirst, doubling up to recordRetryMax) until it succeeds or
+// Run ends: until then the tools would read the previous start's record,
+// which may name another group or id rule. The returned func stops the
+// retries and waits for them; Run calls it before it returns.
+func (c *Consumer) recordSettings(ctx context.Context) (stop func()) {
 	s := recorded.Settings{Consumer: c.cfg.Name, MessageIDRule: c.cfg.MessageIDRule, GroupID: c.cfg.GroupID,
 		Topics: c.cfg.Topics, Brokers: c.cfg.Brokers}
 	if s.MessageIDRule == "" {
@@ -36,14 +44,44 @@ func (c *Consumer) recordSettings(ctx context.Context) {
 			s.KafkaSASL = d.SASLMechanism.Name()
 		}
 	}
+	err := c.recordOnce(ctx, s)
+	if err == nil || ctx.Err() != nil { // cancelled while recording, Run is stopping: nothing to warn about
+		return func() {}
+	}
+	c.log.Warn("could not record the consumer's settings for kafkaonce's tools; consuming all the same, and trying again in the background. "+
+		"Until it succeeds, kafkaonce audit, replay and status read the previous record (or none): give them --id, --group, --topic and --brokers",
+		slog.String("error", err.Error()))
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		wait := recordRetryFirst
+		for {
+			select {
+			case <-rctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			if err := c.recordOnce(rctx, s); err == nil {
+				c.log.Info("recorded the consumer's settings for kafkaonce's tools")
+				return
+			} else if rctx.Err() != nil {
+				return
+			}
+			wait = min(2*wait, recordRetryMax)
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// recordOnce makes one bounded attempt at writing s.
+func (c *Consumer) recordOnce(ctx context.Context, s recorded.Settings) error {
 	rctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
-	// Cancelled while recording, Run is stopping: nothing to warn about.
-	if err := c.recordIn(rctx, s); err != nil && ctx.Err() == nil {
-		c.log.Warn("could not record the consumer's settings for kafkaonce's tools; consuming all the same, "+
-			"but kafkaonce audit, replay and status must be told --id, --group, --topic and --brokers until a start records them",
-			slog.String("error", err.Error()))
-	}
+	return c.recordIn(rctx, s)
 }
 
 // recordIn writes s in a transaction of its own, with the session settings

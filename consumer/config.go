@@ -203,9 +203,14 @@ type Config struct {
 	// statement, a lock wait or a client that died mid-transaction cannot
 	// hold a message's claim, and so its partition, forever.
 	// IdleInTransactionTimeout must be longer than HandlerTimeout: a
-	// handler may work for that long without a statement. Defaults:
-	// DefaultStatementTimeout, DefaultLockTimeout,
-	// DefaultIdleInTransactionTimeout. LeaveUnset keeps the server's value.
+	// handler may work for that long without a statement. LockTimeout must
+	// be shorter than HandlerTimeout: a lock wait it ends is contention,
+	// retried without counting, while one HandlerTimeout cuts counts as
+	// the message's failure. Defaults: DefaultStatementTimeout,
+	// DefaultLockTimeout (or half of HandlerTimeout, when that is shorter),
+	// DefaultIdleInTransactionTimeout. LeaveUnset keeps the server's value
+	// (with the server's lock_timeout, a long lock wait is cut by
+	// HandlerTimeout and counts).
 	// A transaction over several messages that races the consumer's others
 	// (outside the gate they take turns through after contention) waits at
 	// most 200ms for a lock whatever LockTimeout says: a longer wait is
@@ -297,7 +302,10 @@ func (c *Config) withDefaults() Config {
 	}
 	setDefault(&out.ShutdownTimeout, DefaultShutdownTimeout)
 	setDefault(&out.StatementTimeout, DefaultStatementTimeout)
-	setDefault(&out.LockTimeout, DefaultLockTimeout)
+	setDefault(&out.HandlerTimeout, DefaultHandlerTimeout)
+	// A lock wait must end as a lock_timeout (contention: retried without
+	// counting) before HandlerTimeout cuts it (the message's failure).
+	setDefault(&out.LockTimeout, min(DefaultLockTimeout, out.HandlerTimeout/2))
 	setDefault(&out.IdleInTransactionTimeout, DefaultIdleInTransactionTimeout)
 	setDefault(&out.SessionTimeout, DefaultSessionTimeout)
 	setDefault(&out.RebalanceTimeout, DefaultRebalanceTimeout)
@@ -306,7 +314,6 @@ func (c *Config) withDefaults() Config {
 	setDefault(&out.Retry.MaxInterval, DefaultRetryMaxInterval)
 	setDefault(&out.Retry.MaxAttempts, DefaultMaxAttempts)
 	setDefault(&out.Retry.MaxElapsed, DefaultRetryMaxElapsed)
-	setDefault(&out.HandlerTimeout, DefaultHandlerTimeout)
 	setDefault(&out.SuspectDuplicateWindow, DefaultSuspectDuplicateWindow)
 	setDefault(&out.Prune.Retention, dedupe.DefaultRetention)
 	setDefault(&out.Prune.Batch, DefaultPruneBatch)
@@ -418,6 +425,10 @@ func (c *Config) validate() error {
 	}
 	if c.HandlerTimeout < 10*time.Millisecond {
 		bad("HandlerTimeout must be at least 10ms (got %v)", c.HandlerTimeout)
+	}
+	if c.LockTimeout != LeaveUnset && c.LockTimeout >= c.HandlerTimeout {
+		bad("LockTimeout must be shorter than HandlerTimeout (got %v and %v): a wait for a row lock that HandlerTimeout cuts counts as the message's failure and sets it aside after Retry.MaxAttempts, where one that LockTimeout ends is contention, retried without counting; lower LockTimeout (or leave it unset: it then defaults to half of HandlerTimeout when that is under %v) or raise HandlerTimeout",
+			c.LockTimeout, c.HandlerTimeout, 2*DefaultLockTimeout)
 	}
 	if c.IdleInTransactionTimeout != LeaveUnset && c.IdleInTransactionTimeout >= time.Millisecond && c.IdleInTransactionTimeout <= c.HandlerTimeout {
 		bad("IdleInTransactionTimeout must be longer than HandlerTimeout (got %v and %v): a handler working without statements (a slow lookup) would have its transaction ended by the server on every attempt, and the batch would be retried for ever; raise IdleInTransactionTimeout or lower HandlerTimeout",

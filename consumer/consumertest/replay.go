@@ -402,40 +402,70 @@ type settled struct {
 	stopped   *consumer.PartitionError
 	lastFail  string
 	failCount int
-	// starts holds where each partition's processing started: messages
-	// below it are skipped by the stored position, with no hook call.
-	starts map[int]int64
+	// firstStart holds where each partition's processing started at its
+	// first assignment in this run: the messages below it were processed
+	// before (a kept position), and no hook reports them. Later
+	// assignments start where this run's own commits left off, which the
+	// hooks reported message by message.
+	firstStart map[int]int64
+	// reported holds the offsets of each partition that a hook reported
+	// settled in this run.
+	reported map[int]map[int64]bool
+}
+
+func newSettled() *settled {
+	return &settled{firstStart: map[int]int64{}, reported: map[int]map[int64]bool{}}
 }
 
 func (s *settled) OnPartitionAssigned(_ context.Context, a consumer.PartitionAssignment) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.starts[a.Partition] = a.Start
+	if _, ok := s.firstStart[a.Partition]; !ok {
+		s.firstStart[a.Partition] = a.Start
+	}
 }
 
-// done reports whether every message of perPartition is settled: skipped
-// by the stored position where its partition started, or reported by a
-// hook.
+// report notes that m settled.
+func (s *settled) report(m *consumer.Message) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.reported[m.Partition] == nil {
+		s.reported[m.Partition] = map[int64]bool{}
+	}
+	s.reported[m.Partition][m.Offset] = true
+}
+
+// done reports whether every message of perPartition (offsets 0 to n-1 of
+// each partition) is settled: below where its partition first started in
+// this run, or reported by a hook.
 func (s *settled) done(perPartition map[int]int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var due int64
 	for p, n := range perPartition {
-		start, ok := s.starts[p]
+		start, ok := s.firstStart[p]
 		if !ok {
 			return false
 		}
-		due += int64(n) - min(start, int64(n))
+		for o := start; o < int64(n); o++ {
+			if !s.reported[p][o] {
+				return false
+			}
+		}
 	}
-	return s.total() >= due
+	return true
 }
 
-func (s *settled) OnMessageApplied(context.Context, *consumer.Message) { s.applied.Add(1) }
-func (s *settled) OnMessageSkipped(context.Context, *consumer.Message, consumer.SkipReason) {
-	s.skipped.Add(1)
+func (s *settled) OnMessageApplied(_ context.Context, m *consumer.Message) {
+	s.applied.Add(1)
+	s.report(m)
 }
-func (s *settled) OnMessageDeadLettered(context.Context, *consumer.Message, consumer.DeadLettered) {
+func (s *settled) OnMessageSkipped(_ context.Context, m *consumer.Message, _ consumer.SkipReason) {
+	s.skipped.Add(1)
+	s.report(m)
+}
+func (s *settled) OnMessageDeadLettered(_ context.Context, m *consumer.Message, _ consumer.DeadLettered) {
 	s.deadLettered.Add(1)
+	s.report(m)
 }
 func (s *settled) OnPartitionStopped(_ context.Context, err *consumer.PartitionError) {
 	s.mu.Lock()
@@ -467,7 +497,7 @@ func runUntilSettled(tb testing.TB, db consumer.DB, cfg consumer.Config, perPart
 	for _, c := range perPartition {
 		n += c
 	}
-	count := &settled{starts: map[int]int64{}}
+	count := newSettled()
 	cfg.Hooks = append(append([]consumer.Hook(nil), cfg.Hooks...), count)
 	c, err := consumer.New(db, &cfg)
 	if err != nil {

@@ -69,10 +69,13 @@ func TestClassifyHandlerError(t *testing.T) {
 		{"reset of the handler's own connection", reset, false, classTransient, deadletter.ClassRetriesExhausted},
 		{"HTTP call refused", refused, false, classTransient, deadletter.ClassRetriesExhausted},
 		{"deadline of the handler's own context", fmt.Errorf("call partner: %w", context.DeadlineExceeded), false, classTransient, deadletter.ClassRetriesExhausted},
-		// A broken connection makes no other failure the database's.
+		// With the connection broken, whatever the handler made of the
+		// failure is the database's (an error wrapped with %v keeps no
+		// type), but for a HandlerTimeout, which breaks the connection
+		// itself, and what is permanent.
 		{"timeout, connection broken by the cancelled query", fmt.Errorf("%w: 30s", ErrHandlerTimeout), true, classTransient, deadletter.ClassRetriesExhausted},
-		{"context cancelled, connection broken", context.Canceled, true, classTransient, deadletter.ClassRetriesExhausted},
-		{"plain error, connection broken", errors.New("insert: conn closed"), true, classTransient, deadletter.ClassRetriesExhausted},
+		{"context cancelled, connection broken", context.Canceled, true, classInfra, ""},
+		{"plain error, connection broken", errors.New("insert: conn closed"), true, classInfra, ""},
 		{"permanent network error, connection broken", permanent.Mark(reset), true, classPermanent, deadletter.ClassPermanent},
 		{"data error, connection broken", pg("22021"), true, classPermanent, deadletter.ClassData},
 	}

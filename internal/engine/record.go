@@ -33,8 +33,12 @@ const (
 // which may name another group or id rule. The returned func stops the
 // retries and waits for them; Run calls it before it returns.
 func (c *Consumer) recordSettings(ctx context.Context) (stop func()) {
+	// The start's time orders records: a retry that lands after a later
+	// start of the same name (another worker's) must not replace its
+	// record. Workers' clocks are taken to agree within the time between
+	// two starts of one name.
 	s := recorded.Settings{Consumer: c.cfg.Name, MessageIDRule: c.cfg.MessageIDRule, GroupID: c.cfg.GroupID,
-		Topics: c.cfg.Topics, Brokers: c.cfg.Brokers}
+		Topics: c.cfg.Topics, Brokers: c.cfg.Brokers, RecordedAt: time.Now()}
 	if s.MessageIDRule == "" {
 		s.MessageIDRule = recorded.Custom
 	}

@@ -32,8 +32,10 @@ type Settings struct {
 	// KafkaTLS says whether the consumer's Dialer uses TLS; KafkaSASL is
 	// its SASL mechanism's name ("" for none). Credentials are never
 	// recorded.
-	KafkaTLS   bool
-	KafkaSASL  string
+	KafkaTLS  bool
+	KafkaSASL string
+	// RecordedAt is when the consumer started, which orders records: the
+	// last start's stands.
 	RecordedAt time.Time
 }
 
@@ -52,10 +54,13 @@ func NewStore(schemaName string) (*Store, error) {
 		// A consumer's row exists before (its start numbers its name), but
 		// the upsert makes Record stand on its own.
 		recordSQL: `INSERT INTO ` + t + ` (name, message_id_rule, group_id, topics, brokers, kafka_tls, kafka_sasl, settings_recorded_at)
-VALUES ($1, $2, $3, $4, $5, $6, nullif($7, ''), now())
+VALUES ($1, $2, $3, $4, $5, $6, nullif($7, ''), coalesce($8, now()))
 ON CONFLICT (name) DO UPDATE SET message_id_rule = excluded.message_id_rule, group_id = excluded.group_id,
     topics = excluded.topics, brokers = excluded.brokers, kafka_tls = excluded.kafka_tls,
-    kafka_sasl = excluded.kafka_sasl, settings_recorded_at = excluded.settings_recorded_at`,
+    kafka_sasl = excluded.kafka_sasl, settings_recorded_at = excluded.settings_recorded_at
+-- The record is the last start's: a write that comes late (a retry after
+-- the row was locked) never replaces the record of a later start.
+WHERE ` + t + `.settings_recorded_at IS NULL OR ` + t + `.settings_recorded_at <= excluded.settings_recorded_at`,
 		loadSQL: `SELECT name, message_id_rule, group_id, topics, brokers, kafka_tls, coalesce(kafka_sasl, ''), settings_recorded_at
 FROM ` + t + ` WHERE name = $1 AND settings_recorded_at IS NOT NULL`,
 		listSQL: `SELECT name, message_id_rule, group_id, topics, brokers, kafka_tls, coalesce(kafka_sasl, ''), settings_recorded_at
@@ -64,7 +69,10 @@ FROM ` + t + ` WHERE settings_recorded_at IS NOT NULL ORDER BY name`,
 	}, nil
 }
 
-// Record writes s, replacing what the consumer recorded before.
+// Record writes s, replacing what the consumer recorded before unless
+// that was recorded for a later start: s.RecordedAt is when the consumer
+// started (the database's now() when zero), and a late write of an older
+// start changes nothing.
 func (st *Store) Record(ctx context.Context, q schema.Querier, s Settings) error {
 	if err := s.check(); err != nil {
 		return err
@@ -86,7 +94,11 @@ func (st *Store) QueueRecord(b *pgx.Batch, s Settings) error {
 }
 
 func (st *Store) args(s Settings) []any {
-	return []any{s.Consumer, s.MessageIDRule, s.GroupID, s.Topics, s.Brokers, s.KafkaTLS, s.KafkaSASL}
+	var at *time.Time // now(), the database's clock, when the caller names no start
+	if !s.RecordedAt.IsZero() {
+		at = &s.RecordedAt
+	}
+	return []any{s.Consumer, s.MessageIDRule, s.GroupID, s.Topics, s.Brokers, s.KafkaTLS, s.KafkaSASL, at}
 }
 
 func (s Settings) check() error {

@@ -131,11 +131,11 @@ func Permanent(err error) error { return permanent.Mark(err) }
 // Config.Retry.MaxAttempts, then set aside as retries_exhausted (with
 // MaxAttempts 1, after its one attempt). Failures of the database are
 // retried without limit, counting no attempt: a serialization failure, a
-// deadlock, a lock timeout, a session the server ended, and any failure
-// that is not permanent once the connection of the message's transaction
-// has broken (but a timeout of the handler). The same network errors from the handler's own calls (an
-// HTTP request refused or timed out, the deadline of a context of its own)
-// are its failures, retried up to MaxAttempts, as are a timeout of the
+// deadlock, a lock timeout, a session the server ended, and a network
+// error (a net.Error, an EOF) that broke the connection of the message's
+// transaction, as long as the handler wraps it with %w. The same network
+// errors from the handler's own calls (an HTTP request refused or timed
+// out, the deadline of a context of its own) are its failures, retried up to MaxAttempts, as are a timeout of the
 // handler (ErrHandlerTimeout), ErrTxAborted and a plain error. Which of
 // the two a network error is depends on the transaction's connection, not
 // on the error, so IsPermanent, which answers only whether a message is

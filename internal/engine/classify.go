@@ -77,13 +77,13 @@ func IsPermanent(err error) bool {
 
 // classifyHandlerError sorts the error a handler's call came to. connLost
 // says whether the connection of the call's transaction broke (see
-// txAttempt.connLost): a failure that is not permanent is then the
-// database's, whatever error the handler returned, unless the call ran
-// past HandlerTimeout. With the connection whole, an error that looks like
-// a failed network call is the handler's own call's (a partner's API
-// refusing connections, an http.Client timeout, the deadline of a context
-// of the handler's), which counts as an attempt like any other failure
-// that may pass.
+// txAttempt.connLost): an error that looks like a failed network call is
+// the database's only then. Otherwise it is the handler's own call that
+// failed (a partner's API refusing connections, an http.Client timeout,
+// the deadline of a context of the handler's), which counts as an attempt
+// like any other failure that may pass. The error must say what it is: a
+// handler that reports a broken connection in words of its own (%v, not
+// %w) has its failure counted.
 func classifyHandlerError(err error, connLost bool) *failure {
 	var syntax *json.SyntaxError
 	var typ *json.UnmarshalTypeError
@@ -98,12 +98,10 @@ func classifyHandlerError(err error, connLost bool) *failure {
 		return newFailure(classPermanent, deadletter.ClassUndecodable, err)
 	case isPermanentSQLError(err):
 		return newFailure(classPermanent, deadletter.ClassData, err)
-	case isInfraSQLError(err), connLost && !errors.Is(err, ErrHandlerTimeout):
-		// Once the transaction's connection is gone, whatever the handler
-		// made of the failure (an error wrapped with %v keeps no type) is
-		// the database's: no good message is set aside for an outage. A
-		// HandlerTimeout closes the connection itself (pgx interrupts the
-		// statement), and stays the handler's failure.
+	case isInfraSQLError(err), connLost && isNetworkError(err):
+		// Not any error once the connection is closed: pgx also closes
+		// it for failures of its own making (an argument it cannot
+		// encode in a batch), which are the message's.
 		return newFailure(classInfra, "", err)
 	default:
 		return newFailure(classTransient, deadletter.ClassRetriesExhausted, err)

@@ -69,13 +69,12 @@ func TestClassifyHandlerError(t *testing.T) {
 		{"reset of the handler's own connection", reset, false, classTransient, deadletter.ClassRetriesExhausted},
 		{"HTTP call refused", refused, false, classTransient, deadletter.ClassRetriesExhausted},
 		{"deadline of the handler's own context", fmt.Errorf("call partner: %w", context.DeadlineExceeded), false, classTransient, deadletter.ClassRetriesExhausted},
-		// With the connection broken, whatever the handler made of the
-		// failure is the database's (an error wrapped with %v keeps no
-		// type), but for a HandlerTimeout, which breaks the connection
-		// itself, and what is permanent.
+		// A broken connection makes no other failure the database's: pgx
+		// also closes it for errors of its own making (an argument it
+		// cannot encode), which are the message's.
 		{"timeout, connection broken by the cancelled query", fmt.Errorf("%w: 30s", ErrHandlerTimeout), true, classTransient, deadletter.ClassRetriesExhausted},
-		{"context cancelled, connection broken", context.Canceled, true, classInfra, ""},
-		{"plain error, connection broken", errors.New("insert: conn closed"), true, classInfra, ""},
+		{"context cancelled, connection broken", context.Canceled, true, classTransient, deadletter.ClassRetriesExhausted},
+		{"plain error, connection broken", errors.New("failed to encode args[0]"), true, classTransient, deadletter.ClassRetriesExhausted},
 		{"permanent network error, connection broken", permanent.Mark(reset), true, classPermanent, deadletter.ClassPermanent},
 		{"data error, connection broken", pg("22021"), true, classPermanent, deadletter.ClassData},
 	}

@@ -29,12 +29,7 @@ func TestAdversary2ALateRetryOverwritesTheRecordOfALaterStart(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
 	ctx := context.Background()
-	e.db.Exec(t, `SELECT `+e.db.Table("consumer_id")+`($1)`, e.name)
-	hold, err := e.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = hold.Rollback(ctx) }()
-	_, err = hold.Exec(ctx, `SELECT 1 FROM `+e.db.Table("consumers")+` WHERE name = $1 FOR UPDATE`, e.name)
-	require.NoError(t, err)
+	hold := e.holdConsumerRow(t)
 
 	gA, gB := e.group+"_a", e.group+"_b"
 	var logsA syncBuffer

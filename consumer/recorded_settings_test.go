@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
@@ -88,12 +89,7 @@ func TestAFailedRecordDoesNotStopTheConsumer(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
 	ctx := context.Background()
-	e.db.Exec(t, `SELECT `+e.db.Table("consumer_id")+`($1)`, e.name)
-	hold, err := e.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = hold.Rollback(ctx) }()
-	_, err = hold.Exec(ctx, `SELECT 1 FROM `+e.db.Table("consumers")+` WHERE name = $1 FOR UPDATE`, e.name)
-	require.NoError(t, err)
+	hold := e.holdConsumerRow(t)
 
 	var logs syncBuffer
 	cfg := e.config(e.applyHandler())
@@ -112,4 +108,19 @@ func TestAFailedRecordDoesNotStopTheConsumer(t *testing.T) {
 	waitFor(t, 30*time.Second, "the settings recorded", func() bool { return !e.recordedRow().recordedAtWasNull })
 	r.stop()
 	require.Equal(t, "header:message-id", e.recordedRow().rule)
+}
+
+// holdConsumerRow locks the consumer's row of the consumers table, as an
+// operator's open transaction would, until the returned transaction ends
+// (rolled back when the test ends at the latest).
+func (e *env) holdConsumerRow(t *testing.T) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	e.db.Exec(t, `SELECT `+e.db.Table("consumer_id")+`($1)`, e.name)
+	hold, err := e.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = hold.Rollback(context.Background()) })
+	_, err = hold.Exec(ctx, `SELECT 1 FROM `+e.db.Table("consumers")+` WHERE name = $1 FOR UPDATE`, e.name)
+	require.NoError(t, err)
+	return hold
 }

@@ -88,30 +88,15 @@ func kafkaPartitions(w *world) (int, error) {
 	return len(ps), err
 }
 
-// consume runs a consumer until every partition's stored position reaches
-// want, then stops it.
+// consume runs a consumer with handler h (nil: one effect row per message)
+// until every partition's stored position reaches want, then stops it.
 func (w *world) consume(h consumer.HandlerFunc, want int64) {
 	w.t.Helper()
-	if h == nil {
-		h = func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			_, err := tx.Exec(ctx, `INSERT INTO `+w.db.Table("effects")+` VALUES ($1)`, m.ID)
-			return err
+	w.consumeWith(func(cfg *consumer.Config) {
+		if h != nil {
+			cfg.Handler = h
 		}
-	}
-	c, err := consumer.New(w.db.Pool, &consumer.Config{Name: w.name, Brokers: w.kafka.Brokers, Topics: []string{w.topic},
-		Schema: w.db.Schema, Handler: h, SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
-		Retry: consumer.RetryPolicy{InitialInterval: time.Millisecond}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(w.t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for w.minPosition() < want {
-		require.True(w.t, time.Now().Before(deadline), "timed out consuming")
-		time.Sleep(50 * time.Millisecond)
-	}
-	cancel()
-	require.NoError(w.t, <-done)
+	}, want)
 }
 
 func (w *world) minPosition() int64 {

@@ -28,6 +28,7 @@ type Proxy struct {
 	commits        atomic.Int64
 	dropped        atomic.Int64
 	swallowed      atomic.Int64
+	swallowedPort  atomic.Int64 // the server connection's local port, of the last swallowed COMMIT
 	latency        atomic.Int64 // nanoseconds added to every forwarded chunk
 }
 
@@ -62,6 +63,13 @@ func (p *Proxy) SwallowCommits(n int) { p.swallowCommits.Store(int64(n)) }
 
 // Swallowed counts COMMITs kept from the server.
 func (p *Proxy) Swallowed() int64 { return p.swallowed.Load() }
+
+// SwallowedFrom is the local port of the proxy's connection to the server
+// that carried the last swallowed COMMIT, 0 before the first: the
+// client_port that pg_stat_activity shows for the session left open, so
+// that a test can see what that session holds. It is set before Swallowed
+// counts the COMMIT.
+func (p *Proxy) SwallowedFrom() int { return int(p.swallowedPort.Load()) }
 
 // SetLatency delays everything forwarded, both ways, by d.
 func (p *Proxy) SetLatency(d time.Duration) { p.latency.Store(int64(d)) }
@@ -250,6 +258,9 @@ func (p *Proxy) clientToServer(client, server net.Conn, dropReply *atomic.Bool) 
 		// held back from its Bind on, so the server runs what came before
 		// it and keeps the transaction open.
 		if (fires || commitAhead) && p.swallowCommits.Add(-1) >= 0 {
+			if a, ok := server.LocalAddr().(*net.TCPAddr); ok {
+				p.swallowedPort.Store(int64(a.Port))
+			}
 			p.swallowed.Add(1)
 			if commitAhead {
 				// End the pipeline without the COMMIT, so that the server
@@ -266,17 +277,20 @@ func (p *Proxy) clientToServer(client, server net.Conn, dropReply *atomic.Bool) 
 			p.dropCommits.Add(1)
 		}
 		// Set before the COMMIT goes, so that no answer to it can slip
-		// through to the client.
+		// through to the client; the counters too, so that a client that
+		// heard the answer (or lost it) finds the COMMIT counted.
 		dropReply.Store(drop)
-		p.delay()
-		if _, err := server.Write(msg); err != nil {
-			return closeBoth
-		}
 		if fires {
 			p.commits.Add(1)
 		}
 		if drop {
 			p.dropped.Add(1)
+		}
+		p.delay()
+		if _, err := server.Write(msg); err != nil {
+			return closeBoth
+		}
+		if drop {
 			// The server reads the COMMIT, executes it and answers; the
 			// copy of its answers cuts the client then, so the client
 			// hears nothing, and only once the server committed. Its

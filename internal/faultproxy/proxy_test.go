@@ -50,3 +50,46 @@ func TestDropAfterCommitsIgnoresACommitBeingPrepared(t *testing.T) {
 		t.Fatalf("the server did not commit the dropped COMMIT: %d rows", n)
 	}
 }
+
+// A swallowed COMMIT leaves the server session in its transaction, holding
+// its locks, and SwallowedFrom names that session's client port.
+func TestSwallowCommitsLeavesTheSessionInItsTransaction(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	proxy, err := faultproxy.Start(db.ServerAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	pool := db.PoolVia(t, proxy.Addr(), testenv.MaxConns(1))
+	ctx := context.Background()
+	table := db.Table("proxied")
+	db.Exec(t, `CREATE TABLE `+table+` (n int)`)
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	proxy.SwallowCommits(1)
+	if err := tx.Commit(ctx); err == nil {
+		t.Fatal("the client heard of a swallowed COMMIT")
+	}
+	if proxy.Swallowed() != 1 || proxy.SwallowedFrom() == 0 {
+		t.Fatalf("Swallowed() = %d, SwallowedFrom() = %d after one swallowed COMMIT", proxy.Swallowed(), proxy.SwallowedFrom())
+	}
+	var state string
+	var locks int64
+	if err := db.Pool.QueryRow(ctx, `SELECT a.state, (SELECT count(*) FROM pg_locks l WHERE l.pid = a.pid AND l.granted AND l.relation = $2::regclass)
+FROM pg_stat_activity a WHERE a.client_port = $1`, proxy.SwallowedFrom(), table).Scan(&state, &locks); err != nil {
+		t.Fatalf("no session with client port %d: %v", proxy.SwallowedFrom(), err)
+	}
+	if state != "idle in transaction" || locks == 0 {
+		t.Fatalf("the session left open is %q with %d locks on the table; want idle in transaction, holding them", state, locks)
+	}
+	if n := db.Int(t, `SELECT count(*) FROM `+table); n != 0 {
+		t.Fatalf("a swallowed COMMIT committed: %d rows", n)
+	}
+}

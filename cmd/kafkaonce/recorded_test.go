@@ -365,3 +365,25 @@ func TestServeReadsKafkaThroughTheRecordedBrokers(t *testing.T) {
 	require.Contains(t, body, w.name)
 	require.Contains(t, body, "lag 1", "the log's end, read from Kafka")
 }
+
+// serve, told no --group, reads a consumer's committed offsets in the group
+// it records: a GroupID other than the name needs no flag.
+func TestServeReadsTheRecordedGroup(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	group := w.name + "_group"
+	w.produceEvents(4, "g")
+	w.consumeWith(func(c *consumer.Config) {
+		c.MessageID = consumer.IDFromJSONField("event_id")
+		c.GroupID = group
+	}, 4)
+	require.EqualValues(t, 4, w.kafka.CommittedOffsets(t, group, w.topic, 1)[0], "the consumer committed its offsets in its group")
+	w.produceEvents(2, "h")
+
+	srv := w.servePage(map[string]string{"DATABASE_URL": w.db.URL}, serveOptions{})
+	res, body := get(t, srv, "/")
+	require.Equal(t, 200, res.StatusCode, body)
+	require.Contains(t, body, "group "+group+", lag 2")
+	require.Contains(t, body, `<td class="n">6</td>`+"\n"+`<td class="n">4</td><td class="n">4</td>`,
+		"log end 6, then the recorded group's committed offset and the stored position")
+}

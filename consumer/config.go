@@ -175,7 +175,11 @@ type Config struct {
 	Dialer *kafka.Dialer
 
 	// StartOffset is where a partition with no committed offset and no
-	// stored position starts. Defaults to StartEarliest.
+	// stored position starts. It is resolved once, at the partition's first
+	// start, and the offset it gives is stored as the position before any
+	// message is processed, so a member that takes the partition over
+	// resumes there rather than at a start or end the log has since moved
+	// to. Defaults to StartEarliest.
 	StartOffset StartOffset
 
 	// FetchMaxBytes is the most bytes one fetch request asks the broker for.

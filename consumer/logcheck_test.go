@@ -289,3 +289,61 @@ func TestPausedMemberDoesNotReportAPositionAheadOfTheLog(t *testing.T) {
 	require.Equal(t, consumer.PartitionAssignment{Topic: e.topic, Partition: 0, KafkaOffset: -1, StoredPosition: 100, LogStart: 0, LogEnd: 120, Start: 100},
 		assigned[0], "the assignment was decided from reads made in order")
 }
+
+// A partition's first start is stored before its first batch commits: a
+// member that takes the partition over (here, the next run of the
+// consumer) resumes there, instead of resolving StartEarliest again against
+// a log that retention has moved. Before, it started at the new log start,
+// and the messages deleted meanwhile, which the first member had begun
+// on, were skipped without a word.
+func TestMessagesDeletedBeforeTheFirstCommitAreReported(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ids := e.produceIDs("a", 10)
+	entered := make(chan struct{})
+	var once sync.Once
+	blocked := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		once.Do(func() { close(entered) })
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	r := e.start(e.config(blocked))
+	<-entered
+	deleted := &deletions{}
+	e.deleteRecordsBefore(deleted, 0, 6)
+	r.stop()
+	require.Equal(t, map[int]int64{0: 0}, e.storedPositions(), "the first start is stored, nothing processed")
+
+	r = e.start(e.config(e.applyHandler()))
+	d := e.stopOrDrain(10)
+	r.stop()
+	require.Equal(t, consumer.MessagesDeletedError{Topic: e.topic, Partition: 0, From: 0, To: 5, LogStart: 6}, *d,
+		"the next run reports the messages deleted since the first start")
+
+	e.acceptLoss(0, 6)
+	r = e.start(e.config(e.applyHandler()))
+	e.waitCommitted(map[int]int64{0: 10}, 60*time.Second)
+	r.stop()
+	e.check(expectation{ids: ids, deleted: deleted})
+}
+
+// With StartLatest, the first start is the log's end then: messages
+// produced after it are processed even when the partition changes hands
+// before anything was committed, not skipped by resolving the end again.
+func TestStartLatestResumesAtTheFirstStart(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	e.produceIDs("old", 3)
+	cfg := e.config(e.applyHandler())
+	cfg.StartOffset = consumer.StartLatest
+	r := e.start(cfg)
+	waitFor(t, 30*time.Second, "the partition to be assigned", func() bool { return len(e.events.snapshot().assigned) > 0 })
+	r.stop()
+	require.Equal(t, map[int]int64{0: 3}, e.storedPositions(), "the first start, the log's end, is stored")
+
+	ids := e.produceIDs("new", 4)
+	r = e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 7}, 60*time.Second)
+	r.stop()
+	e.check(expectation{ids: ids})
+}

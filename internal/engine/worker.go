@@ -313,6 +313,19 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	if start < logStart {
 		return 0, w.deletedError(start, logStart)
 	}
+	if !hasPos {
+		stored, err := w.storeStart(stop, work, start)
+		if err != nil {
+			return 0, err
+		}
+		if stored != start {
+			// Another member stored a start since this one read none: it
+			// stands, and the assignment is decided again from it.
+			return w.assign(stop, work)
+		}
+		w.positionKnown = true
+		w.committer.mark(w.topic, w.partition, start)
+	}
 
 	var starts int
 	var inProgress bool
@@ -337,6 +350,26 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	}
 	w.log.Info("partition assigned", w.logAttrs(slog.Int64("offset", start), slog.Int64("log_end", logEnd))...)
 	return start, nil
+}
+
+// storeStart stores start as the partition's position, where it has none:
+// processing begins there, and whoever processes the partition next
+// resumes there too. Without it, a member that takes the partition over
+// before the first batch commits would resolve FirstOffset or LastOffset
+// again, against a log that has moved on: the messages retention deleted
+// meanwhile, or those produced since the first start, would be skipped
+// without a word. It returns the position stored: start, or the one
+// another member stored first.
+func (w *worker) storeStart(stop, work context.Context, start int64) (stored int64, err error) {
+	err = w.retryUntil(stop, "partition assignment: cannot store the start", func() error {
+		b := &pgx.Batch{}
+		w.offsets.QueueInit(b, w.cfg.Name, w.topic, w.partition, start, &stored)
+		if err := w.inOneTrip(work, b); err != nil {
+			return fmt.Errorf("offsets: store the start of %s/%d: %w", w.topic, w.partition, err)
+		}
+		return nil
+	})
+	return stored, err
 }
 
 func (w *worker) loadPosition(ctx context.Context) (pos int64, has bool, err error) {

@@ -38,3 +38,13 @@ func (s *Store) QueueLock(b *pgx.Batch, consumer, topic string, partition int, n
 		return nil
 	})
 }
+
+// QueueInit adds to b the statements that store start as the partition's
+// position when it has none, and then read the position into *next: start
+// when it was stored, else the one another member stored first, which
+// stands.
+func (s *Store) QueueInit(b *pgx.Batch, consumer, topic string, partition int, start int64, next *int64) {
+	b.Queue(s.initSQL, consumer, topic, partition, start)
+	var ok bool
+	s.QueueLoad(b, consumer, topic, partition, next, &ok)
+}

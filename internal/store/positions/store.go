@@ -9,6 +9,7 @@ import (
 // Store writes consumer_offsets in one schema.
 type Store struct {
 	advanceSQL string
+	initSQL    string
 	loadSQL    string
 	lockSQL    string
 	advanceFn  string
@@ -31,6 +32,8 @@ func NewStore(schemaName string) (*Store, error) {
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
 WHERE o.next_offset < EXCLUDED.next_offset`,
+		initSQL: `INSERT INTO ` + t + ` (consumer, topic, partition, next_offset) VALUES ($1, $2, $3, $4)
+ON CONFLICT (consumer, topic, partition) DO NOTHING`,
 		loadSQL:   load,
 		lockSQL:   load + ` FOR UPDATE`,
 		advanceFn: schema.Table(schemaName, "advance_position"),

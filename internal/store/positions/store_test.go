@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/internal/store/positions"
@@ -45,4 +46,26 @@ func TestAdvanceOnlyMovesForward(t *testing.T) {
 	require.EqualValues(t, 7, ps[1].Next)
 
 	require.ErrorContains(t, s.Advance(ctx, db.Pool, "c", "t", 0, -1), "not negative")
+}
+
+// QueueInit stores a first start only where there is no position, and
+// reads back the position that stands.
+func TestInitStoresTheFirstStartOnly(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	s, err := positions.NewStore(db.Schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	initAt := func(start int64) int64 {
+		var next int64
+		b := &pgx.Batch{}
+		s.QueueInit(b, "c", "t", 0, start, &next)
+		require.NoError(t, db.Pool.SendBatch(ctx, b).Close())
+		return next
+	}
+	require.EqualValues(t, 12, initAt(12), "no position: the start is stored")
+	require.EqualValues(t, 12, initAt(40), "a position stands: a later start (the log moved on) does not replace it")
+	require.EqualValues(t, 12, initAt(3), "nor an earlier one")
+	require.NoError(t, s.Advance(ctx, db.Pool, "c", "t", 0, 20))
+	require.EqualValues(t, 20, initAt(0))
 }

@@ -17,7 +17,10 @@ type Position struct {
 	Topic     string
 	Partition int
 	// Next is the offset of the next message to process: every message below
-	// it has been processed (applied, skipped as a duplicate, or set aside).
+	// it has been processed (applied, skipped as a duplicate, or set aside),
+	// or lies before the partition's first start (the offset the consumer
+	// first started it at, stored before any message was processed: see
+	// consumer.Config.StartOffset).
 	Next      int64
 	UpdatedAt time.Time
 }
@@ -36,7 +39,7 @@ func NewStore(schemaName string) (*Store, error) {
 }
 
 // Load returns the position of a partition; ok is false when the consumer
-// has never processed a message of it.
+// has never started it.
 func (s *Store) Load(ctx context.Context, q Querier, consumer, topic string, partition int) (next int64, ok bool, err error) {
 	err = q.QueryRow(ctx, `SELECT next_offset FROM `+s.table+` WHERE consumer = $1 AND topic = $2 AND partition = $3`,
 		consumer, topic, partition).Scan(&next)

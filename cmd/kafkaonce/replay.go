@@ -52,7 +52,8 @@ func replayCmd(s *settings) *cobra.Command {
 		Long: `replay rewinds a consumer group's committed offsets on a topic, so its members
 read the topic again from there. It first shows what will happen: the
 messages below each partition's stored position are skipped by kafkaonce
-without calling the handler (they were processed), the rest are processed
+without calling the handler (they were processed, or came before the
+partition's first start), the rest are processed
 for the first time. A replay therefore applies nothing twice; kafkaonce audit
 checks that in advance.
 

@@ -292,6 +292,21 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	case kafka.LastOffset:
 		start = logEnd
 	}
+	if !hasPos && !v.outside(start) {
+		// Decided before the hooks hear of it, so that they hear of the
+		// start processing really begins at, once.
+		stored, err := w.storeStart(stop, work, start)
+		if err != nil {
+			return 0, err
+		}
+		if stored != start {
+			// Another member stored a start since this one read none: it
+			// stands, and the assignment is decided again from it.
+			return w.assign(stop, work)
+		}
+		w.positionKnown = true
+		w.committer.mark(w.topic, w.partition, start)
+	}
 	a.Start = start
 	for _, h := range w.hooks.Assigned {
 		h(stop, a)
@@ -312,19 +327,6 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	}
 	if start < logStart {
 		return 0, w.deletedError(start, logStart)
-	}
-	if !hasPos {
-		stored, err := w.storeStart(stop, work, start)
-		if err != nil {
-			return 0, err
-		}
-		if stored != start {
-			// Another member stored a start since this one read none: it
-			// stands, and the assignment is decided again from it.
-			return w.assign(stop, work)
-		}
-		w.positionKnown = true
-		w.committer.mark(w.topic, w.partition, start)
 	}
 
 	var starts int

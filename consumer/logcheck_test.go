@@ -105,9 +105,18 @@ func (e *env) requireLossOf20To49(r *running, ids []string, deleted *deletions) 
 	require.Equal(t, map[int]int64{0: 20}, e.storedPositions(), "the messages before the gap were committed, nothing after it")
 	e.requireExactlyOnce(ids[:20])
 
-	e.acceptLoss(0, 50)
-	r = e.start(e.config(e.applyHandler()))
-	e.waitCommitted(map[int]int64{0: 60}, 60*time.Second)
+	e.acceptLossAndDrain(50, 60, ids, deleted)
+}
+
+// acceptLossAndDrain accepts the loss of partition 0's messages below
+// logStart as an operator would, runs a consumer until the partition is
+// committed up to end, and checks every message applied once or inside the
+// range reported.
+func (e *env) acceptLossAndDrain(logStart, end int64, ids []string, deleted *deletions) {
+	e.t.Helper()
+	e.acceptLoss(0, logStart)
+	r := e.start(e.config(e.applyHandler()))
+	e.waitCommitted(map[int]int64{0: end}, 60*time.Second)
 	r.stop()
 	e.check(expectation{ids: ids, deleted: deleted})
 }
@@ -320,11 +329,7 @@ func TestMessagesDeletedBeforeTheFirstCommitAreReported(t *testing.T) {
 	require.Equal(t, consumer.MessagesDeletedError{Topic: e.topic, Partition: 0, From: 0, To: 5, LogStart: 6}, *d,
 		"the next run reports the messages deleted since the first start")
 
-	e.acceptLoss(0, 6)
-	r = e.start(e.config(e.applyHandler()))
-	e.waitCommitted(map[int]int64{0: 10}, 60*time.Second)
-	r.stop()
-	e.check(expectation{ids: ids, deleted: deleted})
+	e.acceptLossAndDrain(6, 10, ids, deleted)
 }
 
 // With StartLatest, the first start is the log's end then: messages

@@ -52,6 +52,19 @@ func (w *world) produceEvents(n int, prefix string) {
 	w.kafka.Produce(w.t, w.topic, msgs...)
 }
 
+// consumeInOwnGroup runs, as consumeWith does, a consumer that takes its
+// ids from the JSON field event_id and its group from a GroupID other than
+// its name, which it returns.
+func (w *world) consumeInOwnGroup(want int64) (group string) {
+	w.t.Helper()
+	group = w.name + "_group"
+	w.consumeWith(func(c *consumer.Config) {
+		c.MessageID = consumer.IDFromJSONField("event_id")
+		c.GroupID = group
+	}, want)
+	return group
+}
+
 // consumeWith runs a consumer set up by adjust until every partition's
 // stored position reaches want, then stops it.
 func (w *world) consumeWith(adjust func(*consumer.Config), want int64) {
@@ -159,12 +172,8 @@ func TestAuditOfACustomIDConsumerAsksForID(t *testing.T) {
 func TestStatusShowsTheRecordedSettingsAndReadsTheRecordedGroup(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, 2)
-	group := w.name + "_group"
 	w.produceEvents(10, "s")
-	w.consumeWith(func(c *consumer.Config) {
-		c.MessageID = consumer.IDFromJSONField("event_id")
-		c.GroupID = group
-	}, 5)
+	group := w.consumeInOwnGroup(5)
 
 	out, errOut, code := w.cliBare("status", "--consumer", w.name, "--json")
 	require.Equal(t, 0, code, errOut+out)
@@ -371,12 +380,8 @@ func TestServeReadsKafkaThroughTheRecordedBrokers(t *testing.T) {
 func TestServeReadsTheRecordedGroup(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, 1)
-	group := w.name + "_group"
 	w.produceEvents(4, "g")
-	w.consumeWith(func(c *consumer.Config) {
-		c.MessageID = consumer.IDFromJSONField("event_id")
-		c.GroupID = group
-	}, 4)
+	group := w.consumeInOwnGroup(4)
 	require.EqualValues(t, 4, w.kafka.CommittedOffsets(t, group, w.topic, 1)[0], "the consumer committed its offsets in its group")
 	w.produceEvents(2, "h")
 

@@ -4,9 +4,26 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/kafkaonce/kafkaonce/internal/faultproxy"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
+
+// proxied starts a database of the test's own, a proxy in front of it, a
+// pool of one connection through the proxy, and a table to write to.
+func proxied(t *testing.T) (*testenv.DB, *faultproxy.Proxy, *pgxpool.Pool, string) {
+	t.Helper()
+	db := testenv.NewDB(t)
+	proxy, err := faultproxy.Start(db.ServerAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	table := db.Table("proxied")
+	db.Exec(t, `CREATE TABLE `+table+` (n int)`)
+	return db, proxy, db.PoolVia(t, proxy.Addr(), testenv.MaxConns(1)), table
+}
 
 // Preparing a COMMIT (Parse, Describe, Sync: what pgx does the first time a
 // connection meets a statement) runs nothing, so the proxy must not take
@@ -14,16 +31,8 @@ import (
 // executed, which the server commits.
 func TestDropAfterCommitsIgnoresACommitBeingPrepared(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	proxy, err := faultproxy.Start(db.ServerAddr(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
-	pool := db.PoolVia(t, proxy.Addr(), testenv.MaxConns(1))
+	db, proxy, pool, table := proxied(t)
 	ctx := context.Background()
-	table := db.Table("proxied")
-	db.Exec(t, `CREATE TABLE `+table+` (n int)`)
 
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -55,16 +64,8 @@ func TestDropAfterCommitsIgnoresACommitBeingPrepared(t *testing.T) {
 // its locks, and SwallowedFrom names that session's client port.
 func TestSwallowCommitsLeavesTheSessionInItsTransaction(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	proxy, err := faultproxy.Start(db.ServerAddr(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
-	pool := db.PoolVia(t, proxy.Addr(), testenv.MaxConns(1))
+	db, proxy, pool, table := proxied(t)
 	ctx := context.Background()
-	table := db.Table("proxied")
-	db.Exec(t, `CREATE TABLE `+table+` (n int)`)
 
 	tx, err := pool.Begin(ctx)
 	if err != nil {

@@ -11,10 +11,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
-	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
 // expectation is what a test produced and injected, for the checker.
@@ -49,6 +50,18 @@ func (e *env) watchCommits() {
 	if e.kafka.Fake == nil || e.commits != nil {
 		return
 	}
+	// Commits of Kafka 4's protocol name topics by id: the watch looks an
+	// id it does not know up (the test's topic may have been re-created).
+	admin := kadm.NewClient(e.kafka.Client(e.t))
+	var topicID [16]byte
+	resolve := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if td, err := admin.ListTopics(ctx, e.topic); err == nil {
+			topicID = td[e.topic].ID
+		}
+	}
+	resolve()
 	w := &commitWatch{}
 	e.commits = w
 	e.t.Cleanup(func() { w.mu.Lock(); w.closed = true; w.mu.Unlock() })
@@ -64,10 +77,17 @@ func (e *env) watchCommits() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		for _, t := range req.Topics {
+			topic := t.Topic
+			if topic == "" && t.TopicID != topicID {
+				e.kafka.Fake.SleepControl(resolve)
+			}
+			if topic == "" && t.TopicID == topicID {
+				topic = e.topic
+			}
 			for _, p := range t.Partitions {
 				var stored int64 = -1
 				err := e.db.Pool.QueryRow(ctx, `SELECT next_offset FROM `+e.db.Table("consumer_offsets")+` WHERE consumer = $1 AND topic = $2 AND partition = $3`,
-					e.name, t.Topic, p.Partition).Scan(&stored)
+					e.name, topic, p.Partition).Scan(&stored)
 				if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 					// Postgres could not be asked (a test restarting it): this
 					// commit cannot be judged either way. No row at all is
@@ -77,7 +97,7 @@ func (e *env) watchCommits() {
 				}
 				w.seen++
 				if p.Offset > stored {
-					w.violations = append(w.violations, fmt.Sprintf("%s/%d: offset %d committed while the stored position was %d", t.Topic, p.Partition, p.Offset, stored))
+					w.violations = append(w.violations, fmt.Sprintf("%s/%d: offset %d committed while the stored position was %d", topic, p.Partition, p.Offset, stored))
 				}
 			}
 		}
@@ -100,8 +120,7 @@ func (e *env) check(exp expectation) {
 
 	// Every partition drained: stored position and committed offset at the
 	// log end.
-	admin := kafkaadmin.New(e.kafka.Brokers, nil)
-	defer admin.Close()
+	admin := testenv.Admin(e.t, e.kafka.Brokers)
 	parts := make([]int, e.parts)
 	for i := range parts {
 		parts[i] = i
@@ -271,8 +290,7 @@ type logOffset struct {
 // retention would, and notes in d the ids of those still in the log.
 func (e *env) deleteRecordsBefore(d *deletions, p int, before int64) {
 	e.t.Helper()
-	admin := kafkaadmin.New(e.kafka.Brokers, nil)
-	defer admin.Close()
+	admin := testenv.Admin(e.t, e.kafka.Brokers)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	bounds, err := admin.LogBounds(ctx, e.topic, []int{p})

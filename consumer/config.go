@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/engine"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/kafkaconn"
 )
 
 // Defaults for Config fields left at their zero value.
@@ -39,6 +41,8 @@ const (
 	DefaultHandlerTimeout           = 30 * time.Second
 	DefaultSuspectDuplicateWindow   = 10 * time.Minute
 	DefaultPruneBatch               = dedupe.DefaultPruneBatch
+	DefaultMetadataMaxAge           = 30 * time.Second
+	DefaultOpenTransactionAfter     = time.Minute
 
 	// SuspectWindowMessages bounds the suspect-duplicate memory: the last
 	// this many messages of each partition (about 2 MB per partition).
@@ -55,6 +59,33 @@ const (
 // setting in force instead of setting one.
 const LeaveUnset time.Duration = -1
 
+// KafkaClient selects the library the consumer speaks Kafka with.
+type KafkaClient int
+
+const (
+	// FranzGo is github.com/twmb/franz-go, the default. It reads committed
+	// records only: records of aborted transactions and transaction
+	// markers are never handed out, and a partition waits at a
+	// transaction still open (see HookPartitionHeld). Its group rebalances
+	// cooperatively (a member joining or leaving moves only the partitions
+	// that change owner, the others go on), a member can be static
+	// (InstanceID), and a topic re-created under a running consumer stops
+	// its partitions with ErrPositionAheadOfLog.
+	FranzGo KafkaClient = iota
+	// KafkaGo is github.com/segmentio/kafka-go, for workers built on it
+	// (set Dialer to reuse theirs). It cannot read topics written by
+	// transactional producers: it hands out records of aborted
+	// transactions, and markers, which stop the partition with
+	// ErrTransactionalTopic. Every rebalance stops every partition of
+	// every member (eager), it has no static membership, and a topic
+	// re-created under a running consumer is noticed only while the new
+	// log is shorter than the old position. docs/design.md compares the
+	// two.
+	KafkaGo
+)
+
+func (k KafkaClient) String() string { return engine.KafkaClient(k).String() }
+
 // StartOffset says where a partition starts when neither Kafka nor Postgres
 // has a position for it.
 type StartOffset int
@@ -63,7 +94,9 @@ const (
 	// StartEarliest starts at the oldest message still in the log: nothing
 	// already produced is missed. The default.
 	StartEarliest StartOffset = iota
-	// StartLatest starts at the next message produced.
+	// StartLatest starts at the next message produced. A partition added
+	// to a topic after the consumer first started on it starts at its
+	// beginning all the same: every message in it came after that start.
 	StartLatest
 )
 
@@ -166,13 +199,48 @@ type Config struct {
 	// MaxBatch.
 	MaxWait time.Duration
 
-	// Dialer opens every Kafka connection the consumer makes (group
-	// coordinator, fetches, offset lookups): set its TLS and SASLMechanism
-	// fields for secured clusters. Defaults to kafka-go's default dialer
-	// (plaintext). It is kafka-go's own type, the one place Config names
-	// kafka-go: TLS, SASL mechanisms, client ids and custom resolvers are
-	// all set there, and a type of ours would have to copy each of them.
+	// KafkaClient is the library the consumer reads Kafka with (see
+	// KafkaClient). Defaults to FranzGo.
+	KafkaClient KafkaClient
+
+	// TLS, when set, encrypts every connection to the brokers, and with a
+	// client certificate authenticates the consumer to them (mTLS):
+	// kafkaconn.TLSConfig loads one from PEM files. Defaults to plaintext.
+	TLS *tls.Config
+
+	// SASL, when set, authenticates every connection to the brokers:
+	// PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER or AWS_MSK_IAM (see
+	// kafkaconn.SASL and docs/security.md). Defaults to none.
+	SASL *kafkaconn.SASL
+
+	// Dialer is kafka-go's, for KafkaClient KafkaGo only: when set, it
+	// opens every connection the consumer makes instead of one built from
+	// TLS and SASL, for workers that have one configured already.
+	// Defaults to none.
 	Dialer *kafka.Dialer
+
+	// InstanceID makes this member of the group static (Kafka's
+	// group.instance.id): a member that restarts within SessionTimeout
+	// gets its partitions back without the group rebalancing, so the other
+	// members do not even pause. Give each process of the group its own,
+	// stable across restarts (a pod's name in a StatefulSet); two running
+	// at once with one id fence each other. A static member that stops
+	// does not leave the group: its partitions wait for it until
+	// SessionTimeout passes, so raise SessionTimeout above a restart's
+	// length. FranzGo only. Defaults to none (a dynamic member).
+	InstanceID string
+
+	// MetadataMaxAge bounds how old the consumer's view of the cluster may
+	// get: a partition added to a topic is seen within it, and assigned by
+	// the rebalance that follows. Defaults to DefaultMetadataMaxAge.
+	MetadataMaxAge time.Duration
+
+	// OpenTransactionAfter is how long a partition may wait on a
+	// producer's open transaction before it is reported (a warning, and
+	// HookPartitionHeld): the consumer reads committed records only, in
+	// order, so an open transaction holds back everything after its first
+	// record. Defaults to DefaultOpenTransactionAfter.
+	OpenTransactionAfter time.Duration
 
 	// StartOffset is where a partition with no committed offset and no
 	// stored position starts. It is resolved once, at the partition's first
@@ -319,6 +387,8 @@ func (c *Config) withDefaults() Config {
 	setDefault(&out.Retry.MaxAttempts, DefaultMaxAttempts)
 	setDefault(&out.Retry.MaxElapsed, DefaultRetryMaxElapsed)
 	setDefault(&out.SuspectDuplicateWindow, DefaultSuspectDuplicateWindow)
+	setDefault(&out.MetadataMaxAge, DefaultMetadataMaxAge)
+	setDefault(&out.OpenTransactionAfter, DefaultOpenTransactionAfter)
 	setDefault(&out.Prune.Retention, dedupe.DefaultRetention)
 	setDefault(&out.Prune.Batch, DefaultPruneBatch)
 	return out
@@ -388,6 +458,35 @@ func (c *Config) validate() error {
 	}
 	if c.MaxWait < 0 || c.MaxWait > 10*time.Second {
 		bad("MaxWait must be between 0 and 10s (got %v)", c.MaxWait)
+	}
+	switch c.KafkaClient {
+	case FranzGo:
+		if c.Dialer != nil {
+			bad("Dialer is kafka-go's and is used only with KafkaClient: consumer.KafkaGo; with franz-go (the default) set TLS and SASL instead")
+		}
+	case KafkaGo:
+		if c.InstanceID != "" {
+			bad("InstanceID (static membership) needs KafkaClient: consumer.FranzGo; kafka-go has no static membership")
+		}
+	default:
+		bad("KafkaClient must be consumer.FranzGo or consumer.KafkaGo (got %d)", c.KafkaClient)
+	}
+	if c.Dialer != nil && (c.TLS != nil || c.SASL != nil) {
+		bad("Dialer and TLS or SASL are both set: set the Dialer's own TLS and SASLMechanism, or leave Dialer unset")
+	}
+	if err := c.SASL.Check(); err != nil {
+		bad("%v", err)
+	}
+	if c.InstanceID != "" {
+		if err := validateName(c.InstanceID); err != nil {
+			bad("InstanceID %v; give each process its own stable id, e.g. the pod's name", err)
+		}
+	}
+	if c.MetadataMaxAge < time.Second || c.MetadataMaxAge > time.Hour {
+		bad("MetadataMaxAge must be between 1s and 1h (got %v)", c.MetadataMaxAge)
+	}
+	if c.OpenTransactionAfter < 100*time.Millisecond {
+		bad("OpenTransactionAfter must be at least 100ms (got %v)", c.OpenTransactionAfter)
 	}
 	if c.StartOffset != StartEarliest && c.StartOffset != StartLatest {
 		bad("StartOffset must be StartEarliest or StartLatest (got %d)", c.StartOffset)
@@ -520,7 +619,13 @@ func (c *Config) engineConfig(hooks engine.Hooks) engine.Config {
 		ClaimFirst:               c.ClaimFirst,
 		MaxBatch:                 c.MaxBatch,
 		MaxWait:                  c.MaxWait,
+		KafkaClient:              engine.KafkaClient(c.KafkaClient),
+		TLS:                      c.TLS,
+		SASL:                     c.SASL,
 		Dialer:                   c.Dialer,
+		InstanceID:               c.InstanceID,
+		MetadataMaxAge:           c.MetadataMaxAge,
+		OpenTransactionAfter:     c.OpenTransactionAfter,
 		StartOffset:              engine.StartOffset(c.StartOffset),
 		FetchMaxBytes:            c.FetchMaxBytes,
 		Schema:                   c.Schema,

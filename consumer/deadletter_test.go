@@ -19,7 +19,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
-	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
 	"github.com/kafkaonce/kafkaonce/offsets"
 	"github.com/kafkaonce/kafkaonce/outbox"
 )
@@ -198,8 +198,7 @@ func TestAPoisonMessageOfARecreatedTopicIsSetAsideAtTheOffsetOfAnOldLetter(t *te
 
 	ctx := context.Background()
 	require.NoError(t, devenv.DeleteTopic(ctx, e.kafka.Brokers, e.topic))
-	admin := kafkaadmin.New(e.kafka.Brokers, nil)
-	defer admin.Close()
+	admin := testenv.Admin(e.t, e.kafka.Brokers)
 	waitFor(t, 30*time.Second, "the topic to be re-created, empty", func() bool {
 		if devenv.CreateTopic(ctx, e.kafka.Brokers, e.topic, 1) != nil {
 			return false

@@ -36,7 +36,7 @@ func TestDialerReachesEveryKafkaConnection(t *testing.T) {
 	db.Exec(t, `CREATE TABLE `+db.Table("effects")+` (message_id text NOT NULL, topic text NOT NULL, partition int NOT NULL, kafka_offset bigint NOT NULL, value text NOT NULL)`)
 	e.kafka = &testenv.Kafka{Kafka: secured}
 	cfg := e.config(e.applyHandler())
-	cfg.Dialer = &kafka.Dialer{Timeout: 5 * time.Second, SASLMechanism: mech}
+	cfg.KafkaClient, cfg.Dialer = consumer.KafkaGo, &kafka.Dialer{Timeout: 5 * time.Second, SASLMechanism: mech}
 
 	r := e.start(cfg)
 	e.waitEffects(2, 30*time.Second)

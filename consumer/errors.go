@@ -28,6 +28,18 @@ var (
 	// messages below the old position, so the partition stops instead.
 	ErrPositionAheadOfLog = engine.ErrPositionAheadOfLog
 
+	// ErrTransactionalTopic: the partition stopped because the kafka-go
+	// client (Config.KafkaClient KafkaGo) was handed a transaction marker,
+	// the sign of a topic written by transactional producers (Kafka
+	// Streams, Connect or Debezium with exactly-once, Flink, any producer
+	// with a transactional id). kafka-go hands out records of aborted
+	// transactions like any others, and markers as messages, so the
+	// partition stops rather than apply what was never committed; records
+	// of an aborted transaction before the first marker may have been
+	// applied by then. The franz-go client (the default) reads committed
+	// records only: switch to it.
+	ErrTransactionalTopic = engine.ErrTransactionalTopic
+
 	// ErrTxControlledByConsumer is returned by the transaction a Handler gets
 	// when the handler calls Commit or Rollback: the consumer owns the
 	// transaction's outcome.

@@ -296,7 +296,7 @@ func TestOffsetCommitErrorsAndLostReplies(t *testing.T) {
 			resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
 			for _, rt := range req.Topics {
 				st := kmsg.NewOffsetCommitResponseTopic()
-				st.Topic = rt.Topic
+				st.Topic, st.TopicID = rt.Topic, rt.TopicID
 				for _, rp := range rt.Partitions {
 					sp := kmsg.NewOffsetCommitResponseTopicPartition()
 					sp.Partition = rp.Partition
@@ -317,7 +317,10 @@ func TestOffsetCommitErrorsAndLostReplies(t *testing.T) {
 	e.waitCommitted(map[int]int64{0: 200}, 60*time.Second)
 	r.stop()
 	require.EqualValues(t, 4, injected.Load(), "two error answers and two lost connections were injected (commit errors seen: %v)", e.events.snapshot().commitErr)
-	require.NotEmpty(t, e.events.snapshot().commitErr, "the failed commits were reported")
+	if kafkaClient() == consumer.KafkaGo {
+		// franz-go retries a commit that failed so within the commit.
+		require.NotEmpty(t, e.events.snapshot().commitErr, "the failed commits were reported")
+	}
 	e.check(expectation{ids: ids})
 }
 

@@ -66,6 +66,7 @@ func (e *env) applyHandler() consumer.Handler {
 func (e *env) config(h consumer.Handler) *consumer.Config {
 	return &consumer.Config{
 		Name:              e.name,
+		KafkaClient:       kafkaClient(),
 		GroupID:           e.group,
 		Brokers:           e.kafka.Brokers,
 		Topics:            []string{e.topic},
@@ -80,6 +81,15 @@ func (e *env) config(h consumer.Handler) *consumer.Config {
 		Retry:             consumer.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaxInterval: 200 * time.Millisecond},
 		Hooks:             []consumer.Hook{e.events},
 	}
+}
+
+// kafkaClient is the client the suite's consumers read with (see
+// testenv.KafkaClient).
+func kafkaClient() consumer.KafkaClient {
+	if testenv.KafkaClient() == "kafka-go" {
+		return consumer.KafkaGo
+	}
+	return consumer.FranzGo
 }
 
 // msg builds a message with a message-id header for a partition.

@@ -43,6 +43,33 @@ type PartitionAssignment struct {
 	Start int64
 }
 
+// HookPartitionHeld is called when a transaction left open by a producer
+// holds a partition back for Config.OpenTransactionAfter, and again
+// (Released set) when it ends. The consumer reads committed records only,
+// in offset order, so nothing at or after the open transaction's first
+// record is processed meanwhile: a producer that died mid-transaction
+// holds the partition until the broker aborts the transaction at its
+// timeout (transaction.timeout.ms), and one whose transactions never end
+// holds it for good. Only the franz-go client reports it.
+type HookPartitionHeld interface {
+	OnPartitionHeld(ctx context.Context, h PartitionHeld)
+}
+
+// PartitionHeld describes a partition held back by an open transaction.
+type PartitionHeld struct {
+	Topic     string
+	Partition int
+	// Offset is the open transaction's first record, where processing
+	// waits; LogEnd is the log's end, past the records held back (unset
+	// when Released).
+	Offset, LogEnd int64
+	// Since is when the partition was first seen waiting at Offset.
+	Since time.Time
+	// Released is set when the transaction has ended and the partition
+	// moves on.
+	Released bool
+}
+
 // HookPartitionStopped is called when a partition stops because of a
 // message that cannot be processed (err wraps a *MessageError or another
 // cause; see PartitionError).
@@ -320,6 +347,9 @@ func sortHooks(hs []Hook) (engine.Hooks, error) {
 			out.Contention = append(out.Contention, func(ctx context.Context, b engine.BatchInfo, c engine.Contention) {
 				v.OnContention(ctx, BatchInfo(b), Contention(c))
 			})
+		}
+		if v, ok := h.(HookPartitionHeld); ok {
+			out.Held = append(out.Held, func(ctx context.Context, p engine.PartitionHeld) { v.OnPartitionHeld(ctx, PartitionHeld(p)) })
 		}
 		if v, ok := h.(HookBatchScope); ok {
 			out.BatchScope = append(out.BatchScope, func(ctx context.Context, b engine.BatchInfo, msgs []*engine.Message) (context.Context, func()) {

@@ -202,5 +202,13 @@ func TestAPoisonMessageWithATimestampPostgresCannotStoreIsSetAside(t *testing.T)
 	}
 	require.Empty(t, msgs, "a poison message stopped the partition instead of being set aside")
 	e.check(expectation{ids: ids, poison: []string{"t-bad"}})
-	require.True(t, e.letters()["t-bad"].MessageTime.IsZero(), "no time stored, got %v", e.letters()["t-bad"].MessageTime)
+	got := e.letters()["t-bad"].MessageTime
+	if kafkaClient() == consumer.FranzGo {
+		// franz-go decodes a timestamp through nanoseconds, which wrap
+		// past the year 2262: the letter holds the wrapped time, a time
+		// Postgres stores.
+		require.Less(t, got.Year(), 2263, "the time franz-go decoded")
+		return
+	}
+	require.True(t, got.IsZero(), "no time stored, got %v", got)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -143,6 +144,15 @@ func TestMessagesDeletedWhileFetchesFail(t *testing.T) {
 			var failed atomic.Int32
 			k.Fake.ControlKey(kmsg.Fetch.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 				req := kreq.(*kmsg.FetchRequest)
+				if failing.Load() && len(req.Topics) == 0 && req.SessionEpoch > 0 {
+					// An incremental fetch that names no partition (franz-go's
+					// fetch sessions): end the session, so that the next fetch
+					// names the partition again.
+					k.Fake.KeepControl()
+					resp := req.ResponseKind().(*kmsg.FetchResponse)
+					resp.ErrorCode = kerr.FetchSessionIDNotFound.Code
+					return resp, nil, true
+				}
 				if !failing.Load() || len(req.Topics) == 0 || len(req.Topics[0].Partitions) == 0 || req.Topics[0].Partitions[0].FetchOffset != 20 {
 					return nil, nil, false
 				}

@@ -4,7 +4,7 @@ import (
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/internal/engine"
-	"github.com/segmentio/kafka-go"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // Message is one Kafka message as a Handler sees it.
@@ -27,9 +27,8 @@ type Message struct {
 	Time time.Time
 }
 
-// Header is a Kafka message header (kafka-go's type, so headers reach the
-// handler without a copy).
-type Header = kafka.Header
+// Header is a Kafka message header: a key, which may repeat, and a value.
+type Header = kafkaoncetype.Header
 
 // Header returns the value of the last header named key. Kafka allows a key
 // to repeat; the last one wins, as it does for most clients that flatten

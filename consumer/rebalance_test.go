@@ -71,7 +71,7 @@ func TestChildConsumerProcess(t *testing.T) {
 		handlerTimeout = spec.IdleInTransaction / 2
 	}
 	c, err := consumer.New(pool, &consumer.Config{
-		Name: spec.Name, GroupID: spec.Group, Brokers: spec.Brokers, Topics: []string{spec.Topic}, Schema: spec.Schema,
+		Name: spec.Name, KafkaClient: kafkaClient(), GroupID: spec.Group, Brokers: spec.Brokers, Topics: []string{spec.Topic}, Schema: spec.Schema,
 		MaxBatch: 20, SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond, Retry: consumer.RetryPolicy{MaxAttempts: spec.MaxAttempts},
 		IdleInTransactionTimeout: spec.IdleInTransaction, HandlerTimeout: handlerTimeout, ShutdownTimeout: 5 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),

@@ -18,12 +18,14 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
+	"github.com/kafkaonce/kafkaonce/kafkaconn"
 	"github.com/kafkaonce/kafkaonce/outbox"
 	"github.com/kafkaonce/kafkaonce/promhooks"
 )
@@ -53,7 +55,7 @@ func TestCanaryPasswordsNeverLeak(t *testing.T) {
 	secured, err := devenv.StartFakeKafka(kfake.EnableSASL(), kfake.Superuser("PLAIN", "ledger", kafkaCanary), kfake.SeedTopics(1, "orders", "orders.dlq"))
 	require.NoError(t, err)
 	t.Cleanup(func() { secured.Close() })
-	dialer := &kafka.Dialer{Timeout: 5 * time.Second, SASLMechanism: plain.Mechanism{Username: "ledger", Password: kafkaCanary}}
+	auth := &kafkaconn.SASL{Mechanism: kafkaconn.Plain, Username: "ledger", Password: kafkaCanary}
 
 	// A Postgres role with the canary as its password, in the DSN.
 	db := testenv.NewDB(t)
@@ -68,7 +70,7 @@ func TestCanaryPasswordsNeverLeak(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 
-	w := &kafka.Writer{Addr: kafka.TCP(secured.Brokers...), Topic: "orders", Transport: &kafka.Transport{SASL: dialer.SASLMechanism}, BatchTimeout: time.Millisecond}
+	w := &kafka.Writer{Addr: kafka.TCP(secured.Brokers...), Topic: "orders", Transport: &kafka.Transport{SASL: plain.Mechanism{Username: "ledger", Password: kafkaCanary}}, BatchTimeout: time.Millisecond}
 	require.NoError(t, w.WriteMessages(context.Background(), msg(0, "good", "1"), msg(0, "bad", "2")))
 	require.NoError(t, w.Close())
 
@@ -77,8 +79,8 @@ func TestCanaryPasswordsNeverLeak(t *testing.T) {
 	metrics, err := promhooks.New(reg, "ledger")
 	require.NoError(t, err)
 	c, err := consumer.New(pool, &consumer.Config{
-		Name: "ledger", GroupID: testenv.Name(t, "g"), Brokers: secured.Brokers, Topics: []string{"orders"}, Schema: db.Schema,
-		Dialer: dialer, DeadLetterTopic: "orders.dlq", SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
+		Name: "ledger", KafkaClient: kafkaClient(), GroupID: testenv.Name(t, "g"), Brokers: secured.Brokers, Topics: []string{"orders"}, Schema: db.Schema,
+		SASL: auth, DeadLetterTopic: "orders.dlq", SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug - 8})),
 		Hooks:  []consumer.Hook{metrics},
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -140,38 +142,53 @@ func TestCanaryPasswordsNeverLeak(t *testing.T) {
 
 func TestSASLReachesTheDeadLetterWriterAndTheOutboxRelay(t *testing.T) {
 	t.Parallel()
-	secured, err := devenv.StartFakeKafka(kfake.EnableSASL(), kfake.Superuser("PLAIN", "u", "p"), kfake.SeedTopics(1, "in", "in.dlq", "out"))
+	secured, err := devenv.StartFakeKafka(kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-256", "u", "p"), kfake.SeedTopics(1, "in", "in.dlq", "out", "in2", "in2.dlq"))
 	require.NoError(t, err)
 	t.Cleanup(func() { secured.Close() })
-	mech := plain.Mechanism{Username: "u", Password: "p"}
-	dialer := &kafka.Dialer{Timeout: 5 * time.Second, SASLMechanism: mech}
+	auth := &kafkaconn.SASL{Mechanism: kafkaconn.ScramSHA256, Username: "u", Password: "p"}
+	mech, err := scram.Mechanism(scram.SHA256, "u", "p")
+	require.NoError(t, err)
 	db := testenv.NewDB(t)
 
-	// The consumer's dead-letter writer.
-	w := &kafka.Writer{Addr: kafka.TCP(secured.Brokers...), Topic: "in", Transport: &kafka.Transport{SASL: mech}, BatchTimeout: time.Millisecond}
-	require.NoError(t, w.WriteMessages(context.Background(), msg(0, "x", "poison")))
-	require.NoError(t, w.Close())
-	c, err := consumer.New(db.Pool, &consumer.Config{Name: "c", GroupID: testenv.Name(t, "g"), Brokers: secured.Brokers, Topics: []string{"in"},
-		Schema: db.Schema, Dialer: dialer, DeadLetterTopic: "in.dlq", SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
-		Logger: quietLogger(), Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error {
-			return consumer.Permanent(errors.New("no"))
-		})})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	waitFor(t, 30*time.Second, "the letter published over SASL", func() bool {
-		return db.Int(t, `SELECT count(*) FROM `+db.Table("dead_letters")+` WHERE published_at IS NOT NULL`) == 1
-	})
-	cancel()
-	require.NoError(t, <-done)
+	// The consumer's reads, commits and dead-letter writes, with the SASL
+	// setting under either client, and with a kafka-go Dialer of the
+	// user's under kafka-go.
+	for _, c := range []struct {
+		name, topic string
+		set         func(*consumer.Config)
+	}{
+		{"SASL", "in", func(cfg *consumer.Config) { cfg.KafkaClient, cfg.SASL = kafkaClient(), auth }},
+		{"kafka-go Dialer", "in2", func(cfg *consumer.Config) {
+			cfg.KafkaClient, cfg.Dialer = consumer.KafkaGo, &kafka.Dialer{Timeout: 5 * time.Second, SASLMechanism: mech}
+		}},
+	} {
+		w := &kafka.Writer{Addr: kafka.TCP(secured.Brokers...), Topic: c.topic, Transport: &kafka.Transport{SASL: mech}, BatchTimeout: time.Millisecond}
+		require.NoError(t, w.WriteMessages(context.Background(), msg(0, "x-"+c.topic, "poison")))
+		require.NoError(t, w.Close())
+		cfg := &consumer.Config{Name: "c-" + c.topic, GroupID: testenv.Name(t, "g"), Brokers: secured.Brokers, Topics: []string{c.topic},
+			Schema: db.Schema, DeadLetterTopic: c.topic + ".dlq", SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
+			Logger: quietLogger(), Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error {
+				return consumer.Permanent(errors.New("no"))
+			})}
+		c.set(cfg)
+		cons, err := consumer.New(db.Pool, cfg)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- cons.Run(ctx) }()
+		waitFor(t, 30*time.Second, "the letter published over SASL, "+c.name, func() bool {
+			return db.Int(t, `SELECT count(*) FROM `+db.Table("dead_letters")+` WHERE published_at IS NOT NULL AND consumer = $1`, cfg.Name) == 1
+		})
+		cancel()
+		require.NoError(t, <-done)
+	}
 
 	// The outbox relay.
 	box, err := outbox.New(db.Schema)
 	require.NoError(t, err)
 	_, err = box.Write(context.Background(), db.Pool, outbox.Message{Destination: "out", Value: []byte("hi")})
 	require.NoError(t, err)
-	relay, err := outbox.NewRelay(db.Pool, &outbox.RelayConfig{Schema: db.Schema, Brokers: secured.Brokers, Dialer: dialer, Logger: quietLogger()})
+	relay, err := outbox.NewRelay(db.Pool, &outbox.RelayConfig{Schema: db.Schema, Brokers: secured.Brokers, SASL: auth, Logger: quietLogger()})
 	require.NoError(t, err)
 	rctx, rcancel := context.WithCancel(context.Background())
 	rdone := make(chan error, 1)
@@ -181,7 +198,7 @@ func TestSASLReachesTheDeadLetterWriterAndTheOutboxRelay(t *testing.T) {
 	})
 	rcancel()
 	require.NoError(t, <-rdone)
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: secured.Brokers, Dialer: dialer, Topic: "out", Partition: 0, MaxWait: 100 * time.Millisecond})
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: secured.Brokers, Dialer: &kafka.Dialer{Timeout: 5 * time.Second, SASLMechanism: mech}, Topic: "out", Partition: 0, MaxWait: 100 * time.Millisecond})
 	defer rd.Close()
 	rctx2, rc2 := context.WithTimeout(context.Background(), 20*time.Second)
 	defer rc2()

@@ -13,7 +13,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/devenv"
-	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
 // stops counts applied messages and stopped partitions.
@@ -69,9 +69,8 @@ func TestAdversaryRewindCommitsZeroNotTheLogStart(t *testing.T) {
 	if err := env.Rewind(ctx, group, topic); err != nil {
 		t.Fatal(err)
 	}
-	admin := kafkaadmin.New(env.Brokers, nil)
+	admin := testenv.Admin(t, env.Brokers)
 	committed, err := admin.Committed(ctx, group, topic, []int{0})
-	admin.Close()
 	if err != nil {
 		t.Fatal(err)
 	}

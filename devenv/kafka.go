@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/franz"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // MessageIDHeader is the header Produce sets to a Message's ID: the one
@@ -21,10 +22,10 @@ type Message struct {
 	// ID, when set, is sent in the MessageIDHeader header, as a producer
 	// that follows kafkaonce's default convention does.
 	ID string
-	// Key chooses the partition (by hash, as kafka-go's and Java's default
-	// partitioners do); messages without a key are spread round robin.
+	// Key chooses the partition (by hash, as Java's default partitioner
+	// does); messages without a key are spread over the partitions.
 	Key, Value []byte
-	Headers    []kafka.Header
+	Headers    []kafkaoncetype.Header
 }
 
 // CreateTopic creates topic with the given number of partitions and waits
@@ -36,24 +37,19 @@ func (e *Env) CreateTopic(ctx context.Context, topic string, partitions int) err
 // Produce writes msgs to topic, in order per key, and returns once the
 // broker has acknowledged all of them (acks=all).
 func (e *Env) Produce(ctx context.Context, topic string, msgs ...Message) error {
-	// A transport of its own: kafka-go's shared default one caches cluster
-	// metadata and would not yet know a topic created a moment ago.
-	tr := &kafka.Transport{MetadataTTL: time.Second}
-	defer tr.CloseIdleConnections()
-	w := &kafka.Writer{Addr: kafka.TCP(e.Brokers...), Topic: topic, Transport: tr,
-		Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
-	km := make([]kafka.Message, len(msgs))
+	client, err := franz.New(kafkaclient.Config{Brokers: e.Brokers})
+	if err != nil {
+		return fmt.Errorf("devenv: produce to %s: %w", topic, err)
+	}
+	defer client.Close()
+	recs := make([]kafkaclient.Record, len(msgs))
 	for i, m := range msgs {
-		km[i] = kafka.Message{Key: m.Key, Value: m.Value, Headers: append([]kafka.Header(nil), m.Headers...)}
+		recs[i] = kafkaclient.Record{Key: m.Key, Value: m.Value, Headers: append([]kafkaoncetype.Header(nil), m.Headers...)}
 		if m.ID != "" {
-			km[i].Headers = append(km[i].Headers, kafka.Header{Key: MessageIDHeader, Value: []byte(m.ID)})
+			recs[i].Headers = append(recs[i].Headers, kafkaoncetype.Header{Key: MessageIDHeader, Value: []byte(m.ID)})
 		}
 	}
-	err := w.WriteMessages(ctx, km...)
-	if cerr := w.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := client.Publish(ctx, topic, recs); err != nil {
 		return fmt.Errorf("devenv: produce %d messages to %s: %w", len(msgs), topic, err)
 	}
 	return nil
@@ -66,7 +62,10 @@ func (e *Env) Produce(ctx context.Context, topic string, msgs ...Message) error 
 // while the last one leaves. (kafkaonce's stored positions still skip
 // what was processed; `kafkaonce replay` moves both.)
 func (e *Env) Rewind(ctx context.Context, group, topic string) error {
-	admin := kafkaadmin.New(e.Brokers, nil)
+	admin, err := kafkaadmin.New(kafkaclient.Config{Brokers: e.Brokers})
+	if err != nil {
+		return fmt.Errorf("devenv: rewind %s: %w", topic, err)
+	}
 	defer admin.Close()
 	parts, err := admin.Partitions(ctx, topic)
 	if err != nil {

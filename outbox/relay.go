@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,9 +14,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/kafkago"
 	"github.com/kafkaonce/kafkaonce/internal/permanent"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/kafkaconn"
 )
 
 // Defaults of RelayConfig.
@@ -64,10 +68,18 @@ type RelayConfig struct {
 	// Schema holds the outbox table. Defaults to "kafkaonce".
 	Schema string
 
-	// Brokers and Dialer are used to publish to Kafka, where each row's
+	// Brokers are where the relay publishes to Kafka: each row's
 	// Destination is the topic, its id the message-id header.
 	Brokers []string
-	Dialer  *kafka.Dialer
+	// TLS and SASL secure the connections to the brokers, as in
+	// consumer.Config (see docs/security.md). Default: plaintext, no
+	// authentication.
+	TLS  *tls.Config
+	SASL *kafkaconn.SASL
+	// Dialer, instead of TLS and SASL, is a kafka-go dialer whose TLS and
+	// SASL settings the relay uses: the relay publishes with kafka-go (see
+	// docs/design.md, "The outbox").
+	Dialer *kafka.Dialer
 	// MessageIDHeader names the header carrying the row id. Defaults to
 	// "message-id", the header kafkaonce consumers read by default.
 	MessageIDHeader string
@@ -198,6 +210,12 @@ func NewRelay(db DB, cfg *RelayConfig) (*Relay, error) {
 	if c.Deliver == nil && len(c.Brokers) == 0 {
 		bad("set Brokers to publish to Kafka, or Deliver to hand rows to a function")
 	}
+	if c.Dialer != nil && (c.TLS != nil || c.SASL != nil) {
+		bad("Dialer and TLS or SASL are both set: set the Dialer's own TLS and SASLMechanism, or leave Dialer unset")
+	}
+	if err := c.SASL.Check(); err != nil {
+		bad("%v", err)
+	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		bad("BatchSize must be between 1 and 10000 (got %d)", c.BatchSize)
 	}
@@ -222,10 +240,11 @@ func NewRelay(db DB, cfg *RelayConfig) (*Relay, error) {
 	r := &Relay{db: db, cfg: c, table: schema.Table(c.Schema, "outbox"), log: c.Logger.With(slog.String("component", "outbox relay")),
 		budget: newBudget(c.RetryBudget, c.MinRetriesPerMinute), backoff: retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval}}
 	if c.Deliver == nil {
-		tr := &kafka.Transport{}
-		if d := c.Dialer; d != nil {
-			tr.TLS, tr.SASL, tr.ClientID = d.TLS, d.SASLMechanism, d.ClientID
+		mech, err := kafkaclient.Mechanism(c.SASL)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: %w", err)
 		}
+		_, tr := kafkago.Connection(kafkaclient.Config{TLS: c.TLS, SASL: mech, ClientID: "kafkaonce-relay"}, c.Dialer)
 		r.writer = &kafka.Writer{Addr: kafka.TCP(c.Brokers...), Transport: tr, Balancer: &kafka.Hash{},
 			RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: c.BatchSize, BatchBytes: maxBatchBytes, MaxAttempts: 1}
 	}

@@ -71,15 +71,16 @@ func runConsumer(ctx context.Context, e *env, c cell, b backlog, rec *recorder, 
 		return err
 	}
 	cfg := &consumer.Config{
-		Name:     nextConsumerName(),
-		Brokers:  e.brokers,
-		Topics:   []string{b.topic},
-		GroupID:  b.topic + "-" + mode + wrapping(ctx).group,
-		Schema:   schema,
-		MaxBatch: c.MaxBatch,
-		Dialer:   e.kafkaDialer,
-		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Hooks:    append([]consumer.Hook{&kafkaonceHooks{rec: rec}}, wrapping(ctx).hooks...),
+		Name:        nextConsumerName(),
+		Brokers:     e.brokers,
+		Topics:      []string{b.topic},
+		GroupID:     b.topic + "-" + mode + wrapping(ctx).group,
+		Schema:      schema,
+		MaxBatch:    c.MaxBatch,
+		KafkaClient: consumer.KafkaGo,
+		Dialer:      e.kafkaDialer,
+		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Hooks:       append([]consumer.Hook{&kafkaonceHooks{rec: rec}}, wrapping(ctx).hooks...),
 	}
 	if e.verbose {
 		cfg.Logger = e.log

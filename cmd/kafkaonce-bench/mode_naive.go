@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 )
@@ -32,7 +35,11 @@ func runNaiveOne(ctx context.Context, e *env, c cell, b backlog, rec *recorder) 
 			return ignoreEnd(ctx, err)
 		}
 		rec.start(time.Now())
-		if err := naiveApply(ctx, e, c, table, name, &m); err != nil {
+		rc := kafkaclient.Record{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value}
+		for _, h := range m.Headers {
+			rc.Headers = append(rc.Headers, consumer.Header(h))
+		}
+		if err := naiveApply(ctx, e, c, table, name, &rc); err != nil {
 			return ignoreEnd(ctx, err)
 		}
 		if err := r.CommitMessages(ctx, m); err != nil {
@@ -60,7 +67,7 @@ func runNaivePerPartition(ctx context.Context, e *env, c cell, b backlog, rec *r
 	client := e.kafkaClient()
 	group := b.topic + "-naivepp"
 	name := nextConsumerName()
-	return eachPartition(ctx, e, c, b, rec, 1, func(ctx context.Context, p int, batch []kafka.Message) error {
+	return eachPartition(ctx, e, c, b, rec, 1, func(ctx context.Context, p int, batch []kafkaclient.Record) error {
 		if err := naiveApply(ctx, e, c, table, name, &batch[0]); err != nil {
 			return err
 		}
@@ -69,7 +76,7 @@ func runNaivePerPartition(ctx context.Context, e *env, c cell, b backlog, rec *r
 }
 
 // naiveApply is one message's transaction.
-func naiveApply(ctx context.Context, e *env, c cell, table, name string, m *kafka.Message) error {
+func naiveApply(ctx context.Context, e *env, c cell, table, name string, m *kafkaclient.Record) error {
 	return pgx.BeginFunc(ctx, e.db, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `INSERT INTO `+table+` (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, name, messageID(c.IDs, m))
 		if err != nil || tag.RowsAffected() == 0 {

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
@@ -46,7 +48,7 @@ WHERE a.id = d.id`
 		t    transferSet
 	}
 	scratches := make([]scratch, c.Partitions)
-	return eachPartition(ctx, e, c, b, rec, c.MaxBatch, func(ctx context.Context, p int, batch []kafka.Message) error {
+	return eachPartition(ctx, e, c, b, rec, c.MaxBatch, func(ctx context.Context, p int, batch []kafkaclient.Record) error {
 		s := &scratches[p]
 		if s.seen == nil {
 			s.seen = map[string]struct{}{}

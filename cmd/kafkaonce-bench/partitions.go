@@ -5,9 +5,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
-	"github.com/kafkaonce/kafkaonce/internal/kafkafetch"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/kafkago"
 )
 
 // eachPartition runs the loop of the hand-written modes: one goroutine per
@@ -16,7 +15,7 @@ import (
 // is done; then it records the batch. It returns when the backlog is done,
 // ctx ends, or a partition fails.
 func eachPartition(ctx context.Context, e *env, c cell, b backlog, rec *recorder, maxBatch int,
-	apply func(ctx context.Context, partition int, batch []kafka.Message) error) error {
+	apply func(ctx context.Context, partition int, batch []kafkaclient.Record) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -40,14 +39,19 @@ func eachPartition(ctx context.Context, e *env, c cell, b backlog, rec *recorder
 }
 
 func fetchAndApply(ctx context.Context, e *env, b backlog, partition, maxBatch int, rec *recorder,
-	apply func(context.Context, int, []kafka.Message) error) error {
-	f, err := kafkafetch.Open(kafkafetch.Config{Brokers: e.brokers, Dialer: e.kafkaDialer, Topic: b.topic, Partition: partition,
-		Start: kafka.FirstOffset, MaxBatch: maxBatch, Linger: 5 * time.Millisecond, Quiet: kafkafetch.QuietFor(5 * time.Millisecond), MaxBytes: 1 << 20})
+	apply func(context.Context, int, []kafkaclient.Record) error) error {
+	client, err := kafkago.New(kafkaclient.Config{Brokers: e.brokers, FetchMaxBytes: 1 << 20}, e.kafkaDialer)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	f, err := client.Open(kafkaclient.FetchConfig{Topic: b.topic, Partition: partition,
+		Start: 0, MaxBatch: maxBatch, Linger: 5 * time.Millisecond, Quiet: kafkaclient.QuietFor(5 * time.Millisecond)})
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	var buf []kafka.Message
+	var buf []kafkaclient.Record
 	for {
 		if buf, err = f.Next(ctx, buf); err != nil {
 			return err

@@ -12,6 +12,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 )
 
@@ -236,9 +239,9 @@ func deleteTopic(ctx context.Context, e *env, topic string) error {
 }
 
 // sentAt reads the producer's clock from a message.
-func sentAt(headers []kafka.Header) (time.Time, bool) {
+func sentAt[H kafka.Header | consumer.Header](headers []H) (time.Time, bool) {
 	for _, h := range headers {
-		if h.Key == sentHeader && len(h.Value) == 8 {
+		if h := kafka.Header(h); h.Key == sentHeader && len(h.Value) == 8 {
 			return time.Unix(0, int64(binary.BigEndian.Uint64(h.Value))), true
 		}
 	}
@@ -252,7 +255,7 @@ func accountOf(key []byte) int32 {
 }
 
 // headerID is the message-id header's value, or the log position.
-func messageID(kind idKind, m *kafka.Message) string {
+func messageID(kind idKind, m *kafkaclient.Record) string {
 	if kind == idPosition {
 		return m.Topic + "/" + strconv.Itoa(m.Partition) + "/" + strconv.FormatInt(m.Offset, 10)
 	}

@@ -88,7 +88,7 @@ func TestAReplayKafkaCommitsInPartSaysWhatItCommitted(t *testing.T) {
 		resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
 		resp.SetVersion(req.GetVersion())
 		rt := kmsg.NewOffsetCommitResponseTopic()
-		rt.Topic = req.Topics[0].Topic
+		rt.Topic, rt.TopicID = req.Topics[0].Topic, req.Topics[0].TopicID
 		for _, p := range req.Topics[0].Partitions {
 			rp := kmsg.NewOffsetCommitResponseTopicPartition()
 			rp.Partition = p.Partition

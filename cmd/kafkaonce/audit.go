@@ -11,8 +11,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
 	"github.com/spf13/cobra"
+
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/deadletter"
@@ -185,7 +186,7 @@ the audit read them): an audit that did not read everything is no verdict.`,
 			if err := s.connectKafka(c, consumerName); err != nil {
 				return err
 			}
-			a := &auditor{pool: c.pool, brokers: c.brokers, dialer: c.dialer, admin: c.admin, schema: s.schema, consumer: consumerName,
+			a := &auditor{pool: c.pool, admin: c.admin, schema: s.schema, consumer: consumerName,
 				topic: topic, id: ids.rule, retention: retention, window: window, progress: newProgress(s.st, "auditing")}
 			r, err := a.run(ctx, from, to)
 			if err != nil {
@@ -220,8 +221,6 @@ the audit read them): an audit that did not read everything is no verdict.`,
 
 type auditor struct {
 	pool      *pgxpool.Pool
-	brokers   []string
-	dialer    *kafka.Dialer
 	admin     *kafkaadmin.Admin
 	schema    string
 	consumer  string
@@ -326,84 +325,47 @@ func (a *auditor) partition(ctx context.Context, ap *auditPartition, r *auditRep
 	if ap.From >= ap.To {
 		return nil
 	}
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: a.brokers, Dialer: a.dialer, Topic: a.topic, Partition: ap.Partition,
-		MinBytes: 1, MaxBytes: 8 << 20, MaxWait: 250 * time.Millisecond})
-	defer rd.Close()
-	if err := rd.SetOffset(ap.From); err != nil {
-		return err
-	}
 	claims, _ := dedupe.NewStore(a.schema)
 	letters, _ := deadletter.NewStore(a.schema)
 	window := recent.New(100000, a.window)
 	horizon := time.Now().Add(-a.retention)
-	var chunk []kafka.Message
-	flush := func() error {
-		if len(chunk) == 0 {
-			return nil
-		}
-		err := a.classify(ctx, claims, letters, window, horizon, chunk, ap, r)
-		a.progress.add(int64(len(chunk)))
-		chunk = chunk[:0]
-		return err
-	}
-	// The reader moves past offsets it cannot read: offsets compacted away,
-	// and offsets retention deleted since LogBounds (it skips to the log's
-	// new start). gaps records them, to tell the two apart after the read.
-	var gaps [][2]int64
+	// The range is read as the consumer reads it: committed records only,
+	// every offset accounted for. Offsets without a record (compaction,
+	// transaction markers, records of aborted transactions) are passed;
+	// records deleted by retention before they were read come back as a
+	// DeletedError, and the read goes on from the log's new start.
+	var deleted int64
+	var deletedBelow int64
 	next := ap.From
 	var stopped error
-	for next < ap.To {
-		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		m, err := rd.FetchMessage(fctx)
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			// A timeout too: the log's end is at or past ap.To, so a
-			// message or a marker is there to read.
+	for next < ap.To && stopped == nil {
+		var err error
+		next, err = a.read(ctx, ap, next, func(chunk []kafkaclient.Record) error {
+			err := a.classify(ctx, claims, letters, window, horizon, chunk, ap, r)
+			a.progress.add(int64(len(chunk)))
+			return err
+		})
+		var gone *kafkaclient.DeletedError
+		var failed *classifyError
+		switch {
+		case errors.As(err, &gone):
+			deleted += gone.LogStart - next
+			deletedBelow, next = gone.LogStart, gone.LogStart
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.As(err, &failed):
+			return failed.err
+		default:
 			stopped = err
-			break
 		}
-		if m.Offset > next {
-			gaps = append(gaps, [2]int64{next, min(m.Offset, ap.To)})
-		}
-		if m.Offset >= ap.To {
-			next = ap.To
-			break
-		}
-		next = m.Offset + 1
-		chunk = append(chunk, m)
-		if len(chunk) == 1000 {
-			if err := flush(); err != nil {
-				return err
-			}
-		}
-	}
-	if err := flush(); err != nil {
-		return err
 	}
 	if stopped != nil {
 		ap.Unread += ap.To - next
 		ap.Incomplete = fmt.Sprintf("the read stopped at offset %d of %d..%d: %v", next, ap.From, ap.To, stopped)
 	}
-	if len(gaps) == 0 {
-		return nil
-	}
-	bounds, err := a.admin.LogBounds(ctx, a.topic, []int{ap.Partition})
-	if err != nil {
-		return err
-	}
-	start := bounds[ap.Partition].Start
-	var deleted int64
-	for _, g := range gaps {
-		if g[0] < start {
-			deleted += min(g[1], start) - g[0]
-		}
-	}
 	if deleted > 0 {
 		ap.Unread += deleted
-		reason := fmt.Sprintf("%d offsets below %d were deleted (retention) before they were read", deleted, start)
+		reason := fmt.Sprintf("%d offsets below %d were deleted (retention) before they were read", deleted, deletedBelow)
 		if ap.Incomplete != "" {
 			reason = ap.Incomplete + "; " + reason
 		}
@@ -412,8 +374,59 @@ func (a *auditor) partition(ctx context.Context, ap *auditPartition, r *auditRep
 	return nil
 }
 
+// classifyError is a failure of classify, which ends the audit.
+type classifyError struct{ err error }
+
+func (e *classifyError) Error() string { return e.err.Error() }
+
+// auditWait is how long the read waits for the next record.
+const auditWait = 2 * time.Second
+
+// read reads ap's partition from next towards ap.To, passing chunks of up
+// to 1000 records to classify, and returns where it stopped: ap.To, or
+// the offset of the error it returns. The offsets that hold no record
+// (transaction markers, records of aborted transactions, compaction) are
+// accounted for by the fetcher, so a read that gets nothing for auditWait
+// has not reached ap.To: a transaction still open holds the rest back, or
+// the broker fails the fetches.
+func (a *auditor) read(ctx context.Context, ap *auditPartition, next int64, classify func([]kafkaclient.Record) error) (int64, error) {
+	f, err := a.admin.Client().Open(kafkaclient.FetchConfig{Topic: a.topic, Partition: ap.Partition, Start: next, MaxBatch: 1000,
+		Linger: 250 * time.Millisecond, Quiet: 50 * time.Millisecond})
+	if err != nil {
+		return next, err
+	}
+	defer f.Close()
+	var buf []kafkaclient.Record
+	for next < ap.To {
+		fctx, cancel := context.WithTimeout(ctx, auditWait)
+		buf, err = f.Next(fctx, buf)
+		timedOut := fctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if timedOut {
+			if b, berr := a.admin.Client().Bounds(ctx, a.topic, ap.Partition); berr == nil && b.Stable < b.End && b.Stable <= next {
+				return next, fmt.Errorf("an open transaction holds back the records from offset %d on", b.Stable)
+			}
+			return next, fmt.Errorf("no record came from offset %d on within %v: the broker may be failing the fetches", next, auditWait)
+		}
+		if err != nil {
+			return next, err
+		}
+		n := 0
+		for n < len(buf) && buf[n].Offset < ap.To {
+			n++
+		}
+		if n > 0 {
+			if err := classify(buf[:n]); err != nil {
+				return next, &classifyError{err}
+			}
+		}
+		next = min(f.Position(), ap.To)
+	}
+	return next, nil
+}
+
 // classify checks a chunk of messages against the tables.
-func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, letters *deadletter.Store, window *recent.Window, horizon time.Time, chunk []kafka.Message, ap *auditPartition, r *auditReport) error {
+func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, letters *deadletter.Store, window *recent.Window, horizon time.Time, chunk []kafkaclient.Record, ap *auditPartition, r *auditReport) error {
 	ids := make([]string, len(chunk))
 	idErrs := make([]error, len(chunk))
 	fps := make([]dedupe.Fingerprint, len(chunk))

@@ -265,11 +265,11 @@ func (s *settings) kafkaSettings(rec *recorded.Settings, who string) (kafkaSetti
 	}
 	if !s.given("kafka-sasl") && rec.KafkaSASL != "" {
 		k.sasl = strings.ToLower(rec.KafkaSASL)
-		if !slices.Contains([]string{"plain", "scram-sha-256", "scram-sha-512"}, k.sasl) {
-			return k, fmt.Errorf("%s reaches Kafka (%s) with SASL %s, as it records, which kafkaonce does not support: pass --brokers and --kafka-sasl for a listener it can use (plain, scram-sha-256 or scram-sha-512)",
-				who, strings.Join(rec.Brokers, ","), rec.KafkaSASL)
+		if !slices.Contains(saslFlagValues, k.sasl) {
+			return k, fmt.Errorf("%s reaches Kafka (%s) with SASL %s, as it records, which kafkaonce does not support: pass --brokers and --kafka-sasl for a listener it can use (%s)",
+				who, strings.Join(rec.Brokers, ","), rec.KafkaSASL, strings.Join(saslFlagValues, ", "))
 		}
-		if s.saslUser == "" {
+		if (k.sasl == "plain" || strings.HasPrefix(k.sasl, "scram")) && s.saslUser == "" {
 			return k, fmt.Errorf("%s reaches Kafka (%s) with SASL %s, as it records: pass --kafka-user and set KAFKA_PASSWORD (or --kafka-sasl to choose another mechanism)",
 				who, strings.Join(rec.Brokers, ","), rec.KafkaSASL)
 		}

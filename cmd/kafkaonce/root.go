@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,15 +15,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/sasl"
-	"github.com/segmentio/kafka-go/sasl/plain"
-	"github.com/segmentio/kafka-go/sasl/scram"
 	"github.com/spf13/cobra"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
+	"github.com/kafkaonce/kafkaonce/kafkaconn"
 )
 
 // streams are the command's input and outputs, replaceable in tests.
@@ -60,6 +57,7 @@ type settings struct {
 	schema      string
 	brokers     string
 	kafkaTLS    bool
+	tlsFiles    kafkaconn.TLSFiles
 	saslMech    string
 	saslUser    string
 	json        bool
@@ -102,7 +100,9 @@ func newRootSettings(st streams) (*cobra.Command, *settings) {
 		Short: "Operate kafkaonce consumers: schema, status, audit, replay, dead letters, pruning",
 		Long: `kafkaonce operates the Postgres tables and Kafka consumer groups of kafkaonce
 consumers. Settings come from flags or the environment (DATABASE_URL,
-KAFKA_BROKERS, KAFKA_PASSWORD). Passwords are never printed.
+KAFKA_BROKERS, KAFKA_PASSWORD, KAFKA_OAUTH_TOKEN, and AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN for AWS_MSK_IAM). Passwords and
+tokens are never printed.
 
 What is not given is read from the database: the schema holding kafkaonce's
 tables (the only one, or the one that knows --consumer), and the settings
@@ -122,9 +122,13 @@ failed redrive); 2 the command could not run.`,
 	f.StringVar(&s.databaseURL, "database-url", "", "Postgres connection string (default $DATABASE_URL)")
 	f.StringVar(&s.schema, "schema", "", "Postgres schema of kafkaonce's tables (default: the one schema holding them, or of several the one that knows --consumer)")
 	f.StringVar(&s.brokers, "brokers", "", "Kafka bootstrap brokers, comma-separated (default $KAFKA_BROKERS, else the brokers --consumer records)")
-	f.BoolVar(&s.kafkaTLS, "kafka-tls", false, "connect to Kafka with TLS (default: as --consumer records, when its brokers are used)")
-	f.StringVar(&s.saslMech, "kafka-sasl", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512 (password from $KAFKA_PASSWORD; default: as --consumer records, when its brokers are used)")
-	f.StringVar(&s.saslUser, "kafka-user", "", "SASL user name")
+	f.BoolVar(&s.kafkaTLS, "kafka-tls", false, "connect to Kafka with TLS, checked against the system's roots (default: as --consumer records, when its brokers are used; any --kafka-*-file implies it)")
+	f.StringVar(&s.tlsFiles.CAFile, "kafka-ca-file", "", "PEM file of the CA certificates that sign the brokers' certificates")
+	f.StringVar(&s.tlsFiles.CertFile, "kafka-cert-file", "", "PEM file of this client's certificate, for brokers that require one (mTLS); with --kafka-key-file")
+	f.StringVar(&s.tlsFiles.KeyFile, "kafka-key-file", "", "PEM file of the client certificate's private key")
+	f.StringVar(&s.tlsFiles.ServerName, "kafka-server-name", "", "name to check the brokers' certificates against (default: each broker's host)")
+	f.StringVar(&s.saslMech, "kafka-sasl", "", "SASL mechanism: "+strings.Join(saslFlagValues, ", ")+" (password from $KAFKA_PASSWORD, token from $KAFKA_OAUTH_TOKEN, AWS credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; default: as --consumer records, when its brokers are used)")
+	f.StringVar(&s.saslUser, "kafka-user", "", "SASL user name (plain, scram-sha-256, scram-sha-512)")
 	f.BoolVar(&s.json, "json", false, "print JSON instead of text")
 	root.AddCommand(migrateCmd(s), statusCmd(s), auditCmd(s), replayCmd(s), deadLettersCmd(s), pruneCmd(s), keysCmd(s), outboxCmd(s), serveCmd(s))
 	return root, s
@@ -160,33 +164,54 @@ func (s *settings) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// dialer builds the Kafka dialer for k's TLS and SASL mechanism.
-func (s *settings) dialer(k kafkaSettings) (*kafka.Dialer, error) {
-	d := &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true}
-	if k.tls {
-		d.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+// saslFlagValues are the values --kafka-sasl takes: Kafka's mechanism
+// names, lower case.
+var saslFlagValues = []string{"plain", "scram-sha-256", "scram-sha-512", "oauthbearer", "aws_msk_iam"}
+
+// kafkaConfig is the Kafka client configuration for k's brokers, TLS and
+// SASL mechanism.
+func (s *settings) kafkaConfig(k kafkaSettings) (kafkaclient.Config, error) {
+	cfg := kafkaclient.Config{Brokers: k.brokers, ClientID: "kafkaonce-cli", MaxBatch: 1000, FetchMaxBytes: 8 << 20}
+	if k.tls || s.tlsFiles != (kafkaconn.TLSFiles{}) {
+		t, err := kafkaconn.TLSConfig(s.tlsFiles)
+		if err != nil {
+			return cfg, fmt.Errorf("--kafka-ca-file, --kafka-cert-file, --kafka-key-file: %w", err)
+		}
+		cfg.TLS = t
 	}
 	if k.sasl == "" {
-		return d, nil
+		return cfg, nil
 	}
-	pass := s.st.getenv("KAFKA_PASSWORD")
-	var mech sasl.Mechanism
-	var err error
-	switch strings.ToLower(k.sasl) {
-	case "plain":
-		mech = plain.Mechanism{Username: s.saslUser, Password: pass}
-	case "scram-sha-256":
-		mech, err = scram.Mechanism(scram.SHA256, s.saslUser, pass)
-	case "scram-sha-512":
-		mech, err = scram.Mechanism(scram.SHA512, s.saslUser, pass)
+	auth := &kafkaconn.SASL{Mechanism: kafkaconn.Mechanism(strings.ToUpper(k.sasl)), Username: s.saslUser, Password: s.st.getenv("KAFKA_PASSWORD")}
+	switch auth.Mechanism {
+	case kafkaconn.Plain, kafkaconn.ScramSHA256, kafkaconn.ScramSHA512:
+		if auth.Username == "" || auth.Password == "" {
+			return cfg, fmt.Errorf("--kafka-sasl %s needs --kafka-user and KAFKA_PASSWORD", k.sasl)
+		}
+	case kafkaconn.OAuthBearer:
+		token := s.st.getenv("KAFKA_OAUTH_TOKEN")
+		if token == "" {
+			return cfg, errors.New("--kafka-sasl oauthbearer needs the bearer token in KAFKA_OAUTH_TOKEN")
+		}
+		auth.Token = func(context.Context) (string, error) { return token, nil }
+	case kafkaconn.AWSMSKIAM:
+		getenv := s.st.getenv
+		auth.AWS = func(context.Context) (kafkaconn.AWSCredentials, error) {
+			c := kafkaconn.AWSCredentials{AccessKey: getenv("AWS_ACCESS_KEY_ID"), SecretKey: getenv("AWS_SECRET_ACCESS_KEY"), SessionToken: getenv("AWS_SESSION_TOKEN")}
+			if c.AccessKey == "" || c.SecretKey == "" {
+				return c, errors.New("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set")
+			}
+			return c, nil
+		}
 	default:
-		return nil, fmt.Errorf("--kafka-sasl must be plain, scram-sha-256 or scram-sha-512 (got %q)", k.sasl)
+		return cfg, fmt.Errorf("--kafka-sasl must be one of %s (got %q)", strings.Join(saslFlagValues, ", "), k.sasl)
 	}
+	mech, err := kafkaclient.Mechanism(auth)
 	if err != nil {
-		return nil, fmt.Errorf("--kafka-sasl: %w", err)
+		return cfg, fmt.Errorf("--kafka-sasl: %w", err)
 	}
-	d.SASLMechanism = mech
-	return d, nil
+	cfg.SASL = mech
+	return cfg, nil
 }
 
 // conn is what most commands need: a pool on the settled schema, the named
@@ -195,11 +220,9 @@ type conn struct {
 	pool *pgxpool.Pool
 	// record is what the named consumer recorded; nil when it recorded
 	// nothing, or no consumer is named.
-	record  *recorded.Settings
-	kafka   kafkaSettings
-	brokers []string
-	dialer  *kafka.Dialer
-	admin   *kafkaadmin.Admin
+	record *recorded.Settings
+	kafka  kafkaSettings
+	admin  *kafkaadmin.Admin
 }
 
 func (c *conn) close() {
@@ -242,11 +265,15 @@ func (s *settings) connectKafkaAs(c *conn, rec *recorded.Settings, who string) e
 	if err != nil {
 		return err
 	}
-	d, err := s.dialer(k)
+	cfg, err := s.kafkaConfig(k)
 	if err != nil {
 		return err
 	}
-	c.kafka, c.brokers, c.dialer, c.admin = k, k.brokers, d, kafkaadmin.New(k.brokers, d)
+	admin, err := kafkaadmin.New(cfg)
+	if err != nil {
+		return err
+	}
+	c.kafka, c.admin = k, admin
 	return nil
 }
 

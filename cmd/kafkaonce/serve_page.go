@@ -206,8 +206,10 @@ type consumerView struct {
 	Name   string
 	Report statusReport
 	Lag    int64
-	// Stopped are the partitions stopped at a message, with why.
+	// Stopped are the partitions stopped at a message, with why; Held
+	// those an open transaction holds back.
 	Stopped []partitionStatus
+	Held    []partitionStatus
 	// Err says why Kafka's side (or the status as a whole) could not be
 	// read; the rows from Postgres are shown anyway.
 	Err string
@@ -265,6 +267,9 @@ func (p *page) overview(w http.ResponseWriter, r *http.Request) {
 			if ps.StoppedAt != nil {
 				ps.StopReason = p.redactText(ps.StopReason)
 				cv.Stopped = append(cv.Stopped, *ps)
+			}
+			if ps.HeldAt != nil {
+				cv.Held = append(cv.Held, *ps)
 			}
 		}
 		cv.Report = rep

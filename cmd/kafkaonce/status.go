@@ -40,6 +40,12 @@ type partitionStatus struct {
 	// and StopReason says why.
 	StoppedAt  *time.Time `json:"stopped_at,omitempty"`
 	StopReason string     `json:"stop_reason,omitempty"`
+	// HeldAt is set while a producer's open transaction holds the
+	// partition back: the offset of its first record, where processing
+	// waits since HeldSince (the run records it once the wait passed the
+	// consumer's OpenTransactionAfter).
+	HeldAt    *int64     `json:"held_at,omitempty"`
+	HeldSince *time.Time `json:"held_since,omitempty"`
 	// LastCommit is when a transaction of the consumer last moved the
 	// stored position (the position's updated_at); absent with no position.
 	LastCommit *time.Time `json:"last_commit,omitempty"`
@@ -177,6 +183,17 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 	if err != nil {
 		return r, err
 	}
+	holds, err := tries.Holds(ctx, pool, consumerName)
+	if err != nil {
+		return r, err
+	}
+	holdOf := map[string]map[int]attempts.HeldPartition{}
+	for _, h := range holds {
+		if holdOf[h.Topic] == nil {
+			holdOf[h.Topic] = map[int]attempts.HeldPartition{}
+		}
+		holdOf[h.Topic][h.Partition] = h
+	}
 	stopOf := map[string]map[int]attempts.Stop{}
 	for _, st := range stops {
 		if stopOf[st.Topic] == nil {
@@ -239,6 +256,10 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 			if st, ok := stopOf[topic][p]; ok {
 				at := st.At
 				ps.StoppedAt, ps.StopReason = &at, st.Reason
+			}
+			if h, ok := holdOf[topic][p]; ok {
+				at, since := h.At, h.Since
+				ps.HeldAt, ps.HeldSince = &at, &since
 			}
 			done := max(ps.Committed, ps.Stored, ps.LogStart)
 			ps.Lag = max(ps.LogEnd-done, 0)
@@ -318,6 +339,10 @@ func printStatus(w io.Writer, r statusReport) {
 	for _, p := range r.Partitions {
 		if p.StoppedAt != nil {
 			fmt.Fprintf(w, "STOPPED %s/%d since %s: %s\n", p.Topic, p.Partition, p.StoppedAt.UTC().Format(time.RFC3339), firstLine(p.StopReason))
+		}
+		if p.HeldAt != nil {
+			fmt.Fprintf(w, "HELD %s/%d since %s: a producer's open transaction, from offset %d, holds back what follows until it commits or aborts\n",
+				p.Topic, p.Partition, p.HeldSince.UTC().Format(time.RFC3339), *p.HeldAt)
 		}
 	}
 	if contended {

@@ -18,12 +18,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/engine"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/franz"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
@@ -179,7 +181,10 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*co
 	}
 	before := contents(tb, db, idents)
 
-	admin := kafkaadmin.New(broker.Brokers, nil)
+	admin, err := kafkaadmin.New(kafkaclient.Config{Brokers: broker.Brokers})
+	if err != nil {
+		tb.Fatalf("consumertest: rewind the group: %v", err)
+	}
 	defer admin.Close()
 	start := map[int]int64{}
 	for p := 0; p < partitions; p++ {
@@ -268,21 +273,30 @@ func fetch(tb testing.TB, brokers []string, topic string, perPartition map[int]i
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	client, err := franz.New(kafkaclient.Config{Brokers: brokers, MaxBatch: 100, FetchMaxBytes: 1 << 20})
+	if err != nil {
+		tb.Fatalf("consumertest: read back the topic: %v", err)
+	}
+	defer client.Close()
 	var out []*consumer.Message
 	for _, p := range slices.Sorted(maps.Keys(perPartition)) {
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxWait: 50 * time.Millisecond})
-		for range perPartition[p] {
-			km, err := r.ReadMessage(ctx)
+		f, err := client.Open(kafkaclient.FetchConfig{Topic: topic, Partition: p, MaxBatch: 100, Linger: 50 * time.Millisecond})
+		if err != nil {
+			tb.Fatalf("consumertest: read back partition %d of the topic: %v", p, err)
+		}
+		for got := 0; got < perPartition[p]; {
+			batch, err := f.Next(ctx, nil)
 			if err != nil {
-				_ = r.Close()
+				f.Close()
 				tb.Fatalf("consumertest: read back partition %d of the topic: %v", p, err)
 			}
-			out = append(out, &consumer.Message{Topic: km.Topic, Partition: km.Partition, Offset: km.Offset,
-				Key: km.Key, Value: km.Value, Headers: km.Headers, Time: km.Time})
+			for _, r := range batch {
+				out = append(out, &consumer.Message{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
+					Key: r.Key, Value: r.Value, Headers: r.Headers, Time: r.Time})
+			}
+			got += len(batch)
 		}
-		if err := r.Close(); err != nil {
-			tb.Fatalf("consumertest: %v", err)
-		}
+		f.Close()
 	}
 	return out
 }
@@ -379,16 +393,20 @@ func validID(src consumer.MessageIDSource, m *consumer.Message) (id string, ok b
 
 func produce(tb testing.TB, brokers []string, topic string, msgs []*consumer.Message) {
 	tb.Helper()
-	tr := &kafka.Transport{}
-	defer tr.CloseIdleConnections()
-	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Transport: tr, BatchTimeout: time.Millisecond,
-		Balancer: kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition })}
-	defer w.Close()
-	km := make([]kafka.Message, len(msgs))
-	for i, m := range msgs {
-		km[i] = kafka.Message{Partition: m.Partition, Key: m.Key, Value: m.Value, Headers: m.Headers, Time: m.Time}
+	client, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		tb.Fatalf("consumertest: produce: %v", err)
 	}
-	if err := w.WriteMessages(context.Background(), km...); err != nil {
+	defer client.Close()
+	recs := make([]*kgo.Record, len(msgs))
+	for i, m := range msgs {
+		r := &kgo.Record{Topic: topic, Partition: int32(m.Partition), Key: m.Key, Value: m.Value, Timestamp: m.Time}
+		for _, h := range m.Headers {
+			r.Headers = append(r.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+		}
+		recs[i] = r
+	}
+	if err := client.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
 		tb.Fatalf("consumertest: produce: %v", err)
 	}
 }

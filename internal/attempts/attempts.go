@@ -204,7 +204,7 @@ ON CONFLICT (consumer, topic, partition) DO UPDATE
 SET starts = CASE WHEN r.start_offset = EXCLUDED.start_offset THEN r.starts + 1 ELSE 1 END,
     start_offset = EXCLUDED.start_offset, started_at = now(), run = EXCLUDED.run,
     batch_limit = NULL, contention_retries = 0, last_contention_at = NULL, serialized_until = NULL,
-    stopped_at = NULL, stop_reason = NULL
+    stopped_at = NULL, stop_reason = NULL, held_at = NULL, held_since = NULL
 RETURNING run, starts`, consumer, topic, partition, start).QueryRow(func(row pgx.Row) error { return row.Scan(&run, &starts) })
 	b.Queue(`DELETE FROM `+s.attempts+` WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset < $4`,
 		consumer, topic, partition, start)
@@ -283,6 +283,47 @@ WHERE consumer = $1 AND stopped_at IS NOT NULL ORDER BY topic, partition`, consu
 	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Stop])
 	if err != nil {
 		return nil, fmt.Errorf("attempts: read stopped partitions: %w", err)
+	}
+	return out, nil
+}
+
+// Held records, on the run numbered run, that an open transaction holds
+// the partition back at offset at since since (at -1: the wait is over).
+func (s *Store) Held(ctx context.Context, db schema.Beginner, consumer, topic string, partition int, run, at int64, since time.Time) error {
+	b := &pgx.Batch{}
+	var heldAt *int64
+	var heldSince *time.Time
+	if at >= 0 {
+		heldAt, heldSince = &at, &since
+	}
+	b.Queue(`UPDATE `+s.runs+` SET held_at = $5, held_since = $6 WHERE consumer = $1 AND topic = $2 AND partition = $3 AND run = $4`,
+		consumer, topic, partition, run, heldAt, heldSince)
+	if err := s.inOneTransaction(ctx, db, b); err != nil {
+		return fmt.Errorf("attempts: record the wait of %s/%d on a transaction: %w", topic, partition, err)
+	}
+	return nil
+}
+
+// HeldPartition is a partition held back by an open transaction, as its
+// run recorded it.
+type HeldPartition struct {
+	Topic     string
+	Partition int
+	At        int64
+	Since     time.Time
+}
+
+// Holds returns the consumer's partitions held back by open transactions,
+// by topic and partition.
+func (s *Store) Holds(ctx context.Context, q schema.Querier, consumer string) ([]HeldPartition, error) {
+	rows, err := q.Query(ctx, `SELECT topic, partition, held_at, held_since FROM `+s.runs+`
+WHERE consumer = $1 AND held_at IS NOT NULL ORDER BY topic, partition`, consumer)
+	if err != nil {
+		return nil, fmt.Errorf("attempts: read held partitions: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[HeldPartition])
+	if err != nil {
+		return nil, fmt.Errorf("attempts: read held partitions: %w", err)
 	}
 	return out, nil
 }

@@ -7,9 +7,8 @@ import (
 	"sort"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/internal/recent"
 )
 
@@ -22,6 +21,10 @@ var errInterrupted = errors.New("consumer: interrupted by revocation or shutdown
 // it before the transaction.
 type item struct {
 	msg Message
+	// end is where the partition's position moves once the message is
+	// processed: the offset after it, or after the transaction markers
+	// right behind it.
+	end int64
 	fp  dedupe.Fingerprint
 	// idErr is set when no valid id could be derived; the message is set
 	// aside as invalid.
@@ -65,12 +68,12 @@ func foreseen(items []item, i int, next int64) bool {
 // processBatch converts a fetched batch, derives its message ids and
 // applies it. Under StopPartition, a message without a valid id ends the
 // batch and stops the partition once the messages before it are applied.
-func (w *worker) processBatch(stop, work context.Context, raw []kafka.Message) error {
+func (w *worker) processBatch(stop, work context.Context, raw []kafkaclient.Record) error {
 	items := w.items[:0]
 	var stopErr error
 	now := time.Now() // one clock reading per batch for the suspect check
 	for i := range raw {
-		items = append(items, item{repeatOf: -1, msg: Message{
+		items = append(items, item{repeatOf: -1, end: max(raw[i].Next, raw[i].Offset+1), msg: Message{
 			Topic:     raw[i].Topic,
 			Partition: raw[i].Partition,
 			Offset:    raw[i].Offset,

@@ -408,7 +408,7 @@ func (a *txAttempt) close(h *handled) (*pgx.Batch, error) {
 	if p.clearAttempts {
 		a.attempts.QueueClear(b, a.cfg.Name, a.topic, a.partition, items[0].msg.Offset, items[h.end-1].msg.Offset)
 	}
-	a.offsets.QueueAdvance(b, a.cfg.Name, a.topic, a.partition, items[h.end-1].msg.Offset+1)
+	a.offsets.QueueAdvance(b, a.cfg.Name, a.topic, a.partition, items[h.end-1].end)
 	a.queuePace(b)
 	return b, nil
 }

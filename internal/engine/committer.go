@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
-	"github.com/segmentio/kafka-go"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 )
 
 // afterCommit reports the committed messages and hands their offset to the
@@ -72,47 +72,63 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 	if deadLettered {
 		w.wakePublisher()
 	}
-	w.next, w.positionKnown = last+1, true
-	w.committer.mark(w.topic, w.partition, w.next)
+	w.next, w.positionKnown = items[len(items)-1].end, true
+	w.committer.mark(w.hold, w.next)
 }
 
-// committer commits processed offsets to Kafka for one generation. Workers
+// committer commits processed offsets to Kafka for the member. Workers
 // mark a partition's next offset only after the database transaction that
 // processed the messages below it committed; the committer sends the latest
-// mark of every partition in one OffsetCommit request, so a busy partition
-// costs at most one commit per batch and usually fewer.
+// mark of every partition in one offset commit, so a busy partition costs
+// at most one commit per batch and usually fewer.
 //
-// Commits go through the generation (its id and member id), so the broker
-// rejects them once this member has been fenced out of the group: a zombie
-// cannot move offsets of partitions it no longer owns.
+// It keeps only the marks of the partitions' current runs (see
+// partitionRun): a worker that was abandoned, or whose partition was lost
+// and may be another member's by now, marks in vain. Commits go through
+// the member's generation, so the broker rejects them once the member has
+// been fenced out of the group.
 //
 // The Kafka offset is only a copy of the processed position stored in
 // Postgres; a lost or rejected commit costs a redelivery that the stored
 // position skips, never a duplicate effect.
 type committer struct {
 	*deps
-	gen *kafka.Generation
+	wake chan struct{}
+	// flushing is held while a commit is in flight: a partition released
+	// waits for it, so that no commit of its offsets lands after its new
+	// owner's.
+	flushing sync.Mutex
 
 	mu      sync.Mutex
-	pending map[string]map[int]int64
-	wake    chan struct{}
+	owned   map[kafkaclient.TopicPartition]*partitionRun
+	pending map[kafkaclient.TopicPartition]int64
 }
 
-func newCommitter(c *Consumer, gen *kafka.Generation) *committer {
-	return &committer{deps: c.deps, gen: gen, pending: map[string]map[int]int64{}, wake: make(chan struct{}, 1)}
+// commitTimeout bounds one offset commit.
+const commitTimeout = 10 * time.Second
+
+func newCommitter(d *deps) *committer {
+	return &committer{deps: d, wake: make(chan struct{}, 1),
+		owned: map[kafkaclient.TopicPartition]*partitionRun{}, pending: map[kafkaclient.TopicPartition]int64{}}
 }
 
-// mark records that every message of topic/partition below next is
-// durably processed.
-func (m *committer) mark(topic string, partition int, next int64) {
+// own makes r its partition's current run.
+func (m *committer) own(r *partitionRun) {
 	m.mu.Lock()
-	ps := m.pending[topic]
-	if ps == nil {
-		ps = map[int]int64{}
-		m.pending[topic] = ps
+	m.owned[r.tp] = r
+	m.mu.Unlock()
+}
+
+// mark records that every message of r's partition below next is durably
+// processed, if r is the partition's current run.
+func (m *committer) mark(r *partitionRun, next int64) {
+	m.mu.Lock()
+	if m.owned[r.tp] != r {
+		m.mu.Unlock()
+		return
 	}
-	if next > ps[partition] {
-		ps[partition] = next
+	if next > m.pending[r.tp] {
+		m.pending[r.tp] = next
 	}
 	m.mu.Unlock()
 	select {
@@ -121,99 +137,107 @@ func (m *committer) mark(topic string, partition int, next int64) {
 	}
 }
 
-// run commits marks as they come until stop is done, then until all workers
-// have returned (they finish their batches and mark them), then commits what
-// is left and returns.
-//
-// run must not return before stop is done, even when this member has no
-// partition: kafka-go ends this member's generation as soon as any function
-// started with gen.Start returns, and the member then joins again, which
-// rebalances the whole group. A member with nothing to do that returned at
-// once would make the group rebalance without end.
-func (m *committer) run(stop context.Context, workers *sync.WaitGroup) {
-	retryTick := time.NewTicker(time.Second)
-	defer retryTick.Stop()
-	m.commitUntil(stop, stop.Done(), retryTick.C)
-	workersDone := make(chan struct{})
-	go func() { workers.Wait(); close(workersDone) }()
-	m.commitUntil(stop, workersDone, retryTick.C)
-	m.flush(stop)
+// release ends runs: with commit, their pending marks are committed first
+// (once: if that fails, the partitions' next owners start from the stored
+// positions all the same); without, they are dropped. Either way no mark
+// of theirs is committed after release returns.
+func (m *committer) release(ctx context.Context, runs []*partitionRun, commit bool) {
+	m.flushing.Lock()
+	defer m.flushing.Unlock()
+	m.mu.Lock()
+	final := map[kafkaclient.TopicPartition]int64{}
+	for _, r := range runs {
+		if m.owned[r.tp] != r {
+			continue
+		}
+		if off, ok := m.pending[r.tp]; ok && commit {
+			final[r.tp] = off
+		}
+		delete(m.owned, r.tp)
+		delete(m.pending, r.tp)
+	}
+	m.mu.Unlock()
+	if len(final) > 0 {
+		m.commit(ctx, final, false)
+	}
 }
 
-// commitUntil commits marks as they come, and retries failed commits on
-// each tick, until done is closed.
-func (m *committer) commitUntil(ctx context.Context, done <-chan struct{}, tick <-chan time.Time) {
+// run commits marks as they come, and retries failed commits every second,
+// until ctx is done.
+func (m *committer) run(ctx context.Context) {
+	retryTick := time.NewTicker(time.Second)
+	defer retryTick.Stop()
 	for {
 		select {
 		case <-m.wake:
-			m.flush(ctx)
-		case <-tick:
-			m.flush(ctx)
-		case <-done:
+		case <-retryTick.C:
+		case <-ctx.Done():
 			return
 		}
+		m.flush(ctx)
 	}
 }
 
 func (m *committer) flush(ctx context.Context) {
+	m.flushing.Lock()
+	defer m.flushing.Unlock()
 	m.mu.Lock()
 	if len(m.pending) == 0 {
 		m.mu.Unlock()
 		return
 	}
 	batch := m.pending
-	m.pending = map[string]map[int]int64{}
+	m.pending = map[kafkaclient.TopicPartition]int64{}
 	m.mu.Unlock()
+	m.commit(ctx, batch, true)
+}
 
-	err := m.gen.CommitOffsets(batch)
+// commit sends batch. On a failure that is not the generation's end, with
+// retry, the marks go back to be committed on the next tick (unless newer
+// ones came), without waking the loop: a broker that refuses commits is
+// not hammered.
+func (m *committer) commit(ctx context.Context, batch map[kafkaclient.TopicPartition]int64, retry bool) {
+	list := make([]kafkaclient.Offset, 0, len(batch))
+	for tp, next := range batch {
+		list = append(list, kafkaclient.Offset{TopicPartition: tp, Next: next})
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	err := m.client.Commit(cctx, list)
+	cancel()
 	if len(m.hooks.Committed) > 0 {
-		list := flatten(batch)
+		reported := flatten(list)
 		for _, h := range m.hooks.Committed {
-			h(ctx, list, err)
+			h(ctx, reported, err)
 		}
 	}
 	if err == nil {
 		return
 	}
-	if fenced(err) {
+	if errors.Is(err, kafkaclient.ErrFenced) {
 		// The generation is over for this member: the new owner of each
 		// partition starts from the stored position, so nothing is lost by
 		// dropping these marks.
-		m.log.Info("kafka offset commit rejected: this member's generation has ended", slog.Int("generation", int(m.gen.ID)), slog.String("error", err.Error()))
+		m.log.Info("kafka offset commit rejected: this member's generation has ended", slog.String("error", err.Error()))
+		return
+	}
+	if !retry {
+		m.log.Warn("kafka offset commit of revoked partitions failed; their next owners start from the stored positions", slog.String("error", err.Error()))
 		return
 	}
 	m.log.Warn("kafka offset commit failed; retrying within a second", slog.String("error", err.Error()))
-	// Put the marks back without waking the loop: the retry ticker paces
-	// the next attempt, so a broker that refuses commits is not hammered.
 	m.mu.Lock()
-	for topic, ps := range batch {
-		for p, off := range ps {
-			if m.pending[topic] == nil {
-				m.pending[topic] = map[int]int64{}
-			}
-			if off > m.pending[topic][p] {
-				m.pending[topic][p] = off
-			}
+	for tp, off := range batch {
+		if m.owned[tp] != nil && off > m.pending[tp] {
+			m.pending[tp] = off
 		}
 	}
 	m.mu.Unlock()
 }
 
-// fenced reports errors that mean this member can no longer commit in this
-// generation.
-func fenced(err error) bool {
-	return errors.Is(err, kafka.IllegalGeneration) ||
-		errors.Is(err, kafka.UnknownMemberId) ||
-		errors.Is(err, kafka.RebalanceInProgress) ||
-		errors.Is(err, kafka.FencedInstanceID)
-}
-
-func flatten(m map[string]map[int]int64) []TopicPartitionOffset {
-	var out []TopicPartitionOffset
-	for topic, ps := range m {
-		for p, off := range ps {
-			out = append(out, TopicPartitionOffset{Topic: topic, Partition: p, Offset: off})
-		}
+func flatten(list []kafkaclient.Offset) []TopicPartitionOffset {
+	out := make([]TopicPartitionOffset, len(list))
+	for i, o := range list {
+		out[i] = TopicPartitionOffset{Topic: o.Topic, Partition: o.Partition, Offset: o.Next}
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Topic != out[j].Topic {

@@ -2,11 +2,14 @@ package engine
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/kafkaonce/kafkaonce/kafkaconn"
 )
 
 // Config is what the engine runs with: consumer.Config once validated and
@@ -29,14 +32,21 @@ type Config struct {
 	MessageIDRule string
 	Hooks         Hooks
 
-	ClaimFirst    bool
-	MaxBatch      int
-	MaxWait       time.Duration
-	Dialer        *kafka.Dialer
-	StartOffset   StartOffset
-	FetchMaxBytes int
-	Schema        string
-	Logger        *slog.Logger
+	ClaimFirst  bool
+	MaxBatch    int
+	MaxWait     time.Duration
+	KafkaClient KafkaClient
+	TLS         *tls.Config
+	SASL        *kafkaconn.SASL
+	// Dialer is kafka-go's, for KafkaClient KafkaGo only.
+	Dialer               *kafka.Dialer
+	InstanceID           string
+	MetadataMaxAge       time.Duration
+	OpenTransactionAfter time.Duration
+	StartOffset          StartOffset
+	FetchMaxBytes        int
+	Schema               string
+	Logger               *slog.Logger
 
 	ShutdownTimeout          time.Duration
 	StatementTimeout         time.Duration

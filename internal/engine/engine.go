@@ -5,16 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/kafkaonce/kafkaonce/idempotency"
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
@@ -32,7 +30,8 @@ type DB interface {
 
 // Consumer is the running engine behind a consumer.Consumer: the group
 // membership, one worker per assigned partition, the offset committer,
-// maintenance and the dead-letter publisher.
+// maintenance and the dead-letter publisher. It reaches Kafka through a
+// kafkaclient.Client (see client.go).
 type Consumer struct {
 	*deps
 	running atomic.Bool
@@ -47,6 +46,9 @@ type deps struct {
 	cfg   Config
 	log   *slog.Logger
 	hooks Hooks
+	// client is the Kafka client (set by Run, and by Redrive when it
+	// needs none: nil).
+	client kafkaclient.Client
 	// user is the handler and the id function, as the engine calls them.
 	user     userCode
 	claims   *claims.Store
@@ -139,23 +141,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	stopRecording := c.recordSettings(ctx)
 	defer stopRecording()
-	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                c.cfg.GroupID,
-		Brokers:           c.cfg.Brokers,
-		Dialer:            c.cfg.Dialer,
-		Topics:            c.cfg.Topics,
-		SessionTimeout:    c.cfg.SessionTimeout,
-		RebalanceTimeout:  c.cfg.RebalanceTimeout,
-		HeartbeatInterval: c.cfg.HeartbeatInterval,
-		JoinGroupBackoff:  joinGroupBackoff,
-		StartOffset:       c.startSentinel(),
-		Logger:            kafkaLogger(c.log, slog.LevelDebug),
-		ErrorLogger:       kafkaLogger(c.log, slog.LevelWarn),
-	})
+	client, err := c.newClient()
 	if err != nil {
-		return fmt.Errorf("consumer: %w", err)
+		return err
 	}
-	c.log.Info("consumer starting", slog.String("group", c.cfg.GroupID), slog.Any("topics", c.cfg.Topics))
+	defer client.Close()
+	c.client = client
+	c.log.Info("consumer starting", slog.String("group", c.cfg.GroupID), slog.Any("topics", c.cfg.Topics), slog.String("kafka_client", c.cfg.KafkaClient.String()))
 	if c.publish != nil {
 		// The publisher outlives the workers' drain, so that letters written
 		// while draining are published too.
@@ -168,25 +160,21 @@ func (c *Consumer) Run(ctx context.Context) error {
 	maintDone := make(chan struct{})
 	go func() { defer close(maintDone); c.runMaintenance(maintCtx) }()
 	defer func() { stopMaint(); <-maintDone }()
-	var generations sync.WaitGroup
-	for {
-		gen, err := group.Next(ctx)
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
-				break
-			}
-			c.log.Warn("consumer group: waiting for a generation", slog.String("error", err.Error()))
-			continue
-		}
-		c.startGeneration(ctx, gen, &generations)
+
+	m := newMembership(ctx, c.deps)
+	commitCtx, stopCommits := context.WithCancel(context.WithoutCancel(ctx))
+	commitsDone := make(chan struct{})
+	go func() { defer close(commitsDone); m.committer.run(commitCtx) }()
+	// RunGroup returns once every partition is revoked, which waits until
+	// each worker has finished its batch and the last offsets are
+	// committed, and the member has left the group.
+	err = client.RunGroup(ctx, m)
+	m.all.Wait()
+	stopCommits()
+	<-commitsDone
+	if err != nil {
+		return fmt.Errorf("consumer: %w", err)
 	}
-	// Close ends the current generation, waits until every worker has
-	// finished its batch and the last offsets are committed, then leaves the
-	// group so the partitions move to other members at once.
-	if err := group.Close(); err != nil {
-		c.log.Warn("consumer group: close", slog.String("error", err.Error()))
-	}
-	generations.Wait()
 	c.log.Info("consumer stopped")
 	return nil
 }
@@ -239,32 +227,6 @@ func (c *Consumer) checkSchema(ctx context.Context) error {
 	}
 	return nil
 }
-
-func (c *Consumer) startSentinel() int64 {
-	if c.cfg.StartOffset == StartLatest {
-		return kafka.LastOffset
-	}
-	return kafka.FirstOffset
-}
-
-// kafkaLogger routes kafka-go's printf logging into slog at one level.
-func kafkaLogger(l *slog.Logger, level slog.Level) kafka.Logger {
-	l = l.With(slog.String("component", "kafka-go"))
-	return kafka.LoggerFunc(func(msg string, args ...any) {
-		if l.Enabled(context.Background(), level) {
-			l.Log(context.Background(), level, fmt.Sprintf(msg, args...))
-		}
-	})
-}
-
-// joinGroupBackoff is the pause before rejoining the group after a failed
-// join: long enough that members failing together do not churn the
-// coordinator, short enough not to matter after an outage.
-const joinGroupBackoff = time.Second
-
-// levelKafkaChatter is below Debug: kafka-go logs every fetch at its info
-// level, which would drown a debug log.
-const levelKafkaChatter = slog.LevelDebug - 4
 
 // wakePublisher tells the dead-letter topic publisher that letters were
 // written.

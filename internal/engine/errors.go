@@ -29,6 +29,9 @@ var (
 	// messages below the old position, so the partition stops instead.
 	ErrPositionAheadOfLog = errors.New("stored position is beyond the end of the partition")
 
+	// ErrTransactionalTopic: see consumer.ErrTransactionalTopic.
+	ErrTransactionalTopic = errors.New("the topic is written by transactional producers, which this Kafka client cannot read correctly")
+
 	// ErrTxControlledByConsumer is returned by the transaction a Handler gets
 	// when the handler calls Commit or Rollback: the consumer owns the
 	// transaction's outcome.

@@ -25,6 +25,7 @@ type Hooks struct {
 	Suspect    []func(context.Context, *Message, SuspectOf)
 	Handler    []func(context.Context, *Message, time.Duration, error)
 	Contention []func(context.Context, BatchInfo, Contention)
+	Held       []func(context.Context, PartitionHeld)
 	// BatchScope and HandlerScope wrap a batch transaction and a handler
 	// call in a context of the hook's (see scopes.go).
 	BatchScope   []func(context.Context, BatchInfo, []*Message) (context.Context, func())
@@ -35,7 +36,7 @@ type Hooks struct {
 func (h *Hooks) Len() int {
 	return len(h.Assigned) + len(h.Stopped) + len(h.Start) + len(h.End) + len(h.Applied) +
 		len(h.Skipped) + len(h.Conflict) + len(h.Committed) + len(h.Failed) + len(h.Dead) +
-		len(h.Suspect) + len(h.Handler) + len(h.Contention) + len(h.BatchScope) + len(h.HandlerScope)
+		len(h.Suspect) + len(h.Handler) + len(h.Contention) + len(h.Held) + len(h.BatchScope) + len(h.HandlerScope)
 }
 
 // PartitionAssignment mirrors consumer.PartitionAssignment.
@@ -46,6 +47,16 @@ type PartitionAssignment struct {
 	StoredPosition   int64
 	LogStart, LogEnd int64
 	Start            int64
+}
+
+// PartitionHeld mirrors consumer.PartitionHeld.
+type PartitionHeld struct {
+	Topic     string
+	Partition int
+	Offset    int64
+	LogEnd    int64
+	Since     time.Time
+	Released  bool
 }
 
 // BatchInfo mirrors consumer.BatchInfo.

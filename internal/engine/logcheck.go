@@ -5,10 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 
-	"github.com/segmentio/kafka-go"
-
-	"github.com/kafkaonce/kafkaonce/internal/kafkafetch"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 )
 
 // MessagesDeletedError says which messages of a partition were deleted from
@@ -39,26 +38,28 @@ func (e *MessagesDeletedError) Error() string {
 
 func (e *MessagesDeletedError) Unwrap() error { return ErrMessagesDeleted }
 
-// logView is what a partition's start is decided from: the stored position
-// and the log's bounds.
+// logView is what a partition's start is decided from: the stored
+// position, the group's committed offset and the log's bounds.
 type logView struct {
 	pos              int64
 	hasPos           bool
+	committed        int64 // -1: none
 	logStart, logEnd int64
 }
 
-// start is where the partition would start from v and the group's
-// committed offset: the stored position when there is one (see assign).
-func (v logView) start(kafkaOffset int64) int64 {
+// start is where the partition would start from v: the stored position
+// when there is one (see assign), else the committed offset, else the log
+// start or end.
+func (v logView) start(latest bool) int64 {
 	switch {
 	case v.hasPos:
 		return v.pos
-	case kafkaOffset == kafka.FirstOffset:
-		return v.logStart
-	case kafkaOffset == kafka.LastOffset:
+	case v.committed >= 0:
+		return v.committed
+	case latest:
 		return v.logEnd
 	}
-	return kafkaOffset
+	return v.logStart
 }
 
 // outside reports whether the log does not hold start: beyond its end, or
@@ -82,25 +83,27 @@ func (v logView) outside(start int64) bool { return start > v.logEnd || start < 
 // meanwhile; that is reported as a loss, the side to err on.)
 func (w *worker) readLog(stop, work context.Context) (logView, error) {
 	var v logView
-	var boundsErr error
-	bounds := make(chan struct{})
-	go func() {
-		defer close(bounds)
-		v.logStart, v.logEnd, boundsErr = w.bounds(stop)
-	}()
+	var boundsErr, committedErr error
+	var kafkaReads sync.WaitGroup
+	kafkaReads.Go(func() { v.logStart, v.logEnd, boundsErr = w.bounds(stop) })
+	kafkaReads.Go(func() {
+		v.committed, committedErr = w.client.Committed(stop, kafkaclient.TopicPartition{Topic: w.topic, Partition: w.partition})
+	})
 	var posErr error
 	v.pos, v.hasPos, posErr = w.loadPosition(work)
-	<-bounds
-	if err := errors.Join(posErr, boundsErr); err != nil || !v.outside(v.start(w.kafkaOffset)) {
+	kafkaReads.Wait()
+	latest := w.cfg.StartOffset == StartLatest
+	if err := errors.Join(posErr, boundsErr, committedErr); err != nil || !v.outside(v.start(latest)) {
 		return v, err
 	}
 	w.log.Info("the partition's start is outside the log's bounds read at the same time; reading them again, the stored position first",
-		w.logAttrs(slog.Int64("offset", v.start(w.kafkaOffset)), slog.Int64("log_start", v.logStart), slog.Int64("log_end", v.logEnd))...)
-	return w.readLogInOrder(stop, work)
+		w.logAttrs(slog.Int64("offset", v.start(latest)), slog.Int64("log_start", v.logStart), slog.Int64("log_end", v.logEnd))...)
+	return w.readLogInOrder(stop, work, v.committed)
 }
 
 // readLogInOrder reads the stored position, then the log's bounds.
-func (w *worker) readLogInOrder(stop, work context.Context) (v logView, err error) {
+func (w *worker) readLogInOrder(stop, work context.Context, committed int64) (v logView, err error) {
+	v.committed = committed
 	if v.pos, v.hasPos, err = w.loadPosition(work); err != nil {
 		return v, err
 	}
@@ -109,7 +112,8 @@ func (w *worker) readLogInOrder(stop, work context.Context) (v logView, err erro
 }
 
 func (w *worker) bounds(ctx context.Context) (first, end int64, err error) {
-	return kafkafetch.Bounds(ctx, w.cfg.Dialer, w.cfg.Brokers, w.topic, w.partition)
+	b, err := w.client.Bounds(ctx, w.topic, w.partition)
+	return b.Start, b.End, err
 }
 
 // processedPosition is the stored position, -1 when there is none: the

@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // Message is one message as the engine tracks it. It mirrors
@@ -20,7 +20,7 @@ type Message struct {
 	Offset    int64
 	Key       []byte
 	Value     []byte
-	Headers   []kafka.Header
+	Headers   []kafkaoncetype.Header
 	// Time is the timestamp Kafka stored with the message.
 	Time time.Time
 }

@@ -143,7 +143,7 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	q := &pgx.Batch{}
 	q.Queue("BEGIN")
 	head := append(make([]any, 0, len(sess.args)+5), sess.args...)
-	q.Queue(sess.oneTripHead, append(head, a.cfg.Name, a.topic, a.partition, a.next, items[n-1].msg.Offset+1)...)
+	q.Queue(sess.oneTripHead, append(head, a.cfg.Name, a.topic, a.partition, a.next, items[n-1].end)...)
 	claimed := len(st.claims) == 0
 	if !claimed {
 		a.claims.QueueClaimNew(q, a.cfg.Name, a.topic, a.partition, st.claims, &claimed)

@@ -6,9 +6,9 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // Headers of a message published to Config.DeadLetterTopic: the consumer
@@ -33,19 +33,10 @@ const maxHeaderError = 1024
 // published after the broker acknowledged them: at-least-once, and nothing
 // is lost if the broker or the process is down for a while.
 func (c *Consumer) runPublisher(ctx context.Context) {
-	w := &kafka.Writer{
-		Addr:         kafka.TCP(c.cfg.Brokers...),
-		Topic:        c.cfg.DeadLetterTopic,
-		Transport:    transportFor(c.cfg.Dialer),
-		Balancer:     &kafka.Hash{}, // letters of one key stay in order
-		RequiredAcks: kafka.RequireAll,
-		BatchTimeout: 5 * time.Millisecond,
-	}
-	defer w.Close()
 	poll := time.NewTicker(5 * time.Second)
 	defer poll.Stop()
 	for {
-		if err := c.publishPending(ctx, w); err != nil && ctx.Err() == nil {
+		if err := c.publishPending(ctx); err != nil && ctx.Err() == nil {
 			c.log.Warn("dead-letter topic: publishing failed; retrying in a few seconds", slog.String("topic", c.cfg.DeadLetterTopic), slog.String("error", err.Error()))
 		}
 		select {
@@ -53,7 +44,7 @@ func (c *Consumer) runPublisher(ctx context.Context) {
 			// One last pass for letters written while draining.
 			final, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			if err := c.publishPending(final, w); err != nil {
+			if err := c.publishPending(final); err != nil {
 				c.log.Warn("dead-letter topic: letters left unpublished at shutdown are published at the next start", slog.String("error", err.Error()))
 			}
 			return
@@ -64,7 +55,7 @@ func (c *Consumer) runPublisher(ctx context.Context) {
 }
 
 // publishPending publishes unpublished letters a page at a time.
-func (c *Consumer) publishPending(ctx context.Context, w *kafka.Writer) error {
+func (c *Consumer) publishPending(ctx context.Context) error {
 	for {
 		var letters []deadletter.Letter
 		err := c.readOnly(ctx, func(q querier) (err error) {
@@ -74,12 +65,12 @@ func (c *Consumer) publishPending(ctx context.Context, w *kafka.Writer) error {
 		if err != nil || len(letters) == 0 {
 			return err
 		}
-		msgs := make([]kafka.Message, len(letters))
+		recs := make([]kafkaclient.Record, len(letters))
 		ids := make([]int64, len(letters))
 		for i := range letters {
-			msgs[i], ids[i] = publishedLetter(&letters[i]), letters[i].ID
+			recs[i], ids[i] = publishedLetter(&letters[i]), letters[i].ID
 		}
-		if err := w.WriteMessages(ctx, msgs...); err != nil {
+		if err := c.client.Publish(ctx, c.cfg.DeadLetterTopic, recs); err != nil {
 			return err
 		}
 		if err := c.inTx(ctx, func(q querier) error { return c.letters.MarkPublished(ctx, q, ids) }); err != nil {
@@ -88,41 +79,28 @@ func (c *Consumer) publishPending(ctx context.Context, w *kafka.Writer) error {
 	}
 }
 
-func publishedLetter(l *deadletter.Letter) kafka.Message {
-	m := kafka.Message{Key: l.Key, Value: l.Value, Time: l.MessageTime}
+func publishedLetter(l *deadletter.Letter) kafkaclient.Record {
+	m := kafkaclient.Record{Key: l.Key, Value: l.Value, Time: l.MessageTime}
 	hasID := false
 	for _, h := range l.Headers {
-		m.Headers = append(m.Headers, kafka.Header{Key: h.Key, Value: h.Value})
+		m.Headers = append(m.Headers, kafkaoncetype.Header{Key: h.Key, Value: h.Value})
 		hasID = hasID || h.Key == DefaultMessageIDHeader
 	}
 	if !hasID && l.MessageID != "" {
-		m.Headers = append(m.Headers, kafka.Header{Key: DefaultMessageIDHeader, Value: []byte(l.MessageID)})
+		m.Headers = append(m.Headers, kafkaoncetype.Header{Key: DefaultMessageIDHeader, Value: []byte(l.MessageID)})
 	}
 	errText := l.Error
 	if len(errText) > maxHeaderError {
 		errText = errText[:maxHeaderError]
 	}
 	m.Headers = append(m.Headers,
-		kafka.Header{Key: HeaderConsumer, Value: []byte(l.Consumer)},
-		kafka.Header{Key: HeaderSourceTopic, Value: []byte(l.Topic)},
-		kafka.Header{Key: HeaderSourcePartition, Value: []byte(strconv.Itoa(l.Partition))},
-		kafka.Header{Key: HeaderSourceOffset, Value: []byte(strconv.FormatInt(l.Offset, 10))},
-		kafka.Header{Key: HeaderErrorClass, Value: []byte(l.Class)},
-		kafka.Header{Key: HeaderError, Value: []byte(errText)},
-		kafka.Header{Key: HeaderDeadLetterID, Value: []byte(strconv.FormatInt(l.ID, 10))},
+		kafkaoncetype.Header{Key: HeaderConsumer, Value: []byte(l.Consumer)},
+		kafkaoncetype.Header{Key: HeaderSourceTopic, Value: []byte(l.Topic)},
+		kafkaoncetype.Header{Key: HeaderSourcePartition, Value: []byte(strconv.Itoa(l.Partition))},
+		kafkaoncetype.Header{Key: HeaderSourceOffset, Value: []byte(strconv.FormatInt(l.Offset, 10))},
+		kafkaoncetype.Header{Key: HeaderErrorClass, Value: []byte(l.Class)},
+		kafkaoncetype.Header{Key: HeaderError, Value: []byte(errText)},
+		kafkaoncetype.Header{Key: HeaderDeadLetterID, Value: []byte(strconv.FormatInt(l.ID, 10))},
 	)
 	return m
-}
-
-// transportFor builds a kafka-go transport with the dialer's TLS and SASL
-// settings, for the writers the consumer opens.
-func transportFor(d *kafka.Dialer) *kafka.Transport {
-	t := &kafka.Transport{}
-	if d != nil {
-		t.TLS, t.SASL, t.ClientID = d.TLS, d.SASLMechanism, d.ClientID
-		if d.Timeout > 0 {
-			t.DialTimeout = d.Timeout
-		}
-	}
-	return t
 }

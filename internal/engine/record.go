@@ -42,6 +42,10 @@ func (c *Consumer) recordSettings(ctx context.Context) (stop func()) {
 	if s.MessageIDRule == "" {
 		s.MessageIDRule = recorded.Custom
 	}
+	s.KafkaTLS = c.cfg.TLS != nil
+	if c.cfg.SASL != nil {
+		s.KafkaSASL = string(c.cfg.SASL.Mechanism)
+	}
 	if d := c.cfg.Dialer; d != nil {
 		s.KafkaTLS = d.TLS != nil
 		if d.SASLMechanism != nil {

@@ -7,7 +7,8 @@ import (
 	"log/slog"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
+
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
@@ -167,7 +168,7 @@ func (c *Consumer) markSettled(ctx context.Context, letterID int64) error {
 func messageOfLetter(l *deadletter.Letter) *Message {
 	m := &Message{Topic: l.Topic, Partition: l.Partition, Offset: l.Offset, Key: l.Key, Value: l.Value, Time: l.MessageTime}
 	for _, h := range l.Headers {
-		m.Headers = append(m.Headers, kafka.Header{Key: h.Key, Value: h.Value})
+		m.Headers = append(m.Headers, kafkaoncetype.Header{Key: h.Key, Value: h.Value})
 	}
 	return m
 }

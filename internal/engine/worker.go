@@ -8,10 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
-	"github.com/kafkaonce/kafkaonce/internal/kafkafetch"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/recent"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
@@ -24,13 +23,19 @@ import (
 // stored position past them.
 var ErrMessagesDeleted = errors.New("messages were deleted from the log before they were processed")
 
-// worker processes one assigned partition for one generation.
+// worker processes one assigned partition, from its assignment to its
+// revocation.
 type worker struct {
 	*deps
-	committer   *committer
-	topic       string
-	partition   int
-	kafkaOffset int64 // committed offset at assignment, or a kafka-go sentinel
+	committer *committer
+	// hold is this worker's run of the partition: its marks count while
+	// it is the partition's current one.
+	hold      *partitionRun
+	topic     string
+	partition int
+	// kafkaOffset is the group's committed offset at assignment, -1 when
+	// there is none.
+	kafkaOffset int64
 
 	// next is the offset after the last message processed (or the start
 	// offset); it is where fetching resumes after a fetch error.
@@ -58,7 +63,7 @@ type worker struct {
 
 	// Buffers reused from batch to batch: dropped when an attempt that
 	// may still read them is abandoned.
-	raw   []kafka.Message
+	raw   []kafkaclient.Record
 	items []item
 	// scratch is the scratch space of the last attempt that returned, for
 	// the next (see txAttempt).
@@ -82,9 +87,9 @@ type worker struct {
 }
 
 // run processes the partition until stop is done. A partition that cannot
-// go on (a message it must not skip) is reported and then parked until the
-// generation ends: returning early would end the generation for every
-// partition of this member.
+// go on (a message it must not skip) is reported and then parked until its
+// revocation: it stays this member's, so that no other member goes past
+// the message either.
 func (w *worker) run(stop, work context.Context) {
 	err := w.consume(stop, work)
 	if err == nil || stop.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, errInterrupted)) {
@@ -183,11 +188,6 @@ func (w *worker) consume(stop, work context.Context) error {
 			w.next, w.positionKnown = lost.stored, !lost.missing
 			continue
 		}
-		if errors.Is(err, kafka.OffsetOutOfRange) {
-			if lost := w.checkDeleted(stop); lost != nil {
-				return lost
-			}
-		}
 		w.log.Warn("fetch failed; reopening the partition", w.logAttrs(slog.Int64("offset", w.next), slog.String("error", err.Error()))...)
 		if retry.Sleep(stop, backoff.Next()) != nil {
 			return nil
@@ -199,22 +199,20 @@ func (w *worker) consume(stop, work context.Context) error {
 // fetchAndProcess reads batches from w.next until stop is done or a fetch
 // fails.
 func (w *worker) fetchAndProcess(stop, work context.Context) error {
-	f, err := kafkafetch.Open(kafkafetch.Config{
-		Brokers:   w.cfg.Brokers,
-		Dialer:    w.cfg.Dialer,
+	f, err := w.client.Open(kafkaclient.FetchConfig{
 		Topic:     w.topic,
 		Partition: w.partition,
 		Start:     w.next,
 		MaxBatch:  w.cfg.MaxBatch,
 		Linger:    w.cfg.MaxWait,
-		Quiet:     kafkafetch.QuietFor(w.cfg.MaxWait),
-		MaxBytes:  w.cfg.FetchMaxBytes,
-		Logger:    kafkaLogger(w.log, levelKafkaChatter),
-		ErrLog:    kafkaLogger(w.log, slog.LevelDebug),
+		Quiet:     kafkaclient.QuietFor(w.cfg.MaxWait),
 		// Every fetch hands out the offset expected next or explains the
-		// gap (kafka-go skips deleted messages silently): a loss ends the
-		// batches before it, and comes back as a DeletedError.
+		// gap: a loss ends the batches before it, and comes back as a
+		// DeletedError.
 		Processed: w.processedPosition,
+		IdleCheck: idleCheck(w.cfg.OpenTransactionAfter),
+		HeldAfter: w.cfg.OpenTransactionAfter,
+		OnHeld:    func(h kafkaclient.Held) { w.reportHeld(stop, h) },
 	})
 	if err != nil {
 		return err
@@ -228,17 +226,70 @@ func (w *worker) fetchAndProcess(stop, work context.Context) error {
 			// (A loss found meanwhile is the next owner's to report.)
 			return nil
 		}
-		var gone *kafkafetch.DeletedError
-		if errors.As(err, &gone) {
-			return w.deletedError(gone.From, gone.LogStart)
-		}
 		if err != nil {
-			return err
+			return w.fetchError(err)
+		}
+		if len(w.raw) == 0 {
+			// Transaction markers after the last message, and nothing else.
+			w.passMarkers(stop, work, f.Position())
+			continue
 		}
 		if err := w.processBatch(stop, work, w.raw); err != nil {
 			return err
 		}
 	}
+}
+
+// passMarkers moves the partition's position to to, past offsets that
+// hold no message (the markers that end transactions), so that the stored
+// position and the group's offset reach the log's end, as the positions of
+// Kafka's own readers of committed records do. It moves the position only
+// from where this worker left it: when the position moved otherwise (lost
+// transactions, another member), the next batch's transaction finds out,
+// as every batch's does. A failure only leaves the position where it was:
+// the next batch moves it past the markers too.
+func (w *worker) passMarkers(stop, work context.Context, to int64) {
+	if to <= w.next || !w.positionKnown {
+		return
+	}
+	var passed bool
+	b := &pgx.Batch{}
+	w.offsets.QueuePass(b, w.cfg.Name, w.topic, w.partition, w.next, to, &passed)
+	if err := w.inOneTrip(work, b); err != nil {
+		if stop.Err() == nil {
+			w.log.Warn("could not move the position past transaction markers", w.logAttrs(slog.Int64("offset", w.next), slog.String("error", err.Error()))...)
+		}
+		return
+	}
+	if passed {
+		w.next = to
+		w.committer.mark(w.hold, to)
+	}
+}
+
+// fetchError turns a fetcher's verdict on the log into the error the
+// partition stops with; any other error is returned as it is, and the
+// partition is fetched again from w.next.
+func (w *worker) fetchError(err error) error {
+	var gone *kafkaclient.DeletedError
+	var ahead *kafkaclient.AheadError
+	var txn *kafkaclient.TransactionalError
+	switch {
+	case errors.As(err, &gone):
+		return w.deletedError(gone.From, gone.LogStart)
+	case errors.As(err, &ahead):
+		why := ahead.Why
+		if why == "" {
+			why = fmt.Sprintf("the log now ends at %d, before offset %d, where processing is", ahead.LogEnd, ahead.Expected)
+		}
+		return &PartitionError{Topic: w.topic, Partition: w.partition, Err: fmt.Errorf(
+			"%w: %s, so the topic was probably deleted and re-created or truncated; processing would skip its new messages. Once you have checked, reset the position (offsets.Store.Reset) to where processing should resume",
+			ErrPositionAheadOfLog, why)}
+	case errors.As(err, &txn):
+		return &PartitionError{Topic: w.topic, Partition: w.partition, Err: &MessageError{Topic: w.topic, Partition: w.partition, Offset: txn.Offset,
+			Err: fmt.Errorf("%w: offset %d is a transaction marker, so the topic is written by transactional producers; the kafka-go client cannot tell records of aborted transactions from committed ones, and hands out markers as messages. Set Config.KafkaClient to consumer.FranzGo (the default), which reads committed records only", ErrTransactionalTopic, txn.Offset)}}
+	}
+	return err
 }
 
 // assign decides where to start, from the group's committed offset, the
@@ -255,11 +306,9 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	}
 	pos, hasPos, logStart, logEnd := v.pos, v.hasPos, v.logStart, v.logEnd
 
-	a := PartitionAssignment{Topic: w.topic, Partition: w.partition, KafkaOffset: -1, StoredPosition: -1, LogStart: logStart, LogEnd: logEnd}
-	if w.kafkaOffset >= 0 {
-		a.KafkaOffset = w.kafkaOffset
-	}
-	start := w.kafkaOffset // may be kafka.FirstOffset or kafka.LastOffset
+	w.kafkaOffset = v.committed
+	a := PartitionAssignment{Topic: w.topic, Partition: w.partition, KafkaOffset: w.kafkaOffset, StoredPosition: -1, LogStart: logStart, LogEnd: logEnd}
+	start := w.kafkaOffset // -1: none committed
 	w.positionKnown = hasPos
 	if hasPos {
 		a.StoredPosition = pos
@@ -271,7 +320,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 			}
 			start = pos
 			// Bring the group's offset up to date so that lag tools agree.
-			w.committer.mark(w.topic, w.partition, pos)
+			w.committer.mark(w.hold, pos)
 		case start > pos:
 			// The database does not have what Kafka says was processed: it
 			// lost committed transactions (restored from a backup, failed
@@ -283,14 +332,20 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 			w.log.Warn("group offset is ahead of the stored position: the database is missing processed messages (restored from a backup? a failover to a lagging replica?); processing again from the stored position",
 				w.logAttrs(slog.Int64("kafka_offset", start), slog.Int64("stored_position", pos), slog.Int64("reprocessed", start-pos))...)
 			start = pos
-			w.committer.mark(w.topic, w.partition, pos)
+			w.committer.mark(w.hold, pos)
 		}
 	}
-	switch start {
-	case kafka.FirstOffset:
-		start = logStart
-	case kafka.LastOffset:
-		start = logEnd
+	if start < 0 {
+		first, again, err := w.firstStart(stop, work, v)
+		if err != nil {
+			return 0, err
+		}
+		if again {
+			// The topic's first starts were stored just now, this
+			// partition's with them: decided again from it.
+			return w.assign(stop, work)
+		}
+		start = first
 	}
 	if !hasPos && !v.outside(start) {
 		// Decided before the hooks hear of it, so that they hear of the
@@ -305,7 +360,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 			return w.assign(stop, work)
 		}
 		w.positionKnown = true
-		w.committer.mark(w.topic, w.partition, start)
+		w.committer.mark(w.hold, start)
 	}
 	a.Start = start
 	for _, h := range w.hooks.Assigned {
@@ -354,6 +409,54 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	return start, nil
 }
 
+// firstStart is where a partition with neither a stored position nor a
+// committed offset starts: its log's start under StartEarliest. Under
+// StartLatest, the log's end if this is the consumer's first start on the
+// topic, and then the ends of all the topic's partitions are stored at
+// once (again is set: decide from the stored position); else the
+// partition did not exist when the consumer first started on the topic,
+// since that stored a position for every partition there was, so all of
+// its messages came after that start, and it starts at its log's start.
+func (w *worker) firstStart(stop, work context.Context, v logView) (start int64, again bool, err error) {
+	if w.cfg.StartOffset == StartEarliest {
+		return v.logStart, false, nil
+	}
+	var started bool
+	err = w.retryUntil(stop, "partition assignment: cannot read the topic's positions", func() error {
+		b := &pgx.Batch{}
+		w.offsets.QueueTopicStarted(b, w.cfg.Name, w.topic, &started)
+		if err := w.inOneTrip(work, b); err != nil {
+			return fmt.Errorf("offsets: read the positions of %s: %w", w.topic, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, false, err
+	}
+	if started {
+		w.log.Info("partition added to the topic after this consumer first started on it: processing it from its log start, whatever StartOffset says",
+			w.logAttrs(slog.Int64("log_start", v.logStart))...)
+		return v.logStart, false, nil
+	}
+	err = w.retryUntil(stop, "partition assignment: cannot store the topic's first starts", func() error {
+		bounds, err := w.client.TopicBounds(stop, w.topic)
+		if err != nil {
+			return err
+		}
+		ends := make([]int64, len(bounds))
+		for i, b := range bounds {
+			ends[i] = b.End
+		}
+		b := &pgx.Batch{}
+		w.offsets.QueueInitTopic(b, w.cfg.Name, w.topic, ends)
+		if err := w.inOneTrip(work, b); err != nil {
+			return fmt.Errorf("offsets: store the first starts of %s: %w", w.topic, err)
+		}
+		return nil
+	})
+	return 0, err == nil, err
+}
+
 // storeStart stores start as the partition's position, where it has none:
 // processing begins there, and whoever processes the partition next
 // resumes there too. Without it, a member that takes the partition over
@@ -382,27 +485,6 @@ func (w *worker) loadPosition(ctx context.Context) (pos int64, has bool, err err
 		return 0, false, fmt.Errorf("offsets: load %s/%d: %w", w.topic, w.partition, err)
 	}
 	return pos, has, nil
-}
-
-// checkDeleted tells, after an out-of-range fetch, whether messages from
-// w.next on were deleted before anyone processed them: the stored position
-// is read first, then the log start, and judged as a fetch gap is.
-func (w *worker) checkDeleted(ctx context.Context) error {
-	if w.next < 0 {
-		return nil
-	}
-	processed, err := w.processedPosition(ctx)
-	if err != nil {
-		return nil
-	}
-	logStart, _, err := w.bounds(ctx)
-	if err != nil {
-		return nil
-	}
-	if lost, from := kafkafetch.Gap(w.next, processed, logStart); lost && ctx.Err() == nil {
-		return w.deletedError(from, logStart)
-	}
-	return nil
 }
 
 func (w *worker) deletedError(from, logStart int64) error {

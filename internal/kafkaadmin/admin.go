@@ -1,6 +1,7 @@
 // Package kafkaadmin asks Kafka what the operator tools need to know:
 // partitions, log bounds, a group's committed offsets and members, and
-// offsets by time; and resets a group's offsets.
+// offsets by time; and resets a group's offsets. It speaks through
+// franz-go, as the consumer does by default.
 package kafkaadmin
 
 import (
@@ -9,75 +10,82 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/franz"
 )
 
 // Admin talks to one cluster.
 type Admin struct {
-	client *kafka.Client
-	tr     *kafka.Transport
+	client *franz.Client
+	adm    *kadm.Client
+	close  sync.Once
 }
 
-// New returns an Admin for brokers, with the TLS and SASL settings of
-// dialer (nil: plaintext).
-func New(brokers []string, dialer *kafka.Dialer) *Admin {
-	tr := &kafka.Transport{MetadataTTL: time.Second}
-	if dialer != nil {
-		tr.TLS, tr.SASL, tr.ClientID = dialer.TLS, dialer.SASLMechanism, dialer.ClientID
+// New returns an Admin for cfg's brokers, TLS and SASL.
+func New(cfg kafkaclient.Config) (*Admin, error) {
+	c, err := franz.New(cfg)
+	if err != nil {
+		return nil, err
 	}
-	return &Admin{client: &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 15 * time.Second, Transport: tr}, tr: tr}
+	return &Admin{client: c, adm: kadm.NewClient(c.Kgo())}, nil
 }
 
-// Close releases the connections.
-func (a *Admin) Close() { a.tr.CloseIdleConnections() }
+// Client is the Kafka client the Admin speaks through, for fetching.
+func (a *Admin) Client() *franz.Client { return a.client }
+
+// Close releases the connections. Calling it again does nothing.
+func (a *Admin) Close() { a.close.Do(a.client.Close) }
 
 // Partitions returns the partition numbers of topic, in order.
 func (a *Admin) Partitions(ctx context.Context, topic string) ([]int, error) {
-	resp, err := a.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
+	tds, err := a.adm.ListTopics(ctx, topic)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: metadata of %s: %w", topic, err)
 	}
-	for _, t := range resp.Topics {
-		if t.Name != topic {
-			continue
-		}
-		if t.Error != nil {
-			return nil, fmt.Errorf("kafka: topic %s: %w", topic, t.Error)
-		}
-		ps := make([]int, 0, len(t.Partitions))
-		for _, p := range t.Partitions {
-			ps = append(ps, p.ID)
-		}
-		sort.Ints(ps)
-		return ps, nil
+	td, ok := tds[topic]
+	if !ok || errors.Is(td.Err, kerr.UnknownTopicOrPartition) {
+		return nil, fmt.Errorf("kafka: topic %s does not exist", topic)
 	}
-	return nil, fmt.Errorf("kafka: topic %s does not exist", topic)
+	if td.Err != nil {
+		return nil, fmt.Errorf("kafka: topic %s: %w", topic, td.Err)
+	}
+	ps := make([]int, 0, len(td.Partitions))
+	for p := range td.Partitions {
+		ps = append(ps, int(p))
+	}
+	slices.Sort(ps)
+	return ps, nil
 }
 
-// Bounds are a partition's first offset still in the log and its end (the
-// offset the next message will get).
-type Bounds struct{ Start, End int64 }
+// Bounds are a partition's first offset still in the log, its end (the
+// offset the next message will get), and its last stable offset (the end,
+// unless a transaction is open: then its first record).
+type Bounds struct{ Start, End, Stable int64 }
 
 // LogBounds returns the bounds of the given partitions of topic.
 func (a *Admin) LogBounds(ctx context.Context, topic string, partitions []int) (map[int]Bounds, error) {
-	var reqs []kafka.OffsetRequest
-	for _, p := range partitions {
-		reqs = append(reqs, kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p))
+	out := map[int]Bounds{}
+	if len(partitions) == 0 {
+		return out, nil
 	}
-	resp, err := a.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+	all, err := a.client.TopicBounds(ctx, topic)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: list offsets of %s: %w", topic, err)
 	}
-	out := map[int]Bounds{}
-	for _, p := range resp.Topics[topic] {
-		if p.Error != nil {
-			return nil, fmt.Errorf("kafka: list offsets of %s/%d: %w", topic, p.Partition, p.Error)
+	for _, p := range partitions {
+		if p < 0 || p >= len(all) {
+			return nil, fmt.Errorf("kafka: list offsets of %s/%d: the topic has no such partition", topic, p)
 		}
-		out[p.Partition] = Bounds{Start: p.FirstOffset, End: p.LastOffset}
+		out[p] = Bounds(all[p])
 	}
 	return out, nil
 }
@@ -85,29 +93,22 @@ func (a *Admin) LogBounds(ctx context.Context, topic string, partitions []int) (
 // OffsetsAt returns, for each partition, the first offset whose message time
 // is at or after t (the log end when there is none).
 func (a *Admin) OffsetsAt(ctx context.Context, topic string, partitions []int, t time.Time) (map[int]int64, error) {
-	var reqs []kafka.OffsetRequest
-	for _, p := range partitions {
-		reqs = append(reqs, kafka.TimeOffsetOf(p, t))
-	}
-	resp, err := a.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
+	listed, err := a.adm.ListOffsetsAfterMilli(ctx, t.UnixMilli(), topic)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: offsets of %s at %v: %w", topic, t, err)
 	}
-	bounds, err := a.LogBounds(ctx, topic, partitions)
-	if err != nil {
-		return nil, err
-	}
 	out := map[int]int64{}
-	for _, p := range resp.Topics[topic] {
-		if p.Error != nil {
-			return nil, fmt.Errorf("kafka: offsets of %s/%d at %v: %w", topic, p.Partition, t, p.Error)
+	for _, p := range partitions {
+		o, ok := listed.Lookup(topic, int32(p))
+		if !ok {
+			return nil, fmt.Errorf("kafka: offsets of %s/%d at %v: no answer", topic, p, t)
 		}
-		out[p.Partition] = bounds[p.Partition].End
-		for off := range p.Offsets {
-			if off >= 0 {
-				out[p.Partition] = off
-			}
+		if o.Err != nil {
+			return nil, fmt.Errorf("kafka: offsets of %s/%d at %v: %w", topic, p, t, o.Err)
 		}
+		out[p] = o.Offset
 	}
 	return out, nil
 }
@@ -115,23 +116,22 @@ func (a *Admin) OffsetsAt(ctx context.Context, topic string, partitions []int, t
 // Committed returns a group's committed offset per partition of topic (-1
 // where nothing is committed).
 func (a *Admin) Committed(ctx context.Context, group, topic string, partitions []int) (map[int]int64, error) {
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
 	out := map[int]int64{}
 	for _, p := range partitions {
 		out[p] = -1
 	}
-	resp, err := a.client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: partitions}})
+	resp, err := a.adm.FetchOffsets(ctx, group)
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		return out, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("kafka: committed offsets of group %s: %w", group, err)
 	}
-	if errors.Is(resp.Error, kafka.GroupIdNotFound) {
-		return out, nil
-	}
-	if resp.Error != nil {
-		return nil, fmt.Errorf("kafka: committed offsets of group %s: %w", group, resp.Error)
-	}
-	for _, p := range resp.Topics[topic] {
-		if p.Error == nil {
-			out[p.Partition] = p.CommittedOffset
+	for _, p := range partitions {
+		if o, ok := resp.Lookup(topic, int32(p)); ok && o.Err == nil && o.At >= 0 {
+			out[p] = o.At
 		}
 	}
 	return out, nil
@@ -145,24 +145,24 @@ type Group struct {
 
 // DescribeGroup returns a group's state and members.
 func (a *Admin) DescribeGroup(ctx context.Context, group string) (Group, error) {
-	resp, err := a.client.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
+	resp, err := a.adm.DescribeGroups(ctx, group)
 	if err != nil {
 		return Group{}, fmt.Errorf("kafka: describe group %s: %w", group, err)
 	}
-	for _, g := range resp.Groups {
-		if g.GroupID != group {
-			continue
-		}
-		if g.Error != nil && !errors.Is(g.Error, kafka.GroupIdNotFound) {
-			return Group{}, fmt.Errorf("kafka: describe group %s: %w", group, g.Error)
-		}
-		out := Group{State: g.GroupState}
-		for _, m := range g.Members {
-			out.Members = append(out.Members, m.MemberID)
-		}
-		return out, nil
+	g, ok := resp[group]
+	if !ok || errors.Is(g.Err, kerr.GroupIDNotFound) {
+		return Group{State: "Dead"}, nil
 	}
-	return Group{State: "Dead"}, nil
+	if g.Err != nil {
+		return Group{}, fmt.Errorf("kafka: describe group %s: %w", group, g.Err)
+	}
+	out := Group{State: g.State}
+	for _, m := range g.Members {
+		out.Members = append(out.Members, m.MemberID)
+	}
+	return out, nil
 }
 
 // CommitOffsets sets a group's offsets from outside the group, as a reset
@@ -171,21 +171,26 @@ func (a *Admin) DescribeGroup(ctx context.Context, group string) (Group, error) 
 // *CommitError that says which were committed all the same. Any other
 // error is the request's: Kafka may or may not have committed any.
 func (a *Admin) CommitOffsets(ctx context.Context, group, topic string, offsets map[int]int64) error {
-	var commits []kafka.OffsetCommit
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
+	os := kadm.Offsets{}
 	for p, off := range offsets {
-		commits = append(commits, kafka.OffsetCommit{Partition: p, Offset: off})
+		os.Add(kadm.Offset{Topic: topic, Partition: int32(p), At: off, LeaderEpoch: -1})
 	}
-	resp, err := a.client.OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1,
-		Topics: map[string][]kafka.OffsetCommit{topic: commits}})
+	resp, err := a.adm.CommitOffsets(ctx, group, os)
 	if err != nil {
 		return fmt.Errorf("kafka: commit offsets of group %s: %w", group, err)
 	}
 	ce := &CommitError{Group: group, Topic: topic, Committed: map[int]int64{}, Refused: map[int]error{}}
-	for _, p := range resp.Topics[topic] {
-		if p.Error != nil {
-			ce.Refused[p.Partition] = p.Error
-		} else if off, ok := offsets[p.Partition]; ok {
-			ce.Committed[p.Partition] = off
+	for p, off := range offsets {
+		r, ok := resp.Lookup(topic, int32(p))
+		switch {
+		case !ok:
+			ce.Refused[p] = errors.New("no answer")
+		case r.Err != nil:
+			ce.Refused[p] = r.Err
+		default:
+			ce.Committed[p] = off
 		}
 	}
 	if len(ce.Refused) > 0 {

@@ -10,9 +10,12 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 )
 
 var kafkaShared struct {
@@ -104,32 +107,30 @@ func (w *Writer) Close() error {
 // of topic (-1 where none is committed).
 func (k *Kafka) CommittedOffsets(tb testing.TB, group, topic string, partitions int) map[int]int64 {
 	tb.Helper()
-	client := k.client()
-	defer client.Transport.(*kafka.Transport).CloseIdleConnections()
-	ps := make([]int, partitions)
-	for i := range ps {
-		ps[i] = i
-	}
-	resp, err := client.OffsetFetch(context.Background(), &kafka.OffsetFetchRequest{
-		GroupID: group,
-		Topics:  map[string][]int{topic: ps},
-	})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
 	if err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out := map[int]int64{}
+	for p := range partitions {
+		out[p] = -1
+	}
+	resp, err := kadm.NewClient(cl).FetchOffsets(ctx, group)
+	switch {
+	case errors.Is(err, kerr.GroupIDNotFound):
+		return out // no member has joined yet: nothing committed
+	case errors.Is(err, kerr.NotCoordinator), errors.Is(err, kerr.CoordinatorNotAvailable), errors.Is(err, kerr.CoordinatorLoadInProgress):
+		return out // a fresh cluster is still creating __consumer_offsets; callers poll
+	case err != nil:
 		tb.Fatalf("testenv: fetch committed offsets: %v", err)
 	}
-	out := map[int]int64{}
-	switch {
-	case errors.Is(resp.Error, kafka.GroupIdNotFound):
-		return out // no member has joined yet: nothing committed
-	case errors.Is(resp.Error, kafka.NotCoordinatorForGroup), errors.Is(resp.Error, kafka.GroupCoordinatorNotAvailable),
-		errors.Is(resp.Error, kafka.GroupLoadInProgress):
-		return out // a fresh cluster is still creating __consumer_offsets; callers poll
-	}
-	if resp.Error != nil {
-		tb.Fatalf("testenv: fetch committed offsets: %v", resp.Error)
-	}
-	for _, p := range resp.Topics[topic] {
-		out[p.Partition] = p.CommittedOffset
+	for p := range partitions {
+		if o, ok := resp.Lookup(topic, int32(p)); ok && o.Err == nil && o.At >= 0 {
+			out[p] = o.At
+		}
 	}
 	return out
 }
@@ -138,18 +139,22 @@ func (k *Kafka) CommittedOffsets(tb testing.TB, group, topic string, partitions 
 // ("Stable", "PreparingRebalance", "CompletingRebalance", "Empty", "Dead"),
 // or the error that kept it from answering.
 func (k *Kafka) GroupState(group string) (string, error) {
-	client := k.client()
-	defer client.Transport.(*kafka.Transport).CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := client.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
 	if err != nil {
 		return "", err
 	}
-	if len(resp.Groups) != 1 {
-		return "", fmt.Errorf("testenv: describe group %s: %d groups in the answer", group, len(resp.Groups))
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).DescribeGroups(ctx, group)
+	if err != nil {
+		return "", err
 	}
-	return resp.Groups[0].GroupState, resp.Groups[0].Error
+	g, ok := resp[group]
+	if !ok {
+		return "", fmt.Errorf("testenv: describe group %s: no answer for the group", group)
+	}
+	return g.State, g.Err
 }
 
 // CommitGroupOffsets sets a group's committed offsets the way an operator's
@@ -157,23 +162,20 @@ func (k *Kafka) GroupState(group string) (string, error) {
 // no active members.
 func (k *Kafka) CommitGroupOffsets(tb testing.TB, group, topic string, offsets map[int]int64) {
 	tb.Helper()
-	client := k.client()
-	defer client.Transport.(*kafka.Transport).CloseIdleConnections()
-	var commits []kafka.OffsetCommit
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
+	if err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+	defer cl.Close()
+	os := kadm.Offsets{}
 	for p, off := range offsets {
-		commits = append(commits, kafka.OffsetCommit{Partition: p, Offset: off})
+		os.Add(kadm.Offset{Topic: topic, Partition: int32(p), At: off, LeaderEpoch: -1})
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		resp, err := client.OffsetCommit(context.Background(), &kafka.OffsetCommitRequest{
-			GroupID: group, GenerationID: -1, Topics: map[string][]kafka.OffsetCommit{topic: commits},
-		})
+		resp, err := kadm.NewClient(cl).CommitOffsets(context.Background(), group, os)
 		if err == nil {
-			for _, p := range resp.Topics[topic] {
-				if p.Error != nil {
-					err = p.Error
-				}
-			}
+			err = resp.Error()
 		}
 		if err == nil {
 			return
@@ -207,8 +209,25 @@ func (k *Kafka) DeleteRecordsBefore(tb testing.TB, topic string, partition int, 
 	}
 }
 
-// client returns a kafka-go client with a transport of its own (fresh
-// metadata); close its idle connections when done.
-func (k *Kafka) client() *kafka.Client {
-	return &kafka.Client{Addr: kafka.TCP(k.Brokers...), Timeout: 10 * time.Second, Transport: &kafka.Transport{MetadataTTL: time.Second}}
+// Admin returns an admin client of brokers, closed when the test ends.
+func Admin(tb testing.TB, brokers []string) *kafkaadmin.Admin {
+	tb.Helper()
+	a, err := kafkaadmin.New(kafkaclient.Config{Brokers: brokers})
+	if err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+	tb.Cleanup(a.Close)
+	return a
+}
+
+// Client returns a franz-go client of the broker, closed when the test
+// ends.
+func (k *Kafka) Client(tb testing.TB) *kgo.Client {
+	tb.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
+	if err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+	tb.Cleanup(cl.Close)
+	return cl
 }

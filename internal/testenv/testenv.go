@@ -18,8 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"go.uber.org/goleak"
+
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
 )
 
 var cleanups struct {
@@ -76,4 +77,18 @@ func Context(tb testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	tb.Cleanup(cancel)
 	return ctx
+}
+
+// KafkaClient names the Kafka client the tests' consumers read with:
+// KAFKAONCE_KAFKA_CLIENT, "franz-go" (the default) or "kafka-go". The
+// suite runs once with each (see .ci/run).
+func KafkaClient() string {
+	switch v := os.Getenv("KAFKAONCE_KAFKA_CLIENT"); v {
+	case "", "franz-go":
+		return "franz-go"
+	case "kafka-go":
+		return v
+	default:
+		panic("testenv: KAFKAONCE_KAFKA_CLIENT must be franz-go or kafka-go, not " + v)
+	}
 }

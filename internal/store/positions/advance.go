@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
@@ -41,4 +42,14 @@ const CheckFailed = "KO001"
 // the COMMIT is sent. It is an expression, to share a SELECT with others.
 func (s *Store) AdvanceChecked(first int) string {
 	return fmt.Sprintf("%s($%d, $%d, $%d, $%d, $%d)", s.advanceFn, first, first+1, first+2, first+3, first+4)
+}
+
+// QueuePass adds to b the statement that moves a partition's position from
+// from to to, only if it is at from: for offsets that hold no message
+// (transaction markers). *passed is set when b runs.
+func (s *Store) QueuePass(b *pgx.Batch, consumer, topic string, partition int, from, to int64, passed *bool) {
+	b.Queue(s.passSQL, consumer, topic, partition, from, to).Exec(func(tag pgconn.CommandTag) error {
+		*passed = tag.RowsAffected() == 1
+		return nil
+	})
 }

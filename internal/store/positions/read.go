@@ -48,3 +48,17 @@ func (s *Store) QueueInit(b *pgx.Batch, consumer, topic string, partition int, s
 	var ok bool
 	s.QueueLoad(b, consumer, topic, partition, next, &ok)
 }
+
+// QueueTopicStarted adds to b the look for any stored position of topic:
+// *started is set when b runs.
+func (s *Store) QueueTopicStarted(b *pgx.Batch, consumer, topic string, started *bool) {
+	b.Queue(s.topicStartedSQL, consumer, topic).QueryRow(func(row pgx.Row) error { return row.Scan(started) })
+}
+
+// QueueInitTopic adds to b the statement that stores starts[p] as the
+// position of each partition p of topic that has none: a consumer's first
+// start on a topic stores one for every partition the topic has, so that a
+// partition added later is known for one (it has none).
+func (s *Store) QueueInitTopic(b *pgx.Batch, consumer, topic string, starts []int64) {
+	b.Queue(s.initTopicSQL, consumer, topic, starts)
+}

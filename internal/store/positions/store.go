@@ -10,9 +10,14 @@ import (
 type Store struct {
 	advanceSQL string
 	initSQL    string
-	loadSQL    string
-	lockSQL    string
-	advanceFn  string
+	// initTopicSQL and topicStartedSQL are initSQL and a look for any
+	// position, for a whole topic (see QueueInitTopic).
+	initTopicSQL    string
+	topicStartedSQL string
+	loadSQL         string
+	passSQL         string
+	lockSQL         string
+	advanceFn       string
 	// openFn and closeFn open and close a batch (see QueueOpen).
 	openFn, closeFn string
 }
@@ -34,7 +39,13 @@ ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.ne
 WHERE o.next_offset < EXCLUDED.next_offset`,
 		initSQL: `INSERT INTO ` + t + ` (consumer, topic, partition, next_offset) VALUES ($1, $2, $3, $4)
 ON CONFLICT (consumer, topic, partition) DO NOTHING`,
-		loadSQL:   load,
+		initTopicSQL: `INSERT INTO ` + t + ` (consumer, topic, partition, next_offset)
+SELECT $1, $2, p - 1, s FROM unnest($3::bigint[]) WITH ORDINALITY AS u(s, p)
+ON CONFLICT (consumer, topic, partition) DO NOTHING`,
+		topicStartedSQL: `SELECT EXISTS (SELECT FROM ` + t + ` WHERE consumer = $1 AND topic = $2)`,
+		loadSQL:         load,
+		passSQL: `UPDATE ` + t + ` SET next_offset = $5, updated_at = now()
+WHERE consumer = $1 AND topic = $2 AND partition = $3 AND next_offset = $4`,
 		lockSQL:   load + ` FOR UPDATE`,
 		advanceFn: schema.Table(schemaName, "advance_position"),
 		openFn:    schema.Table(schemaName, "open_batch"),

@@ -1,0 +1,206 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
+)
+
+// addPartitions grows the test's topic to n partitions.
+func (e *env) addPartitions(n int) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(e.kafka.Client(e.t)).UpdatePartitions(ctx, n, e.topic)
+	require.NoError(e.t, err)
+	require.NoError(e.t, resp.Error())
+	waitFor(e.t, 30*time.Second, "the new partitions to have leaders", func() bool {
+		parts, err := kadm.NewClient(e.kafka.Client(e.t)).ListTopics(ctx, e.topic)
+		return err == nil && len(parts[e.topic].Partitions) == n && parts[e.topic].Partitions.NumReplicas() > 0
+	})
+	e.parts = n
+}
+
+// produceTo writes ids "<prefix>-<partition>-i", n to each of partitions.
+func (e *env) produceTo(prefix string, n int, partitions ...int) []string {
+	e.t.Helper()
+	var ids []string
+	var msgs []kafka.Message
+	for _, p := range partitions {
+		for i := range n {
+			id := fmt.Sprintf("%s-%d-%d", prefix, p, i)
+			ids = append(ids, id)
+			msgs = append(msgs, msg(p, id, "v-"+id))
+		}
+	}
+	e.kafka.Produce(e.t, e.topic, msgs...)
+	return ids
+}
+
+// Partitions added to a topic while the consumer runs are assigned within
+// MetadataMaxAge and processed from their first message, whatever
+// StartOffset says: they did not exist when the consumer first started on
+// the topic, so every message in them came after that start.
+func TestPartitionsAddedWhileRunning(t *testing.T) {
+	t.Parallel()
+	for _, start := range []consumer.StartOffset{consumer.StartEarliest, consumer.StartLatest} {
+		t.Run(map[consumer.StartOffset]string{consumer.StartEarliest: "StartEarliest", consumer.StartLatest: "StartLatest"}[start], func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, 2)
+			cfg := e.config(e.applyHandler())
+			cfg.StartOffset, cfg.MetadataMaxAge = start, time.Second
+			r := e.start(cfg)
+			waitFor(t, 30*time.Second, "both partitions assigned", func() bool { _, holding := e.events.assignments(); return holding == 2 })
+			ids := e.produceTo("before", 3, 0, 1)
+			e.waitEffects(len(ids), 30*time.Second)
+
+			e.addPartitions(4)
+			// Written before the consumer can know of the new partitions.
+			ids = append(ids, e.produceTo("added", 3, 2, 3)...)
+			e.waitEffects(len(ids), 60*time.Second)
+			r.stop()
+			e.check(expectation{ids: ids})
+		})
+	}
+}
+
+// A topic deleted and re-created under a running consumer: its partition
+// stops with ErrPositionAheadOfLog, and none of the new topic's messages
+// is applied or passed over in silence.
+func TestATopicRecreatedWhileRunningStopsItsPartition(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	old := e.produceIDs("old", 20)
+	cfg := e.config(e.applyHandler())
+	cfg.MetadataMaxAge = time.Second
+	r := e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 20}, 30*time.Second)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, devenv.DeleteTopic(ctx, e.kafka.Brokers, e.topic))
+	require.NoError(t, devenv.CreateTopic(ctx, e.kafka.Brokers, e.topic, 1))
+	e.produceIDs("new", 10)
+	waitFor(t, 60*time.Second, "the partition stopped", func() bool { return e.events.stoppedWith(consumer.ErrPositionAheadOfLog) })
+	r.stop()
+	e.requireExactlyOnce(old)
+	require.Equal(t, map[int]int64{0: 20}, e.storedPositions(), "the stored position stays where the old topic's messages ended")
+}
+
+// holders counts, per member, the partitions it was assigned and those it
+// gave up since, from what its recorder saw.
+func holders(recs []*recorder) (assigned, revoked []int) {
+	assigned, revoked = make([]int, len(recs)), make([]int, len(recs))
+	for i, r := range recs {
+		reported, holding := r.assignments()
+		assigned[i], revoked[i] = reported, reported-holding
+	}
+	return assigned, revoked
+}
+
+// With cooperative rebalancing, a member joining or leaving moves only the
+// partitions that change owner: the members keeping theirs give up
+// nothing, and go on processing through the rebalance.
+func TestRebalancesMoveOnlyThePartitionsThatChangeOwner(t *testing.T) {
+	t.Parallel()
+	if kafkaClient() == consumer.KafkaGo {
+		t.Skip("kafka-go rebalances eagerly: every member gives up every partition (see docs/design.md)")
+	}
+	e := setup(t, 12)
+	recs := make([]*recorder, 4)
+	runs := make([]*running, 4)
+	startMember := func(i int) {
+		recs[i] = &recorder{}
+		cfg := e.config(e.applyHandler())
+		cfg.Hooks = []consumer.Hook{recs[i]}
+		runs[i] = e.start(cfg)
+	}
+	holding := func(i int) int { _, h := recs[i].assignments(); return h }
+	for i := range 3 {
+		startMember(i)
+	}
+	waitFor(t, 60*time.Second, "3 members holding 4 partitions each", func() bool {
+		return holding(0) == 4 && holding(1) == 4 && holding(2) == 4
+	})
+	ids := e.produceIDs("a", 120)
+	e.waitEffects(len(ids), 30*time.Second)
+	// The members joined one after the other: from here on, the group is
+	// settled, and every revocation counts.
+	_, settled := holders(recs[:3])
+
+	startMember(3)
+	waitFor(t, 60*time.Second, "4 members holding 3 partitions each", func() bool {
+		return holding(0) == 3 && holding(1) == 3 && holding(2) == 3 && holding(3) == 3
+	})
+	_, revoked := holders(recs[:3])
+	for i := range revoked {
+		revoked[i] -= settled[i]
+	}
+	require.Equal(t, []int{1, 1, 1}, revoked, "each old member gave up exactly the partition that moved to the new one")
+	ids = append(ids, e.produceIDs("b", 120)...)
+	e.waitEffects(len(ids), 30*time.Second)
+
+	_, before := holders([]*recorder{recs[0], recs[2], recs[3]})
+	runs[1].stop()
+	waitFor(t, 60*time.Second, "the 3 others holding 4 partitions each", func() bool {
+		return holding(0) == 4 && holding(2) == 4 && holding(3) == 4
+	})
+	_, after := holders([]*recorder{recs[0], recs[2], recs[3]})
+	require.Equal(t, before, after, "the members that stayed gave up nothing when one left")
+	ids = append(ids, e.produceIDs("c", 120)...)
+	e.waitEffects(len(ids), 30*time.Second)
+	for _, i := range []int{0, 2, 3} {
+		runs[i].stop()
+	}
+	e.check(expectation{ids: ids})
+}
+
+// A static member (InstanceID) restarted within SessionTimeout gets its
+// partitions back without a rebalance: the other member keeps its own and
+// hears of no assignment or revocation.
+func TestAStaticMemberRestartedWithinTheSessionCausesNoRebalance(t *testing.T) {
+	t.Parallel()
+	if kafkaClient() == consumer.KafkaGo {
+		t.Skip("kafka-go has no static membership: New refuses InstanceID with it")
+	}
+	e := setup(t, 4)
+	recs := make([]*recorder, 2)
+	runs := make([]*running, 2)
+	startMember := func(i int) {
+		recs[i] = &recorder{}
+		cfg := e.config(e.applyHandler())
+		cfg.InstanceID = "member-" + strconv.Itoa(i)
+		cfg.SessionTimeout = 20 * time.Second
+		cfg.Hooks = []consumer.Hook{recs[i]}
+		runs[i] = e.start(cfg)
+	}
+	startMember(0)
+	startMember(1)
+	holding := func(i int) int { _, h := recs[i].assignments(); return h }
+	waitFor(t, 60*time.Second, "2 members holding 2 partitions each", func() bool { return holding(0) == 2 && holding(1) == 2 })
+	ids := e.produceIDs("a", 40)
+	e.waitEffects(len(ids), 30*time.Second)
+	settledAssigned, _ := recs[0].assignments()
+
+	runs[1].stop()
+	startMember(1)
+	waitFor(t, 30*time.Second, "the restarted member holding its 2 partitions", func() bool { return holding(1) == 2 })
+	ids = append(ids, e.produceIDs("b", 40)...)
+	e.waitEffects(len(ids), 30*time.Second)
+	assigned, held := recs[0].assignments()
+	require.Equal(t, settledAssigned, assigned, "the member that stayed was assigned partitions again")
+	require.Equal(t, 2, held, "the member that stayed gave up a partition")
+	for _, r := range runs {
+		r.stop()
+	}
+	e.check(expectation{ids: ids})
+}

@@ -1,0 +1,142 @@
+// Package kafkaclient is the seam between the engine and a Kafka client
+// library. The engine decides everything that touches the promise (where a
+// partition starts, what a gap in the offsets means, when an offset may be
+// committed); a Client only moves bytes: it keeps the member in its group
+// and reports partitions as they come and go, fetches a partition from an
+// offset, commits offsets in the member's generation, and reads a log's
+// bounds.
+//
+// Two clients implement it: franz-go's kgo (package franz, the default) and
+// segmentio's kafka-go (package kafkago). What a client cannot do that the
+// promise needs, it refuses with an error instead of guessing (see the
+// kafkago package).
+package kafkaclient
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
+)
+
+// Client is a Kafka client library as the engine uses it. Its methods may
+// be called from many goroutines at once.
+type Client interface {
+	// RunGroup joins the consumer group and tells m of the partitions this
+	// member gains and loses, one call at a time, until ctx is done; then
+	// it revokes every partition still assigned (m.Revoked), leaves the
+	// group and returns. It returns early only for an error that rejoining
+	// cannot mend (an invalid configuration, refused credentials).
+	RunGroup(ctx context.Context, m Membership) error
+	// Committed reads the group's committed offset of a partition this
+	// member was assigned: -1 when none is committed.
+	Committed(ctx context.Context, tp TopicPartition) (int64, error)
+	// Commit commits each partition's next offset to the group, as this
+	// member in its current generation. An error that wraps ErrFenced
+	// means the broker refused it because that generation is over (the
+	// partitions may be another member's by now); nothing was committed.
+	Commit(ctx context.Context, offsets []Offset) error
+	// Publish writes records to topic and returns once the brokers have
+	// acknowledged every one of them (acks from all in-sync replicas),
+	// partitioning by key: records of one key stay in order.
+	Publish(ctx context.Context, topic string, recs []Record) error
+	// Open starts fetching a partition at an offset.
+	Open(cfg FetchConfig) (*Fetcher, error)
+	// Bounds reads a partition's log bounds.
+	Bounds(ctx context.Context, topic string, partition int) (Bounds, error)
+	// TopicBounds reads the bounds of every partition of a topic, indexed
+	// by partition.
+	TopicBounds(ctx context.Context, topic string) ([]Bounds, error)
+	// Close releases the client's connections. Fetchers must be closed
+	// first.
+	Close()
+}
+
+// Membership is told of the partitions this member of the group gains and
+// loses. A Client calls one method at a time, and waits for it to return
+// before it goes on with the group protocol: a call that returns early lets
+// another member start on a partition this one is still processing.
+type Membership interface {
+	// Assigned is called with the partitions this member gains. ctx ends
+	// when the group run ends.
+	Assigned(ctx context.Context, parts []TopicPartition)
+	// Revoked is called with partitions this member must give up. It
+	// returns once their work has stopped and their last offsets are
+	// committed: the member is still in the generation that owns them.
+	Revoked(ctx context.Context, parts []TopicPartition)
+	// Lost is called with partitions this member no longer owns, without
+	// the chance to commit (its session expired): it returns once their
+	// work has stopped.
+	Lost(ctx context.Context, parts []TopicPartition)
+}
+
+// TopicPartition names a partition.
+type TopicPartition struct {
+	Topic     string
+	Partition int
+}
+
+// Offset is a partition's next offset, as committed to the group.
+type Offset struct {
+	TopicPartition
+	Next int64
+}
+
+// Bounds are a partition's log bounds.
+type Bounds struct {
+	// Start is the first offset still in the log.
+	Start int64
+	// End is the high watermark: the offset the next record will get.
+	End int64
+	// Stable is the last stable offset: End, unless a transaction is open
+	// in the partition, whose first record is then at Stable. A reader of
+	// committed records gets nothing at or past it until the transaction
+	// ends.
+	Stable int64
+}
+
+var (
+	// ErrFenced is wrapped by a Commit refused because the member's
+	// generation is over.
+	ErrFenced = errors.New("kafkaclient: this member's generation has ended")
+	// ErrOutOfRange is wrapped by a Source's error when the broker says
+	// the offset asked for is outside the log: the Fetcher then reads the
+	// log's bounds to say why.
+	ErrOutOfRange = errors.New("kafkaclient: the offset is outside the log")
+)
+
+// Record is one record a Fetcher hands out.
+type Record struct {
+	Topic     string
+	Partition int
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	Headers   []kafkaoncetype.Header
+	// Time is the timestamp Kafka stored with the record.
+	Time time.Time
+	// HighWaterMark is the partition's log end as of the fetch that brought
+	// the record (-1 when the client does not say).
+	HighWaterMark int64
+	// Next is the offset after the record, or after the transaction
+	// markers right behind it: where the partition's position moves once
+	// the record is processed. A Fetcher sets it.
+	Next int64
+	// Marker is set by a Source for a transaction marker, which takes an
+	// offset and carries no message: a Fetcher never hands one out.
+	Marker bool
+}
+
+// requestTimeout bounds a request made with a context that has no
+// deadline.
+const requestTimeout = 15 * time.Second
+
+// Bounded returns ctx, or ctx with requestTimeout when it has no deadline:
+// no request to a broker waits for ever.
+func Bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, requestTimeout)
+}

@@ -1,0 +1,237 @@
+package franz
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+)
+
+// RunGroup implements kafkaclient.Client with a kgo group member that
+// rebalances cooperatively. kgo calls the Membership from its group
+// management goroutine and waits for it: a revocation returns only once
+// the partitions' work is done and committed, while the member's other
+// partitions go on. The member never fetches: the engine fetches each
+// partition it is given through the hub, from the offset it decides.
+func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
+	g := c.cfg.Group
+	// calls is one Membership call at a time: kgo's callbacks, and the
+	// drain at the end.
+	var calls sync.Mutex
+	owned := map[kafkaclient.TopicPartition]bool{}
+	gone := func(ps map[string][]int32, report func([]kafkaclient.TopicPartition)) {
+		calls.Lock()
+		defer calls.Unlock()
+		var tps []kafkaclient.TopicPartition
+		for _, tp := range partitions(ps) {
+			if owned[tp] {
+				delete(owned, tp)
+				tps = append(tps, tp)
+			}
+		}
+		if len(tps) > 0 {
+			report(tps)
+		}
+	}
+	opts := append(slices.Clone(c.base),
+		kgo.ConsumerGroup(g.ID),
+		kgo.ConsumeTopics(g.Topics...),
+		kgo.DisableAutoCommit(),
+		// Cooperative first; range as well, which kafka-go's members speak
+		// too: a group of kafkaonce members rebalances cooperatively, and
+		// one that kafka-go members still share (a migration under way)
+		// agrees on range and rebalances eagerly until they are gone.
+		kgo.Balancers(kgo.CooperativeStickyBalancer(), kgo.RangeBalancer()),
+		kgo.SessionTimeout(g.SessionTimeout),
+		kgo.RebalanceTimeout(g.RebalanceTimeout),
+		kgo.HeartbeatInterval(g.HeartbeatInterval),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.OnPartitionsAssigned(func(_ context.Context, cl *kgo.Client, ps map[string][]int32) {
+			// kgo calls this once per generation, with what it adds.
+			tps := partitions(ps)
+			member, gen := cl.GroupMetadata()
+			c.log.Info("consumer group: generation started", slog.Int("generation", int(gen)), slog.String("member", member), slog.Int("added", len(tps)))
+			c.fetchCommitted(cl, tps)
+			calls.Lock()
+			defer calls.Unlock()
+			for _, tp := range tps {
+				owned[tp] = true
+			}
+			m.Assigned(ctx, tps)
+		}),
+		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, ps map[string][]int32) {
+			gone(ps, func(tps []kafkaclient.TopicPartition) { m.Revoked(context.WithoutCancel(ctx), tps) })
+		}),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, ps map[string][]int32) {
+			gone(ps, func(tps []kafkaclient.TopicPartition) { m.Lost(context.WithoutCancel(ctx), tps) })
+		}),
+	)
+	if g.InstanceID != "" {
+		opts = append(opts, kgo.InstanceID(g.InstanceID))
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("franz: %w", err)
+	}
+	// The member fetches nothing: the hub does. (A fetch made before this
+	// pause is buffered and never polled; it costs memory only.)
+	cl.PauseFetchTopics(g.Topics...)
+	c.setGroup(cl)
+	<-ctx.Done()
+	// Revoke everything, which commits the last offsets, before leaving:
+	// kgo revokes again as it leaves, which then finds nothing owned. A
+	// static member does not leave: its partitions wait for it until its
+	// session times out.
+	calls.Lock()
+	var tps []kafkaclient.TopicPartition
+	for tp := range owned {
+		tps = append(tps, tp)
+		delete(owned, tp)
+	}
+	if len(tps) > 0 {
+		m.Revoked(context.WithoutCancel(ctx), tps)
+	}
+	calls.Unlock()
+	cl.Close()
+	c.setGroup(nil)
+	return nil
+}
+
+func (c *Client) setGroup(cl *kgo.Client) {
+	c.mu.Lock()
+	c.group = cl
+	if cl == nil {
+		clear(c.committed)
+	}
+	c.mu.Unlock()
+}
+
+func partitions(ps map[string][]int32) []kafkaclient.TopicPartition {
+	var out []kafkaclient.TopicPartition
+	for topic, parts := range ps {
+		for _, p := range parts {
+			out = append(out, kafkaclient.TopicPartition{Topic: topic, Partition: int(p)})
+		}
+	}
+	return out
+}
+
+// Commit implements kafkaclient.Client. kgo commits with the member's
+// current member id and generation, and holds a commit back while the
+// member is between joining and syncing, so a commit is never sent with a
+// generation the member is leaving.
+func (c *Client) Commit(ctx context.Context, offsets []kafkaclient.Offset) error {
+	c.mu.Lock()
+	cl := c.group
+	c.mu.Unlock()
+	if cl == nil {
+		return fmt.Errorf("%w (not in the group)", kafkaclient.ErrFenced)
+	}
+	toCommit := map[string]map[int32]kgo.EpochOffset{}
+	for _, o := range offsets {
+		if toCommit[o.Topic] == nil {
+			toCommit[o.Topic] = map[int32]kgo.EpochOffset{}
+		}
+		toCommit[o.Topic][int32(o.Partition)] = kgo.EpochOffset{Epoch: -1, Offset: o.Next}
+	}
+	var errs []error
+	cl.CommitOffsetsSync(ctx, toCommit, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			errs = append(errs, err)
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if perr := kerr.ErrorForCode(p.ErrorCode); perr != nil {
+					errs = append(errs, fmt.Errorf("%s/%d: %w", t.Topic, p.Partition, perr))
+				}
+			}
+		}
+	})
+	err := errors.Join(errs...)
+	if err != nil && fenced(err) {
+		return fmt.Errorf("%w: %w", kafkaclient.ErrFenced, err)
+	}
+	return err
+}
+
+// fenced reports errors that mean this member can no longer commit in its
+// generation.
+func fenced(err error) bool {
+	return errors.Is(err, kerr.IllegalGeneration) ||
+		errors.Is(err, kerr.UnknownMemberID) ||
+		errors.Is(err, kerr.RebalanceInProgress) ||
+		errors.Is(err, kerr.FencedInstanceID) ||
+		errors.Is(err, kerr.StaleMemberEpoch)
+}
+
+// committedFetch is one read of the group's committed offsets, made when
+// partitions are assigned, that the partitions' workers wait on: one
+// request for the whole assignment, outside kgo's callback.
+type committedFetch struct {
+	done    chan struct{}
+	offsets kadm.OffsetResponses
+	err     error
+}
+
+func (c *Client) fetchCommitted(cl *kgo.Client, tps []kafkaclient.TopicPartition) {
+	f := &committedFetch{done: make(chan struct{})}
+	c.mu.Lock()
+	for _, tp := range tps {
+		c.committed[tp] = f
+	}
+	c.mu.Unlock()
+	go func() {
+		defer close(f.done)
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		f.offsets, f.err = kadm.NewClient(cl).FetchOffsets(ctx, c.cfg.Group.ID)
+	}()
+}
+
+// Committed implements kafkaclient.Client: from the read made at
+// assignment, or, when that failed, a read of its own.
+func (c *Client) Committed(ctx context.Context, tp kafkaclient.TopicPartition) (int64, error) {
+	c.mu.Lock()
+	f, cl := c.committed[tp], c.group
+	c.mu.Unlock()
+	if cl == nil {
+		return 0, fmt.Errorf("%w (not in the group)", kafkaclient.ErrFenced)
+	}
+	if f != nil {
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		if f.err == nil {
+			return committedOf(f.offsets, tp)
+		}
+	}
+	offsets, err := kadm.NewClient(cl).FetchOffsets(ctx, c.cfg.Group.ID)
+	if err != nil {
+		return 0, fmt.Errorf("franz: committed offsets of group %s: %w", c.cfg.Group.ID, err)
+	}
+	return committedOf(offsets, tp)
+}
+
+func committedOf(offsets kadm.OffsetResponses, tp kafkaclient.TopicPartition) (int64, error) {
+	o, ok := offsets.Lookup(tp.Topic, int32(tp.Partition))
+	if !ok {
+		return -1, nil
+	}
+	if o.Err != nil {
+		return 0, fmt.Errorf("franz: committed offset of %s/%d: %w", tp.Topic, tp.Partition, o.Err)
+	}
+	return max(o.At, -1), nil
+}

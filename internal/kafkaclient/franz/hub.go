@@ -1,0 +1,348 @@
+package franz
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+)
+
+// hub fetches every partition the engine opened, with one kgo client that
+// consumes partitions directly (no group), in shared fetch requests, and
+// hands each partition's records to its feed. It reads committed records
+// only, and never resets an offset by itself: an offset outside the log
+// comes back as an error for the Fetcher to explain.
+//
+// One goroutine polls, and it alone adds and removes partitions, between
+// polls: a partition removed and added again at another offset then never
+// gets records fetched for the old one, since kgo drops what it buffered
+// for a removed partition before the next poll.
+type hub struct {
+	cl        *kgo.Client
+	maxBytes  int
+	stopPoll  context.CancelFunc
+	pollEnded chan struct{}
+
+	// feeds are the partitions fetched; only the poller uses them.
+	feeds map[kafkaclient.TopicPartition]*feed
+
+	mu sync.Mutex
+	// todo are changes to the partitions fetched, made by the poller
+	// before its next poll; pollCancel interrupts the poll in progress.
+	todo       []func()
+	pollCancel context.CancelFunc
+}
+
+// fetchMaxWait is how long a fetch waits for records on the broker before
+// it answers empty. A partition resumed after a pause joins the next fetch
+// to its broker, after the one in flight: this bounds that wait.
+const fetchMaxWait = 500 * time.Millisecond
+
+func (c *Client) fetchHub() (*hub, error) {
+	c.hubOnce.Do(func() {
+		partBytes := max(c.cfg.FetchMaxBytes, 1<<10)
+		opts := append(c.base[:len(c.base):len(c.base)],
+			kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+			// Markers are handed to the Fetcher, which accounts for their
+			// offsets (and hands out none): a partition's position moves
+			// past a transaction's commit marker, as Kafka's own consumers'
+			// does, and a topic written by transactional producers does
+			// not show a lag of one for ever.
+			kgo.KeepControlRecords(),
+			// An offset outside the log is an error, never a jump.
+			kgo.ConsumeResetOffset(kgo.NoResetOffset()),
+			kgo.FetchMaxWait(fetchMaxWait),
+			kgo.FetchMaxPartitionBytes(int32(partBytes)),
+			// A fetch request covers every partition on a broker: room
+			// for a number of them at once.
+			kgo.FetchMaxBytes(int32(max(min(int64(partBytes)*16, 64<<20), int64(partBytes)))),
+		)
+		cl, err := kgo.NewClient(opts...)
+		if err != nil {
+			c.hubErr = fmt.Errorf("franz: %w", err)
+			return
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		h := &hub{cl: cl, maxBytes: max(c.cfg.FetchMaxBytes, 1<<20), stopPoll: cancel,
+			pollEnded: make(chan struct{}), feeds: map[kafkaclient.TopicPartition]*feed{}}
+		go h.poll(ctx)
+		c.hub = h
+	})
+	return c.hub, c.hubErr
+}
+
+// Open implements kafkaclient.Client.
+func (c *Client) Open(cfg kafkaclient.FetchConfig) (*kafkaclient.Fetcher, error) {
+	h, err := c.fetchHub()
+	if err != nil {
+		return nil, err
+	}
+	f := h.open(kafkaclient.TopicPartition{Topic: cfg.Topic, Partition: cfg.Partition}, cfg.Start, max(cfg.MaxBatch, 1))
+	return kafkaclient.NewFetcher(cfg, &feedSource{feed: f}, func(ctx context.Context) (kafkaclient.Bounds, error) {
+		return c.Bounds(ctx, cfg.Topic, cfg.Partition)
+	}), nil
+}
+
+// open starts fetching tp at start into a new feed, in place of the feed
+// fetching it so far, if any: what a poll brings for tp before the change
+// goes to the old feed, closed by then, and is dropped.
+func (h *hub) open(tp kafkaclient.TopicPartition, start int64, maxBatch int) *feed {
+	f := &feed{hub: h, tp: tp, maxBatch: maxBatch, wake: make(chan struct{}, 1)}
+	h.change(func() {
+		if old := h.feeds[tp]; old != nil {
+			h.remove(old)
+		}
+		h.feeds[tp] = f
+		h.cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{tp.Topic: {int32(tp.Partition): kgo.NewOffset().At(start)}})
+	})
+	return f
+}
+
+// change runs fn on the poller before its next poll, interrupting the poll
+// in progress.
+func (h *hub) change(fn func()) {
+	h.mu.Lock()
+	h.todo = append(h.todo, fn)
+	if h.pollCancel != nil {
+		h.pollCancel()
+	}
+	h.mu.Unlock()
+}
+
+// remove stops fetching f's partition; it runs on the poller.
+func (h *hub) remove(f *feed) {
+	if h.feeds[f.tp] != f {
+		return
+	}
+	delete(h.feeds, f.tp)
+	h.cl.RemoveConsumePartitions(map[string][]int32{f.tp.Topic: {int32(f.tp.Partition)}})
+	// A pause would outlive the feed and hold back the next one.
+	h.cl.ResumeFetchPartitions(map[string][]int32{f.tp.Topic: {int32(f.tp.Partition)}})
+	f.close()
+}
+
+func (h *hub) poll(ctx context.Context) {
+	defer close(h.pollEnded)
+	for {
+		h.mu.Lock()
+		todo := h.todo
+		h.todo = nil
+		pollCtx, cancel := context.WithCancel(ctx)
+		h.pollCancel = cancel
+		h.mu.Unlock()
+		for _, fn := range todo {
+			fn()
+		}
+		fetches := h.cl.PollFetches(pollCtx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		for i := range fetches {
+			for _, t := range fetches[i].Topics {
+				for _, p := range t.Partitions {
+					if f := h.feeds[kafkaclient.TopicPartition{Topic: t.Topic, Partition: int(p.Partition)}]; f != nil {
+						f.push(t.TopicID, &p)
+					}
+				}
+			}
+		}
+	}
+}
+
+// close stops polling and closes the fetching client.
+func (h *hub) close() {
+	h.stopPoll()
+	<-h.pollEnded
+	h.cl.Close()
+}
+
+// feed holds the records fetched for one partition until its Fetcher takes
+// them. When it holds two batches' worth (MaxBatch records, or
+// FetchMaxBytes, twice), the partition is paused until half of them are
+// taken: memory stays
+// bounded by about two batches per partition, and a partition whose worker
+// is busy does not slow the fetches of the others.
+type feed struct {
+	hub      *hub
+	tp       kafkaclient.TopicPartition
+	maxBatch int
+	wake     chan struct{}
+
+	mu      sync.Mutex
+	chunks  []chunk
+	records int
+	bytes   int
+	paused  bool
+	closed  bool
+	// err ends the feed once the records before it are taken.
+	err error
+	// topicID is the id of the topic the first fetch came from.
+	topicID [16]byte
+}
+
+// chunk is the records one fetch brought for the partition.
+type chunk struct {
+	records  []*kgo.Record
+	logStart int64
+	hwm      int64
+}
+
+var noTopicID [16]byte
+
+// push adds what one fetch brought; it runs on the poller.
+func (f *feed) push(topicID [16]byte, p *kgo.FetchPartition) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed || f.err != nil {
+		return
+	}
+	if topicID != noTopicID {
+		if f.topicID == noTopicID {
+			f.topicID = topicID
+		} else if topicID != f.topicID {
+			f.fail(&kafkaclient.AheadError{Topic: f.tp.Topic, Partition: f.tp.Partition, Expected: f.nextOffset(), LogEnd: -1,
+				Why: "the topic was deleted and re-created: the fetch brought records of a topic id other than the one read so far"})
+			return
+		}
+	}
+	if len(p.Records) > 0 {
+		f.chunks = append(f.chunks, chunk{records: p.Records, logStart: p.LogStartOffset, hwm: p.HighWatermark})
+		f.records += len(p.Records)
+		for _, r := range p.Records {
+			f.bytes += len(r.Key) + len(r.Value)
+		}
+		if !f.paused && (f.records >= 2*f.maxBatch || f.bytes >= 2*f.hub.maxBytes) {
+			f.paused = true
+			f.hub.cl.PauseFetchPartitions(map[string][]int32{f.tp.Topic: {int32(f.tp.Partition)}})
+		}
+	}
+	if p.Err != nil {
+		f.fail(f.fetchError(p.Err))
+	}
+	f.signal()
+}
+
+// fetchError says what a fetch's error means for the feed.
+func (f *feed) fetchError(err error) error {
+	var loss *kgo.ErrDataLoss
+	switch {
+	case errors.As(err, &loss):
+		// The broker lost records kgo had fetched (an unclean leader
+		// election): what is buffered may be among them, and kgo goes back
+		// to where the log diverged, below offsets already handed out,
+		// whose new records would be dropped as repeats. Nothing more is
+		// handed out.
+		f.chunks, f.records, f.bytes = nil, 0, 0
+		return &kafkaclient.AheadError{Topic: f.tp.Topic, Partition: f.tp.Partition, Expected: loss.ConsumedTo, LogEnd: -1,
+			Why: fmt.Sprintf("the broker lost records from offset %d on (%v)", loss.ResetTo, err)}
+	case errors.Is(err, kerr.UnknownTopicID):
+		return &kafkaclient.AheadError{Topic: f.tp.Topic, Partition: f.tp.Partition, Expected: f.nextOffset(), LogEnd: -1,
+			Why: "the topic was deleted and re-created: the broker no longer knows the topic id fetched so far"}
+	case errors.Is(err, kerr.OffsetOutOfRange):
+		return fmt.Errorf("%w: %w", kafkaclient.ErrOutOfRange, err)
+	}
+	return err
+}
+
+// nextOffset is the offset after the records the feed holds, or -1.
+func (f *feed) nextOffset() int64 {
+	if n := len(f.chunks); n > 0 {
+		rs := f.chunks[n-1].records
+		return rs[len(rs)-1].Offset + 1
+	}
+	return -1
+}
+
+func (f *feed) fail(err error) {
+	if f.err == nil {
+		f.err = err
+	}
+}
+
+func (f *feed) signal() {
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (f *feed) close() {
+	f.mu.Lock()
+	f.closed, f.chunks = true, nil
+	f.mu.Unlock()
+	f.signal()
+}
+
+// errFeedClosed is what a feed closed by a newer Open of its partition
+// says (the engine opens one Fetcher per partition at a time).
+var errFeedClosed = errors.New("franz: the partition was opened again")
+
+// feedSource is a feed as a kafkaclient.Source.
+type feedSource struct {
+	feed    *feed
+	headers kafkaclient.HeaderArena
+}
+
+func (s *feedSource) Next(ctx context.Context) (kafkaclient.Record, int64, error) {
+	f := s.feed
+	for {
+		f.mu.Lock()
+		if len(f.chunks) > 0 {
+			c := &f.chunks[0]
+			r := c.records[0]
+			logStart, hwm := c.logStart, c.hwm
+			c.records = c.records[1:]
+			if len(c.records) == 0 {
+				f.chunks[0] = chunk{}
+				f.chunks = f.chunks[1:]
+			}
+			f.records--
+			f.bytes -= len(r.Key) + len(r.Value)
+			if f.paused && f.records <= f.maxBatch && f.bytes <= f.hub.maxBytes {
+				f.paused = false
+				f.hub.cl.ResumeFetchPartitions(map[string][]int32{f.tp.Topic: {int32(f.tp.Partition)}})
+			}
+			f.mu.Unlock()
+			if r.Attrs.IsControl() {
+				return kafkaclient.Record{Topic: r.Topic, Partition: int(r.Partition), Offset: r.Offset, HighWaterMark: hwm, Marker: true}, logStart, nil
+			}
+			return kafkaclient.Record{Topic: r.Topic, Partition: int(r.Partition), Offset: r.Offset, Key: r.Key, Value: r.Value,
+				Headers: kafkaclient.CopyHeaders(&s.headers, r.Headers, header), Time: r.Timestamp, HighWaterMark: hwm}, logStart, nil
+		}
+		err, closed := f.err, f.closed
+		f.mu.Unlock()
+		switch {
+		case closed:
+			return kafkaclient.Record{}, 0, errFeedClosed
+		case err != nil:
+			return kafkaclient.Record{}, 0, err
+		}
+		select {
+		case <-f.wake:
+		case <-ctx.Done():
+			return kafkaclient.Record{}, 0, ctx.Err()
+		}
+	}
+}
+
+func header(h *kgo.RecordHeader) (string, []byte) { return h.Key, h.Value }
+
+// MoveTo implements kafkaclient.Source: a new feed takes the old one's place.
+func (s *feedSource) MoveTo(offset int64) error {
+	old := s.feed
+	s.feed = old.hub.open(old.tp, offset, old.maxBatch)
+	old.close()
+	return nil
+}
+
+func (s *feedSource) Close() {
+	f := s.feed
+	f.hub.change(func() { f.hub.remove(f) })
+}

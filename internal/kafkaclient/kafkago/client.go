@@ -1,0 +1,311 @@
+// Package kafkago is the kafka-go Kafka client behind the engine's seam:
+// kafka-go's ConsumerGroup for membership (eager rebalancing: every
+// rebalance revokes every partition), a Reader per partition, and its
+// Client for log bounds.
+//
+// kafka-go cannot keep every part of the promise, and this client refuses
+// what it cannot do rather than guessing:
+//
+//   - Its message reader ignores the transaction bits of a record batch and
+//     the fetch response's list of aborted transactions. Reading with
+//     ReadCommitted keeps records of open transactions from being handed
+//     out, but records of aborted transactions are handed out like any
+//     other, and so are transaction markers. A marker it is handed stops
+//     the partition with a *TransactionalError naming franz-go as the fix;
+//     records of an aborted transaction before that first marker have been
+//     processed by then.
+//   - It has no static membership and no cooperative rebalancing.
+//   - It hands out a re-created topic's records once they reach the old
+//     position, without a sign that the topic changed; the log's end is
+//     read while the partition is idle (FetchConfig.IdleCheck), so a new
+//     log still below the old position is reported.
+package kafkago
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+)
+
+// Client is the kafka-go client. Use New.
+type Client struct {
+	cfg    kafkaclient.Config
+	dialer *kafka.Dialer
+	tr     *kafka.Transport
+	admin  *kafka.Client
+	log    *slog.Logger
+	// writers publish (see Publish).
+	writers writers
+
+	mu sync.Mutex
+	// gen is the generation this member is in, the one its commits go
+	// through (nil outside one), and committed the group's offsets of the
+	// partitions it assigned, as it gave them.
+	gen       *kafka.Generation
+	committed map[kafkaclient.TopicPartition]int64
+}
+
+// New returns a client for cfg. dialer, when not nil, opens every
+// connection instead of one made from cfg's TLS and SASL (kafka-go users
+// bring theirs).
+func New(cfg kafkaclient.Config, dialer *kafka.Dialer) (*Client, error) {
+	dialer, tr := Connection(cfg, dialer)
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Client{cfg: cfg, dialer: dialer, tr: tr, log: log,
+		admin: &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Timeout: 15 * time.Second, Transport: tr}}, nil
+}
+
+// Connection returns the kafka-go dialer and transport for cfg's TLS and
+// SASL, or for dialer's when it is not nil.
+func Connection(cfg kafkaclient.Config, dialer *kafka.Dialer) (*kafka.Dialer, *kafka.Transport) {
+	if dialer == nil {
+		dialer = &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true, TLS: cfg.TLS, ClientID: cfg.ClientID}
+		if cfg.SASL != nil {
+			dialer.SASLMechanism = mechanism{cfg.SASL}
+		}
+	}
+	tr := &kafka.Transport{TLS: dialer.TLS, SASL: dialer.SASLMechanism, ClientID: dialer.ClientID, MetadataTTL: time.Second}
+	if dialer.Timeout > 0 {
+		tr.DialTimeout = dialer.Timeout
+	}
+	return dialer, tr
+}
+
+// Dialer is the dialer the client opens connections with.
+func (c *Client) Dialer() *kafka.Dialer { return c.dialer }
+
+// Transport is the transport of the client's requests (bounds, metadata).
+func (c *Client) Transport() *kafka.Transport { return c.tr }
+
+// RunGroup implements kafkaclient.Client. Every generation assigns all of
+// the member's partitions at once and revokes them all when it ends:
+// kafka-go waits for the function started with the generation (which waits
+// for m.Revoked) before it joins the next generation or leaves, and keeps
+// the generation's coordinator connection open until then, so the last
+// offset commits still go out through it.
+func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
+	g := c.cfg.Group
+	if g.InstanceID != "" {
+		return errors.New("kafkago: static membership (an instance id) is not supported by kafka-go; use the franz-go client")
+	}
+	watch := c.cfg.MetadataMaxAge
+	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+		ID:                     g.ID,
+		Brokers:                c.cfg.Brokers,
+		Dialer:                 c.dialer,
+		Topics:                 g.Topics,
+		SessionTimeout:         g.SessionTimeout,
+		RebalanceTimeout:       g.RebalanceTimeout,
+		HeartbeatInterval:      g.HeartbeatInterval,
+		JoinGroupBackoff:       joinGroupBackoff,
+		StartOffset:            kafka.FirstOffset,
+		WatchPartitionChanges:  watch > 0,
+		PartitionWatchInterval: watch,
+		Logger:                 logger(c.log, slog.LevelDebug),
+		ErrorLogger:            logger(c.log, slog.LevelWarn),
+	})
+	if err != nil {
+		return fmt.Errorf("kafkago: %w", err)
+	}
+	for {
+		gen, err := group.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
+				break
+			}
+			c.log.Warn("consumer group: waiting for a generation", slog.String("error", err.Error()))
+			continue
+		}
+		var tps []kafkaclient.TopicPartition
+		committed := map[kafkaclient.TopicPartition]int64{}
+		for topic, ps := range gen.Assignments {
+			for _, p := range ps {
+				tp := kafkaclient.TopicPartition{Topic: topic, Partition: p.ID}
+				tps = append(tps, tp)
+				committed[tp] = max(p.Offset, -1) // kafka-go's FirstOffset: nothing committed
+			}
+		}
+		c.setGeneration(gen, committed)
+		c.log.Info("consumer group: generation started", slog.Int("generation", int(gen.ID)), slog.String("member", gen.MemberID), slog.Int("partitions", len(tps)))
+		m.Assigned(ctx, tps)
+		// The generation ends when this function returns, so it returns
+		// only once the generation is over, also for a member assigned
+		// nothing: one returning at once would rebalance the group again
+		// and again.
+		gen.Start(func(genCtx context.Context) {
+			<-genCtx.Done()
+			m.Revoked(context.WithoutCancel(ctx), tps)
+		})
+	}
+	// Close ends the current generation, waits until its function has
+	// returned (the partitions are revoked and their offsets committed),
+	// then leaves the group so the partitions move to other members at
+	// once.
+	if err := group.Close(); err != nil {
+		c.log.Warn("consumer group: close", slog.String("error", err.Error()))
+	}
+	c.setGeneration(nil, nil)
+	return nil
+}
+
+func (c *Client) setGeneration(gen *kafka.Generation, committed map[kafkaclient.TopicPartition]int64) {
+	c.mu.Lock()
+	c.gen, c.committed = gen, committed
+	c.mu.Unlock()
+}
+
+// Committed implements kafkaclient.Client: the offset the generation
+// assigned the partition with.
+func (c *Client) Committed(_ context.Context, tp kafkaclient.TopicPartition) (int64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	off, ok := c.committed[tp]
+	if !ok {
+		return 0, fmt.Errorf("%w: %s/%d is not assigned to this member", kafkaclient.ErrFenced, tp.Topic, tp.Partition)
+	}
+	return off, nil
+}
+
+// Commit implements kafkaclient.Client.
+func (c *Client) Commit(_ context.Context, offsets []kafkaclient.Offset) error {
+	c.mu.Lock()
+	gen := c.gen
+	c.mu.Unlock()
+	if gen == nil {
+		return fmt.Errorf("%w (no generation)", kafkaclient.ErrFenced)
+	}
+	byTopic := map[string]map[int]int64{}
+	for _, o := range offsets {
+		if byTopic[o.Topic] == nil {
+			byTopic[o.Topic] = map[int]int64{}
+		}
+		byTopic[o.Topic][o.Partition] = o.Next
+	}
+	err := gen.CommitOffsets(byTopic)
+	if err != nil && fenced(err) {
+		return fmt.Errorf("%w: %w", kafkaclient.ErrFenced, err)
+	}
+	return err
+}
+
+// fenced reports errors that mean this member can no longer commit in its
+// generation.
+func fenced(err error) bool {
+	return errors.Is(err, kafka.IllegalGeneration) ||
+		errors.Is(err, kafka.UnknownMemberId) ||
+		errors.Is(err, kafka.RebalanceInProgress) ||
+		errors.Is(err, kafka.FencedInstanceID)
+}
+
+// Close implements kafkaclient.Client.
+func (c *Client) Close() {
+	c.closeWriters()
+	c.tr.CloseIdleConnections()
+}
+
+// Bounds implements kafkaclient.Client: the log start and end, and the
+// last stable offset (a second request, read committed).
+func (c *Client) Bounds(ctx context.Context, topic string, partition int) (kafkaclient.Bounds, error) {
+	bs, err := c.bounds(ctx, topic, []int{partition})
+	if err != nil {
+		return kafkaclient.Bounds{}, err
+	}
+	return bs[0], nil
+}
+
+// TopicBounds implements kafkaclient.Client.
+func (c *Client) TopicBounds(ctx context.Context, topic string) ([]kafkaclient.Bounds, error) {
+	meta, err := c.admin.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return nil, fmt.Errorf("kafkago: metadata of %s: %w", topic, err)
+	}
+	if len(meta.Topics) != 1 || meta.Topics[0].Error != nil {
+		var terr error
+		if len(meta.Topics) == 1 {
+			terr = meta.Topics[0].Error
+		}
+		return nil, fmt.Errorf("kafkago: metadata of %s: %v", topic, terr)
+	}
+	parts := make([]int, len(meta.Topics[0].Partitions))
+	for i, p := range meta.Topics[0].Partitions {
+		parts[i] = p.ID
+	}
+	return c.bounds(ctx, topic, parts)
+}
+
+// bounds reads the bounds of partitions, which must number 0 to
+// len(partitions)-1 when there are several, in two requests.
+func (c *Client) bounds(ctx context.Context, topic string, partitions []int) ([]kafkaclient.Bounds, error) {
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
+	var reqs, stable []kafka.OffsetRequest
+	for _, p := range partitions {
+		reqs = append(reqs, kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p))
+		stable = append(stable, kafka.LastOffsetOf(p))
+	}
+	all, err := c.admin.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+	if err != nil {
+		return nil, fmt.Errorf("kafkago: log bounds of %s: %w", topic, err)
+	}
+	committed, err := c.admin.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: stable}, IsolationLevel: kafka.ReadCommitted})
+	if err != nil {
+		return nil, fmt.Errorf("kafkago: last stable offsets of %s: %w", topic, err)
+	}
+	out := make([]kafkaclient.Bounds, len(partitions))
+	index := map[int]int{}
+	for i, p := range partitions {
+		index[p] = i
+		out[i] = kafkaclient.Bounds{Start: -1}
+	}
+	for _, po := range all.Topics[topic] {
+		if po.Error != nil {
+			return nil, fmt.Errorf("kafkago: log bounds of %s/%d: %w", topic, po.Partition, po.Error)
+		}
+		if i, ok := index[po.Partition]; ok {
+			out[i].Start, out[i].End, out[i].Stable = po.FirstOffset, po.LastOffset, po.LastOffset
+		}
+	}
+	for _, po := range committed.Topics[topic] {
+		if po.Error != nil {
+			return nil, fmt.Errorf("kafkago: last stable offset of %s/%d: %w", topic, po.Partition, po.Error)
+		}
+		if i, ok := index[po.Partition]; ok && po.LastOffset >= 0 && po.LastOffset < out[i].Stable {
+			out[i].Stable = po.LastOffset
+		}
+	}
+	for i, b := range out {
+		if b.Start < 0 {
+			return nil, fmt.Errorf("kafkago: log bounds of %s/%d: no answer", topic, partitions[i])
+		}
+	}
+	return out, nil
+}
+
+// joinGroupBackoff is the pause before rejoining the group after a failed
+// join: long enough that members failing together do not churn the
+// coordinator, short enough not to matter after an outage.
+const joinGroupBackoff = time.Second
+
+// levelChatter is below Debug: kafka-go logs every fetch at its info
+// level, which would drown a debug log.
+const levelChatter = slog.LevelDebug - 4
+
+// logger routes kafka-go's printf logging into slog at one level.
+func logger(l *slog.Logger, level slog.Level) kafka.Logger {
+	l = l.With(slog.String("component", "kafka-go"))
+	return kafka.LoggerFunc(func(msg string, args ...any) {
+		if l.Enabled(context.Background(), level) {
+			l.Log(context.Background(), level, fmt.Sprintf(msg, args...))
+		}
+	})
+}

@@ -2,15 +2,18 @@ package consumer_test
 
 import (
 	"context"
+	"crypto/tls"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/kafkaconn"
 )
 
 // unusedPool is a real pool that is never dialled: New does not connect.
@@ -78,6 +81,20 @@ func TestNewRejectsBadConfigNamingTheField(t *testing.T) {
 		{"json id with an empty name", func(c *consumer.Config) { c.MessageID = consumer.IDFromJSONField("meta..id") }, []string{`MessageID JSON field path "meta..id" has an empty field name`, `"meta.id"`}},
 		{"zero id rule", func(c *consumer.Config) { c.MessageID = consumer.MessageIDRule{} }, []string{"MessageID is the zero MessageIDRule", "IDFromHeader"}},
 		{"negative shutdown", func(c *consumer.Config) { c.ShutdownTimeout = -time.Second }, []string{"ShutdownTimeout must not be negative"}},
+		{"a kafka-go Dialer with franz-go", func(c *consumer.Config) { c.Dialer = &kafka.Dialer{} }, []string{"Dialer is kafka-go's", "KafkaClient: consumer.KafkaGo", "set TLS and SASL instead"}},
+		{"a Dialer and TLS", func(c *consumer.Config) {
+			c.KafkaClient, c.Dialer, c.TLS = consumer.KafkaGo, &kafka.Dialer{}, &tls.Config{}
+		}, []string{"Dialer and TLS or SASL are both set"}},
+		{"static membership with kafka-go", func(c *consumer.Config) { c.KafkaClient, c.InstanceID = consumer.KafkaGo, "pod-0" }, []string{"InstanceID (static membership) needs KafkaClient: consumer.FranzGo"}},
+		{"unknown client", func(c *consumer.Config) { c.KafkaClient = 9 }, []string{"KafkaClient must be consumer.FranzGo or consumer.KafkaGo (got 9)"}},
+		{"instance id with a newline", func(c *consumer.Config) { c.InstanceID = "pod\n0" }, []string{"InstanceID must be printable"}},
+		{"SASL without a mechanism", func(c *consumer.Config) { c.SASL = &kafkaconn.SASL{Username: "u"} }, []string{"SASL.Mechanism must be set", "kafkaconn.Plain"}},
+		{"SASL SCRAM without a password", func(c *consumer.Config) { c.SASL = &kafkaconn.SASL{Mechanism: kafkaconn.ScramSHA512, Username: "u"} }, []string{"SASL SCRAM-SHA-512 needs Username and Password"}},
+		{"SASL OAUTHBEARER without a token", func(c *consumer.Config) { c.SASL = &kafkaconn.SASL{Mechanism: kafkaconn.OAuthBearer} }, []string{"SASL OAUTHBEARER needs Token"}},
+		{"SASL AWS without credentials", func(c *consumer.Config) { c.SASL = &kafkaconn.SASL{Mechanism: kafkaconn.AWSMSKIAM} }, []string{"SASL AWS_MSK_IAM needs AWS", "EnvAWSCredentials"}},
+		{"SASL of an unknown mechanism", func(c *consumer.Config) { c.SASL = &kafkaconn.SASL{Mechanism: "GSSAPI"} }, []string{`SASL.Mechanism "GSSAPI" is not one kafkaonce speaks`}},
+		{"metadata too old", func(c *consumer.Config) { c.MetadataMaxAge = 2 * time.Hour }, []string{"MetadataMaxAge must be between 1s and 1h (got 2h0m0s)"}},
+		{"open transactions reported too soon", func(c *consumer.Config) { c.OpenTransactionAfter = time.Millisecond }, []string{"OpenTransactionAfter must be at least 100ms (got 1ms)"}},
 		{"idle timeout within the handler's", func(c *consumer.Config) { c.IdleInTransactionTimeout = 20 * time.Second }, []string{"IdleInTransactionTimeout must be longer than HandlerTimeout (got 20s and 30s)"}},
 	}
 	for _, tc := range cases {

@@ -3,6 +3,8 @@ package consumer_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"log/slog"
 	"strings"
@@ -21,9 +23,11 @@ import (
 	"github.com/segmentio/kafka-go/sasl/scram"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 	"github.com/kafkaonce/kafkaonce/kafkaconn"
 	"github.com/kafkaonce/kafkaonce/outbox"
@@ -246,4 +250,64 @@ func FuzzConsumerNameValidation(f *testing.F) {
 			t.Fatalf("accepted %q", name)
 		}
 	})
+}
+
+// A cluster that wants TLS with a client certificate (mTLS) and SCRAM:
+// Config.TLS and Config.SASL reach every connection the consumer makes
+// (the group, the fetches, the log bounds, the dead-letter topic), and a
+// consumer without the client certificate gets nowhere.
+func TestMutualTLSAndSCRAMReachEveryConnection(t *testing.T) {
+	t.Parallel()
+	p := testenv.NewPKI(t)
+	secured, err := devenv.StartFakeKafka(kfake.TLS(p.ServerTLS(t)), kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-512", "ledger", "s3cret"),
+		kfake.SeedTopics(1, "orders", "orders.dlq"))
+	require.NoError(t, err)
+	t.Cleanup(func() { secured.Close() })
+	cert, key := p.Issue(t, "ledger", x509.ExtKeyUsageClientAuth)
+	tlsCfg, err := kafkaconn.TLSConfig(kafkaconn.TLSFiles{CAFile: p.CAFile, CertFile: cert, KeyFile: key})
+	require.NoError(t, err)
+	auth := &kafkaconn.SASL{Mechanism: kafkaconn.ScramSHA512, Username: "ledger", Password: "s3cret"}
+	mech, err := kafkaclient.Mechanism(auth)
+	require.NoError(t, err)
+	producer, err := kgo.NewClient(kgo.SeedBrokers(secured.Brokers...), kgo.DialTLSConfig(tlsCfg.Clone()), kgo.SASL(mech), kgo.DefaultProduceTopic("orders"))
+	require.NoError(t, err)
+	defer producer.Close()
+	for _, id := range []string{"good", "bad"} {
+		require.NoError(t, producer.ProduceSync(context.Background(), &kgo.Record{Value: []byte(id), Headers: []kgo.RecordHeader{{Key: consumer.DefaultMessageIDHeader, Value: []byte(id)}}}).FirstErr())
+	}
+
+	db := testenv.NewDB(t)
+	newConsumer := func(name string, tlsCfg *tls.Config, hooks ...consumer.Hook) *consumer.Consumer {
+		c, err := consumer.New(db.Pool, &consumer.Config{Name: name, KafkaClient: kafkaClient(), GroupID: testenv.Name(t, name), Brokers: secured.Brokers,
+			Topics: []string{"orders"}, Schema: db.Schema, TLS: tlsCfg, SASL: auth, DeadLetterTopic: "orders.dlq",
+			SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond, Logger: quietLogger(), Hooks: hooks,
+			Handler: consumer.HandlerFunc(func(_ context.Context, _ pgx.Tx, m *consumer.Message) error {
+				if m.ID == "bad" {
+					return consumer.Permanent(errors.New("rejected"))
+				}
+				return nil
+			})})
+		require.NoError(t, err)
+		return c
+	}
+	c := newConsumer("ledger", tlsCfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	waitFor(t, 30*time.Second, "the letter published over mTLS", func() bool {
+		return db.Int(t, `SELECT count(*) FROM `+db.Table("dead_letters")+` WHERE published_at IS NOT NULL`) == 1
+	})
+	cancel()
+	require.NoError(t, <-done)
+	require.EqualValues(t, 2, db.Int(t, `SELECT count(*) FROM `+db.Table("processed_messages")))
+
+	// The CA alone, without the client certificate: the broker refuses.
+	caOnly, err := kafkaconn.TLSConfig(kafkaconn.TLSFiles{CAFile: p.CAFile})
+	require.NoError(t, err)
+	events := &recorder{}
+	c = newConsumer("anonymous", caOnly, events)
+	ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	require.NoError(t, c.Run(ctx))
+	require.Empty(t, events.snapshot().assigned, "a member without the client certificate must not be assigned partitions")
 }

@@ -77,6 +77,7 @@ var (
 	_ consumer.HookSuspectDuplicate    = (*Hooks)(nil)
 	_ consumer.HookOffsetsCommitted    = (*Hooks)(nil)
 	_ consumer.HookPartitionStopped    = (*Hooks)(nil)
+	_ consumer.HookPartitionHeld       = (*Hooks)(nil)
 	_ consumer.HookPartitionAssigned   = (*Hooks)(nil)
 	_ consumer.HookContention          = (*Hooks)(nil)
 )

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
@@ -137,7 +138,7 @@ func TestNewRejectsAnEmptyName(t *testing.T) {
 
 func stringsReader(s string) io.Reader { return strings.NewReader(s) }
 
-// counterWith sums a metric's samples (all label values).
+// counterWith sums a counter's or a gauge's samples (all label values).
 func counterWith(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
 	t.Helper()
 	return gathered{reg: reg, name: name}
@@ -157,7 +158,7 @@ func (g gathered) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue()
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(g.name, "sum", nil, nil), prometheus.CounterValue, sum)
@@ -176,4 +177,45 @@ func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 
 		}
 	}
 	return n
+}
+
+// kafkaonce_partition_held is 1 while a producer's open transaction holds
+// the partition back, and 0 once it ended.
+func TestHeldMetric(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	k := testenv.NewKafka(t)
+	topic := k.Topic(t, 1)
+	tx, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...), kgo.TransactionalID(testenv.Name(t, "tx")), kgo.DefaultProduceTopic(topic))
+	require.NoError(t, err)
+	defer tx.Close()
+	require.NoError(t, tx.BeginTransaction())
+	require.NoError(t, tx.ProduceSync(context.Background(), &kgo.Record{Value: []byte("v"), Headers: []kgo.RecordHeader{{Key: "message-id", Value: []byte("m")}}}).FirstErr())
+
+	reg := prometheus.NewPedanticRegistry()
+	hooks, err := promhooks.New(reg, "ledger")
+	require.NoError(t, err)
+	c, err := consumer.New(db.Pool, &consumer.Config{
+		Name: "ledger", GroupID: testenv.Name(t, "g"), Brokers: k.Brokers, Topics: []string{topic}, Schema: db.Schema,
+		OpenTransactionAfter: 200 * time.Millisecond, SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil }),
+		Hooks:   []consumer.Hook{hooks},
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+	held := func() float64 { return testutil.ToFloat64(counterWith(t, reg, "kafkaonce_partition_held")) }
+	deadline := time.Now().Add(30 * time.Second)
+	for held() != 1 {
+		require.True(t, time.Now().Before(deadline), "the partition never showed as held")
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.NoError(t, tx.EndTransaction(context.Background(), kgo.TryCommit))
+	for held() != 0 {
+		require.True(t, time.Now().Before(deadline), "the partition still showed as held after the transaction ended")
+		time.Sleep(20 * time.Millisecond)
+	}
 }

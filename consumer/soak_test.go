@@ -18,6 +18,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
@@ -77,6 +78,43 @@ func soakTransfer(id string) (transfer, bool) {
 	}
 	from := i % 4
 	return transfer{from: from, to: (from + 1 + i/4%3) % 4}, true
+}
+
+// soakTxnCounts counts the transactional phase's transactions.
+type soakTxnCounts struct{ committed, aborted atomic.Int64 }
+
+// soakTransactions writes ids in committed transactions of 50, spread over
+// the partitions, with an aborted one (of ids "<id>-aborted") before one in
+// four of them. A transaction whose end fails (the broker's connections
+// were cut) is written again: the ids of one that committed all the same
+// come twice, as producer re-sends do.
+func soakTransactions(w *txnWriter, prng *rand.Rand, ids []string, partitions int, counts *soakTxnCounts) {
+	records := func(ids []string, suffix string) []*kgo.Record {
+		recs := make([]*kgo.Record, len(ids))
+		for j, id := range ids {
+			recs[j] = txnRecord(j%partitions, id+suffix)
+			recs[j].Value = []byte("v")
+		}
+		return recs
+	}
+	try := func(recs []*kgo.Record, commit bool) bool {
+		if w.cl.BeginTransaction() != nil {
+			return false
+		}
+		err := w.cl.ProduceSync(context.Background(), recs...).FirstErr()
+		return w.cl.EndTransaction(context.Background(), kgo.TransactionEndTry(commit && err == nil)) == nil && err == nil
+	}
+	for i := 0; i < len(ids); i += 50 {
+		chunk := ids[i:min(i+50, len(ids))]
+		if prng.IntN(4) == 0 {
+			try(records(chunk, "-aborted"), false)
+			counts.aborted.Add(1)
+		}
+		for !try(records(chunk, ""), true) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		counts.committed.Add(1)
+	}
 }
 
 // fate of a message in the soak, from its id and the seed, so that a seed
@@ -201,6 +239,18 @@ func soak(t *testing.T, seed uint64, n int) {
 	if seed%2 == 0 {
 		pace = 100 * time.Millisecond
 	}
+	// The transactional phase: every fifth wave is written by a
+	// transactional producer, in transactions of 50 records, one in four
+	// of which it aborts after writing records of ids of its own, which
+	// must never be applied (they are not among ids: applied, they are
+	// phantoms). The kafka-go client cannot read such a topic and stops at
+	// its first marker, so it meets no transactional phase.
+	txnPhase := kafkaClient() == consumer.FranzGo
+	var txw *txnWriter
+	var kafkaTxns soakTxnCounts
+	if txnPhase {
+		txw = e.txnWriter("soak")
+	}
 	produced := make(chan struct{})
 	go func() {
 		defer close(produced)
@@ -208,6 +258,11 @@ func soak(t *testing.T, seed uint64, n int) {
 		defer w.Close()
 		prng := rand.New(rand.NewPCG(seed, 2))
 		for i := 0; i < n; i += 500 {
+			if txnPhase && i/500%5 == 3 {
+				soakTransactions(txw, prng, ids[i:min(i+500, n)], partitions, &kafkaTxns)
+				time.Sleep(pace)
+				continue
+			}
 			var msgs []kafka.Message
 			for j := i; j < min(i+500, n); j++ {
 				m := msg(j%partitions, ids[j], "v")
@@ -344,8 +399,8 @@ func soak(t *testing.T, seed uint64, n int) {
 		m.stop()
 	}
 	lost, _, _ := contended.count()
-	t.Logf("seed %d: %d messages (%d poison) over %d partitions with 3 members; %d transactions lost races for rows; faults: %v",
-		seed, n, len(poison), partitions, lost, faults)
+	t.Logf("seed %d: %d messages (%d poison) over %d partitions with 3 members; %d transactions lost races for rows; Kafka transactions: %d committed, %d aborted; faults: %v",
+		seed, n, len(poison), partitions, lost, kafkaTxns.committed.Load(), kafkaTxns.aborted.Load(), faults)
 	e.check(expectation{ids: ids, poison: poison, deleted: deleted})
 	// Each applied hot message posted its transfer once.
 	applied := 0

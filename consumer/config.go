@@ -250,8 +250,12 @@ type Config struct {
 	// to. Defaults to StartEarliest.
 	StartOffset StartOffset
 
-	// FetchMaxBytes is the most bytes one fetch request asks the broker for.
-	// Bounds memory together with MaxBatch. Defaults to DefaultFetchMaxBytes.
+	// FetchMaxBytes is the most bytes a fetch asks the broker for, per
+	// partition (with franz-go, whose fetch requests cover every partition
+	// on a broker at once, a request asks for up to 16 partitions' worth,
+	// at most 64 MiB). A partition holds at most two batches (MaxBatch
+	// messages, or FetchMaxBytes, twice) fetched ahead of its worker, so
+	// the two bound memory together. Defaults to DefaultFetchMaxBytes.
 	FetchMaxBytes int
 
 	// Schema is the Postgres schema holding kafkaonce's tables (see

@@ -82,8 +82,8 @@ func Migrate(ctx context.Context, db DB, schemaName string) (int, error) {
 //
 // Once the schema is checked, Run records the consumer's settings in its
 // row of the consumers table: the MessageID rule ("custom" for a
-// MessageIDFunc), GroupID, Topics, Brokers, and whether the Dialer uses TLS
-// or SASL (never credentials). kafkaonce audit, replay and status read them
+// MessageIDFunc), GroupID, Topics, Brokers, and whether the connections use
+// TLS and which SASL mechanism (never credentials). kafkaonce audit, replay and status read them
 // instead of asking for --id, --group, --topic and --brokers. The record
 // only serves those tools: when it cannot be written within a few seconds,
 // Run logs a warning and consumes all the same.

@@ -56,6 +56,18 @@
 // up to Config.MaxBatch messages. Scale out by running more processes with
 // the same Config.GroupID; the partition count bounds the parallelism.
 //
+// # Kafka
+//
+// The consumer reads Kafka through franz-go by default (Config.KafkaClient):
+// committed records only, so records of aborted transactions and
+// transaction markers never reach a handler, and a transaction left open
+// holds its partition back (HookPartitionHeld). A member joining or leaving
+// the group moves only the partitions that change owner; a static member
+// (Config.InstanceID) restarted within Config.SessionTimeout causes no
+// rebalance at all. kafka-go (KafkaGo) remains for workers built on it, and
+// refuses transactional topics (ErrTransactionalTopic). Config.TLS and
+// Config.SASL secure the connections (package kafkaconn).
+//
 // # Hot rows
 //
 // Batches of different partitions that touch the same rows can deadlock,

@@ -23,9 +23,12 @@ var (
 	ErrFingerprintConflict = engine.ErrFingerprintConflict
 
 	// ErrPositionAheadOfLog: the stored processed position of a partition is
-	// beyond the end of its log, which happens when a topic is deleted and
-	// re-created (or truncated). Consuming would silently skip the new
-	// messages below the old position, so the partition stops instead.
+	// beyond the end of its log, or the log under it changed: the topic was
+	// deleted and re-created (franz-go sees its new id), truncated, or the
+	// broker lost records already handed out. It is found at assignment,
+	// when a fetch is out of range, and while the partition is idle.
+	// Consuming would silently skip the new messages below the old
+	// position, so the partition stops instead.
 	ErrPositionAheadOfLog = engine.ErrPositionAheadOfLog
 
 	// ErrTransactionalTopic: the partition stopped because the kafka-go
@@ -178,10 +181,10 @@ var ErrMessagesDeleted = engine.ErrMessagesDeleted
 // loss was found: To+1).
 //
 // It is found when a partition is assigned (the stored position is below
-// the log start), and by every fetch: kafka-go moves a reader below the log
-// start up to it without an error, so the fetcher compares each offset
-// fetched with the one it expects and looks into any gap (see
-// docs/guarantee.md). A gap on a compacted topic is no loss and is passed;
-// one that retention also reached before it was looked into is reported,
-// as a loss cannot be ruled out.
+// the log start), and by every fetch: no client is trusted to hand out
+// every offset, so the fetcher compares each offset fetched with the one it
+// expects and looks into any gap (see docs/guarantee.md). A gap of
+// offsets without a record (transaction markers, aborted records,
+// compaction) is no loss and is passed; one that retention also reached
+// before it was looked into is reported, as a loss cannot be ruled out.
 type MessagesDeletedError = engine.MessagesDeletedError

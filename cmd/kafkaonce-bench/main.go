@@ -4,7 +4,8 @@
 //	go run ./cmd/kafkaonce-bench -quick     # under 2 minutes
 //	go run ./cmd/kafkaonce-bench            # the full set (see BENCHMARKS.md)
 //
-// Modes: raw (kafka-go fetching, no database: the Kafka-side ceiling),
+// Modes: raw (franz-go fetching, no database: the Kafka-side ceiling;
+// raw-kafka-go with kafka-go),
 // naive-1 and naive-pp (per message: begin, insert-on-conflict into a
 // dedupe table, the effect, commit, synchronous offset commit; one worker,
 // or one per partition), optimum (a hand-written batched loop: one round
@@ -50,6 +51,13 @@
 // Tracing (-tracing, run alone): the base cell with tracing off and on
 // (otelhooks, every span sampled), side by side; see tracing.go.
 //
+// Clients (-clients, run alone): the base cells with each Kafka client,
+// franz-go and kafka-go, side by side; see clients.go.
+//
+// Rolling restart (-rolling, run alone, against a real broker): how long
+// partitions go without a commit while the members of a group restart one
+// at a time, with eager, cooperative and static groups; see rolling.go.
+//
 // Output: a table on stdout, results as JSON (-json), an SVG chart and
 // BENCHMARKS.md (-markdown); the last line of stdout is a JSON object with
 // the key ratios.
@@ -85,6 +93,7 @@ type mode struct {
 
 var allModes = []mode{
 	{"raw", runRaw, false, false},
+	{"raw-kafka-go", onKafkaGo(runRaw), false, false},
 	{"naive-1", runNaiveOne, true, true},
 	{"naive-pp", runNaivePerPartition, true, true},
 	{"optimum", runOptimum, true, false},
@@ -93,6 +102,8 @@ var allModes = []mode{
 	{"kafkaonce-keys", runKafkaonceKeys, true, false},
 	{"kafkaonce-traced", traced(runKafkaonce), true, false},
 	{"kafkaonce-batch-traced", traced(runKafkaonceBatch), true, false},
+	{"kafkaonce-kafka-go", onKafkaGo(runKafkaonce), true, false},
+	{"kafkaonce-batch-kafka-go", onKafkaGo(runKafkaonceBatch), true, false},
 }
 
 type options struct {
@@ -117,6 +128,8 @@ type options struct {
 	outbox         bool
 	outboxDuration time.Duration
 	tracing        bool
+	clients        bool
+	rolling        bool
 }
 
 func main() {
@@ -146,6 +159,8 @@ func main() {
 	fs.BoolVar(&o.verbose, "v", false, "log the consumers' own messages")
 	fs.BoolVar(&o.outbox, "outbox", false, "run only the outbox relay cells (a hot failing key beside healthy ones, and without it); -markdown then rewrites only their section")
 	fs.BoolVar(&o.tracing, "tracing", false, "run only the tracing cells (the base cell with tracing off and on, per-message and batch handlers); -markdown then rewrites only their section")
+	fs.BoolVar(&o.rolling, "rolling", false, "run only the rolling restart (3 members, 12 partitions, each restarted in turn; eager, cooperative and static groups) against KAFKA_BROKERS; -markdown then rewrites only its section")
+	fs.BoolVar(&o.clients, "clients", false, "run only the client cells (each mode with franz-go and with kafka-go, side by side); -markdown then rewrites only their section")
 	fs.DurationVar(&o.outboxDuration, "outbox-duration", 10*time.Second, "how long the outbox cells write at a steady rate")
 	apply := devenv.RegisterFlags(fs)
 	fs.Usage = func() {
@@ -168,6 +183,12 @@ func main() {
 	}
 	if o.tracing {
 		run = runTracingCells
+	}
+	if o.clients {
+		run = runClientCells
+	}
+	if o.rolling {
+		run = runRollingRestart
 	}
 	if err := run(ctx, log, o); err != nil {
 		fmt.Fprintln(os.Stderr, "kafkaonce-bench:", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -71,16 +72,23 @@ func runConsumer(ctx context.Context, e *env, c cell, b backlog, rec *recorder, 
 		return err
 	}
 	cfg := &consumer.Config{
-		Name:        nextConsumerName(),
-		Brokers:     e.brokers,
-		Topics:      []string{b.topic},
-		GroupID:     b.topic + "-" + mode + wrapping(ctx).group,
-		Schema:      schema,
-		MaxBatch:    c.MaxBatch,
-		KafkaClient: consumer.KafkaGo,
-		Dialer:      e.kafkaDialer,
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Hooks:       append([]consumer.Hook{&kafkaonceHooks{rec: rec}}, wrapping(ctx).hooks...),
+		Name:     nextConsumerName(),
+		Brokers:  e.brokers,
+		Topics:   []string{b.topic},
+		GroupID:  b.topic + "-" + mode + wrapping(ctx).group,
+		Schema:   schema,
+		MaxBatch: c.MaxBatch,
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Hooks:    append([]consumer.Hook{&kafkaonceHooks{rec: rec}}, wrapping(ctx).hooks...),
+	}
+	if wrapping(ctx).client == kafkaGo {
+		// kafka-go dials through the wire counters, which count its
+		// offset commits.
+		cfg.KafkaClient, cfg.Dialer = consumer.KafkaGo, e.kafkaDialer
+	} else {
+		// franz-go dials by itself: its offset commits are counted as the
+		// consumer reports them, one per request.
+		cfg.Hooks = append(cfg.Hooks, &commitCounter{n: &e.wire.offsetCommits})
 	}
 	if e.verbose {
 		cfg.Logger = e.log
@@ -105,6 +113,13 @@ func runConsumer(ctx context.Context, e *env, c cell, b backlog, rec *recorder, 
 	}
 	cancel()
 	return <-done
+}
+
+// commitCounter counts the consumer's offset commits.
+type commitCounter struct{ n *atomic.Int64 }
+
+func (c *commitCounter) OnOffsetsCommitted(context.Context, []consumer.TopicPartitionOffset, error) {
+	c.n.Add(1)
 }
 
 // kafkaonceHooks feed the recorder from kafkaonce's hooks, which run after

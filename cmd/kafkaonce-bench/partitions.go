@@ -6,28 +6,34 @@ import (
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/franz"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/kafkago"
 )
 
 // eachPartition runs the loop of the hand-written modes: one goroutine per
-// partition fetching batches as kafkaonce does (kafka-go, up to maxBatch
-// messages or 5 ms) and passing each to apply, which returns when the batch
-// is done; then it records the batch. It returns when the backlog is done,
-// ctx ends, or a partition fails.
+// partition fetching batches as kafkaonce does (through the Kafka client
+// the run's context names, franz-go by default; up to maxBatch messages or
+// 5 ms) and passing each to apply, which returns when the batch is done;
+// then it records the batch. It returns when the backlog is done, ctx
+// ends, or a partition fails.
 func eachPartition(ctx context.Context, e *env, c cell, b backlog, rec *recorder, maxBatch int,
 	apply func(ctx context.Context, partition int, batch []kafkaclient.Record) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	client, err := e.fetchClient(wrapping(ctx).client)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
 	var wg sync.WaitGroup
 	errs := make(chan error, c.Partitions)
 	for p := 0; p < c.Partitions; p++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs <- fetchAndApply(ctx, e, b, p, maxBatch, rec, apply)
+			errs <- fetchAndApply(ctx, client, b, p, maxBatch, rec, apply)
 		}()
 	}
-	var err error
 	select {
 	case <-rec.doneCh:
 	case err = <-errs:
@@ -38,13 +44,8 @@ func eachPartition(ctx context.Context, e *env, c cell, b backlog, rec *recorder
 	return ignoreEnd(ctx, err)
 }
 
-func fetchAndApply(ctx context.Context, e *env, b backlog, partition, maxBatch int, rec *recorder,
+func fetchAndApply(ctx context.Context, client kafkaclient.Client, b backlog, partition, maxBatch int, rec *recorder,
 	apply func(context.Context, int, []kafkaclient.Record) error) error {
-	client, err := kafkago.New(kafkaclient.Config{Brokers: e.brokers, FetchMaxBytes: 1 << 20}, e.kafkaDialer)
-	if err != nil {
-		return err
-	}
-	defer client.Close()
 	f, err := client.Open(kafkaclient.FetchConfig{Topic: b.topic, Partition: partition,
 		Start: 0, MaxBatch: maxBatch, Linger: 5 * time.Millisecond, Quiet: kafkaclient.QuietFor(5 * time.Millisecond)})
 	if err != nil {
@@ -71,4 +72,22 @@ func fetchAndApply(ctx context.Context, e *env, b backlog, partition, maxBatch i
 		}
 		rec.add(partition, len(buf), now)
 	}
+}
+
+// The Kafka clients a run can read with.
+const (
+	franzGo = "franz-go"
+	kafkaGo = "kafka-go"
+)
+
+// fetchClient is a Kafka client of the hand-written loops: franz-go
+// (name "" or franzGo), one client fetching every partition, as the
+// consumer's; or kafka-go, a reader per partition, whose connections the
+// wire counters see.
+func (e *env) fetchClient(name string) (kafkaclient.Client, error) {
+	cfg := kafkaclient.Config{Brokers: e.brokers, FetchMaxBytes: 1 << 20}
+	if name == kafkaGo {
+		return kafkago.New(cfg, e.kafkaDialer)
+	}
+	return franz.New(cfg)
 }

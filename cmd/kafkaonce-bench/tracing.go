@@ -63,18 +63,27 @@ func traced(run func(context.Context, *env, cell, backlog, *recorder) error) fun
 	}
 }
 
-// wrappedKey carries what a wrapped mode changes in runConsumer's config:
-// hooks to add, and a suffix for the group (a group of its own, or it
-// would find the unwrapped mode's offsets committed at the log end).
+// wrappedKey carries what a wrapped mode changes in runConsumer's config
+// and in the hand-written loops: hooks to add, a suffix for the group (a
+// group of its own, or it would find the unwrapped mode's offsets
+// committed at the log end), and the Kafka client ("": franz-go).
 type wrappedKey struct{}
 
 type wrapped struct {
-	hooks []consumer.Hook
-	group string
+	hooks  []consumer.Hook
+	group  string
+	client string
 }
 
 func withHooks(ctx context.Context, group string, hs ...consumer.Hook) context.Context {
 	return context.WithValue(ctx, wrappedKey{}, wrapped{hooks: hs, group: group})
+}
+
+// onKafkaGo runs a mode with the kafka-go client.
+func onKafkaGo(run func(context.Context, *env, cell, backlog, *recorder) error) func(context.Context, *env, cell, backlog, *recorder) error {
+	return func(ctx context.Context, e *env, c cell, b backlog, rec *recorder) error {
+		return run(context.WithValue(ctx, wrappedKey{}, wrapped{group: "-kafka-go", client: kafkaGo}), e, c, b, rec)
+	}
 }
 
 func wrapping(ctx context.Context) wrapped {

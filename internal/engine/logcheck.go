@@ -16,12 +16,12 @@ import (
 // the partition stops with (HookPartitionStopped).
 //
 // It is found when a partition is assigned (the stored position is below
-// the log start), and by every fetch: kafka-go moves a reader below the log
-// start up to it without an error, so the fetcher compares each offset
-// fetched with the one it expects and looks into any gap (see
-// docs/guarantee.md). A gap on a compacted topic is no loss and is passed;
-// one that retention also reached before it was looked into is reported,
-// as a loss cannot be ruled out.
+// the log start), and by every fetch: no client is trusted to hand out
+// every offset, so the fetcher compares each offset fetched with the one it
+// expects and looks into any gap (see docs/guarantee.md). A gap of
+// offsets without a record (transaction markers, aborted records,
+// compaction) is no loss and is passed; one that retention also reached
+// before it was looked into is reported, as a loss cannot be ruled out.
 type MessagesDeletedError struct {
 	Topic     string
 	Partition int

@@ -230,6 +230,40 @@ func TestTransactionalTopics(t *testing.T) {
 		})
 	}
 
+	// A consumer first started under StartLatest while a transaction is
+	// open starts at its first record, the last stable offset, not at the
+	// log's end: the transaction's records come after the start once it
+	// commits, as Kafka's own readers of committed records count them.
+	t.Run("StartLatestAtAnOpenTransaction", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, 1)
+		e.plain("before-0", "before-1") // produced before the start: not the consumer's
+		w := e.txnWriter("tx")
+		w.begin()
+		open := w.write("o-0", "o-1", "o-2")
+		cfg := e.txnConfig(idRules[0], false)
+		cfg.StartOffset = consumer.StartLatest
+		held := &heldWatch{}
+		cfg.Hooks = append(cfg.Hooks, held)
+		r := e.start(cfg)
+		if kafkaClient() == consumer.FranzGo {
+			waitFor(t, 30*time.Second, "the open transaction reported", func() bool { return len(held.snapshot()) > 0 })
+		} else {
+			waitFor(t, 30*time.Second, "the partition assigned", func() bool { return len(e.events.snapshot().assigned) > 0 })
+		}
+		require.Equal(t, map[int]int64{0: open[0].Offset}, e.storedPositions(), "the first start is the open transaction's first record")
+		w.end(true)
+		if kafkaClient() == consumer.KafkaGo {
+			waitFor(t, 30*time.Second, "the partition stopped at the marker", func() bool { return e.events.stoppedWith(consumer.ErrTransactionalTopic) })
+			r.stop()
+			return
+		}
+		want := e.ids(idRules[0], open)
+		e.waitEffects(len(want), 30*time.Second)
+		r.stop()
+		e.check(expectation{ids: want})
+	})
+
 	// A transaction aborted and tried again with the same records: each
 	// record is applied once, at the offsets of the committed attempt.
 	t.Run("AbortedThenRetriedWithTheSameRecords", func(t *testing.T) {

@@ -45,11 +45,14 @@ type logView struct {
 	hasPos           bool
 	committed        int64 // -1: none
 	logStart, logEnd int64
+	// stable is the last stable offset: logEnd, unless a transaction is
+	// open, whose first record is then there.
+	stable int64
 }
 
 // start is where the partition would start from v: the stored position
 // when there is one (see assign), else the committed offset, else the log
-// start or end.
+// start or its last stable offset (see firstStart).
 func (v logView) start(latest bool) int64 {
 	switch {
 	case v.hasPos:
@@ -57,7 +60,7 @@ func (v logView) start(latest bool) int64 {
 	case v.committed >= 0:
 		return v.committed
 	case latest:
-		return v.logEnd
+		return v.stable
 	}
 	return v.logStart
 }
@@ -85,7 +88,7 @@ func (w *worker) readLog(stop, work context.Context) (logView, error) {
 	var v logView
 	var boundsErr, committedErr error
 	var kafkaReads sync.WaitGroup
-	kafkaReads.Go(func() { v.logStart, v.logEnd, boundsErr = w.bounds(stop) })
+	kafkaReads.Go(func() { v.logStart, v.logEnd, v.stable, boundsErr = w.bounds(stop) })
 	kafkaReads.Go(func() {
 		v.committed, committedErr = w.client.Committed(stop, kafkaclient.TopicPartition{Topic: w.topic, Partition: w.partition})
 	})
@@ -107,13 +110,13 @@ func (w *worker) readLogInOrder(stop, work context.Context, committed int64) (v 
 	if v.pos, v.hasPos, err = w.loadPosition(work); err != nil {
 		return v, err
 	}
-	v.logStart, v.logEnd, err = w.bounds(stop)
+	v.logStart, v.logEnd, v.stable, err = w.bounds(stop)
 	return v, err
 }
 
-func (w *worker) bounds(ctx context.Context) (first, end int64, err error) {
+func (w *worker) bounds(ctx context.Context) (first, end, stable int64, err error) {
 	b, err := w.client.Bounds(ctx, w.topic, w.partition)
-	return b.Start, b.End, err
+	return b.Start, b.End, b.Stable, err
 }
 
 // processedPosition is the stored position, -1 when there is none: the

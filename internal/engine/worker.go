@@ -411,12 +411,15 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 
 // firstStart is where a partition with neither a stored position nor a
 // committed offset starts: its log's start under StartEarliest. Under
-// StartLatest, the log's end if this is the consumer's first start on the
-// topic, and then the ends of all the topic's partitions are stored at
-// once (again is set: decide from the stored position); else the
-// partition did not exist when the consumer first started on the topic,
-// since that stored a position for every partition there was, so all of
-// its messages came after that start, and it starts at its log's start.
+// StartLatest, the log's last stable offset (its end, unless a transaction
+// is open: the records of that transaction come after the start, as
+// Kafka's own readers of committed records count them) if this is the
+// consumer's first start on the topic, and then those of all the topic's
+// partitions are stored at once (again is set: decide from the stored
+// position); else the partition did not exist when the consumer first
+// started on the topic, since that stored a position for every partition
+// there was, so all of its messages came after that start, and it starts
+// at its log's start.
 func (w *worker) firstStart(stop, work context.Context, v logView) (start int64, again bool, err error) {
 	if w.cfg.StartOffset == StartEarliest {
 		return v.logStart, false, nil
@@ -445,7 +448,7 @@ func (w *worker) firstStart(stop, work context.Context, v logView) (start int64,
 		}
 		ends := make([]int64, len(bounds))
 		for i, b := range bounds {
-			ends[i] = b.End
+			ends[i] = b.Stable
 		}
 		b := &pgx.Batch{}
 		w.offsets.QueueInitTopic(b, w.cfg.Name, w.topic, ends)

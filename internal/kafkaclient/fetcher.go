@@ -217,8 +217,11 @@ func (f *Fetcher) first(ctx context.Context) (Record, int64, error) {
 
 // idle looks at the log's bounds of a partition that has had no record for
 // IdleCheck (see verdict), and at whether an open transaction holds it
-// back: the stable offset is at or past the offset expected, below the
-// log's end. A failed lookup is no verdict: the next check tries again.
+// back: the last stable offset is the offset expected, below the log's
+// end. (Every offset before it is accounted for, markers included, so a
+// reader that waits there waits for the transaction; one that waits below
+// it waits for something else: a slow or failing fetch, not reported as a
+// transaction.) A failed lookup is no verdict: the next check tries again.
 func (f *Fetcher) idle(ctx context.Context) error {
 	b, err := f.bounds(ctx)
 	if err != nil {
@@ -227,7 +230,7 @@ func (f *Fetcher) idle(ctx context.Context) error {
 	if err := f.verdict(ctx, b); err != nil {
 		return err
 	}
-	if b.Stable < b.End && b.Stable >= f.next {
+	if b.Stable < b.End && b.Stable == f.next {
 		f.wait(b)
 		return nil
 	}

@@ -23,10 +23,17 @@ type txnWriter struct {
 	cl *kgo.Client
 }
 
-// txnWriter returns a transactional producer of id for the test's topic.
-func (e *env) txnWriter(id string) *txnWriter {
+// txnWriter returns a transactional producer for the test's topic, of a
+// transactional id named after name and the test.
+func (e *env) txnWriter(name string) *txnWriter {
+	return e.txnWriterOf(testenv.Name(e.t, name))
+}
+
+// txnWriterOf returns a transactional producer of the transactional id
+// txnID: a second one of the same id fences the first.
+func (e *env) txnWriterOf(txnID string) *txnWriter {
 	e.t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kafka.Brokers...), kgo.TransactionalID(testenv.Name(e.t, id)),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kafka.Brokers...), kgo.TransactionalID(txnID),
 		kgo.DefaultProduceTopic(e.topic), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.TransactionTimeout(time.Minute))
 	require.NoError(e.t, err)
 	e.t.Cleanup(cl.Close)
@@ -147,12 +154,11 @@ func (h *heldWatch) snapshot() []consumer.PartitionHeld {
 // first marker instead (ErrTransactionalTopic).
 func TestTransactionalTopics(t *testing.T) {
 	t.Parallel()
-	// run starts the consumer on what the test wrote, and checks it: the
+	// finish checks what r, running, does with what the test wrote: the
 	// ids applied are want, and nothing else; under kafka-go, the
 	// partition stops with ErrTransactionalTopic.
-	run := func(e *env, cfg *consumer.Config, want []string) {
+	finish := func(e *env, r *running, want []string) {
 		e.t.Helper()
-		r := e.start(cfg)
 		if kafkaClient() == consumer.KafkaGo {
 			waitFor(e.t, 30*time.Second, "the partition stopped at a marker", func() bool { return e.events.stoppedWith(consumer.ErrTransactionalTopic) })
 			r.stop()
@@ -161,6 +167,10 @@ func TestTransactionalTopics(t *testing.T) {
 		e.waitEffects(len(want), 30*time.Second)
 		r.stop()
 		e.check(expectation{ids: want})
+	}
+	run := func(e *env, cfg *consumer.Config, want []string) {
+		e.t.Helper()
+		finish(e, e.start(cfg), want)
 	}
 
 	t.Run("AbortedThenCommitted", func(t *testing.T) {
@@ -253,15 +263,7 @@ func TestTransactionalTopics(t *testing.T) {
 		}
 		require.Equal(t, map[int]int64{0: open[0].Offset}, e.storedPositions(), "the first start is the open transaction's first record")
 		w.end(true)
-		if kafkaClient() == consumer.KafkaGo {
-			waitFor(t, 30*time.Second, "the partition stopped at the marker", func() bool { return e.events.stoppedWith(consumer.ErrTransactionalTopic) })
-			r.stop()
-			return
-		}
-		want := e.ids(idRules[0], open)
-		e.waitEffects(len(want), 30*time.Second)
-		r.stop()
-		e.check(expectation{ids: want})
+		finish(e, r, e.ids(idRules[0], open))
 	})
 
 	// A transaction aborted and tried again with the same records: each
@@ -306,17 +308,10 @@ func TestTransactionalTopics(t *testing.T) {
 		eachIDRuleAndHandler(t, func(t *testing.T, rule idRule, batch bool) {
 			e := setup(t, 1)
 			id := testenv.Name(t, "fenced")
-			newWriter := func() *txnWriter {
-				cl, err := kgo.NewClient(kgo.SeedBrokers(e.kafka.Brokers...), kgo.TransactionalID(id),
-					kgo.DefaultProduceTopic(e.topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-				require.NoError(t, err)
-				t.Cleanup(cl.Close)
-				return &txnWriter{e: e, cl: cl}
-			}
-			old := newWriter()
+			old := e.txnWriterOf(id)
 			old.begin()
 			old.write("f-0", "f-1")
-			fresh := newWriter()
+			fresh := e.txnWriterOf(id)
 			fresh.begin()
 			committed := fresh.write("n-0", "n-1")
 			fresh.end(true)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -89,11 +88,7 @@ func runClientCells(ctx context.Context, log *slog.Logger, o options) error {
 	if o.markdown == "" {
 		return nil
 	}
-	doc, err := os.ReadFile(o.markdown)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return os.WriteFile(o.markdown, []byte(benchdoc.Replace(string(doc), clientsSection, md)), 0o644)
+	return benchdoc.Write(o.markdown, clientsSection, md)
 }
 
 // clientsMarkdown writes the clients section: per cell, each pair's median

@@ -87,11 +87,7 @@ func runOutboxCells(ctx context.Context, log *slog.Logger, o options) error {
 	if o.markdown == "" {
 		return nil
 	}
-	doc, err := os.ReadFile(o.markdown)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return os.WriteFile(o.markdown, []byte(benchdoc.Replace(string(doc), outboxSection, md)), 0o644)
+	return benchdoc.Write(o.markdown, outboxSection, md)
 }
 
 func outboxCell(ctx context.Context, pool *pgxpool.Pool, hot bool, backlog int, steadyFor time.Duration) (outboxRun, error) {

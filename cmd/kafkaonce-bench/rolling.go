@@ -173,11 +173,7 @@ func runRollingRestart(ctx context.Context, log *slog.Logger, o options) error {
 	if o.markdown == "" {
 		return nil
 	}
-	doc, err := os.ReadFile(o.markdown)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return os.WriteFile(o.markdown, []byte(benchdoc.Replace(string(doc), rollingSection, md)), 0o644)
+	return benchdoc.Write(o.markdown, rollingSection, md)
 }
 
 // rollingRun restarts each member of one group once, in turn.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -152,11 +151,7 @@ func runTracingCells(ctx context.Context, log *slog.Logger, o options) error {
 	if o.markdown == "" {
 		return nil
 	}
-	doc, err := os.ReadFile(o.markdown)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return os.WriteFile(o.markdown, []byte(benchdoc.Replace(string(doc), tracingSection, md)), 0o644)
+	return benchdoc.Write(o.markdown, tracingSection, md)
 }
 
 // tracingMarkdown writes the tracing section: each pair's median

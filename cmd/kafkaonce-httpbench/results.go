@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -123,9 +122,5 @@ func (r *results) writeMarkdown(path, postgres string) error {
 		sb.WriteString("\n")
 	}
 	sb.WriteString(whereTheTimeGoes)
-	doc, err := os.ReadFile(path)
-	if err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	return os.WriteFile(path, []byte(benchdoc.Replace(string(doc), section, sb.String())), 0o644)
+	return benchdoc.Write(path, section, sb.String())
 }

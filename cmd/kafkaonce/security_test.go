@@ -45,21 +45,9 @@ func TestTheCLIConnectsWithTLSFilesAndSASL(t *testing.T) {
 	db := testenv.NewDB(t)
 	db.Exec(t, `CREATE TABLE `+db.Table("effects")+` (message_id text NOT NULL)`)
 	w := &world{t: t, db: db, kafka: &testenv.Kafka{Kafka: fk}, topic: "orders", name: testenv.Name(t, "c")}
-	c, err := consumer.New(db.Pool, &consumer.Config{Name: w.name, Brokers: fk.Brokers, Topics: []string{"orders"}, Schema: db.Schema,
-		TLS: tlsCfg, SASL: auth, SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
-		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for db.Int(t, `SELECT coalesce(max(next_offset), 0) FROM `+db.Table("consumer_offsets")) < 3 {
-		require.True(t, time.Now().Before(deadline), "timed out consuming")
-		time.Sleep(50 * time.Millisecond)
-	}
-	cancel()
-	require.NoError(t, <-done)
+	w.runUntil(func(c *consumer.Config) { c.TLS, c.SASL = tlsCfg, auth }, "the 3 messages processed", func() bool {
+		return db.Int(t, `SELECT coalesce(max(next_offset), 0) FROM `+db.Table("consumer_offsets")) >= 3
+	})()
 
 	env := map[string]string{"DATABASE_URL": db.URL, "KAFKA_BROKERS": strings.Join(fk.Brokers, ","), "KAFKA_PASSWORD": "pw"}
 	secure := []string{"--kafka-ca-file", p.CAFile, "--kafka-cert-file", cert, "--kafka-key-file", key, "--kafka-sasl", "scram-sha-256", "--kafka-user", "ops"}
@@ -94,23 +82,39 @@ func TestStatusShowsAPartitionHeldByAnOpenTransaction(t *testing.T) {
 	defer cl.Close()
 	require.NoError(t, cl.BeginTransaction())
 	require.NoError(t, cl.ProduceSync(context.Background(), &kgo.Record{Value: []byte("open")}).FirstErr())
-	c, err := consumer.New(w.db.Pool, &consumer.Config{Name: w.name, Brokers: w.kafka.Brokers, Topics: []string{w.topic}, Schema: w.db.Schema,
-		OpenTransactionAfter: 200 * time.Millisecond, SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
-		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	defer func() { cancel(); require.NoError(t, <-done) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("partition_runs")+` WHERE held_at IS NOT NULL`) == 0 {
-		require.True(t, time.Now().Before(deadline), "timed out waiting for the wait to be recorded")
-		time.Sleep(50 * time.Millisecond)
-	}
+	stop := w.runUntil(func(c *consumer.Config) { c.OpenTransactionAfter = 200 * time.Millisecond }, "the wait recorded", func() bool {
+		return w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("partition_runs")+` WHERE held_at IS NOT NULL`) > 0
+	})
+	defer stop()
 	out, errOut, code := w.cli("status", "--consumer", w.name, "--topic", w.topic)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "HELD "+w.topic+"/0 since ")
 	require.Contains(t, out, "a producer's open transaction, from offset 2, holds back what follows until it commits or aborts")
 	require.NoError(t, cl.EndTransaction(context.Background(), kgo.TryAbort))
+}
+
+// runUntil runs a consumer of w's topic, with adjust's settings and a
+// handler that does nothing, until cond holds, and returns what stops it.
+func (w *world) runUntil(adjust func(*consumer.Config), what string, cond func() bool) (stop func()) {
+	w.t.Helper()
+	cfg := &consumer.Config{Name: w.name, Brokers: w.kafka.Brokers, Topics: []string{w.topic}, Schema: w.db.Schema,
+		SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })}
+	adjust(cfg)
+	c, err := consumer.New(w.db.Pool, cfg)
+	require.NoError(w.t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	stop = func() { cancel(); require.NoError(w.t, <-done) }
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			stop()
+			w.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return stop
 }

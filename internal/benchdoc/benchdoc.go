@@ -4,6 +4,7 @@
 package benchdoc
 
 import (
+	"errors"
 	"os"
 	"strings"
 )
@@ -46,4 +47,14 @@ func Kept(path, name string) string {
 		return ""
 	}
 	return Section(string(b), name)
+}
+
+// Write rewrites the section called name of the file at path to hold body,
+// keeping the rest of the file (and making it when there is none).
+func Write(path, name, body string) error {
+	doc, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return os.WriteFile(path, []byte(Replace(string(doc), name, body)), 0o644)
 }

@@ -330,14 +330,15 @@ WHERE consumer = $1 AND held_at IS NOT NULL ORDER BY topic, partition`, consumer
 
 // Ended records that the run of the partition numbered run (as Assigned
 // returned it) ended cleanly (revocation or shutdown, not a crash), so the
-// next run there does not take it for a run that died. Only the run's own
+// next run there does not take it for a run that died; a wait on an open
+// transaction it recorded is over with it. Only the run's own
 // record is cleared: a member expelled from the group may end its run after
 // the new owner's run started, at the same offset when it got nowhere, and
 // clearing that record would hide a crash of the new owner from the run
 // after it.
 func (s *Store) Ended(ctx context.Context, db schema.Beginner, consumer, topic string, partition int, run int64) error {
 	b := &pgx.Batch{}
-	b.Queue(`UPDATE `+s.runs+` SET starts = 0 WHERE consumer = $1 AND topic = $2 AND partition = $3 AND run = $4`,
+	b.Queue(`UPDATE `+s.runs+` SET starts = 0, held_at = NULL, held_since = NULL WHERE consumer = $1 AND topic = $2 AND partition = $3 AND run = $4`,
 		consumer, topic, partition, run)
 	if err := s.inOneTransaction(ctx, db, b); err != nil {
 		return fmt.Errorf("attempts: record end of %s/%d: %w", topic, partition, err)

@@ -414,12 +414,14 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 // StartLatest, the log's last stable offset (its end, unless a transaction
 // is open: the records of that transaction come after the start, as
 // Kafka's own readers of committed records count them) if this is the
-// consumer's first start on the topic, and then those of all the topic's
-// partitions are stored at once (again is set: decide from the stored
-// position); else the partition did not exist when the consumer first
-// started on the topic, since that stored a position for every partition
-// there was, so all of its messages came after that start, and it starts
-// at its log's start.
+// consumer's first start on the topic, and then the first starts of all
+// the topic's partitions are stored at once (again is set: decide from the
+// stored position): their last stable offsets, except for those with a
+// committed offset, which their own first start takes (stored now, it
+// would be passed over as a rewind). Else the partition did not exist when
+// the consumer first started on the topic, since that stored a position
+// for every partition there was, so all of its messages came after that
+// start, and it starts at its log's start.
 func (w *worker) firstStart(stop, work context.Context, v logView) (start int64, again bool, err error) {
 	if w.cfg.StartOffset == StartEarliest {
 		return v.logStart, false, nil
@@ -446,12 +448,19 @@ func (w *worker) firstStart(stop, work context.Context, v logView) (start int64,
 		if err != nil {
 			return err
 		}
-		ends := make([]int64, len(bounds))
+		committed, err := w.client.TopicCommitted(stop, w.topic, len(bounds))
+		if err != nil {
+			return err
+		}
+		starts := make([]int64, len(bounds))
 		for i, b := range bounds {
-			ends[i] = b.Stable
+			starts[i] = b.Stable
+			if committed[i] >= 0 {
+				starts[i] = -1 // its own first start takes the committed offset
+			}
 		}
 		b := &pgx.Batch{}
-		w.offsets.QueueInitTopic(b, w.cfg.Name, w.topic, ends)
+		w.offsets.QueueInitTopic(b, w.cfg.Name, w.topic, starts)
 		if err := w.inOneTrip(work, b); err != nil {
 			return fmt.Errorf("offsets: store the first starts of %s: %w", w.topic, err)
 		}

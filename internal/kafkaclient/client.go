@@ -32,6 +32,10 @@ type Client interface {
 	// Committed reads the group's committed offset of a partition this
 	// member was assigned: -1 when none is committed.
 	Committed(ctx context.Context, tp TopicPartition) (int64, error)
+	// TopicCommitted reads the group's committed offsets of partitions 0
+	// to partitions-1 of topic, assigned to this member or not: -1 where
+	// none is committed.
+	TopicCommitted(ctx context.Context, topic string, partitions int) ([]int64, error)
 	// Commit commits each partition's next offset to the group, as this
 	// member in its current generation. An error that wraps ErrFenced
 	// means the broker refused it because that generation is over (the

@@ -139,8 +139,13 @@ func (f *Fetcher) Next(ctx context.Context, buf []Record) ([]Record, error) {
 	return f.check(ctx, buf)
 }
 
-// Close stops fetching.
-func (f *Fetcher) Close() { f.src.Close() }
+// Close stops fetching. A wait on an open transaction that was reported
+// is reported over: whoever fetches the partition next reports it again
+// if it still holds.
+func (f *Fetcher) Close() {
+	f.release()
+	f.src.Close()
+}
 
 // fetch is Next without the check of offsets.
 func (f *Fetcher) fetch(ctx context.Context, buf []Record) ([]Record, error) {
@@ -169,8 +174,9 @@ func (f *Fetcher) fetch(ctx context.Context, buf []Record) ([]Record, error) {
 			if lctx.Err() != nil {
 				break // linger over, quiet, or ctx done: the batch so far stands
 			}
-			// The records before the failure go out first.
-			if f.held = f.explain(ctx, err); f.held != nil {
+			// The records before the failure go out first: the failure is
+			// judged from the offset after them.
+			if f.held = f.explain(ctx, err, buf[len(buf)-1].Offset+1); f.held != nil {
 				break
 			}
 			continue
@@ -203,7 +209,7 @@ func (f *Fetcher) first(ctx context.Context) (Record, int64, error) {
 			return Record{}, 0, err
 		}
 		if wait.Err() == nil || !errors.Is(err, wait.Err()) {
-			if err := f.explain(ctx, err); err != nil {
+			if err := f.explain(ctx, err, f.next); err != nil {
 				return Record{}, 0, err
 			}
 			continue
@@ -227,7 +233,7 @@ func (f *Fetcher) idle(ctx context.Context) error {
 	if err != nil {
 		return nil
 	}
-	if err := f.verdict(ctx, b); err != nil {
+	if err := f.verdict(ctx, b, f.next); err != nil {
 		return err
 	}
 	if b.Stable < b.End && b.Stable == f.next {
@@ -238,14 +244,15 @@ func (f *Fetcher) idle(ctx context.Context) error {
 	return nil
 }
 
-// explain returns what a source's error means. One that says the offset
-// asked for is outside the log is looked into with the log's bounds (see
-// verdict): a verdict is returned; records deleted after they were
-// processed (another member went on while this one was behind) are no
-// loss, and the source moves to the log's start (nil is returned: read
-// on). Any other error, or one the bounds do not explain, is returned as
-// it is, for the caller to open a new Fetcher at the offset expected.
-func (f *Fetcher) explain(ctx context.Context, err error) error {
+// explain returns what a source's error means, for a source that had
+// handed out everything before next. One that says the offset asked for is
+// outside the log is looked into with the log's bounds (see verdict): a
+// verdict is returned; records deleted after they were processed (another
+// member went on while this one was behind) are no loss, and the source
+// moves to the log's start (nil is returned: read on). Any other error, or
+// one the bounds do not explain, is returned as it is, for the caller to
+// open a new Fetcher at the offset expected.
+func (f *Fetcher) explain(ctx context.Context, err error, next int64) error {
 	if !errors.Is(err, ErrOutOfRange) {
 		return err
 	}
@@ -253,10 +260,10 @@ func (f *Fetcher) explain(ctx context.Context, err error) error {
 	if berr != nil {
 		return fmt.Errorf("%w (and the log's bounds could not be read: %v)", err, berr)
 	}
-	if v := f.verdict(ctx, b); v != nil {
+	if v := f.verdict(ctx, b, next); v != nil {
 		return v
 	}
-	if b.Start > f.next {
+	if b.Start > next {
 		if serr := f.src.MoveTo(b.Start); serr != nil {
 			return fmt.Errorf("%w (and moving to the log start failed: %v)", err, serr)
 		}
@@ -265,15 +272,15 @@ func (f *Fetcher) explain(ctx context.Context, err error) error {
 	return err
 }
 
-// verdict says what the log's bounds mean for the offset expected next: a
-// log that ends before it was re-created or truncated (*AheadError); one
-// that starts after it lost records nobody fetched, unless they were
-// processed (*DeletedError; see Gap). nil: neither.
-func (f *Fetcher) verdict(ctx context.Context, b Bounds) error {
+// verdict says what the log's bounds mean for next, the offset expected
+// next: a log that ends before it was re-created or truncated
+// (*AheadError); one that starts after it lost records nobody fetched,
+// unless they were processed (*DeletedError; see Gap). nil: neither.
+func (f *Fetcher) verdict(ctx context.Context, b Bounds, next int64) error {
 	switch {
-	case b.End < f.next:
-		return &AheadError{Topic: f.cfg.Topic, Partition: f.cfg.Partition, Expected: f.next, LogEnd: b.End}
-	case b.Start > f.next:
+	case b.End < next:
+		return &AheadError{Topic: f.cfg.Topic, Partition: f.cfg.Partition, Expected: next, LogEnd: b.End}
+	case b.Start > next:
 		processed := int64(-1)
 		if f.cfg.Processed != nil {
 			var err error
@@ -281,7 +288,7 @@ func (f *Fetcher) verdict(ctx context.Context, b Bounds) error {
 				return nil
 			}
 		}
-		if lost, from := Gap(f.next, processed, b.Start); lost {
+		if lost, from := Gap(next, processed, b.Start); lost {
 			return &DeletedError{Topic: f.cfg.Topic, Partition: f.cfg.Partition, From: from, LogStart: b.Start}
 		}
 	}

@@ -84,10 +84,10 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 		return fmt.Errorf("franz: %w", err)
 	}
 	// The member fetches nothing: the hub does. (A fetch made before this
-	// pause is buffered and never polled; it costs memory only.)
+	// pause is dropped by the poll below.)
 	cl.PauseFetchTopics(g.Topics...)
 	c.setGroup(cl)
-	<-ctx.Done()
+	c.pollGroup(ctx, cl)
 	// Revoke everything, which commits the last offsets, before leaving:
 	// kgo revokes again as it leaves, which then finds nothing owned. A
 	// static member does not leave: its partitions wait for it until its
@@ -105,6 +105,26 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 	cl.Close()
 	c.setGroup(nil)
 	return nil
+}
+
+// pollGroup polls the member until ctx is done: kgo hands out the group's
+// errors (a coordinator that cannot be reached, refused credentials) as
+// fetches, which would pile up unpolled. They are logged; kgo rejoins by
+// itself. Records it fetched before its topics were paused are dropped:
+// the hub fetches what the engine processes.
+func (c *Client) pollGroup(ctx context.Context, cl *kgo.Client) {
+	for {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		fs.EachError(func(topic string, partition int32, err error) {
+			c.log.Warn("consumer group: "+err.Error(), slog.String("topic", topic), slog.Int("partition", int(partition)))
+		})
+		if fs.IsClientClosed() {
+			return
+		}
+	}
 }
 
 func (c *Client) setGroup(cl *kgo.Client) {
@@ -234,4 +254,21 @@ func committedOf(offsets kadm.OffsetResponses, tp kafkaclient.TopicPartition) (i
 		return 0, fmt.Errorf("franz: committed offset of %s/%d: %w", tp.Topic, tp.Partition, o.Err)
 	}
 	return max(o.At, -1), nil
+}
+
+// TopicCommitted implements kafkaclient.Client.
+func (c *Client) TopicCommitted(ctx context.Context, topic string, partitions int) ([]int64, error) {
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
+	offsets, err := kadm.NewClient(c.admin).FetchOffsets(ctx, c.cfg.Group.ID)
+	if err != nil && !errors.Is(err, kerr.GroupIDNotFound) {
+		return nil, fmt.Errorf("franz: committed offsets of group %s: %w", c.cfg.Group.ID, err)
+	}
+	out := make([]int64, partitions)
+	for p := range out {
+		if out[p], err = committedOf(offsets, kafkaclient.TopicPartition{Topic: topic, Partition: p}); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }

@@ -41,8 +41,10 @@ type hub struct {
 
 // fetchMaxWait is how long a fetch waits for records on the broker before
 // it answers empty. A partition resumed after a pause joins the next fetch
-// to its broker, after the one in flight: this bounds that wait.
-const fetchMaxWait = 500 * time.Millisecond
+// to its broker, after the one in flight, which an idle partition on the
+// same broker keeps waiting: this bounds that wait, at the price of an
+// empty fetch answered this often per broker when every partition is idle.
+const fetchMaxWait = 100 * time.Millisecond
 
 func (c *Client) fetchHub() (*hub, error) {
 	c.hubOnce.Do(func() {

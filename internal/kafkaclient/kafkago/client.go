@@ -164,6 +164,33 @@ func (c *Client) setGeneration(gen *kafka.Generation, committed map[kafkaclient.
 	c.mu.Unlock()
 }
 
+// TopicCommitted implements kafkaclient.Client.
+func (c *Client) TopicCommitted(ctx context.Context, topic string, partitions int) ([]int64, error) {
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
+	ps := make([]int, partitions)
+	out := make([]int64, partitions)
+	for p := range ps {
+		ps[p], out[p] = p, -1
+	}
+	resp, err := c.admin.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: c.cfg.Group.ID, Topics: map[string][]int{topic: ps}})
+	if err != nil {
+		return nil, fmt.Errorf("kafkago: committed offsets of group %s: %w", c.cfg.Group.ID, err)
+	}
+	if resp.Error != nil && !errors.Is(resp.Error, kafka.GroupIdNotFound) {
+		return nil, fmt.Errorf("kafkago: committed offsets of group %s: %w", c.cfg.Group.ID, resp.Error)
+	}
+	for _, p := range resp.Topics[topic] {
+		if p.Error != nil {
+			return nil, fmt.Errorf("kafkago: committed offset of %s/%d: %w", topic, p.Partition, p.Error)
+		}
+		if p.Partition >= 0 && p.Partition < partitions {
+			out[p.Partition] = max(p.CommittedOffset, -1)
+		}
+	}
+	return out, nil
+}
+
 // Committed implements kafkaclient.Client: the offset the generation
 // assigned the partition with.
 func (c *Client) Committed(_ context.Context, tp kafkaclient.TopicPartition) (int64, error) {

@@ -56,9 +56,10 @@ func (s *Store) QueueTopicStarted(b *pgx.Batch, consumer, topic string, started 
 }
 
 // QueueInitTopic adds to b the statement that stores starts[p] as the
-// position of each partition p of topic that has none: a consumer's first
-// start on a topic stores one for every partition the topic has, so that a
-// partition added later is known for one (it has none).
+// position of each partition p of topic that has none, where starts[p] is
+// not negative: a consumer's first start on a topic stores one for every
+// partition the topic has (but those that start where the group's offset
+// says), so that a partition added later is known for one (it has none).
 func (s *Store) QueueInitTopic(b *pgx.Batch, consumer, topic string, starts []int64) {
 	b.Queue(s.initTopicSQL, consumer, topic, starts)
 }

@@ -40,7 +40,7 @@ WHERE o.next_offset < EXCLUDED.next_offset`,
 		initSQL: `INSERT INTO ` + t + ` (consumer, topic, partition, next_offset) VALUES ($1, $2, $3, $4)
 ON CONFLICT (consumer, topic, partition) DO NOTHING`,
 		initTopicSQL: `INSERT INTO ` + t + ` (consumer, topic, partition, next_offset)
-SELECT $1, $2, p - 1, s FROM unnest($3::bigint[]) WITH ORDINALITY AS u(s, p)
+SELECT $1, $2, p - 1, s FROM unnest($3::bigint[]) WITH ORDINALITY AS u(s, p) WHERE s >= 0
 ON CONFLICT (consumer, topic, partition) DO NOTHING`,
 		topicStartedSQL: `SELECT EXISTS (SELECT FROM ` + t + ` WHERE consumer = $1 AND topic = $2)`,
 		loadSQL:         load,

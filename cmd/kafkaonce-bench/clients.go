@@ -47,6 +47,9 @@ func runClientCells(ctx context.Context, log *slog.Logger, o options) error {
 		modes = append(modes, p[0], p[1])
 	}
 	cells := clientCells()
+	if o.only != "" {
+		cells = slices.DeleteFunc(cells, func(p planned) bool { return !strings.Contains(p.c.String(), o.only) })
+	}
 	var results []result
 	for round := 1; round <= o.rounds; round++ {
 		for ci, p := range cells {
@@ -71,7 +74,8 @@ func runClientCells(ctx context.Context, log *slog.Logger, o options) error {
 				if err != nil {
 					return fmt.Errorf("%s on %s: %w", name, p.c, err)
 				}
-				log.Info("client run", "round", round, "cell", p.c.String(), "mode", name, "msgs/s", int(r.MsgsPerSec), "check", r.Correct)
+				log.Info("client run", "round", round, "cell", p.c.String(), "mode", name, "msgs/s", int(r.MsgsPerSec),
+					"2nd half msgs/s", int(r.SteadyMsgsPerSec), "batches", r.Batches, "rt/batch", fmt.Sprintf("%.2f", r.RoundTripsPerBatch), "longest stall s", r.MaxStallSec, "check", r.Correct)
 				results = append(results, r)
 			}
 			if err := deleteTopic(ctx, e, topic); err != nil {

@@ -46,8 +46,9 @@ func StartKafka(ctx context.Context, useDocker bool) (*Kafka, error) {
 }
 
 // StartFakeKafka starts an in-process Kafka-protocol broker on a loopback
-// port. It speaks the wire protocol over TCP, so kafka-go talks to it exactly
-// as it would to a real broker, consumer groups included.
+// port. It speaks the wire protocol over TCP, so both clients talk to it
+// exactly as they would to a real broker, consumer groups and transactions
+// included.
 func StartFakeKafka(opts ...kfake.Opt) (*Kafka, error) {
 	base := []kfake.Opt{
 		kfake.NumBrokers(1),

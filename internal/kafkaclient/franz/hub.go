@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -168,7 +169,7 @@ func (h *hub) close() {
 // feed holds the records fetched for one partition until its Fetcher takes
 // them. When it holds two batches' worth (MaxBatch records, or
 // FetchMaxBytes, twice), the partition is paused until half of them are
-// taken: memory stays
+// handed out: memory stays
 // bounded by about two batches per partition, and a partition whose worker
 // is busy does not slow the fetches of the others.
 type feed struct {
@@ -177,14 +178,19 @@ type feed struct {
 	maxBatch int
 	wake     chan struct{}
 
-	mu      sync.Mutex
-	chunks  []chunk
-	records int
-	bytes   int
-	paused  bool
-	closed  bool
-	// err ends the feed once the records before it are taken.
-	err error
+	// records and bytes count what the feed holds and what its source
+	// took from it but did not hand out yet; paused is set while the
+	// partition is paused for them.
+	records, bytes atomic.Int64
+	paused         atomic.Bool
+
+	mu     sync.Mutex
+	chunks []chunk
+	closed bool
+	// err ends the feed once the records before it are taken; lost is
+	// set when the records taken but not handed out may be gone too.
+	err  error
+	lost atomic.Bool
 	// topicID is the id of the topic the first fetch came from.
 	topicID [16]byte
 }
@@ -192,6 +198,7 @@ type feed struct {
 // chunk is the records one fetch brought for the partition.
 type chunk struct {
 	records  []*kgo.Record
+	bytes    int
 	logStart int64
 	hwm      int64
 }
@@ -215,13 +222,14 @@ func (f *feed) push(topicID [16]byte, p *kgo.FetchPartition) {
 		}
 	}
 	if len(p.Records) > 0 {
-		f.chunks = append(f.chunks, chunk{records: p.Records, logStart: p.LogStartOffset, hwm: p.HighWatermark})
-		f.records += len(p.Records)
+		c := chunk{records: p.Records, logStart: p.LogStartOffset, hwm: p.HighWatermark}
 		for _, r := range p.Records {
-			f.bytes += len(r.Key) + len(r.Value)
+			c.bytes += len(r.Key) + len(r.Value)
 		}
-		if !f.paused && (f.records >= 2*f.maxBatch || f.bytes >= 2*f.hub.maxBytes) {
-			f.paused = true
+		f.chunks = append(f.chunks, c)
+		records, bytes := f.records.Add(int64(len(c.records))), f.bytes.Add(int64(c.bytes))
+		if !f.paused.Load() && (records >= 2*int64(f.maxBatch) || bytes >= 2*int64(f.hub.maxBytes)) {
+			f.paused.Store(true)
 			f.hub.cl.PauseFetchPartitions(map[string][]int32{f.tp.Topic: {int32(f.tp.Partition)}})
 		}
 	}
@@ -241,7 +249,8 @@ func (f *feed) fetchError(err error) error {
 		// to where the log diverged, below offsets already handed out,
 		// whose new records would be dropped as repeats. Nothing more is
 		// handed out.
-		f.chunks, f.records, f.bytes = nil, 0, 0
+		f.chunks = nil
+		f.lost.Store(true)
 		return &kafkaclient.AheadError{Topic: f.tp.Topic, Partition: f.tp.Partition, Expected: loss.ConsumedTo, LogEnd: -1,
 			Why: fmt.Sprintf("the broker lost records from offset %d on (%v)", loss.ResetTo, err)}
 	case errors.Is(err, kerr.UnknownTopicID):
@@ -286,60 +295,89 @@ func (f *feed) close() {
 // says (the engine opens one Fetcher per partition at a time).
 var errFeedClosed = errors.New("franz: the partition was opened again")
 
-// feedSource is a feed as a kafkaclient.Source.
+// feedSource is a feed as a kafkaclient.Source. It takes a chunk at a
+// time from the feed, so that a batch costs the feed's lock once per fetch
+// rather than once per record.
 type feedSource struct {
 	feed    *feed
 	headers kafkaclient.HeaderArena
+	// taken is the rest of the chunk taken from the feed.
+	taken chunk
 }
 
 func (s *feedSource) Next(ctx context.Context) (kafkaclient.Record, int64, error) {
+	for len(s.taken.records) == 0 {
+		if err := s.take(ctx); err != nil {
+			return kafkaclient.Record{}, 0, err
+		}
+	}
+	if s.feed.lost.Load() {
+		// The broker lost records kgo had fetched, and these may be among
+		// them: the feed's error says so, and nothing more goes out.
+		s.taken = chunk{}
+		return s.Next(ctx)
+	}
+	c := &s.taken
+	r := c.records[0]
+	c.records[0] = nil
+	c.records = c.records[1:]
+	s.feed.handedOut(len(r.Key) + len(r.Value))
+	if r.Attrs.IsControl() {
+		return kafkaclient.Record{Topic: r.Topic, Partition: int(r.Partition), Offset: r.Offset, HighWaterMark: c.hwm, Marker: true}, c.logStart, nil
+	}
+	return kafkaclient.Record{Topic: r.Topic, Partition: int(r.Partition), Offset: r.Offset, Key: r.Key, Value: r.Value,
+		Headers: kafkaclient.CopyHeaders(&s.headers, r.Headers, header), Time: r.Timestamp, HighWaterMark: c.hwm}, c.logStart, nil
+}
+
+// take waits for the feed's next chunk and takes it whole.
+func (s *feedSource) take(ctx context.Context) error {
 	f := s.feed
 	for {
 		f.mu.Lock()
 		if len(f.chunks) > 0 {
-			c := &f.chunks[0]
-			r := c.records[0]
-			logStart, hwm := c.logStart, c.hwm
-			c.records = c.records[1:]
-			if len(c.records) == 0 {
-				f.chunks[0] = chunk{}
-				f.chunks = f.chunks[1:]
-			}
-			f.records--
-			f.bytes -= len(r.Key) + len(r.Value)
-			if f.paused && f.records <= f.maxBatch && f.bytes <= f.hub.maxBytes {
-				f.paused = false
-				f.hub.cl.ResumeFetchPartitions(map[string][]int32{f.tp.Topic: {int32(f.tp.Partition)}})
-			}
+			s.taken = f.chunks[0]
+			f.chunks[0] = chunk{}
+			f.chunks = f.chunks[1:]
 			f.mu.Unlock()
-			if r.Attrs.IsControl() {
-				return kafkaclient.Record{Topic: r.Topic, Partition: int(r.Partition), Offset: r.Offset, HighWaterMark: hwm, Marker: true}, logStart, nil
-			}
-			return kafkaclient.Record{Topic: r.Topic, Partition: int(r.Partition), Offset: r.Offset, Key: r.Key, Value: r.Value,
-				Headers: kafkaclient.CopyHeaders(&s.headers, r.Headers, header), Time: r.Timestamp, HighWaterMark: hwm}, logStart, nil
+			return nil
 		}
 		err, closed := f.err, f.closed
 		f.mu.Unlock()
 		switch {
 		case closed:
-			return kafkaclient.Record{}, 0, errFeedClosed
+			return errFeedClosed
 		case err != nil:
-			return kafkaclient.Record{}, 0, err
+			return err
 		}
 		select {
 		case <-f.wake:
 		case <-ctx.Done():
-			return kafkaclient.Record{}, 0, ctx.Err()
+			return ctx.Err()
 		}
 	}
 }
 
 func header(h *kgo.RecordHeader) (string, []byte) { return h.Key, h.Value }
 
+// handedOut counts a record of size bytes handed out, and resumes the
+// partition once the feed and its source hold no more than a batch.
+func (f *feed) handedOut(size int) {
+	records, bytes := f.records.Add(-1), f.bytes.Add(-int64(size))
+	if !f.paused.Load() || records > int64(f.maxBatch) || bytes > int64(f.hub.maxBytes) {
+		return
+	}
+	f.mu.Lock()
+	if f.paused.Load() && !f.closed {
+		f.paused.Store(false)
+		f.hub.cl.ResumeFetchPartitions(map[string][]int32{f.tp.Topic: {int32(f.tp.Partition)}})
+	}
+	f.mu.Unlock()
+}
+
 // MoveTo implements kafkaclient.Source: a new feed takes the old one's place.
 func (s *feedSource) MoveTo(offset int64) error {
 	old := s.feed
-	s.feed = old.hub.open(old.tp, offset, old.maxBatch)
+	s.feed, s.taken = old.hub.open(old.tp, offset, old.maxBatch), chunk{}
 	old.close()
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -33,15 +32,11 @@ func clientCells() []planned {
 }
 
 func runClientCells(ctx context.Context, log *slog.Logger, o options) error {
-	e, err := startEnv(ctx, log, os.Getenv("KAFKA_BROKERS"), os.Getenv("DATABASE_URL"), 40)
+	e, err := openEnv(ctx, log, o, 40)
 	if err != nil {
 		return err
 	}
 	defer e.close()
-	e.verbose = o.verbose
-	if err := setupTables(ctx, e.db); err != nil {
-		return err
-	}
 	modes := []string{"optimum"}
 	for _, p := range clientPairs {
 		modes = append(modes, p[0], p[1])

@@ -56,6 +56,23 @@ var durablePostgres = map[string]string{
 	"checkpoint_timeout": "30min",
 }
 
+// openEnv starts the environment a mode of the program runs in, from
+// KAFKA_BROKERS and DATABASE_URL (each started here when unset), with a
+// pool of conns connections and the benchmark's tables made. The caller
+// closes it.
+func openEnv(ctx context.Context, log *slog.Logger, o options, conns int) (*env, error) {
+	e, err := startEnv(ctx, log, os.Getenv("KAFKA_BROKERS"), os.Getenv("DATABASE_URL"), conns)
+	if err != nil {
+		return nil, err
+	}
+	e.verbose = o.verbose
+	if err := setupTables(ctx, e.db); err != nil {
+		e.close()
+		return nil, err
+	}
+	return e, nil
+}
+
 func startEnv(ctx context.Context, log *slog.Logger, brokers, databaseURL string, conns int) (*env, error) {
 	e := &env{wire: &wireCounters{}, log: log}
 	e.kafkaDialer = &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true, DialFunc: e.wire.kafkaDial}

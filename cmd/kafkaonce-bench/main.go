@@ -304,16 +304,12 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 		defer pprof.StopCPUProfile()
 	}
 	needPrefill := slices.ContainsFunc(plan, func(p planned) bool { return p.c.Prefilled })
-	e, err := startEnv(ctx, log, os.Getenv("KAFKA_BROKERS"), os.Getenv("DATABASE_URL"), 40)
+	e, err := openEnv(ctx, log, o, 40)
 	if err != nil {
 		return err
 	}
 	defer e.close()
-	e.verbose = o.verbose
 	log.Info("environment", "kafka", e.brokerDesc, "postgres", e.pgDesc, "cpus", runtime.NumCPU())
-	if err := setupTables(ctx, e.db); err != nil {
-		return err
-	}
 	if needPrefill {
 		if err := prefill(ctx, e.db, o.prefill, log); err != nil {
 			return err

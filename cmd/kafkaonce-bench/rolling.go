@@ -163,14 +163,11 @@ func runRollingRestart(ctx context.Context, log *slog.Logger, o options) error {
 	if os.Getenv("KAFKA_BROKERS") == "" {
 		return errors.New("-rolling measures group protocols: run it against a real broker (KAFKA_BROKERS), e.g. Apache Kafka 4.1.1 from scripts/kafka-broker.sh")
 	}
-	e, err := startEnv(ctx, log, os.Getenv("KAFKA_BROKERS"), os.Getenv("DATABASE_URL"), 60)
+	e, err := openEnv(ctx, log, o, 60)
 	if err != nil {
 		return err
 	}
 	defer e.close()
-	if err := setupTables(ctx, e.db); err != nil {
-		return err
-	}
 	var results []rollingResult
 	for round := 1; round <= o.rounds; round++ {
 		for _, v := range rollingVariants {

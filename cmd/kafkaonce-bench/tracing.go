@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -98,15 +97,11 @@ func newTraceparent() []byte {
 }
 
 func runTracingCells(ctx context.Context, log *slog.Logger, o options) error {
-	e, err := startEnv(ctx, log, os.Getenv("KAFKA_BROKERS"), os.Getenv("DATABASE_URL"), 40)
+	e, err := openEnv(ctx, log, o, 40)
 	if err != nil {
 		return err
 	}
 	defer e.close()
-	e.verbose = o.verbose
-	if err := setupTables(ctx, e.db); err != nil {
-		return err
-	}
 	c := base
 	c.Traceparent = true
 	var modes []string

@@ -62,7 +62,7 @@ func TestEveryFailureClassIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 		{"undecodable", deadletter.ClassUndecodable, "cannot unmarshal number"},
 		{"bad-bytes", deadletter.ClassData, "22021"},
 		{"too-long", deadletter.ClassData, "54000"},
-		{"commits", deadletter.ClassTxMisuse, "committed or rolled back by the consumer"},
+		{"commits", deadletter.ClassTxMisuse, "committed or rolled back for the handler, not by it"},
 		{"flaky", deadletter.ClassRetriesExhausted, "partner timeout"},
 		{"swallows", deadletter.ClassRetriesExhausted, "transaction is aborted"},
 	}

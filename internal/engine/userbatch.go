@@ -27,6 +27,9 @@ type Batch struct {
 	index  []int // Messages[k] is the transaction's item index[k]
 	// late is told about a statement queued after the call.
 	late func(sql string)
+	// refused is why the first statement the guard would not send was
+	// dropped (one that ends the transaction): the call has failed.
+	refused error
 }
 
 // Queue adds a statement to run in the transaction after HandleBatch
@@ -36,8 +39,10 @@ type Batch struct {
 // are new (see BatchHandler), two otherwise: one to claim, one to apply and
 // commit. Use it for writes whose results the handler does not need; use Tx
 // for anything it must read. A queued statement that fails fails the
-// batch, as an error returned by HandleBatch does. Queue may be called from
-// several goroutines of the call; after the call it drops the statement.
+// batch, as an error returned by HandleBatch does, and so does one that
+// would end the transaction (COMMIT, ROLLBACK …), which is not queued.
+// Queue may be called from several goroutines of the call; after the call
+// it drops the statement.
 func (b *Batch) Queue(sql string, args ...any) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -47,8 +52,18 @@ func (b *Batch) Queue(sql string, args ...any) {
 		}
 		return
 	}
+	if err := txguard.Refuses(sql); err != nil {
+		if b.refused == nil {
+			b.refused = err
+		}
+		return
+	}
 	b.queued.Queue(sql, args...)
 }
+
+// refusal is why a statement of the call was not queued; call it after
+// seal.
+func (b *Batch) refusal() error { return b.refused }
 
 // callOver reports whether tx is a handler's transaction whose call ended.
 func callOver(tx pgx.Tx) bool {

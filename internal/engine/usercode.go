@@ -54,7 +54,10 @@ func (u *userCode) call(ctx context.Context, uc *usercall.Attempt, i int, tx pgx
 			b.seal()
 			return err
 		}
-		return b.runQueued(ctx, tx)
+		if err := b.runQueued(ctx, tx); err != nil {
+			return err
+		}
+		return b.refusal()
 	})
 }
 
@@ -66,6 +69,9 @@ func (u *userCode) callBatch(ctx context.Context, uc *usercall.Attempt, tx pgx.T
 		return u.handleBatch(ctx, b)
 	})
 	b.seal()
+	if err == nil {
+		err = b.refusal()
+	}
 	return err
 }
 

@@ -1,0 +1,141 @@
+package txguard
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// statementCases are texts and what scan must find in them: the statement
+// that controls the transaction ("" for none), and whether they set the
+// mode of deferred constraints.
+var statementCases = []struct {
+	sql         string
+	control     string
+	constraints bool
+}{
+	{"COMMIT", "COMMIT", false},
+	{"commit and chain", "COMMIT", false},
+	{"  \n\t/* a */ -- b\n Commit", "COMMIT", false},
+	{"/* nested /* comment */ still */ END", "END", false},
+	{"ROLLBACK AND CHAIN", "ROLLBACK", false},
+	{"ROLLBACK TO SAVEPOINT sp", "ROLLBACK", false},
+	{"abort", "ABORT", false},
+	{"BEGIN", "BEGIN", false},
+	{"START TRANSACTION READ ONLY", "START", false},
+	{"SAVEPOINT a", "SAVEPOINT", false},
+	{"RELEASE SAVEPOINT a", "RELEASE", false},
+	{"PREPARE TRANSACTION 'x'", "PREPARE TRANSACTION", false},
+	{"COMMIT PREPARED 'x'", "COMMIT", false},
+	{"SET TRANSACTION READ ONLY", "SET TRANSACTION", false},
+	{"SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY", "SET SESSION CHARACTERISTICS", false},
+	{"INSERT INTO t VALUES (1); COMMIT", "COMMIT", false},
+	{"ROLLBACK; INSERT INTO t VALUES (1)", "ROLLBACK", false},
+	{"SELECT 1;;;COMMIT;", "COMMIT", false},
+	{"SELECT 'it''s'; COMMIT", "COMMIT", false},
+	{`SELECT "a""b"; COMMIT`, "COMMIT", false},
+	{"SELECT $$;$$; COMMIT", "COMMIT", false},
+	{"SELECT $f$ $$ ; $f$; COMMIT", "COMMIT", false},
+	{"SELECT $1; COMMIT", "COMMIT", false},
+	{"SELECT 1 -- ;\n; COMMIT", "COMMIT", false},
+	// Ambiguous on standard_conforming_strings: off, the quote is escaped
+	// and the text one string; on (the default), a COMMIT follows.
+	{`SELECT 'a\'; COMMIT; --'`, "COMMIT", false},
+	{`SELECT E'a\'; COMMIT; --'`, "", false},
+	{"SET CONSTRAINTS ALL IMMEDIATE", "", true},
+	{"set constraints all immediate; commit", "COMMIT", true},
+
+	{"SELECT 'COMMIT'", "", false},
+	{`SELECT "commit" FROM t`, "", false},
+	{"SELECT 1 /* ; COMMIT */", "", false},
+	{"SELECT 1 -- ; COMMIT", "", false},
+	{"SELECT $$ ; COMMIT $$", "", false},
+	{"SELECT $tag$ ; COMMIT $tag$", "", false},
+	{"SELECT $a$ $b$ ; COMMIT $b$ $a$", "", false},
+	{"SELECT E'\\' ; COMMIT'", "", false},
+	{"SELECT U&'d\\0061t\\+000061' ; SELECT 2", "", false},
+	{"SELECT x'1f', b'01', n'n'", "", false},
+	{"DO $$ BEGIN PERFORM 1; END $$", "", false},
+	{"CREATE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 1; COMMIT'", "", false},
+	{"SET LOCAL statement_timeout = '1s'", "", false},
+	{"SET search_path = public", "", false},
+	{"PREPARE p AS SELECT 1", "", false},
+	{"SELECT end_date, commit_id FROM t", "", false},
+	{"(SELECT 1)", "", false},
+	{"WITH begin AS (SELECT 1) SELECT * FROM begin", "", false},
+	{"SELECT a$b$c FROM t; SELECT 1", "", false},
+	{"", "", false},
+	{"SELECT 'unterminated ; COMMIT", "", false},
+}
+
+func TestScanFindsTheStatementsThatControlTheTransaction(t *testing.T) {
+	t.Parallel()
+	for _, tc := range statementCases {
+		t.Run(tc.sql, func(t *testing.T) {
+			v := scan(tc.sql)
+			require.Equal(t, tc.control, v.control, "the statement that controls the transaction")
+			require.Equal(t, tc.constraints, v.constraints, "SET CONSTRAINTS")
+		})
+	}
+}
+
+// The server is the authority on where statements begin: a text the scan
+// lets through must leave the transaction it runs in where it was, same
+// transaction, still open, whatever the text does (fail, say). Each text
+// runs in the simple protocol, which runs every statement of a text.
+func TestScanAgreesWithPostgres(t *testing.T) {
+	db := testenv.NewEmptyDB(t)
+	for _, tc := range statementCases {
+		t.Run(tc.sql, func(t *testing.T) {
+			if tc.control == "" {
+				requireTransactionKept(t, db.Pool, tc.sql)
+			}
+		})
+	}
+}
+
+// FuzzScan checks random texts against Postgres: whatever scan lets
+// through runs in the transaction it was sent in and leaves it open.
+func FuzzScan(f *testing.F) {
+	for _, tc := range statementCases {
+		f.Add(tc.sql)
+	}
+	db := testenv.NewEmptyDB(f)
+	f.Fuzz(func(t *testing.T, sql string) {
+		if strings.ContainsRune(sql, 0) || scan(sql).control != "" {
+			return // a NUL ends a simple query's text before the server sees it
+		}
+		requireTransactionKept(t, db.Pool, sql)
+	})
+}
+
+// requireTransactionKept runs sql inside a transaction and requires that
+// the transaction is still the one it was sent in, open or aborted.
+func requireTransactionKept(t *testing.T, pool *pgxpool.Pool, sql string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var before string
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_current_xact_id()::text, set_config('statement_timeout', '1s', true)").Scan(&before, new(string)))
+	_, _ = conn.Conn().PgConn().Exec(ctx, sql).ReadAll()
+	status := conn.Conn().PgConn().TxStatus()
+	require.NotEqual(t, byte('I'), status, "%q ended the transaction, and the scan found no statement that does", sql)
+	if status == 'E' {
+		return // failed inside it: the same transaction, aborted
+	}
+	var after string
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_current_xact_id()::text").Scan(&after))
+	require.Equal(t, before, after, "%q moved to another transaction, and the scan found no statement that does", sql)
+}

@@ -3,7 +3,6 @@ package idempotency
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -63,46 +62,57 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	var got bool
+	wait := s.newWait()
+	var t *requestTx
 	var row *stored
-	t, err := s.begin(ctx, func(b *pgx.Batch, idle string) bool {
-		s.keys.queueClaim(b, k.scope, k.key, idle, s.cfg.InProgressWait, &got, &row)
-		return true
-	})
-	if t == nil {
-		s.unavailable(w, r, "begin", err)
-		return
+	for {
+		var got bool
+		var err error
+		t, err = s.begin(ctx, func(b *pgx.Batch, idle string) bool {
+			s.keys.queueClaim(b, k.scope, k.key, idle, s.cfg.InProgressWait, &got, &row)
+			return true
+		})
+		if t == nil {
+			s.unavailable(w, r, "begin", err)
+			return
+		}
+		switch {
+		case err == nil && row != nil && row.run != nil &&
+			(row.run.leaseLeft > 0 || row.run.flow != p.flow.Name || !bytes.Equal(row.fingerprint, k.row.fingerprint)):
+			t.end(ctx)
+			// Its run is live: with InProgressWait, this request waits for
+			// it to complete, and replays its response.
+			if row.run.flow == p.flow.Name && bytes.Equal(row.fingerprint, k.row.fingerprint) && wait.pause(ctx) {
+				continue
+			}
+			s.answerRunning(w, k, row)
+			return
+		case err == nil && row != nil && row.run == nil && !row.expired:
+			t.end(ctx)
+			s.answerStored(w, k, row)
+			return
+		case stillInProgress(ctx, err) || err == nil && !got:
+			t.end(ctx)
+			problem(w, http.StatusConflict, "Request in progress",
+				"a request with this key is still running: retry after a while with the same key to get its response", s.cfg.RetryAfter)
+			return
+		case err != nil:
+			t.end(ctx)
+			s.unavailable(w, r, "claim the key", err)
+			return
+		}
+		break
 	}
 	defer t.end(ctx)
 	conn := t.conn
-	var pgErr *pgconn.PgError
-	switch {
-	case err == nil && row != nil && row.run != nil &&
-		(row.run.leaseLeft > 0 || row.run.flow != p.flow.Name || !bytes.Equal(row.fingerprint, k.row.fingerprint)):
-		t.end(ctx)
-		s.answerRunning(w, k, row)
-		return
-	case err == nil && row != nil && row.run == nil && !row.expired:
-		t.end(ctx)
-		s.answerStored(w, k, row)
-		return
-	case errors.As(err, &pgErr) && pgErr.Code == "55P03" || err == nil && !got:
-		t.end(ctx)
-		problem(w, http.StatusConflict, "Request in progress",
-			"a request with this key is still running: retry after a while with the same key to get its response", s.cfg.RetryAfter)
-		return
-	case err != nil:
-		t.end(ctx)
-		s.unavailable(w, r, "claim the key", err)
-		return
-	}
+	var err error
 	// The run goes on without the client: a client that gives up does not
 	// stop it half way, and its retry gets the response.
 	base := context.WithoutCancel(ctx)
 	token := newToken()
 	var run *Run
 	var step Step
-	b := &pgx.Batch{}
+	b := s.closing()
 	if row != nil && row.run != nil {
 		// Its server is gone (its lease ran out): this request takes the run
 		// over and resumes it from its recovery point. The takeover waits
@@ -111,17 +121,21 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// until the client gives up; then the row as it is now answers.
 		run = &Run{Scope: k.scope, Key: k.key}
 		var took bool
+		var waited time.Duration
 		var now *stored
 		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(p.flow.Lease.Milliseconds(), 10))
-		s.keys.queueTakeOver(b, k.scope, k.key, token, p.flow.Lease, false, &took, run)
+		s.keys.queueTakeOver(b, k.scope, k.key, token, p.flow.Lease, false, &took, &waited, run)
 		s.keys.queueRead(b, k.scope, k.key, &now)
 		queueCommit(b)
-		leaseStart := time.Now()
+		sent := time.Now()
 		err = conn.SendBatch(ctx, b).Close()
 		t.committed = err == nil
 		t.end(ctx)
+		// The lease started when the takeover got the row's lock, after
+		// its wait: the phase gets the whole of it.
+		leaseStart := sent.Add(waited)
 		switch {
-		case errors.As(err, &pgErr) && pgErr.Code == "55P03" || err == nil && !took && now != nil && now.run != nil:
+		case stillInProgress(ctx, err) || err == nil && !took && now != nil && now.run != nil:
 			if now == nil {
 				now = row
 			}
@@ -139,7 +153,7 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	run = &Run{Scope: k.scope, Key: k.key, Method: r.Method, Route: k.row.route, Body: k.body, Taken: 1, id: newToken()}
-	err = guarded(t.tx, "flow's Start", func(tx pgx.Tx) (err error) {
+	err = s.guarded(t.tx, "flow's Start", func(tx pgx.Tx) (err error) {
 		step, err = p.flow.Start(r, tx, run)
 		return err
 	})
@@ -279,7 +293,7 @@ func (p *Phased) atomic(ctx, phaseCtx context.Context, ph Phase, run *Run, token
 	if !holds {
 		return next, lease, result{outcome: lost, leaseLeft: left}
 	}
-	err = guarded(t.tx, "phase", func(tx pgx.Tx) (err error) {
+	err = s.guarded(t.tx, "phase", func(tx pgx.Tx) (err error) {
 		next, err = ph.Atomic(phaseCtx, tx, run)
 		return err
 	})
@@ -292,7 +306,7 @@ func (p *Phased) atomic(ctx, phaseCtx context.Context, ph Phase, run *Run, token
 	case next.respond && !storable(next.status):
 		return next, lease, result{outcome: answered, step: next}
 	}
-	b := &pgx.Batch{}
+	b := s.closing()
 	sql, args := s.keys.stepSQL(run.Scope, run.Key, token, next, s.cfg.SecretHeaders, p.flow.Lease, s.cfg.Retention)
 	b.Queue(sql, args...)
 	queueCommit(b)
@@ -374,13 +388,15 @@ func (p *Phased) Recover(ctx context.Context, limit int) (int, error) {
 		token := newToken()
 		b := &pgx.Batch{}
 		var took bool
+		var waited time.Duration
 		// The run as the takeover finds it, not as listed: it may have
 		// moved on since. One whose server is in an Atomic phase is
 		// skipped, not waited for.
 		run := &Run{Scope: sk[0], Key: sk[1]}
-		p.s.keys.queueTakeOver(b, run.Scope, run.Key, token, p.flow.Lease, true, &took, run)
-		leaseStart := time.Now()
+		p.s.keys.queueTakeOver(b, run.Scope, run.Key, token, p.flow.Lease, true, &took, &waited, run)
+		sent := time.Now()
 		err := withConn(ctx, p.s.db, func(c *pgxpool.Conn) error { return c.SendBatch(ctx, b).Close() })
+		leaseStart := sent.Add(waited)
 		if err != nil {
 			return done, fmt.Errorf("idempotency: take a stalled run of flow %q over: %w", p.flow.Name, err)
 		}

@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -71,49 +69,6 @@ func send(w http.ResponseWriter, header http.Header, status int, body []byte) {
 	}
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
-}
-
-// encodeHeaders keeps the headers to replay, as "Name: value" lines sorted
-// by name: byte for byte what the handler set (HTTP forbids newlines in a
-// value). Set-Cookie and the secret headers are left out.
-func encodeHeaders(h http.Header, secret []string) []byte {
-	names := make([]string, 0, len(h))
-	for name := range h {
-		if strings.EqualFold(name, "Set-Cookie") || slices.ContainsFunc(secret, func(s string) bool { return strings.EqualFold(s, name) }) {
-			continue
-		}
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	b := bytes.NewBuffer([]byte{}) // never nil: stored NOT NULL
-	for _, name := range names {
-		for _, v := range h[name] {
-			b.WriteString(name)
-			b.WriteString(": ")
-			b.WriteString(asSent(v))
-			b.WriteByte('\n')
-		}
-	}
-	return b.Bytes()
-}
-
-// asSent is a header value as net/http sends it: line breaks turned into
-// spaces, the ends trimmed. A value so stored is what the first response
-// carried, and cannot add a header (a Set-Cookie, say) to a replay.
-func asSent(v string) string {
-	return strings.Trim(strings.NewReplacer("\n", " ", "\r", " ").Replace(v), " \t")
-}
-
-// decodeHeaders reads what encodeHeaders wrote.
-func decodeHeaders(b []byte) http.Header {
-	h := http.Header{}
-	for _, line := range strings.Split(string(b), "\n") {
-		name, value, ok := strings.Cut(line, ": ")
-		if ok {
-			h[name] = append(h[name], value)
-		}
-	}
-	return h
 }
 
 // problem answers with an application/problem+json body (RFC 9457) that

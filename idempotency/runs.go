@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkaonce/kafkaonce/internal/pgtext"
 )
 
 // The statements of a phased request's run, on its key's row. Every one
@@ -42,10 +44,12 @@ func (k keys) queueBeginRun(b *pgx.Batch, req *keyed, flow string, run *Run, s S
 // state are read into run by the same statement, as the takeover finds
 // them: a server that recorded a step, or renewed its lease, just before
 // is never resumed from what it left behind. *took says whether the run
-// was taken; it is not when its lease is live. With skipLocked, a run
-// whose row is locked (its server is in an Atomic phase) is not waited
-// for, and not taken.
-func (k keys) queueTakeOver(b *pgx.Batch, scope, key, token string, lease time.Duration, skipLocked bool, took *bool, run *Run) {
+// was taken; it is not when its lease is live. *waited is how long the
+// statement ran before the new lease started (its wait for the row's
+// lock): the lease started that long after the statement was sent, or
+// later. With skipLocked, a run whose row is locked (its server is in an
+// Atomic phase) is not waited for, and not taken.
+func (k keys) queueTakeOver(b *pgx.Batch, scope, key, token string, lease time.Duration, skipLocked bool, took *bool, waited *time.Duration, run *Run) {
 	lock := "FOR UPDATE"
 	if skipLocked {
 		lock += " SKIP LOCKED"
@@ -53,11 +57,14 @@ func (k keys) queueTakeOver(b *pgx.Batch, scope, key, token string, lease time.D
 	b.Queue(`UPDATE `+k.table+` SET lease_token = $3, lease_until = clock_timestamp() + $4::interval, taken = taken + 1
 		WHERE (scope, idem_key) = (SELECT scope, idem_key FROM `+k.table+`
 			WHERE scope = $1 AND idem_key = $2 AND status IS NULL AND lease_until <= clock_timestamp() `+lock+`)
-		RETURNING method, route, run_id, recovery_point, state, taken`,
+		RETURNING method, route, run_id, recovery_point, state, taken,
+			extract(epoch FROM clock_timestamp() - statement_timestamp())::float8`,
 		scope, key, token, interval(lease)).
 		QueryRow(func(r pgx.Row) error {
-			err := r.Scan(&run.Method, &run.Route, &run.id, &run.Point, &run.State, &run.Taken)
+			var w float64
+			err := r.Scan(&run.Method, &run.Route, &run.id, &run.Point, &run.State, &run.Taken, &w)
 			*took = err == nil
+			*waited = max(0, seconds(w))
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
@@ -114,11 +121,16 @@ func (k keys) stepSQL(scope, key, token string, s Step, secret []string, lease, 
 		[]any{scope, key, token, s.point, s.state, interval(lease)}
 }
 
+// maxLastError bounds the stored reason of a phase's failure.
+const maxLastError = 4 << 10
+
 // release gives a run held by token up after a phase failed, with why: its
-// lease ends now, so the client's retry resumes it at once.
+// lease ends now, so the client's retry resumes it at once. why quotes
+// whatever the phase's error said (a provider's answer in any encoding):
+// it is made storable, so that the lease ends whatever the text.
 func (k keys) release(ctx context.Context, q Querier, scope, key, token, why string) error {
 	_, err := q.Exec(ctx, `UPDATE `+k.table+` SET lease_until = clock_timestamp(), last_error = $4
-		WHERE scope = $1 AND idem_key = $2 AND status IS NULL AND lease_token = $3`, scope, key, token, why)
+		WHERE scope = $1 AND idem_key = $2 AND status IS NULL AND lease_token = $3`, scope, key, token, pgtext.Cut(why, maxLastError))
 	return err
 }
 

@@ -34,11 +34,21 @@ type DB interface {
 // then sent. A handler that returns an error, panics or answers with a
 // server error (5xx) has its transaction rolled back: nothing it wrote and
 // no response is kept, the key is free again, and a retry runs afresh. It
-// must not commit or roll back tx, keep it, or cause effects outside
-// Postgres directly: write an outbox row with tx instead.
+// must not commit or roll back tx (tx refuses, see ErrTxControlled), keep
+// it, or cause effects outside Postgres directly: write an outbox row with
+// tx instead.
 type Handler interface {
 	ServeIdempotent(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error
 }
+
+// ErrTxControlled is what the handler's transaction answers a Commit or
+// Rollback with, and wrapped, a statement it did not send because it would
+// end or reshape the transaction (COMMIT, ROLLBACK, BEGIN, SAVEPOINT,
+// RELEASE, PREPARE TRANSACTION, SET TRANSACTION, in any text, among other
+// statements or alone). The request has failed then, whatever the handler
+// returns: its transaction rolls back and its key is free. For a
+// savepoint, use tx.Begin.
+var ErrTxControlled = txguard.ErrTxControlled
 
 // HandlerFunc adapts a function to Handler.
 type HandlerFunc func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error
@@ -51,10 +61,11 @@ func (f HandlerFunc) ServeIdempotent(w http.ResponseWriter, r *http.Request, tx 
 // Server wraps handlers so that a request retried with the same key is
 // served once. Create one with New; it is safe for concurrent use.
 type Server struct {
-	db   DB
-	cfg  Config
-	keys keys
-	log  *slog.Logger
+	db    DB
+	cfg   Config
+	keys  keys
+	check *commitCheck
+	log   *slog.Logger
 }
 
 // New validates cfg and returns a Server. The idempotency_keys table must
@@ -71,7 +82,7 @@ func New(db DB, cfg *Config) (*Server, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &Server{db: db, cfg: c, keys: newKeys(c.Schema), log: c.Logger}, nil
+	return &Server{db: db, cfg: c, keys: newKeys(c.Schema), check: newCommitCheck(c.Schema), log: c.Logger}, nil
 }
 
 // Handle returns an http.Handler that serves h under the server's rules.
@@ -172,7 +183,6 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 	}
 	defer t.end(ctx)
 	conn := t.conn
-	var pgErr *pgconn.PgError
 	switch {
 	case err == nil && row != nil && row.run != nil:
 		t.end(ctx)
@@ -186,7 +196,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 		t.end(ctx)
 		s.answerStored(w, k, row)
 		return
-	case k != nil && (errors.As(err, &pgErr) && pgErr.Code == "55P03" || err == nil && !got):
+	case k != nil && (stillInProgress(ctx, err) || err == nil && !got):
 		t.end(ctx)
 		problem(w, http.StatusConflict, "Request in progress",
 			"a request with this key is still running: retry after a while with the same key to get its response", s.cfg.RetryAfter)
@@ -213,7 +223,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 		return
 	}
 	// One round trip: the expired row gone, the key stored, COMMIT.
-	b := &pgx.Batch{}
+	b := s.closing()
 	if k != nil {
 		if row != nil {
 			s.keys.queueForget(b, k.scope, k.key)
@@ -247,8 +257,11 @@ func (s *Server) idle() string {
 
 // begin borrows a connection and begins a transaction on it, in one round
 // trip with the statements queue adds: the key's claim and read, say.
-// READ COMMITTED, whatever the session's default: a read after the key's
-// lock must see what the previous holder committed. queue gets the
+// READ COMMITTED and READ WRITE, whatever the session's defaults: a read
+// after the key's lock must see what the previous holder committed, and
+// the key must be stored. The transaction's
+// commit check is opened with it: its last round trip starts with
+// closing, so that only the server can commit it. queue gets the
 // transaction's idle timeout ("" for the server's) and reports whether it
 // set it (the claim does, in its first statement); else begin does. A nil
 // requestTx is a connection not borrowed; with one, err is the round
@@ -260,7 +273,8 @@ func (s *Server) begin(ctx context.Context, queue func(b *pgx.Batch, idle string
 	}
 	t := &requestTx{conn: conn, tx: pipetx.New(conn.Conn())}
 	b := &pgx.Batch{}
-	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE")
+	s.check.queueOpen(b)
 	idle := s.idle()
 	if !queue(b, idle) && idle != "" {
 		b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, idle)
@@ -289,6 +303,15 @@ func (t *requestTx) end(ctx context.Context) {
 	t.conn.Release()
 }
 
+// closing starts a transaction's last round trip: the close of its commit
+// check, which fails when the transaction is no longer the one begin
+// opened; the caller adds its statements and queueCommit.
+func (s *Server) closing() *pgx.Batch {
+	b := &pgx.Batch{}
+	s.check.queueClose(b)
+	return b
+}
+
 // errCommitRolledBack is a COMMIT the server answered with ROLLBACK: the
 // transaction was aborted.
 var errCommitRolledBack = errors.New("COMMIT rolled back: the transaction was aborted")
@@ -305,14 +328,15 @@ func queueCommit(b *pgx.Batch) {
 
 // call runs the handler with tx guarded (see guarded).
 func (s *Server) call(w http.ResponseWriter, r *http.Request, h Handler, tx pgx.Tx) error {
-	return guarded(tx, "handler", func(g pgx.Tx) error { return h.ServeIdempotent(w, r, g) })
+	return s.guarded(tx, "handler", func(g pgx.Tx) error { return h.ServeIdempotent(w, r, g) })
 }
 
 // guarded runs f, user code named who, with tx guarded: it may not commit
-// or roll back, nor use tx once it returned. A panic, a misuse of tx or a
-// statement that failed while f returned nil are errors.
-func guarded(tx pgx.Tx, who string, f func(pgx.Tx) error) (err error) {
-	g := txguard.Wrap(tx)
+// or roll back, by a call or a statement, nor use tx once it returned. A
+// panic, a misuse of tx or a statement that failed while f returned nil
+// are errors.
+func (s *Server) guarded(tx pgx.Tx, who string, f func(pgx.Tx) error) (err error) {
+	g := txguard.WrapChecked(tx, s.check.guard)
 	defer func() {
 		g.Seal()
 		if p := recover(); p != nil {
@@ -337,7 +361,15 @@ func (s *Server) answerStored(w http.ResponseWriter, k *keyed, row *stored) {
 	if s.refuseOther(w, k, row) {
 		return
 	}
-	h := decodeHeaders(row.headers)
+	h, err := decodeHeaders(row.headers)
+	if err != nil {
+		// Not a byte of the row is replayed when part of it cannot be: a
+		// response without its headers is another response.
+		s.log.Error("idempotency: a stored response cannot be replayed", slog.String("scope", k.scope), slog.String("key", k.key), slog.String("error", err.Error()))
+		problem(w, http.StatusInternalServerError, "Stored response unreadable",
+			"the response stored for this key cannot be read back; the request is not run again: ask the API's operators", 0)
+		return
+	}
 	h.Set(ReplayedHeader, "true")
 	send(w, h, row.status, row.body)
 }

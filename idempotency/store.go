@@ -97,7 +97,9 @@ func (s *Store) Get(ctx context.Context, q Querier, scope, key string) (Key, err
 		return k, nil
 	}
 	k.Status = int(*status)
-	k.Header = decodeHeaders(headers)
+	if k.Header, err = decodeHeaders(headers); err != nil {
+		return k, fmt.Errorf("idempotency: get key: %w", err)
+	}
 	return k, nil
 }
 

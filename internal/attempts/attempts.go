@@ -17,7 +17,6 @@ package attempts
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -256,13 +255,7 @@ const maxStopReason = 4 << 10
 
 // stopReason makes an error text storable (see internal/pgtext) and cuts
 // it to maxStopReason.
-func stopReason(s string) string {
-	s = pgtext.Clean(s)
-	if len(s) <= maxStopReason {
-		return s
-	}
-	return strings.ToValidUTF8(s[:maxStopReason], "") + "... [truncated]"
-}
+func stopReason(s string) string { return pgtext.Cut(s, maxStopReason) }
 
 // Stop is a partition stopped at a message, as its run recorded it.
 type Stop struct {

@@ -1,0 +1,46 @@
+package idempotency
+
+import (
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/internal/txguard"
+)
+
+// commitCheck is the database's half of "only the server commits a
+// request's transaction" (migration 017): every transaction the server
+// begins opens a row in open_requests, and the server's closing round trip
+// deletes it first, so a COMMIT the handler sent on the bare connection
+// finds the row and is refused. The guard around the handler's pgx.Tx is
+// the other half: it sends no statement that would end the transaction.
+type commitCheck struct {
+	open, close, deferred string
+	guard                 *txguard.CommitCheck
+}
+
+func newCommitCheck(schemaName string) *commitCheck {
+	c := &commitCheck{
+		open:     `SELECT ` + schema.Table(schemaName, "open_request") + `()`,
+		close:    `SELECT ` + schema.Table(schemaName, "close_request") + `()`,
+		deferred: `SET CONSTRAINTS ` + schema.Table(schemaName, "open_requests_closed_at_commit") + ` DEFERRED`,
+	}
+	// Around a handler's SET CONSTRAINTS … IMMEDIATE: the row goes (so the
+	// trigger that statement fires finds nothing), then the trigger is
+	// deferred again and the row is back.
+	c.guard = &txguard.CommitCheck{
+		Lift: c.queueClose,
+		Restore: func(b *pgx.Batch) {
+			b.Queue(c.deferred)
+			c.queueOpen(b)
+		},
+	}
+	return c
+}
+
+// queueOpen adds the opening of the check to b, a transaction's first
+// round trip.
+func (c *commitCheck) queueOpen(b *pgx.Batch) { b.Queue(c.open) }
+
+// queueClose adds its closing to b, the last round trip, before the
+// COMMIT: it fails (KO004) when the transaction is not the one opened.
+func (c *commitCheck) queueClose(b *pgx.Batch) { b.Queue(c.close) }

@@ -1,0 +1,155 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/idempotency"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+)
+
+// With InProgressWait, a duplicate of a phased request whose run is live
+// waits for the run to answer, and replays that answer, as a duplicate
+// of a plain request does.
+func TestADuplicateOfAPhasedRunWaitsForItsAnswer(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	inPhase := make(chan struct{})
+	var calls atomic.Int64
+	_, url := advServe(t, db.Pool, db.Schema, idempotency.Config{InProgressWait: 5 * time.Second}, idempotency.Flow{
+		Name: "slow",
+		Start: func(*http.Request, pgx.Tx, *idempotency.Run) (idempotency.Step, error) {
+			return idempotency.Continue("call", nil), nil
+		},
+		Phases: []idempotency.Phase{{From: "call", External: func(ctx context.Context, run *idempotency.Run) (idempotency.Step, error) {
+			if calls.Add(1) == 1 {
+				close(inPhase)
+			}
+			time.Sleep(500 * time.Millisecond)
+			return idempotency.Respond(http.StatusCreated, nil, []byte(time.Now().Format(time.RFC3339Nano))), nil
+		}}},
+	})
+	first := make(chan string, 1)
+	go func() {
+		resp, body, err := postTo(t, http.DefaultClient, url, "k", `{}`)
+		if err != nil || resp.StatusCode != http.StatusCreated {
+			first <- "failed"
+			return
+		}
+		first <- body
+	}()
+	<-inPhase
+	resp, body, err := postTo(t, http.DefaultClient, url, "k", `{}`)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "the duplicate waited for the run: %s", body)
+	require.Equal(t, "true", resp.Header.Get(idempotency.ReplayedHeader))
+	require.Equal(t, <-first, body, "and replays its answer")
+	require.EqualValues(t, 1, calls.Load())
+}
+
+// A statement_timeout shorter than InProgressWait ends the wait for a
+// key's lock with SQLSTATE 57014: the key is still in progress (409), not
+// a database failure (503).
+func TestALockWaitEndedByStatementTimeoutIsInProgress(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t, func(c *pgxpool.Config) {
+		c.ConnConfig.RuntimeParams["statement_timeout"] = "200"
+	})
+	p := newPaymentsOn(t, db, &idempotency.Config{InProgressWait: 3 * time.Second})
+	started, release := p.holdCalls()
+	first := p.postInBackground("k", "alice", `{"amount":1,"account":"a"}`)
+	<-started
+	resp, body := p.post("k", "alice", `{"amount":1,"account":"a"}`)
+	close(release)
+	require.Equal(t, http.StatusConflict, resp.StatusCode, body)
+	require.NotEmpty(t, resp.Header.Get("Retry-After"))
+	require.Equal(t, http.StatusCreated, (<-first).status)
+}
+
+// A phase error of any bytes (a provider's Latin-1 answer, a NUL) is
+// stored as the run's last error, and its lease ends: the client's retry
+// resumes the run at once.
+func TestAPhaseErrorOfAnyBytesReleasesTheLease(t *testing.T) {
+	t.Parallel()
+	for name, why := range map[string]string{
+		"not UTF-8": "provider said: caf\xe9 \xff\xfe",
+		"a NUL":     "provider said: \x00 nothing",
+		"very long": string(make([]byte, 1<<20)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db := testenv.NewDB(t)
+			var calls atomic.Int64
+			_, url := advServe(t, db.Pool, db.Schema, idempotency.Config{}, idempotency.Flow{
+				Name:  "quoting",
+				Lease: time.Minute,
+				Start: func(*http.Request, pgx.Tx, *idempotency.Run) (idempotency.Step, error) {
+					return idempotency.Continue("call", nil), nil
+				},
+				Phases: []idempotency.Phase{{From: "call", External: func(ctx context.Context, run *idempotency.Run) (idempotency.Step, error) {
+					if calls.Add(1) == 1 {
+						return idempotency.Step{}, errors.New(why)
+					}
+					return idempotency.Respond(http.StatusCreated, nil, []byte("done")), nil
+				}}},
+			})
+			resp, body, err := postTo(t, http.DefaultClient, url, "k", `{}`)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusInternalServerError, resp.StatusCode, body)
+			store, err := idempotency.NewStore(db.Schema)
+			require.NoError(t, err)
+			k, err := store.Get(context.Background(), db.Pool, "alice", "k")
+			require.NoError(t, err)
+			require.NotNil(t, k.Run)
+			require.NotEmpty(t, k.Run.LastError, "the reason is stored")
+			require.False(t, k.Run.LeaseUntil.After(time.Now()), "the lease ended")
+
+			resp, body, err = postTo(t, http.DefaultClient, url, "k", `{}`)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusCreated, resp.StatusCode, "the retry resumed the run at once: %s", body)
+		})
+	}
+}
+
+// A retry that waits for the row's lock (its server is still in an
+// Atomic phase past its lease) and then takes the run over counts its
+// phase's deadline from when its lease started, after the wait: the
+// resumed phase gets the whole lease.
+func TestARunTakenOverAfterALockWaitGetsAWholeLease(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	const lease = 2 * time.Second
+	var calls atomic.Int64
+	resumedWith := make(chan time.Duration, 1)
+	_, url := advServe(t, db.Pool, db.Schema, idempotency.Config{}, idempotency.Flow{
+		Name:  "overrun",
+		Lease: lease,
+		Start: func(*http.Request, pgx.Tx, *idempotency.Run) (idempotency.Step, error) {
+			return idempotency.Continue("a", nil), nil
+		},
+		Phases: []idempotency.Phase{{From: "a", Atomic: func(ctx context.Context, tx pgx.Tx, run *idempotency.Run) (idempotency.Step, error) {
+			if calls.Add(1) == 1 {
+				time.Sleep(lease + 1200*time.Millisecond) // holding the row past the lease
+				return idempotency.Step{}, errors.New("gave up")
+			}
+			deadline, _ := ctx.Deadline()
+			resumedWith <- time.Until(deadline)
+			return idempotency.Respond(http.StatusCreated, nil, []byte("done")), nil
+		}}},
+	})
+	go func() { _, _, _ = postTo(t, http.DefaultClient, url, "k", `{}`) }()
+	time.Sleep(lease + 200*time.Millisecond) // the lease ran out; the row stays locked for a second more
+	resp, body, err := postTo(t, http.DefaultClient, url, "k", `{}`)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
+	left := <-resumedWith
+	require.Greater(t, left, lease*3/4, "the resumed phase had %v of a %v lease", left.Round(10*time.Millisecond), lease)
+}

@@ -59,6 +59,46 @@ type Flow struct {
 	// Phases continue a run, each from the recovery point named by its
 	// From. Two phases may not share a From.
 	Phases []Phase
+
+	// MaxTakes bounds the times a run is taken (by its first request,
+	// then by each resume, a client's retry or the sweep): the take after
+	// it gives the run up instead of resuming it. Defaults to
+	// DefaultMaxTakes.
+	MaxTakes int
+
+	// SweepBackoff is how long the recovery sweep leaves a run alone after
+	// one of its phases failed; it doubles with each take, up to
+	// MaxSweepBackoff. A client's retry resumes the run at once whatever
+	// it says. Defaults to DefaultSweepBackoff.
+	SweepBackoff time.Duration
+
+	// GiveUp, when set, decides the response a run that is given up
+	// completes its key with, in a transaction that commits it: it may
+	// compensate there (mark the payment failed, queue a refund in an
+	// outbox). It must Respond with a status that is stored (below 500,
+	// and not 408, 409, 425 or 429); if it fails, the run stays, and the
+	// next take gives it up again. Without it the key completes with 424
+	// and a problem body that says the request was given up.
+	GiveUp func(ctx context.Context, tx pgx.Tx, run *Run, reason string) (Step, error)
+}
+
+const (
+	// DefaultMaxTakes is a Flow's MaxTakes when it is zero.
+	DefaultMaxTakes = 10
+	// DefaultSweepBackoff is a Flow's SweepBackoff when it is zero.
+	DefaultSweepBackoff = time.Second
+	// MaxSweepBackoff bounds the sweep's wait for one run.
+	MaxSweepBackoff = 10 * time.Minute
+)
+
+// sweepDelay is how long the sweep leaves a run alone after a phase of
+// its take-th take failed.
+func (f *Flow) sweepDelay(taken int) time.Duration {
+	d := f.SweepBackoff
+	for i := 1; i < taken && d < MaxSweepBackoff; i++ {
+		d *= 2
+	}
+	return min(d, MaxSweepBackoff)
 }
 
 // A Phase is one step of a Flow. Exactly one of Atomic and External is set.
@@ -104,6 +144,12 @@ type Run struct {
 	Taken int
 
 	id string // random, the run's own: see DerivedKey
+	// lastError is the last failure of one of the run's phases, as the
+	// take found it.
+	lastError string
+	// giveUp, when set, is why this take gives the run up instead of
+	// resuming it.
+	giveUp string
 }
 
 // DerivedKey is a key for an outside system's idempotency, derived from
@@ -129,6 +175,9 @@ type Step struct {
 	status  int
 	header  http.Header
 	body    []byte
+	// givenUp is why the run was given up, for the response that
+	// completes its key as given up; else nil.
+	givenUp *string
 }
 
 // Continue commits point as the run's recovery point, with state for the
@@ -160,6 +209,12 @@ func (f *Flow) validate() (map[string]Phase, error) {
 	}
 	if f.Lease < time.Second {
 		bad("Lease must be at least 1s (got %v)", f.Lease)
+	}
+	if f.MaxTakes < 1 {
+		bad("MaxTakes must be at least 1 (got %d)", f.MaxTakes)
+	}
+	if f.SweepBackoff <= 0 {
+		bad("SweepBackoff must be positive (got %v)", f.SweepBackoff)
 	}
 	if f.Start == nil {
 		bad("Start must be set: it records the request's intent in the transaction that claims its key")

@@ -373,16 +373,20 @@ func TestAPoolOfOneConnectionDoesNotDeadlock(t *testing.T) {
 	t.Parallel()
 	pp := newPhasedPayments(t)
 	pool := pp.db.PoolVia(t, pp.db.ServerAddr(t), testenv.MaxConns(1))
-	ph, url := pp.serve(t, pool, pp.flow(time.Minute))
+	f := pp.flow(time.Minute)
+	f.SweepBackoff = time.Millisecond
+	ph, url := pp.serve(t, pool, f)
 	c := &http.Client{Timeout: 20 * time.Second}
 	pp.provider.fail.Store(1)
 	resp, body, err := postTo(t, c, url, "k-1", `{"amount":5}`)
 	require.NoError(t, err, "a hang on the one connection")
 	require.Equal(t, http.StatusInternalServerError, resp.StatusCode, body)
 	ctx := testenv.Context(t, 20*time.Second)
-	n, err := ph.Recover(ctx, 10)
-	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	eventually(t, 10*time.Second, func() bool { // after the sweep's backoff
+		n, err := ph.Recover(ctx, 10)
+		require.NoError(t, err)
+		return n == 1
+	}, "the sweep completes the run")
 
 	var wg sync.WaitGroup
 	for range 8 {

@@ -303,7 +303,7 @@ func TestTheRecoverySweepCompletesARunWhoseClientGaveUp(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, k.Run)
 	require.Equal(t, "charge", k.Run.RecoveryPoint)
-	require.Equal(t, 1, k.Run.Taken)
+	require.Equal(t, 1, k.Phased.Taken)
 
 	time.Sleep(lease)
 	counts, err := store.Count(ctx, pp.db.Pool)
@@ -341,7 +341,7 @@ func TestAFailedPhaseIsResumedByTheRetryAtOnce(t *testing.T) {
 	k, err := store.Get(context.Background(), pp.db.Pool, "alice", "k-1")
 	require.NoError(t, err)
 	require.NotNil(t, k.Run)
-	require.Contains(t, k.Run.LastError, "503")
+	require.Contains(t, k.Phased.LastError, "503")
 	require.False(t, k.Run.LeaseUntil.After(time.Now()), "released")
 
 	resp, body, err = postTo(t, http.DefaultClient, url, "k-1", `{"amount":5}`)
@@ -474,11 +474,12 @@ func TestPhasedRejectsBadFlowsNamingTheField(t *testing.T) {
 	s, err := idempotency.New(db.Pool, &idempotency.Config{Schema: db.Schema})
 	require.NoError(t, err)
 	step := func(context.Context, *idempotency.Run) (idempotency.Step, error) { return idempotency.Step{}, nil }
-	_, err = s.Phased(idempotency.Flow{Name: "a b", Lease: time.Millisecond,
+	_, err = s.Phased(idempotency.Flow{Name: "a b", Lease: time.Millisecond, MaxTakes: -1, SweepBackoff: -time.Second,
 		Phases: []idempotency.Phase{{From: "x"}, {From: "x", External: step}, {External: step}}})
 	require.Error(t, err)
 	for _, want := range []string{"Flow.Name", "Flow.Lease", "Flow.Start", "Phases[0] (From \"x\") must set exactly one",
-		"Phases[1]: two phases continue from \"x\"", "Phases[2].From"} {
+		"Phases[1]: two phases continue from \"x\"", "Phases[2].From", "Flow.MaxTakes must be at least 1 (got -1)",
+		"Flow.SweepBackoff must be positive (got -1s)"} {
 		require.ErrorContains(t, err, want)
 	}
 }
@@ -501,5 +502,5 @@ func TestAContinueToAnUnknownPointFails(t *testing.T) {
 	k, err := store.Get(context.Background(), pp.db.Pool, "alice", "k-1")
 	require.NoError(t, err)
 	require.Equal(t, "charge", k.Run.RecoveryPoint)
-	require.Contains(t, k.Run.LastError, `Continue("refund"): no phase of flow "payments" continues from it`)
+	require.Contains(t, k.Phased.LastError, `Continue("refund"): no phase of flow "payments" continues from it`)
 }

@@ -109,7 +109,7 @@ func TestAPhaseErrorOfAnyBytesReleasesTheLease(t *testing.T) {
 			k, err := store.Get(context.Background(), db.Pool, "alice", "k")
 			require.NoError(t, err)
 			require.NotNil(t, k.Run)
-			require.NotEmpty(t, k.Run.LastError, "the reason is stored")
+			require.NotEmpty(t, k.Phased.LastError, "the reason is stored")
 			require.False(t, k.Run.LeaseUntil.After(time.Now()), "the lease ended")
 
 			resp, body, err = postTo(t, http.DefaultClient, url, "k", `{}`)

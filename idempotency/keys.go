@@ -74,11 +74,13 @@ func scanStored(r pgx.Row) (*stored, error) {
 	return &s, nil
 }
 
-func deref(s *string) string {
-	if s == nil {
-		return ""
+// deref is *p, or T's zero value for nil (a NULL column).
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
 	}
-	return *s
+	return *p
 }
 
 // queueClaim adds to b, a transaction's first round trip, the claim of

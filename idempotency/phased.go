@@ -34,6 +34,12 @@ func (s *Server) Phased(f Flow) (*Phased, error) {
 	if f.Lease == 0 {
 		f.Lease = DefaultLease
 	}
+	if f.MaxTakes == 0 {
+		f.MaxTakes = DefaultMaxTakes
+	}
+	if f.SweepBackoff == 0 {
+		f.SweepBackoff = DefaultSweepBackoff
+	}
 	phases, err := f.validate()
 	if err != nil {
 		return nil, err
@@ -124,7 +130,7 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var waited time.Duration
 		var now *stored
 		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(p.flow.Lease.Milliseconds(), 10))
-		s.keys.queueTakeOver(b, k.scope, k.key, token, p.flow.Lease, false, &took, &waited, run)
+		s.keys.queueTakeOver(b, p.flow.Name, k.scope, k.key, token, p.flow.Lease, byRetry, &took, &waited, run)
 		s.keys.queueRead(b, k.scope, k.key, &now)
 		queueCommit(b)
 		sent := time.Now()
@@ -225,8 +231,17 @@ func (p *Phased) respond(w http.ResponseWriter, r *http.Request, res result) {
 // token, whose lease started at leaseStart, until a phase responds or
 // fails, or the lease is lost.
 func (p *Phased) advance(ctx context.Context, run *Run, token string, leaseStart time.Time) result {
+	if run.giveUp == "" && run.Taken > p.flow.MaxTakes {
+		run.giveUp = fmt.Sprintf("taken %d times, more than the flow's MaxTakes (%d)", run.Taken, p.flow.MaxTakes)
+		if run.lastError != "" {
+			run.giveUp += "; its last error: " + run.lastError
+		}
+	}
 	for range maxPhases {
 		ph, ok := p.phases[run.Point]
+		if run.giveUp != "" {
+			ph, ok = p.givingUp(), true
+		}
 		var res result
 		var next Step
 		if !ok {
@@ -253,7 +268,7 @@ func (p *Phased) advance(ctx context.Context, run *Run, token string, leaseStart
 			}
 			rctx := context.WithoutCancel(ctx)
 			err := withConn(rctx, p.s.db, func(c *pgxpool.Conn) error {
-				return p.s.keys.release(rctx, c, run.Scope, run.Key, token, why)
+				return p.s.keys.release(rctx, c, run.Scope, run.Key, token, why, p.flow.sweepDelay(run.Taken))
 			})
 			if err != nil {
 				p.s.log.Warn("idempotency: could not release a run's lease; it is resumed when the lease runs out",
@@ -262,6 +277,11 @@ func (p *Phased) advance(ctx context.Context, run *Run, token string, leaseStart
 			return res
 		}
 		if res.outcome != completed || next.respond {
+			if res.outcome == completed && run.giveUp != "" {
+				p.s.log.Warn("idempotency: a run was given up; its key is complete with the flow's give-up response",
+					slog.String("flow", p.flow.Name), slog.String("point", run.Point), slog.Int("taken", run.Taken),
+					slog.Int("status", next.status), slog.String("reason", run.giveUp))
+			}
 			return res
 		}
 		run.Point, run.State = next.point, next.state
@@ -393,7 +413,7 @@ func (p *Phased) Recover(ctx context.Context, limit int) (int, error) {
 		// moved on since. One whose server is in an Atomic phase is
 		// skipped, not waited for.
 		run := &Run{Scope: sk[0], Key: sk[1]}
-		p.s.keys.queueTakeOver(b, run.Scope, run.Key, token, p.flow.Lease, true, &took, &waited, run)
+		p.s.keys.queueTakeOver(b, p.flow.Name, run.Scope, run.Key, token, p.flow.Lease, bySweep, &took, &waited, run)
 		sent := time.Now()
 		err := withConn(ctx, p.s.db, func(c *pgxpool.Conn) error { return c.SendBatch(ctx, b).Close() })
 		leaseStart := sent.Add(waited)

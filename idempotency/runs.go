@@ -39,6 +39,21 @@ func (k keys) queueBeginRun(b *pgx.Batch, req *keyed, flow string, run *Run, s S
 		token, interval(lease), interval(retention))
 }
 
+// taker is who takes a run over, which decides how the takeover treats a
+// locked row and the sweep's backoff.
+type taker int
+
+const (
+	// byRetry, a client's retry: it waits for a locked row (its server is
+	// in an Atomic phase), and does not wait for the sweep's backoff.
+	byRetry taker = iota
+	// bySweep, the recovery sweep: it skips a locked row, and a run within
+	// its backoff.
+	bySweep
+	// byOperator, Phased.GiveUp: it skips a locked row only.
+	byOperator
+)
+
 // queueTakeOver adds to b the takeover of the key's run if its lease ran
 // out: token holds it for lease from then on. The run's recovery point and
 // state are read into run by the same statement, as the takeover finds
@@ -47,22 +62,24 @@ func (k keys) queueBeginRun(b *pgx.Batch, req *keyed, flow string, run *Run, s S
 // was taken; it is not when its lease is live. *waited is how long the
 // statement ran before the new lease started (its wait for the row's
 // lock): the lease started that long after the statement was sent, or
-// later. With skipLocked, a run whose row is locked (its server is in an
-// Atomic phase) is not waited for, and not taken.
-func (k keys) queueTakeOver(b *pgx.Batch, scope, key, token string, lease time.Duration, skipLocked bool, took *bool, waited *time.Duration, run *Run) {
-	lock := "FOR UPDATE"
-	if skipLocked {
+// later.
+func (k keys) queueTakeOver(b *pgx.Batch, flow, scope, key, token string, lease time.Duration, by taker, took *bool, waited *time.Duration, run *Run) {
+	cond, lock := "", "FOR UPDATE"
+	if by != byRetry {
 		lock += " SKIP LOCKED"
+	}
+	if by == bySweep {
+		cond = "AND (sweep_after IS NULL OR sweep_after <= clock_timestamp())"
 	}
 	b.Queue(`UPDATE `+k.table+` SET lease_token = $3, lease_until = clock_timestamp() + $4::interval, taken = taken + 1
 		WHERE (scope, idem_key) = (SELECT scope, idem_key FROM `+k.table+`
-			WHERE scope = $1 AND idem_key = $2 AND status IS NULL AND lease_until <= clock_timestamp() `+lock+`)
-		RETURNING method, route, run_id, recovery_point, state, taken,
+			WHERE scope = $1 AND idem_key = $2 AND flow = $5 AND status IS NULL AND lease_until <= clock_timestamp() `+cond+` `+lock+`)
+		RETURNING method, route, run_id, recovery_point, state, taken, coalesce(last_error, ''),
 			extract(epoch FROM clock_timestamp() - statement_timestamp())::float8`,
-		scope, key, token, interval(lease)).
+		scope, key, token, interval(lease), flow).
 		QueryRow(func(r pgx.Row) error {
 			var w float64
-			err := r.Scan(&run.Method, &run.Route, &run.id, &run.Point, &run.State, &run.Taken, &w)
+			err := r.Scan(&run.Method, &run.Route, &run.id, &run.Point, &run.State, &run.Taken, &run.lastError, &w)
 			*took = err == nil
 			*waited = max(0, seconds(w))
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -112,11 +129,12 @@ func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Se
 func (k keys) stepSQL(scope, key, token string, s Step, secret []string, lease, retention time.Duration) (string, []any) {
 	if s.respond {
 		return `UPDATE ` + k.table + ` SET status = $4, headers = $5, body = $6, expires_at = clock_timestamp() + $7::interval,
-				recovery_point = NULL, state = NULL, lease_token = NULL, lease_until = NULL, last_error = NULL
+				recovery_point = NULL, state = NULL, lease_token = NULL, lease_until = NULL, sweep_after = NULL,
+				given_up_at = CASE WHEN $8::text IS NULL THEN NULL ELSE clock_timestamp() END, give_up_reason = $8
 			WHERE scope = $1 AND idem_key = $2 AND status IS NULL AND lease_token = $3`,
-			[]any{scope, key, token, s.status, encodeHeaders(s.header, secret), nonNil(s.body), interval(retention)}
+			[]any{scope, key, token, s.status, encodeHeaders(s.header, secret), nonNil(s.body), interval(retention), s.givenUp}
 	}
-	return `UPDATE ` + k.table + ` SET recovery_point = $4, state = $5, lease_until = clock_timestamp() + $6::interval, last_error = NULL
+	return `UPDATE ` + k.table + ` SET recovery_point = $4, state = $5, lease_until = clock_timestamp() + $6::interval, sweep_after = NULL
 		WHERE scope = $1 AND idem_key = $2 AND status IS NULL AND lease_token = $3`,
 		[]any{scope, key, token, s.point, s.state, interval(lease)}
 }
@@ -128,9 +146,12 @@ const maxLastError = 4 << 10
 // lease ends now, so the client's retry resumes it at once. why quotes
 // whatever the phase's error said (a provider's answer in any encoding):
 // it is made storable, so that the lease ends whatever the text.
-func (k keys) release(ctx context.Context, q Querier, scope, key, token, why string) error {
-	_, err := q.Exec(ctx, `UPDATE `+k.table+` SET lease_until = clock_timestamp(), last_error = $4
-		WHERE scope = $1 AND idem_key = $2 AND status IS NULL AND lease_token = $3`, scope, key, token, pgtext.Cut(why, maxLastError))
+//
+// The sweep leaves the run alone for sweepAfter.
+func (k keys) release(ctx context.Context, q Querier, scope, key, token, why string, sweepAfter time.Duration) error {
+	_, err := q.Exec(ctx, `UPDATE `+k.table+` SET lease_until = clock_timestamp(), last_error = $4, last_error_at = clock_timestamp(),
+			sweep_after = clock_timestamp() + $5::interval
+		WHERE scope = $1 AND idem_key = $2 AND status IS NULL AND lease_token = $3`, scope, key, token, pgtext.Cut(why, maxLastError), interval(sweepAfter))
 	return err
 }
 
@@ -138,7 +159,9 @@ func (k keys) release(ctx context.Context, q Querier, scope, key, token, why str
 // ran out.
 func (k keys) stalled(ctx context.Context, q Querier, flow string, limit int) ([][2]string, error) {
 	rows, err := q.Query(ctx, `SELECT scope, idem_key FROM `+k.table+`
-		WHERE flow = $1 AND status IS NULL AND lease_until <= clock_timestamp() ORDER BY lease_until LIMIT $2`, flow, limit)
+		WHERE flow = $1 AND status IS NULL AND lease_until <= clock_timestamp()
+			AND (sweep_after IS NULL OR sweep_after <= clock_timestamp())
+		ORDER BY lease_until LIMIT $2`, flow, limit)
 	if err != nil {
 		return nil, err
 	}

@@ -52,21 +52,52 @@ type Key struct {
 	Body      []byte
 	CreatedAt time.Time
 	ExpiresAt time.Time
-	// Run is a phased request's run in progress, else nil.
+	// Run is where a phased request's run stands while it is in
+	// progress, else nil.
 	Run *RunInProgress
+	// Phased is the history of a phased request's run, in progress or
+	// complete; nil for a key of a plain handler.
+	Phased *RunHistory
 }
 
 // RunInProgress is where a phased request's run stands (see Flow).
 type RunInProgress struct {
-	// Flow names the Flow; RecoveryPoint is the phase a resume continues
-	// from.
-	Flow, RecoveryPoint string
+	// RecoveryPoint is the phase a resume continues from.
+	RecoveryPoint string
 	// LeaseUntil is when a retry or the sweep may take the run over.
 	LeaseUntil time.Time
-	// Taken counts the servers that ran it: 1, plus one per resume.
+	// SweepAfter is when the recovery sweep may take it over, after a
+	// failed phase (zero: as soon as the lease runs out).
+	SweepAfter time.Time
+}
+
+// RunHistory is what a phased request's run went through.
+type RunHistory struct {
+	// Flow names the Flow.
+	Flow string
+	// RunID is the run's own id, from which Run.DerivedKey derives
+	// (DerivedKey below gives the same keys).
+	RunID string
+	// Taken counts the times the run was taken: 1 by its first request,
+	// one more at each resume.
 	Taken int
-	// LastError is why its last phase failed, if it did.
-	LastError string
+	// LastError is the last failure of one of its phases, if any, and
+	// LastErrorAt when it was recorded.
+	LastError   string
+	LastErrorAt time.Time
+	// GivenUpAt is when the run was given up, and GiveUpReason why; zero
+	// for a run that completed or is in progress.
+	GivenUpAt    time.Time
+	GiveUpReason string
+
+	scope, key string
+}
+
+// DerivedKey is the key the run's phases got from Run.DerivedKey for
+// purpose: what to look the run's calls up by at a provider.
+func (h *RunHistory) DerivedKey(purpose string) string {
+	r := Run{Scope: h.scope, Key: h.key, id: h.RunID}
+	return r.DerivedKey(purpose)
 }
 
 // Get returns the stored key, or ErrNotFound. An expired key is returned
@@ -75,25 +106,27 @@ func (s *Store) Get(ctx context.Context, q Querier, scope, key string) (Key, err
 	k := Key{Scope: scope, Key: key}
 	var headers []byte
 	var status *int32
-	var flow, point, lastError *string
-	var leaseUntil *time.Time
+	var flow, runID, point, lastError, giveUpReason *string
+	var leaseUntil, sweepAfter, lastErrorAt, givenUpAt *time.Time
 	var taken int
 	err := q.QueryRow(ctx, `SELECT method, route, fingerprint, status, headers, body, created_at, expires_at,
-			flow, recovery_point, lease_until, taken, last_error
+			flow, run_id, recovery_point, lease_until, sweep_after, taken, last_error, last_error_at, given_up_at, give_up_reason
 		FROM `+s.keys.table+` WHERE scope = $1 AND idem_key = $2`, scope, key).
 		Scan(&k.Method, &k.Route, &k.Fingerprint, &status, &headers, &k.Body, &k.CreatedAt, &k.ExpiresAt,
-			&flow, &point, &leaseUntil, &taken, &lastError)
+			&flow, &runID, &point, &leaseUntil, &sweepAfter, &taken, &lastError, &lastErrorAt, &givenUpAt, &giveUpReason)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Key{}, ErrNotFound
 	}
 	if err != nil {
 		return Key{}, fmt.Errorf("idempotency: get key: %w", err)
 	}
+	if flow != nil {
+		k.Phased = &RunHistory{Flow: *flow, RunID: deref(runID), Taken: taken, LastError: deref(lastError),
+			LastErrorAt: deref(lastErrorAt), GivenUpAt: deref(givenUpAt), GiveUpReason: deref(giveUpReason),
+			scope: scope, key: key}
+	}
 	if status == nil {
-		k.Run = &RunInProgress{Flow: deref(flow), RecoveryPoint: deref(point), Taken: taken, LastError: deref(lastError)}
-		if leaseUntil != nil {
-			k.Run.LeaseUntil = *leaseUntil
-		}
+		k.Run = &RunInProgress{RecoveryPoint: deref(point), LeaseUntil: deref(leaseUntil), SweepAfter: deref(sweepAfter)}
 		return k, nil
 	}
 	k.Status = int(*status)
@@ -111,6 +144,8 @@ type Counts struct {
 	// Running counts phased requests' runs in progress; Stalled those of
 	// them whose lease ran out, waiting for a retry or the recovery sweep.
 	Running, Stalled int64
+	// GivenUp counts the completed keys whose run was given up.
+	GivenUp int64
 }
 
 // Count counts the keys.
@@ -119,8 +154,9 @@ func (s *Store) Count(ctx context.Context, q Querier) (Counts, error) {
 	err := q.QueryRow(ctx, `SELECT count(*),
 			count(*) FILTER (WHERE status IS NOT NULL AND expires_at <= clock_timestamp()),
 			count(*) FILTER (WHERE status IS NULL),
-			count(*) FILTER (WHERE status IS NULL AND lease_until <= clock_timestamp())
-		FROM `+s.keys.table).Scan(&c.Total, &c.Expired, &c.Running, &c.Stalled)
+			count(*) FILTER (WHERE status IS NULL AND lease_until <= clock_timestamp()),
+			count(*) FILTER (WHERE given_up_at IS NOT NULL)
+		FROM `+s.keys.table).Scan(&c.Total, &c.Expired, &c.Running, &c.Stalled, &c.GivenUp)
 	if err != nil {
 		return Counts{}, fmt.Errorf("idempotency: count keys: %w", err)
 	}

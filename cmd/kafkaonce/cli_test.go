@@ -419,6 +419,12 @@ func TestKeysGetStatusAndPrune(t *testing.T) {
 			lease_token, lease_until, taken, last_error, expires_at)
 		VALUES ('alice', 'pay-2', 'POST', '/v1/payments', '\xab', 'payments', 'r', 'charge', 't', now() - interval '1 minute', 2,
 			'provider: 503', now() - interval '1 day')`)
+	// A run given up after its provider kept failing: complete, with its
+	// history.
+	w.db.Exec(t, `INSERT INTO `+keys+` (scope, idem_key, method, route, fingerprint, status, headers, body, flow, run_id,
+			taken, last_error, last_error_at, given_up_at, give_up_reason, expires_at)
+		VALUES ('alice', 'pay-3', 'POST', '/v1/payments', '\xab', 424, '\x01', '{}', 'payments', 'r3', 11,
+			'provider: 503', '2026-01-02T03:04:05Z', '2026-01-02T03:05:00Z', 'taken 11 times, more than the flow''s MaxTakes (10)', now() + interval '1 day')`)
 
 	out, errOut, code := w.cli("keys", "get", "--scope", "alice", "pay-1")
 	require.Equal(t, 0, code, errOut)
@@ -428,16 +434,24 @@ func TestKeysGetStatusAndPrune(t *testing.T) {
 	require.Contains(t, out, `body:     "{\"id\":7}"`)
 	out, errOut, code = w.cli("keys", "get", "--scope", "alice", "pay-2")
 	require.Equal(t, 0, code, errOut)
-	require.Contains(t, out, "in progress: flow payments, at recovery point charge, taken 2 time(s)")
+	require.Contains(t, out, "phased:   flow payments, run r, taken 2 time(s)")
+	require.Contains(t, out, "in progress: at recovery point charge")
 	require.Contains(t, out, "lease:    ran out at")
 	require.Contains(t, out, "last error: provider: 503")
+	out, errOut, code = w.cli("keys", "get", "--scope", "alice", "--derive", "charge", "pay-3")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "phased:   flow payments, run r3, taken 11 time(s)")
+	require.Regexp(t, `derived key "charge": [0-9a-f]{64}\n`, out)
+	require.Contains(t, out, "last error at 2026-01-02T03:04:05Z: provider: 503")
+	require.Contains(t, out, "given up: 2026-01-02T03:05:00Z: taken 11 times, more than the flow's MaxTakes (10)")
+	require.Contains(t, out, "status:   424")
 	_, errOut, code = w.cli("keys", "get", "pay-1")
 	require.NotEqual(t, 0, code)
 	require.Contains(t, errOut, "pass --scope", "keys are per scope, and the error says so")
 
 	out, errOut, code = w.cli("status", "--consumer", w.name)
 	require.Equal(t, 0, code, errOut)
-	require.Contains(t, out, "idempotency keys (HTTP, whole schema): 3 (1 expired, 1 phased runs in progress, 1 of them stalled)")
+	require.Contains(t, out, "idempotency keys (HTTP, whole schema): 4 (1 expired, 1 phased runs in progress, 1 of them stalled, 1 given up)")
 
 	out, errOut, code = w.cli("prune", "--dry-run")
 	require.Equal(t, 0, code, errOut)
@@ -451,7 +465,7 @@ func TestKeysGetStatusAndPrune(t *testing.T) {
 	out, errOut, code = w.cli("keys", "prune")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "deleted 1 expired idempotency keys")
-	require.EqualValues(t, 2, w.db.Int(t, `SELECT count(*) FROM `+keys), "the live key and the run are kept")
+	require.EqualValues(t, 3, w.db.Int(t, `SELECT count(*) FROM `+keys), "the live keys and the run are kept")
 }
 
 // waitForLockWait returns once a statement on the schema's table waits for

@@ -30,6 +30,7 @@ func keysCmd(s *settings) *cobra.Command {
 
 func keysGetCmd(s *settings) *cobra.Command {
 	var scope string
+	var derive []string
 	cmd := &cobra.Command{
 		Use:   "get KEY",
 		Short: "Show a stored key: the request it completed and the response a retry gets",
@@ -52,15 +53,31 @@ func keysGetCmd(s *settings) *cobra.Command {
 				fmt.Fprintf(w, "key %s in scope %s\n", k.Key, orDash(k.Scope))
 				fmt.Fprintf(w, "request:  %s %s (fingerprint %x)\n", k.Method, k.Route, k.Fingerprint)
 				fmt.Fprintf(w, "created:  %s\n", k.CreatedAt.UTC().Format(time.RFC3339))
+				if h := k.Phased; h != nil {
+					fmt.Fprintf(w, "phased:   flow %s, run %s, taken %d time(s)\n", h.Flow, h.RunID, h.Taken)
+					for _, purpose := range derive {
+						fmt.Fprintf(w, "derived key %q: %s\n", purpose, h.DerivedKey(purpose))
+					}
+					if h.LastError != "" {
+						at := ""
+						if !h.LastErrorAt.IsZero() {
+							at = " at " + h.LastErrorAt.UTC().Format(time.RFC3339)
+						}
+						fmt.Fprintf(w, "last error%s: %s\n", at, h.LastError)
+					}
+					if !h.GivenUpAt.IsZero() {
+						fmt.Fprintf(w, "given up: %s: %s\n", h.GivenUpAt.UTC().Format(time.RFC3339), h.GiveUpReason)
+					}
+				}
 				if r := k.Run; r != nil {
-					fmt.Fprintf(w, "in progress: flow %s, at recovery point %s, taken %d time(s)\n", r.Flow, r.RecoveryPoint, r.Taken)
+					fmt.Fprintf(w, "in progress: at recovery point %s\n", r.RecoveryPoint)
 					lease := "held until"
 					if !r.LeaseUntil.After(time.Now()) {
 						lease = "ran out at"
 					}
 					fmt.Fprintf(w, "lease:    %s %s (after it a retry or the flow's recovery sweep resumes the run)\n", lease, r.LeaseUntil.UTC().Format(time.RFC3339))
-					if r.LastError != "" {
-						fmt.Fprintf(w, "last error: %s\n", r.LastError)
+					if r.SweepAfter.After(time.Now()) {
+						fmt.Fprintf(w, "sweep:    not before %s (backing off after a failed phase; a retry resumes at once)\n", r.SweepAfter.UTC().Format(time.RFC3339))
 					}
 					return
 				}
@@ -85,6 +102,7 @@ func keysGetCmd(s *settings) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&scope, "scope", "", "the key's scope (what Config.Scope gave: a client, an account)")
+	cmd.Flags().StringSliceVar(&derive, "derive", nil, "for a phased run, print Run.DerivedKey of these purposes (say charge): the keys its calls sent to a provider")
 	return cmd
 }
 

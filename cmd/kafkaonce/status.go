@@ -291,6 +291,7 @@ type keyCounts struct {
 	Expired int64 `json:"expired"`
 	Running int64 `json:"running"`
 	Stalled int64 `json:"stalled"`
+	GivenUp int64 `json:"given_up"`
 }
 
 func printStatus(w io.Writer, r statusReport) {
@@ -302,8 +303,8 @@ func printStatus(w io.Writer, r statusReport) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "dead letters: %d (%d open: neither redriven nor settled)\n", r.DeadLetters, r.Pending)
 	fmt.Fprintf(w, "suspect duplicates recorded: %d\n", r.Suspects)
-	fmt.Fprintf(w, "idempotency keys (HTTP, whole schema): %d (%d expired, %d phased runs in progress, %d of them stalled)\n",
-		r.Keys.Total, r.Keys.Expired, r.Keys.Running, r.Keys.Stalled)
+	fmt.Fprintf(w, "idempotency keys (HTTP, whole schema): %d (%d expired, %d phased runs in progress, %d of them stalled, %d given up)\n",
+		r.Keys.Total, r.Keys.Expired, r.Keys.Running, r.Keys.Stalled, r.Keys.GivenUp)
 	printRecorded(w, r)
 	for _, sp := range r.Recent {
 		fmt.Fprintf(w, "  %s/%d/%d %q looks like %q at offset %d\n", sp.Topic, sp.Partition, sp.Offset, sp.MessageID, sp.FirstMessageID, sp.FirstOffset)

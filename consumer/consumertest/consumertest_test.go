@@ -87,8 +87,12 @@ func TestHandleReportsAnUnusableTransaction(t *testing.T) {
 		h    consumer.HandlerFunc
 		want []error
 	}{
-		"ends it with a statement": {func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
+		"sends a statement that would end it": {func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
 			_, err := tx.Exec(ctx, `COMMIT`)
+			return err
+		}, []error{consumer.ErrTxControlledByConsumer}},
+		"ends it on the bare connection": {func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
+			_, err := tx.Conn().Exec(ctx, `ROLLBACK`)
 			return err
 		}, []error{consumer.ErrTxEnded, consumer.ErrTxControlledByConsumer}},
 		"leaves rows open": {func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {

@@ -337,7 +337,7 @@ func rollBackOnce(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*c
 		if hung != nil {
 			tb.Fatalf("consumertest: the handler of message %q (%s) hung in an attempt that was to be rolled back: %v", m.ID, m.Position(), hung)
 		}
-		if errors.Is(herr, consumer.ErrTxEnded) {
+		if errors.Is(herr, consumer.ErrTxControlledByConsumer) {
 			// Its writes may have been committed by the statement: they
 			// would be reported below as written outside the transaction.
 			tb.Fatalf("consumertest: the handler of message %q (%s) ended its transaction with a COMMIT or ROLLBACK statement (%v); the consumer sets such a message aside: leave ending tx to the consumer", m.ID, m.Position(), herr)

@@ -121,8 +121,9 @@ var (
 	ErrTxAborted = usercall.ErrTxAborted
 
 	// ErrTxEnded: the handler ended the consumer's transaction with a
-	// COMMIT or ROLLBACK statement (through tx.Exec, or queued with
-	// Batch.Queue), which the guard around tx cannot refuse. Postgres
+	// COMMIT or ROLLBACK statement sent on the bare connection
+	// (tx.Conn()), which the guard around tx cannot see; through tx, or
+	// queued, such a statement is refused (ErrTxControlledByConsumer). Postgres
 	// refuses such a COMMIT for the consumer (the transaction rolls back:
 	// nothing of the batch becomes durable early), and the message is set
 	// aside as for ErrTxControlledByConsumer, which it matches too.

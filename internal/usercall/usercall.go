@@ -46,8 +46,8 @@ var (
 	// transaction had failed, so the transaction could not commit.
 	ErrTxAborted = errors.New("the handler returned nil but its transaction is aborted: a SQL error was ignored")
 	// ErrTxEnded: the handler ended its transaction with a COMMIT or
-	// ROLLBACK statement (the guard refuses only tx.Commit and
-	// tx.Rollback). It wraps txguard.ErrTxControlled.
+	// ROLLBACK statement on the bare connection (tx.Conn()), which the
+	// guard cannot see. It wraps txguard.ErrTxControlled.
 	ErrTxEnded = fmt.Errorf("%w: it ended the transaction with a COMMIT or ROLLBACK statement", txguard.ErrTxControlled)
 	// ErrRowsLeftOpen: the handler returned with the rows of a query
 	// still open (rows.Close was not called, or the rows were not read to

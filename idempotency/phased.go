@@ -99,8 +99,7 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		case stillInProgress(ctx, err) || err == nil && !got:
 			t.end(ctx)
-			problem(w, http.StatusConflict, "Request in progress",
-				"a request with this key is still running: retry after a while with the same key to get its response", s.cfg.RetryAfter)
+			answerInProgress(w, s.cfg.RetryAfter)
 			return
 		case err != nil:
 			t.end(ctx)

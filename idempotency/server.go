@@ -198,8 +198,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 		return
 	case k != nil && (stillInProgress(ctx, err) || err == nil && !got):
 		t.end(ctx)
-		problem(w, http.StatusConflict, "Request in progress",
-			"a request with this key is still running: retry after a while with the same key to get its response", s.cfg.RetryAfter)
+		answerInProgress(w, s.cfg.RetryAfter)
 		return
 	case err != nil:
 		t.end(ctx)
@@ -381,8 +380,7 @@ func (s *Server) answerRunning(w http.ResponseWriter, k *keyed, row *stored) {
 	if s.refuseOther(w, k, row) {
 		return
 	}
-	problem(w, http.StatusConflict, "Request in progress",
-		"a request with this key is still running: retry after a while with the same key to get its response", max(s.cfg.RetryAfter, row.run.leaseLeft))
+	answerInProgress(w, max(s.cfg.RetryAfter, row.run.leaseLeft))
 }
 
 // refuseOther answers 422 when row's key was used for a different request

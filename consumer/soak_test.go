@@ -441,8 +441,8 @@ func crowd(t *testing.T, e *env, group string, extra int, startMember func() *ru
 		if n := assignments(); n != last {
 			last, since = n, time.Now()
 		}
-		state, err := e.kafka.GroupState(group)
-		return err == nil && state == "Stable" && time.Since(since) > 2*time.Second
+		state, held, err := e.kafka.GroupAssignment(group, e.topic)
+		return err == nil && state == "Stable" && held == e.parts && time.Since(since) > 2*time.Second
 	})
 	counting.Store(true)
 	time.Sleep(4 * time.Second)

@@ -139,22 +139,46 @@ func (k *Kafka) CommittedOffsets(tb testing.TB, group, topic string, partitions 
 // ("Stable", "PreparingRebalance", "CompletingRebalance", "Empty", "Dead"),
 // or the error that kept it from answering.
 func (k *Kafka) GroupState(group string) (string, error) {
+	g, err := k.describeGroup(group)
+	return g.State, err
+}
+
+// GroupAssignment returns the group's state and how many partitions of
+// topic its members hold, as the coordinator reports them. A cooperative
+// handover takes two rebalances, and between them the group is Stable with
+// the moving partitions held by no member: only both together say that the
+// group has settled.
+func (k *Kafka) GroupAssignment(group, topic string) (state string, assigned int, err error) {
+	g, err := k.describeGroup(group)
+	for _, m := range g.Members {
+		if c, ok := m.Assigned.AsConsumer(); ok {
+			for _, t := range c.Topics {
+				if t.Topic == topic {
+					assigned += len(t.Partitions)
+				}
+			}
+		}
+	}
+	return g.State, assigned, err
+}
+
+func (k *Kafka) describeGroup(group string) (kadm.DescribedGroup, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
 	if err != nil {
-		return "", err
+		return kadm.DescribedGroup{}, err
 	}
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	resp, err := kadm.NewClient(cl).DescribeGroups(ctx, group)
 	if err != nil {
-		return "", err
+		return kadm.DescribedGroup{}, err
 	}
 	g, ok := resp[group]
 	if !ok {
-		return "", fmt.Errorf("testenv: describe group %s: no answer for the group", group)
+		return kadm.DescribedGroup{}, fmt.Errorf("testenv: describe group %s: no answer for the group", group)
 	}
-	return g.State, g.Err
+	return g, g.Err
 }
 
 // CommitGroupOffsets sets a group's committed offsets the way an operator's

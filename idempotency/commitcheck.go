@@ -1,7 +1,11 @@
 package idempotency
 
 import (
+	"errors"
+	"strings"
+
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/internal/txguard"
@@ -44,3 +48,20 @@ func (c *commitCheck) queueOpen(b *pgx.Batch) { b.Queue(c.open) }
 // queueClose adds its closing to b, the last round trip, before the
 // COMMIT: it fails (KO004) when the transaction is not the one opened.
 func (c *commitCheck) queueClose(b *pgx.Batch) { b.Queue(c.close) }
+
+// requestNotOpen is the SQLSTATE the check raises: at close, when the
+// transaction is not the one the server opened; at COMMIT, when a COMMIT
+// the handler sent finds the row still there.
+const requestNotOpen = "KO004"
+
+// handlersFault reports whether err, from the closing round trip, is the
+// handler's doing rather than the database's: requestNotOpen (the handler
+// ended the server's transaction on the bare connection and began another,
+// ROLLBACK AND CHAIN say), or an integrity constraint (class 23) its
+// tables deferred to COMMIT. A retry meets either again, so neither is
+// answered "try again": both are the request's failure, like an error the
+// handler returned.
+func handlersFault(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && (pg.Code == requestNotOpen || strings.HasPrefix(pg.Code, "23"))
+}

@@ -355,6 +355,41 @@ func TestAFailedPhaseIsResumedByTheRetryAtOnce(t *testing.T) {
 	require.Equal(t, http.StatusCreated, k.Status)
 }
 
+// An Atomic phase whose transaction is refused at COMMIT, by a constraint
+// of its tables deferred there, failed (500), like a phase that returned
+// the error: the run stays at its recovery point with the error in its
+// history and its lease released, and the retry resumes it there, with no
+// second charge.
+func TestAnAtomicPhaseRefusedAtCommitFailsAndIsResumed(t *testing.T) {
+	t.Parallel()
+	pp := newPhasedPayments(t)
+	pp.db.Exec(t, `ALTER TABLE `+pp.table+` ADD CONSTRAINT one_per_charge UNIQUE (charge) DEFERRABLE INITIALLY DEFERRED`)
+	pp.db.Exec(t, `INSERT INTO `+pp.table+` (amount, state, charge) VALUES (1, 'imported', 'ch_1')`)
+	_, url := pp.serve(t, pp.db.Pool, pp.flow(time.Minute))
+
+	resp, body, err := postTo(t, http.DefaultClient, url, "k-1", `{"amount":5}`)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusInternalServerError, resp.StatusCode, body)
+	require.Contains(t, body, "failed part way")
+	require.Equal(t, []string{"imported ch_1", "pending -"}, pp.payments(t))
+	store, err := idempotency.NewStore(pp.db.Schema)
+	require.NoError(t, err)
+	k, err := store.Get(context.Background(), pp.db.Pool, "alice", "k-1")
+	require.NoError(t, err)
+	require.NotNil(t, k.Run)
+	require.Equal(t, "record", k.Run.RecoveryPoint)
+	require.Contains(t, k.Phased.LastError, "refused at COMMIT")
+	require.Contains(t, k.Phased.LastError, "23505")
+	require.False(t, k.Run.LeaseUntil.After(time.Now()), "released")
+
+	pp.db.Exec(t, `DELETE FROM `+pp.table+` WHERE state = 'imported'`)
+	resp, body, err = postTo(t, http.DefaultClient, url, "k-1", `{"amount":5}`)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
+	require.Equal(t, []string{"charged ch_1"}, pp.payments(t))
+	require.Equal(t, 1, pp.provider.madeCharges())
+}
+
 // Fifty identical requests at once: one run, one charge; every other one
 // is told to retry (409) or gets the stored response.
 func TestFiftyIdenticalPhasedRequestsChargeOnce(t *testing.T) {

@@ -169,7 +169,7 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		t.end(ctx)
 		s.log.Error("idempotency: a flow's Start failed; its transaction was rolled back and its key is free again",
 			slog.String("flow", p.flow.Name), slog.String("error", err.Error()))
-		problem(w, http.StatusInternalServerError, "Request failed", "the request failed and changed nothing: retry it with the same key", 0)
+		requestFailed(w)
 		return
 	}
 	if step.respond && !storable(step.status) {
@@ -193,7 +193,7 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t.end(ctx)
 	switch {
 	case err != nil:
-		s.unavailable(w, r, "commit", err)
+		s.commitFailed(w, r, "Start", err)
 	case step.respond:
 		send(w, step.header, step.status, step.body)
 	default:
@@ -332,7 +332,10 @@ func (p *Phased) atomic(ctx, phaseCtx context.Context, ph Phase, run *Run, token
 	lease = time.Now()
 	err = conn.SendBatch(ctx, b).Close()
 	t.committed = err == nil
-	if err != nil {
+	switch {
+	case handlersFault(err):
+		return next, lease, result{outcome: failed, err: fmt.Errorf("the phase's transaction was refused at COMMIT: %w", err)}
+	case err != nil:
 		return next, lease, result{outcome: unreachable, err: err}
 	}
 	return next, lease, result{outcome: completed, step: next}

@@ -210,7 +210,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 		t.end(ctx)
 		s.log.Error("idempotency: the handler failed; its transaction was rolled back and its key is free again",
 			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("error", err.Error()))
-		problem(w, http.StatusInternalServerError, "Request failed", "the request failed and changed nothing: retry it with the same key", 0)
+		requestFailed(w)
 		return
 	}
 	status := rec.code()
@@ -239,7 +239,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 		// Not committed, or (a lost reply) maybe committed: either way a
 		// retry with the key finds out, and gets the response or runs
 		// afresh.
-		s.unavailable(w, r, "commit", err)
+		s.commitFailed(w, r, "handler", err)
 		return
 	}
 	send(w, rec.header, status, rec.body.Bytes())
@@ -393,6 +393,25 @@ func (s *Server) refuseOther(w http.ResponseWriter, k *keyed, row *stored) bool 
 		fmt.Sprintf("this key was used for a different request (%s %s, created %s): make a new key for each operation; a retry must repeat its request exactly",
 			row.method, row.route, row.createdAt.UTC().Format("2006-01-02T15:04:05Z")), 0)
 	return true
+}
+
+// commitFailed answers a request whose closing round trip failed: 500
+// when the handler, user code named who, caused it (see handlersFault),
+// else 503 (see unavailable). Either way nothing was kept.
+func (s *Server) commitFailed(w http.ResponseWriter, r *http.Request, who string, err error) {
+	if !handlersFault(err) {
+		s.unavailable(w, r, "commit", err)
+		return
+	}
+	s.log.Error("idempotency: the COMMIT of a request's transaction was refused because of what its user code did; it was rolled back and its key is free again",
+		slog.String("code", who), slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("error", err.Error()))
+	requestFailed(w)
+}
+
+// requestFailed answers a request whose user code failed it: its
+// transaction was rolled back, so the key is free for the retry.
+func requestFailed(w http.ResponseWriter) {
+	problem(w, http.StatusInternalServerError, "Request failed", "the request failed and changed nothing: retry it with the same key", 0)
 }
 
 // unavailable answers a request the database failed: nothing was kept (or,

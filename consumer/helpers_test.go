@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -327,12 +327,21 @@ func (r *recorder) stoppedWith(target error) bool {
 	return false
 }
 
-// testLogger writes to the test log when -v is given, else discards.
+// testLogger writes to the test log when -v is given and
+// KAFKAONCE_TEST_LOG is set. Otherwise it keeps the last lines at INFO and
+// above, and prints them if the test fails: a failure in CI comes with
+// what the consumer said before it.
 func testLogger(t testing.TB) *slog.Logger {
 	if testing.Verbose() && os.Getenv("KAFKAONCE_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
+	tail := &logTail{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the consumer's last log lines:\n%s", tail.String())
+		}
+	})
+	return slog.New(slog.NewTextHandler(tail, nil))
 }
 
 type testWriter struct{ t testing.TB }
@@ -340,6 +349,31 @@ type testWriter struct{ t testing.TB }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(string(p))
 	return len(p), nil
+}
+
+// logTail keeps the last lines written to it; it may be written after
+// the test ended, by a goroutine still stopping, when t.Log may not.
+type logTail struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+const logTailLines = 200
+
+func (l *logTail) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.lines) == logTailLines {
+		l.lines = append(l.lines[:0], l.lines[1:]...)
+	}
+	l.lines = append(l.lines, string(p))
+	return len(p), nil
+}
+
+func (l *logTail) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "")
 }
 
 // Names of the two ways bothWays runs a test.

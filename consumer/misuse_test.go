@@ -36,6 +36,9 @@ func TestAHandlerEndingItsTransactionWithAStatementIsSetAside(t *testing.T) {
 		// queued: a BatchHandler queueing the statement after x-2's
 		// effect; a queued division by zero for x-4 when then is "later".
 		queued, claimFirst bool
+		// rewritten: the text sent is "SELECT 1", and a QueryRewriter
+		// among its arguments (as pgx.NamedArgs is) makes it stmt.
+		rewritten bool
 	}{
 		{name: "ROLLBACK through tx", stmt: "ROLLBACK"},
 		{name: "COMMIT through tx", stmt: "COMMIT"},
@@ -46,6 +49,8 @@ func TestAHandlerEndingItsTransactionWithAStatementIsSetAside(t *testing.T) {
 		{name: "ROLLBACK queued, one round trip", stmt: "ROLLBACK", queued: true},
 		{name: "COMMIT queued, one round trip", stmt: "COMMIT", queued: true},
 		{name: "COMMIT queued, ClaimFirst", stmt: "COMMIT", queued: true, claimFirst: true},
+		{name: "COMMIT by a rewriter through tx", stmt: "COMMIT", rewritten: true},
+		{name: "COMMIT by a rewriter, queued", stmt: "COMMIT", queued: true, rewritten: true},
 		{name: "COMMIT queued, then a failing queued statement, one round trip", stmt: "COMMIT", queued: true, then: "later"},
 		{name: "COMMIT queued, then a failing queued statement, ClaimFirst", stmt: "COMMIT", queued: true, claimFirst: true, then: "later"},
 	} {
@@ -54,6 +59,10 @@ func TestAHandlerEndingItsTransactionWithAStatementIsSetAside(t *testing.T) {
 			e := setup(t, 1)
 			insert := `INSERT INTO ` + e.db.Table("effects") + ` (message_id, topic, partition, kafka_offset, value) VALUES ($1, $2, $3, $4, $5)`
 			poison := []string{"x-2"}
+			sql, args := tc.stmt, []any(nil)
+			if tc.rewritten {
+				sql, args = "SELECT 1", []any{rewriteTo(tc.stmt)}
+			}
 			var cfg *consumer.Config
 			if tc.queued {
 				if tc.then == "later" {
@@ -67,7 +76,7 @@ func TestAHandlerEndingItsTransactionWithAStatementIsSetAside(t *testing.T) {
 						}
 						b.Queue(insert, m.ID, m.Topic, m.Partition, m.Offset, string(m.Value))
 						if m.ID == "x-2" {
-							b.Queue(tc.stmt)
+							b.Queue(sql, args...)
 						}
 					}
 					return nil
@@ -82,7 +91,7 @@ func TestAHandlerEndingItsTransactionWithAStatementIsSetAside(t *testing.T) {
 					}
 					switch {
 					case m.ID == "x-2":
-						_, err := tx.Exec(ctx, tc.stmt)
+						_, err := tx.Exec(ctx, sql, args...)
 						if tc.then == "timeout" {
 							<-ctx.Done()
 							return ctx.Err()
@@ -205,4 +214,12 @@ func TestAdv2AHandlerResettingItsSettingsDidNotEndTheTransaction(t *testing.T) {
 	}
 	require.Empty(t, msgs, "the transaction was never ended")
 	e.check(expectation{ids: ids})
+}
+
+// rewriteTo is a pgx.QueryRewriter (the interface pgx.NamedArgs
+// implements): pgx sends the text it returns instead of the one given.
+type rewriteTo string
+
+func (r rewriteTo) RewriteQuery(_ context.Context, _ *pgx.Conn, _ string, args []any) (string, []any, error) {
+	return string(r), args, nil
 }

@@ -7,10 +7,12 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/idempotency"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
 // transactionStatements end or reshape a transaction; a handler sends
@@ -30,6 +32,9 @@ var transactionStatements = []string{
 	"ROLLBACK TO SAVEPOINT mine",
 	"SET TRANSACTION READ ONLY",
 	"SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+	"SET LOCAL TRANSACTION READ ONLY",
+	"SET SESSION TRANSACTION READ ONLY",
+	"SET LOCAL SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
 	"/* a comment first */ commit",
 }
 
@@ -201,4 +206,201 @@ func TestAConstraintDeferredToCommitFailsTheRequest(t *testing.T) {
 	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
 	require.EqualValues(t, 1, p.keysStored())
 	require.EqualValues(t, 2, p.db.Int(t, `SELECT count(*) FROM `+p.table))
+}
+
+// rewriteTo is a pgx.QueryRewriter (the interface pgx.NamedArgs
+// implements): pgx sends the text it returns instead of the one given.
+type rewriteTo string
+
+func (r rewriteTo) RewriteQuery(_ context.Context, _ *pgx.Conn, _ string, args []any) (string, []any, error) {
+	return string(r), args, nil
+}
+
+// requireKeptOnlyWithTheKey posts with handle, then retries with a handler
+// that pays: the first request's payments are kept exactly when its key
+// is, and the retry pays once in all.
+func (p *payments) requireKeptOnlyWithTheKey(t *testing.T, handle func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error) (status int) {
+	t.Helper()
+	p.handle = handle
+	resp, body := p.post("k1", "alice", `{"amount":1}`)
+	paid, stored := p.db.Int(t, `SELECT count(*) FROM `+p.table), p.keysStored()
+	require.Equal(t, stored == 1, paid > 0, "the payments are kept exactly when the key is (%d payments, %d keys): %d %s", paid, stored, resp.StatusCode, body)
+	p.handle = p.create
+	retry, body := p.post("k1", "alice", `{"amount":1}`)
+	require.Equal(t, http.StatusCreated, retry.StatusCode, body)
+	require.EqualValues(t, max(paid, 1), p.db.Int(t, `SELECT count(*) FROM `+p.table), "the retry pays once in all")
+	return resp.StatusCode
+}
+
+// The guard reads the text pgx sends: the one a QueryRewriter among the
+// arguments returns. A COMMIT so returned is refused as any other, by
+// every method; named arguments run as pgx runs them.
+func TestTheGuardReadsTheTextARewriterReturns(t *testing.T) {
+	t.Parallel()
+	for via, send := range map[string]func(ctx context.Context, tx pgx.Tx) error{
+		"Exec": func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "SELECT 1", rewriteTo("COMMIT"))
+			return err
+		},
+		"Exec with a mode first": func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "SELECT 1", pgx.QueryExecModeExec, rewriteTo("COMMIT"))
+			return err
+		},
+		"Query": func(ctx context.Context, tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, "SELECT 1", rewriteTo("COMMIT"))
+			if err != nil {
+				return err
+			}
+			rows.Close()
+			return rows.Err()
+		},
+		"QueryRow": func(ctx context.Context, tx pgx.Tx) error {
+			return tx.QueryRow(ctx, "SELECT 1", rewriteTo("COMMIT")).Scan()
+		},
+		"SendBatch": func(ctx context.Context, tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			b.Queue("SELECT 1")
+			b.Queue("SELECT 1", rewriteTo("ROLLBACK AND CHAIN"))
+			return tx.SendBatch(ctx, b).Close()
+		},
+		"a rewriter that returns another": func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "SELECT 1", rewriteTo("SELECT $1"), rewriteTo("COMMIT"))
+			return err
+		},
+	} {
+		t.Run(via, func(t *testing.T) {
+			t.Parallel()
+			p := newPayments(t, nil)
+			status := p.requireKeptOnlyWithTheKey(t, func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+				if err := p.create(w, r, tx); err != nil {
+					return err
+				}
+				assert.ErrorIs(t, send(r.Context(), tx), idempotency.ErrTxControlled)
+				return nil
+			})
+			require.Equal(t, http.StatusInternalServerError, status)
+		})
+	}
+	t.Run("named arguments", func(t *testing.T) {
+		t.Parallel()
+		p := newPayments(t, nil)
+		status := p.requireKeptOnlyWithTheKey(t, func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+			_, err := tx.Exec(r.Context(), `INSERT INTO `+p.table+` (amount, account) VALUES (@amount, @account)`, pgx.NamedArgs{"amount": 1, "account": "a"})
+			w.WriteHeader(http.StatusCreated)
+			return err
+		})
+		require.Equal(t, http.StatusCreated, status)
+	})
+}
+
+// SET CONSTRAINTS runs with the commit check lifted, and nothing else runs
+// while it is: sent other than alone by Exec it is not sent, and nothing
+// takes its place (a rewriter, a statement prepared on the bare
+// connection under its text). The handler pays, tries, then commits on
+// the bare connection, which the check refuses.
+func TestSetConstraintsRunsAloneWhileTheCheckIsLifted(t *testing.T) {
+	t.Parallel()
+	const immediate = "SET CONSTRAINTS ALL IMMEDIATE"
+	exec := func(sql string, args ...any) func(ctx context.Context, tx pgx.Tx) error {
+		return func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, sql, args...)
+			return err
+		}
+	}
+	for name, try := range map[string]struct {
+		send    func(ctx context.Context, tx pgx.Tx) error
+		refusal string // "" when it runs
+	}{
+		"in a batch": {func(ctx context.Context, tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			b.Queue(immediate)
+			b.Queue("SELECT 1", rewriteTo("COMMIT"))
+			return tx.SendBatch(ctx, b).Close()
+		}, "on its own"},
+		"in a batch with a statement prepared on the bare connection": {func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Conn().Prepare(ctx, "c", "COMMIT"); err != nil {
+				return err
+			}
+			b := &pgx.Batch{}
+			b.Queue(immediate)
+			b.Queue("c")
+			return tx.SendBatch(ctx, b).Close()
+		}, "on its own"},
+		"with a rewriter":           {exec(immediate, rewriteTo("COMMIT")), "COMMIT statement"},
+		"rewritten to more":         {exec(immediate, rewriteTo(immediate+"; COMMIT")), "COMMIT statement"},
+		"with a statement after it": {exec(immediate + "; SELECT 1"), "on its own"},
+		"with arguments":            {exec(immediate, 1), "on its own"},
+		"ending inside a string":    {exec(immediate + " '"), "on its own"},
+		"ending inside a comment":   {exec(immediate + " /* "), "on its own"},
+		"ending in a line comment":  {exec(immediate + " -- checked"), ""},
+		"by Query":                  {func(ctx context.Context, tx pgx.Tx) error { return tx.QueryRow(ctx, immediate).Scan() }, "on its own"},
+		"under a prepared COMMIT's name": {func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Conn().Prepare(ctx, immediate, "COMMIT"); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, immediate)
+			return err
+		}, ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			p := newPayments(t, nil)
+			status := p.requireKeptOnlyWithTheKey(t, func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+				ctx := r.Context()
+				if err := p.create(w, r, tx); err != nil {
+					return err
+				}
+				err := try.send(ctx, tx)
+				if try.refusal == "" {
+					assert.NoError(t, err)
+				} else {
+					assert.ErrorContains(t, err, try.refusal)
+				}
+				_, _ = tx.Conn().Exec(ctx, "COMMIT")
+				return nil
+			})
+			require.Equal(t, http.StatusInternalServerError, status, "the bare COMMIT is refused")
+		})
+	}
+}
+
+// With the simple protocol pgx writes the arguments into the text, and its
+// lexer is not the server's: to it, name'\' opens an E'…' string. A text
+// the two read otherwise is not sent, since an argument could become
+// statements there (here, a COMMIT); a text they read alike runs with its
+// arguments.
+func TestTheSimpleProtocolCannotTurnAnArgumentIntoStatements(t *testing.T) {
+	t.Parallel()
+	const divergent = `SELECT name'\' AS a, ' $1 ' AS b`
+	const injected = "; COMMIT; SELECT "
+	for _, mode := range []string{"chosen by the call", "the pool's default"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			var args []any
+			var db *testenv.DB
+			if mode == "chosen by the call" {
+				db, args = testenv.NewDB(t), []any{pgx.QueryExecModeSimpleProtocol}
+			} else {
+				db = testenv.NewDB(t, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol })
+			}
+			p := newPaymentsOn(t, db, nil)
+			status := p.requireKeptOnlyWithTheKey(t, func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+				ctx := r.Context()
+				_, err := tx.Exec(ctx, divergent, append(args, injected)...)
+				assert.ErrorContains(t, err, "simple protocol")
+				if args == nil { // a batch goes in the pool's mode
+					b := &pgx.Batch{}
+					b.Queue(divergent, injected)
+					assert.ErrorContains(t, tx.SendBatch(ctx, b).Close(), "simple protocol")
+				}
+				if _, err := tx.Exec(ctx, `INSERT INTO `+p.table+` (amount, account) VALUES ($1, $2)`, append(args, 1, "it's")...); err != nil {
+					return err
+				}
+				w.WriteHeader(http.StatusCreated)
+				return nil
+			})
+			require.Equal(t, http.StatusCreated, status)
+			require.EqualValues(t, 1, p.db.Int(t, `SELECT count(*) FROM `+p.table+` WHERE account = 'it''s'`))
+		})
+	}
 }

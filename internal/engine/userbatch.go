@@ -52,7 +52,8 @@ func (b *Batch) Queue(sql string, args ...any) {
 		}
 		return
 	}
-	if err := txguard.Refuses(sql); err != nil {
+	sql, args, err := txguard.Queued(b.Tx, sql, args)
+	if err != nil {
 		if b.refused == nil {
 			b.refused = err
 		}

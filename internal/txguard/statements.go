@@ -23,6 +23,15 @@ type verdict struct {
 	// constraints: the text sets the mode of deferred constraints (SET
 	// CONSTRAINTS), which fires the deferred checks it makes immediate.
 	constraints bool
+	// statements counts the statements that are not empty.
+	statements int
+	// pgxDiverges: pgx's own lexer, which puts arguments into the text for
+	// the simple protocol, would find a string or a parameter where the
+	// server does not (see readsAlikeToPgx).
+	pgxDiverges bool
+	// open: the text ends inside a string, a quoted identifier or a block
+	// comment.
+	open bool
 }
 
 // scan looks at every statement of sql.
@@ -33,6 +42,8 @@ func scan(sql string) verdict {
 		other := scanWith(sql, true)
 		v.control = other.control
 		v.constraints = v.constraints || other.constraints
+		v.statements = max(v.statements, other.statements)
+		v.open = v.open || other.open
 	}
 	return v
 }
@@ -42,7 +53,12 @@ func scanWith(sql string, backslashes bool) verdict {
 	l := lexer{s: sql, backslashes: backslashes}
 	var v verdict
 	for {
-		lead, more := l.statement()
+		lead, tokens, more := l.statement()
+		if tokens {
+			v.statements++
+		}
+		v.pgxDiverges = v.pgxDiverges || l.pgxDiverges
+		v.open = l.open
 		switch kind := classify(lead); {
 		case kind == "SET CONSTRAINTS":
 			v.constraints = true
@@ -72,13 +88,20 @@ func classify(lead []string) string {
 			return "PREPARE TRANSACTION"
 		}
 	case "SET":
-		switch {
-		case word(1) == "TRANSACTION":
-			return "SET TRANSACTION"
-		case word(1) == "SESSION" && word(2) == "CHARACTERISTICS":
-			return "SET SESSION CHARACTERISTICS"
-		case word(1) == "CONSTRAINTS":
+		if word(1) == "CONSTRAINTS" {
 			return "SET CONSTRAINTS"
+		}
+		// SET LOCAL and SET SESSION take every form SET does (gram.y:
+		// VariableSetStmt), these two included.
+		rest := 1
+		if word(1) == "LOCAL" || word(1) == "SESSION" && word(2) != "CHARACTERISTICS" {
+			rest = 2
+		}
+		switch {
+		case word(rest) == "TRANSACTION":
+			return "SET TRANSACTION"
+		case word(rest) == "SESSION" && word(rest+1) == "CHARACTERISTICS":
+			return "SET SESSION CHARACTERISTICS"
 		}
 	}
 	return ""
@@ -89,18 +112,21 @@ type lexer struct {
 	s           string
 	i           int
 	backslashes bool
+	pgxDiverges bool
+	open        bool // the text ended inside a quote or a block comment
 }
 
 // leadWords is how many of a statement's first words decide what it is.
-const leadWords = 3
+const leadWords = 4
 
 // statement reads one statement, up to its semicolon or the end of the
 // text, and returns its leading words, upper-cased (only while the
-// statement starts with words: "(SELECT …" has none), and whether another
-// statement follows.
-func (l *lexer) statement() (lead []string, more bool) {
+// statement starts with words: "(SELECT …" has none), whether it had any
+// token, and whether another statement follows.
+func (l *lexer) statement() (lead []string, tokens, more bool) {
 	words := true // every token so far was a word
 	token := func(word string) {
+		tokens = true
 		if words && len(lead) < leadWords && word != "" {
 			lead = append(lead, strings.ToUpper(word))
 			return
@@ -112,7 +138,7 @@ func (l *lexer) statement() (lead []string, more bool) {
 		switch {
 		case c == ';':
 			l.i++
-			return lead, true
+			return lead, tokens, true
 		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
 			l.i++
 		case strings.HasPrefix(l.s[l.i:], "--"):
@@ -130,6 +156,7 @@ func (l *lexer) statement() (lead []string, more bool) {
 			token("")
 		case identStart(c):
 			word := l.ident()
+			l.notePgxDivergence(word)
 			if l.stringPrefix(word) {
 				token("")
 				continue
@@ -145,7 +172,7 @@ func (l *lexer) statement() (lead []string, more bool) {
 			token("")
 		}
 	}
-	return lead, false
+	return lead, tokens, false
 }
 
 // stringPrefix reads the string a prefix (E'…', B'…', X'…', N'…', U&'…',
@@ -188,6 +215,7 @@ func (l *lexer) quoted(q byte, backslashes bool) {
 		}
 	}
 	l.i = len(l.s)
+	l.open = true
 }
 
 // dollar reads what starts with '$': a parameter ($1), or a dollar-quoted
@@ -219,6 +247,7 @@ func (l *lexer) dollar() {
 		return
 	}
 	l.i = len(l.s)
+	l.open = true
 }
 
 // lineComment reads a comment from "--" to the end of its line.
@@ -246,6 +275,7 @@ func (l *lexer) blockComment() {
 			l.i++
 		}
 	}
+	l.open = true
 }
 
 // ident reads an identifier or keyword.
@@ -266,3 +296,21 @@ func identStart(c byte) bool {
 func identPart(c byte) bool { return identStart(c) || digit(c) || c == '$' }
 
 func digit(c byte) bool { return c >= '0' && c <= '9' }
+
+// notePgxDivergence notes whether word, an identifier just read, is where
+// pgx's lexer parts from the server's. pgx starts an E'…' string at any e
+// before a quote, and a dollar quote at any $ not before a digit, also
+// inside an identifier: to it, name'…' and a$q$ open strings that the
+// server does not see.
+func (l *lexer) notePgxDivergence(word string) {
+	last := word[len(word)-1]
+	if len(word) > 1 && (last == 'e' || last == 'E') && strings.HasPrefix(l.s[l.i:], "'") {
+		l.pgxDiverges = true
+	}
+	for j := strings.IndexByte(word, '$'); j >= 0; j = strings.IndexByte(word, '$') {
+		if j+1 == len(word) || !digit(word[j+1]) {
+			l.pgxDiverges = true
+		}
+		word = word[j+1:]
+	}
+}

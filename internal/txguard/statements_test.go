@@ -4,7 +4,9 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -36,6 +38,13 @@ var statementCases = []struct {
 	{"COMMIT PREPARED 'x'", "COMMIT", false},
 	{"SET TRANSACTION READ ONLY", "SET TRANSACTION", false},
 	{"SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY", "SET SESSION CHARACTERISTICS", false},
+	// SET LOCAL and SET SESSION take every form of SET (gram.y).
+	{"SET LOCAL TRANSACTION READ ONLY", "SET TRANSACTION", false},
+	{"set session transaction isolation level serializable", "SET TRANSACTION", false},
+	{"SET LOCAL SESSION CHARACTERISTICS AS TRANSACTION READ ONLY", "SET SESSION CHARACTERISTICS", false},
+	{"SET SESSION SESSION CHARACTERISTICS AS TRANSACTION READ ONLY", "SET SESSION CHARACTERISTICS", false},
+	{"SET SESSION statement_timeout = 0", "", false},
+	{"SET SESSION AUTHORIZATION DEFAULT", "", false},
 	{"INSERT INTO t VALUES (1); COMMIT", "COMMIT", false},
 	{"ROLLBACK; INSERT INTO t VALUES (1)", "ROLLBACK", false},
 	{"SELECT 1;;;COMMIT;", "COMMIT", false},
@@ -116,9 +125,18 @@ func FuzzScan(f *testing.F) {
 	})
 }
 
-// requireTransactionKept runs sql inside a transaction and requires that
-// the transaction is still the one it was sent in, open or aborted.
+// requireTransactionKept runs sql inside a transaction, in the simple
+// protocol, and requires that the transaction is still the one it was
+// sent in, open or aborted.
 func requireTransactionKept(t *testing.T, pool *pgxpool.Pool, sql string) {
+	t.Helper()
+	requireTransactionKeptBy(t, pool, sql, func(ctx context.Context, tx pgx.Tx) {
+		_, _ = tx.Conn().PgConn().Exec(ctx, sql).ReadAll()
+	})
+}
+
+// requireTransactionKeptBy is requireTransactionKept with sql sent by send.
+func requireTransactionKeptBy(t *testing.T, pool *pgxpool.Pool, sql string, send func(ctx context.Context, tx pgx.Tx)) {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
@@ -129,7 +147,7 @@ func requireTransactionKept(t *testing.T, pool *pgxpool.Pool, sql string) {
 	defer func() { _ = tx.Rollback(ctx) }()
 	var before string
 	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_current_xact_id()::text, set_config('statement_timeout', '1s', true)").Scan(&before, new(string)))
-	_, _ = conn.Conn().PgConn().Exec(ctx, sql).ReadAll()
+	send(ctx, tx)
 	status := conn.Conn().PgConn().TxStatus()
 	require.NotEqual(t, byte('I'), status, "%q ended the transaction, and the scan found no statement that does", sql)
 	if status == 'E' {
@@ -138,4 +156,75 @@ func requireTransactionKept(t *testing.T, pool *pgxpool.Pool, sql string) {
 	var after string
 	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_current_xact_id()::text").Scan(&after))
 	require.Equal(t, before, after, "%q moved to another transaction, and the scan found no statement that does", sql)
+}
+
+// With the simple protocol pgx writes the arguments into the text with a
+// lexer of its own. Where it reads a text otherwise than the server, an
+// argument could land inside what the server reads as a string, and its
+// bytes become statements; the scan finds where the two part.
+func TestScanFindsWherePgxReadsATextOtherwise(t *testing.T) {
+	t.Parallel()
+	for sql, diverges := range map[string]bool{
+		`SELECT name'\' AS a, ' $1 ' AS b`:     true, // an E'' string to pgx
+		`SELECT x$q$, '$q$ $1 '`:               true, // a dollar quote to pgx
+		`SELECT a$$ FROM t`:                    true,
+		`SELECT e'\'', $1`:                     false, // an E'' string to both
+		`SELECT E'x' || $1`:                    false,
+		`SELECT 1e'x'`:                         false, // 1, then E'x', to both
+		`SELECT a$1 FROM t`:                    false, // a parameter to pgx: a literal then, not a string
+		`SELECT name, 'e' FROM t WHERE x = $1`: false,
+		`SELECT "name"'x'`:                     false,
+	} {
+		require.Equal(t, diverges, scan(sql).pgxDiverges, "%s", sql)
+	}
+}
+
+// The scan counts a text's statements, and sees a text that ends inside a
+// quote or a comment.
+func TestScanCountsStatementsAndSeesAnOpenEnd(t *testing.T) {
+	t.Parallel()
+	for sql, want := range map[string]struct {
+		statements int
+		open       bool
+	}{
+		"SET CONSTRAINTS ALL IMMEDIATE":               {1, false},
+		"SET CONSTRAINTS ALL IMMEDIATE;":              {1, false},
+		"SET CONSTRAINTS ALL IMMEDIATE; /* c */ ;":    {1, false},
+		"SET CONSTRAINTS ALL IMMEDIATE; SELECT 1":     {2, false},
+		"SET CONSTRAINTS ALL IMMEDIATE -- c":          {1, false},
+		"SET CONSTRAINTS ALL IMMEDIATE '":             {1, true},
+		`SET CONSTRAINTS "a`:                          {1, true},
+		"SET CONSTRAINTS ALL IMMEDIATE /* a /* */":    {1, true},
+		"SET CONSTRAINTS ALL IMMEDIATE $x$":           {1, true},
+		`SET CONSTRAINTS ALL IMMEDIATE '\'; SELECT 1`: {2, true}, // two, or one left open
+	} {
+		v := scan(sql)
+		require.Equal(t, want.statements, v.statements, "statements of %q", sql)
+		require.Equal(t, want.open, v.open, "open end of %q", sql)
+	}
+}
+
+// FuzzSimpleProtocolArguments checks random texts and arguments against
+// Postgres: whatever the guard sends in the simple protocol, with the
+// argument written into the text by pgx, runs in the transaction it was
+// sent in and leaves it open.
+func FuzzSimpleProtocolArguments(f *testing.F) {
+	for _, seed := range [][2]string{
+		{`SELECT name'\' AS a, ' $1 ' AS b`, "; COMMIT; SELECT "},
+		{`SELECT x$q$, '$q$ $1 '`, "'; COMMIT; --"},
+		{`SELECT $1, '$1'`, "'; ROLLBACK AND CHAIN; SELECT '"},
+		{`SELECT $1 -- $1`, "x\n; COMMIT"},
+		{`SELECT E'\'' || $1`, "\\'; COMMIT; --"},
+	} {
+		f.Add(seed[0], seed[1])
+	}
+	db := testenv.NewEmptyDB(f)
+	f.Fuzz(func(t *testing.T, sql, arg string) {
+		if strings.ContainsRune(sql+arg, 0) || !utf8.ValidString(sql+arg) || scan(sql).control != "" {
+			return
+		}
+		requireTransactionKeptBy(t, db.Pool, sql, func(ctx context.Context, tx pgx.Tx) {
+			_, _ = Wrap(tx).Exec(ctx, sql, pgx.QueryExecModeSimpleProtocol, arg)
+		})
+	})
 }

@@ -10,9 +10,12 @@
 // Ending the transaction is refused at every door the guard has: Commit
 // and Rollback, and every SQL text sent through it (Exec, Query,
 // QueryRow, Prepare, SendBatch, and Refuses for statements queued
-// elsewhere) is scanned first, and one that holds a statement controlling
+// elsewhere) is scanned first, as pgx will send it (a QueryRewriter such
+// as pgx.NamedArgs applied), and one that holds a statement controlling
 // the transaction (COMMIT, ROLLBACK, BEGIN, SAVEPOINT, PREPARE
-// TRANSACTION, SET TRANSACTION …) is not sent. A statement is not sent
+// TRANSACTION, SET TRANSACTION …) is not sent. Nor is a text pgx would
+// write arguments into (the simple protocol) where it reads the text
+// otherwise than the server does. A statement is not sent
 // either once the connection is no longer in a transaction. The guard
 // cannot see what is sent on the bare connection (Conn); the callers add
 // a check in the database that refuses any COMMIT but their own (see
@@ -23,6 +26,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -55,6 +59,30 @@ func Refuses(sql string) error {
 	return fmt.Errorf("%w: the text holds a %s statement, and was not sent%s", ErrTxControlled, control, advice)
 }
 
+// Queued returns sql and args as pgx will send them in a batch on tx
+// (a QueryRewriter among args applied), or the error a guarded
+// transaction answers them with. For statements a handler queues to be
+// sent later; a rewriter it passes gets no context of the call.
+func Queued(tx pgx.Tx, sql string, args []any) (string, []any, error) {
+	mode := func() pgx.QueryExecMode { return pgx.QueryExecModeCacheStatement }
+	if g, ok := tx.(*Tx); ok {
+		mode = g.state.defaultMode
+	} else if c := tx.Conn(); c != nil {
+		mode = func() pgx.QueryExecMode { return c.Config().DefaultQueryExecMode }
+	}
+	c, err := resolve(context.Background(), tx.Conn(), mode, sql, args, true)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := Refuses(c.sql); err != nil {
+		return "", nil, err
+	}
+	if c.inText && scan(c.sql).pgxDiverges {
+		return "", nil, errPgxReadsOtherwise
+	}
+	return c.sql, c.args, nil
+}
+
 // ErrCallOver is returned by every use of a guarded transaction after the
 // handler's call ended.
 var ErrCallOver = errors.New("the handler's call is over (it returned, or was abandoned after HandlerTimeout): its transaction must not be used any more; do not keep tx or use it from goroutines that outlive the call")
@@ -74,6 +102,10 @@ type state struct {
 	misused atomic.Bool
 	sealed  atomic.Bool
 	check   *CommitCheck
+
+	conn     *pgx.Conn // the transaction's, for its default mode
+	modeOnce sync.Once
+	mode     pgx.QueryExecMode
 }
 
 // A CommitCheck is the caller's check in the database that refuses a
@@ -81,8 +113,8 @@ type state struct {
 // writes when the transaction begins and deletes just before its own
 // COMMIT. A handler's SET CONSTRAINTS … IMMEDIATE, a legitimate early look
 // at its own deferred constraints, would fire that trigger too, so the
-// guard sends such a statement between Lift and Restore, in one round
-// trip.
+// guard sends such a statement between Lift and Restore, in one text (see
+// setConstraints). Their statements take no arguments.
 type CommitCheck struct {
 	// Lift queues what takes the check off (deletes its row).
 	Lift func(b *pgx.Batch)
@@ -95,11 +127,11 @@ type CommitCheck struct {
 var over = notx.Refusing(ErrCallOver)
 
 // Wrap guards tx.
-func Wrap(tx pgx.Tx) *Tx { return &Tx{tx: tx, state: &state{}} }
+func Wrap(tx pgx.Tx) *Tx { return &Tx{tx: tx, state: &state{conn: tx.Conn()}} }
 
 // WrapChecked guards tx, whose COMMIT check is check.
 func WrapChecked(tx pgx.Tx, check *CommitCheck) *Tx {
-	return &Tx{tx: tx, state: &state{check: check}}
+	return &Tx{tx: tx, state: &state{check: check, conn: tx.Conn()}}
 }
 
 // Seal ends the call: from now on every use of t, and of savepoints made
@@ -152,109 +184,121 @@ func (t *Tx) Rollback(ctx context.Context) error {
 }
 
 // send is the transaction to send sql on: the guarded one, or one that
-// refuses with the reason sql may not be sent. sends reports whether sql
-// sets the mode of deferred constraints.
-func (t *Tx) send(sql string) (tx pgx.Tx, constraints bool) {
+// refuses with the reason sql may not be sent. constraints reports whether
+// sql sets the mode of deferred constraints under a commit check, with v
+// what the scan found.
+func (t *Tx) send(sql string) (tx pgx.Tx, v verdict, constraints bool) {
 	live := t.live()
 	if live == over {
-		return over, false
+		return over, v, false
 	}
-	v := scan(sql)
+	v = scan(sql)
 	if v.control != "" {
 		t.state.misused.Store(true)
-		return notx.Refusing(Refuses(sql)), false
+		return notx.Refusing(Refuses(sql)), v, false
 	}
 	if c := live.Conn(); c != nil && c.PgConn().TxStatus() == 'I' {
 		t.state.misused.Store(true)
-		return notx.Refusing(ErrTxGone), false
+		return notx.Refusing(ErrTxGone), v, false
 	}
-	return live, v.constraints && t.state.check != nil
+	return live, v, v.constraints && t.state.check != nil
 }
 
-// errConstraintsOnlyByExec answers SET CONSTRAINTS sent other than by
-// Exec or SendBatch on a transaction with a commit check.
-var errConstraintsOnlyByExec = errors.New("send SET CONSTRAINTS with tx.Exec (or in a batch): the guard lifts the transaction's commit check around it only there")
+// sendCall is send for sql and args as pgx will send them (see resolve);
+// c is what to hand pgx.
+func (t *Tx) sendCall(ctx context.Context, sql string, args []any, batch bool) (tx pgx.Tx, c call, constraints bool) {
+	live := t.live()
+	if live == over {
+		return over, call{sql: sql, args: args}, false
+	}
+	c, err := resolve(ctx, live.Conn(), t.state.defaultMode, sql, args, batch)
+	if err != nil {
+		return notx.Refusing(err), call{sql: sql, args: args}, false
+	}
+	tx, v, constraints := t.send(c.sql)
+	if tx == live && c.inText && v.pgxDiverges {
+		return notx.Refusing(errPgxReadsOtherwise), c, false
+	}
+	return tx, c, constraints
+}
+
+// errPgxReadsOtherwise answers a text pgx would put arguments into where
+// the server reads a string.
+var errPgxReadsOtherwise = errors.New("the statement was not sent: with the simple protocol pgx writes the arguments into the text, and its reading of this text differs from PostgreSQL's (an identifier ending in e right before a quote, or a $ inside an identifier), so an argument could become statements; put a space before the quote, double-quote the identifier, or use another QueryExecMode")
+
+// defaultMode is the connection's QueryExecMode, read once.
+func (s *state) defaultMode() pgx.QueryExecMode {
+	s.modeOnce.Do(func() {
+		s.mode = pgx.QueryExecModeCacheStatement
+		if s.conn != nil {
+			s.mode = s.conn.Config().DefaultQueryExecMode
+		}
+	})
+	return s.mode
+}
+
+// errConstraintsAlone answers SET CONSTRAINTS sent other than on its own
+// by Exec, on a transaction with a commit check.
+var errConstraintsAlone = errors.New("the statement was not sent: send SET CONSTRAINTS on its own, with tx.Exec and no arguments: the guard lifts the transaction's commit check around it only there")
 
 func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	tx, _ := t.send("")
+	tx, _, _ := t.send("")
 	return tx.CopyFrom(ctx, table, columns, src)
 }
 
 func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	tx, constraints := t.send("")
-	for _, q := range b.QueuedQueries {
-		var c bool
-		if tx, c = t.send(q.SQL); tx != t.tx {
-			break
-		}
-		constraints = constraints || c
-	}
-	if !constraints || tx != t.tx {
+	tx, _, _ := t.send("")
+	if tx != t.tx {
 		return tx.SendBatch(ctx, b)
 	}
-	return t.sendChecked(ctx, b)
+	for _, q := range b.QueuedQueries {
+		// pgx rewrites the batch's queries in place as it sends them too.
+		var c call
+		var constraints bool
+		tx, c, constraints = t.sendCall(ctx, q.SQL, q.Arguments, true)
+		if constraints {
+			tx = notx.Refusing(errConstraintsAlone)
+		}
+		if tx != t.tx {
+			return tx.SendBatch(ctx, b)
+		}
+		q.SQL, q.Arguments = c.sql, c.args
+	}
+	return t.tx.SendBatch(ctx, b)
 }
 
 func (t *Tx) LargeObjects() pgx.LargeObjects { return t.live().LargeObjects() }
 
 func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	tx, constraints := t.send(sql)
+	tx, _, constraints := t.send(sql)
 	if constraints {
-		return nil, errConstraintsOnlyByExec
+		return nil, errConstraintsAlone
 	}
 	return tx.Prepare(ctx, name, sql)
 }
 
 func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	tx, constraints := t.send(sql)
+	tx, c, constraints := t.sendCall(ctx, sql, args, false)
 	if !constraints {
-		return tx.Exec(ctx, sql, args...)
+		return tx.Exec(ctx, c.sql, c.args...)
 	}
-	if len(args) > 0 {
-		if _, ok := args[0].(pgx.QueryExecMode); ok {
-			args = args[1:] // a batch has no modes; every one runs the statement
-		}
-	}
-	var tag pgconn.CommandTag
-	b := &pgx.Batch{}
-	b.Queue(sql, args...).Exec(func(ct pgconn.CommandTag) error { tag = ct; return nil })
-	return tag, t.sendChecked(ctx, b).Close()
+	return t.setConstraints(ctx, c)
 }
 
 func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	tx, constraints := t.send(sql)
+	tx, c, constraints := t.sendCall(ctx, sql, args, false)
 	if constraints {
-		tx = notx.Refusing(errConstraintsOnlyByExec)
+		tx = notx.Refusing(errConstraintsAlone)
 	}
-	return tx.Query(ctx, sql, args...)
+	return tx.Query(ctx, c.sql, c.args...)
 }
 
 func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	tx, constraints := t.send(sql)
+	tx, c, constraints := t.sendCall(ctx, sql, args, false)
 	if constraints {
-		tx = notx.Refusing(errConstraintsOnlyByExec)
+		tx = notx.Refusing(errConstraintsAlone)
 	}
-	return tx.QueryRow(ctx, sql, args...)
-}
-
-// sendChecked sends b, which sets the mode of deferred constraints,
-// between the commit check's Lift and Restore, in one round trip. The
-// results b's caller reads are its own: Lift's are read first, Restore's
-// by Close.
-func (t *Tx) sendChecked(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	full := &pgx.Batch{}
-	t.state.check.Lift(full)
-	lifts := len(full.QueuedQueries)
-	full.QueuedQueries = append(full.QueuedQueries, b.QueuedQueries...)
-	t.state.check.Restore(full)
-	br := t.tx.SendBatch(ctx, full)
-	for range lifts {
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return notx.Refusing(fmt.Errorf("lift the transaction's commit check around SET CONSTRAINTS: %w", err)).SendBatch(ctx, b)
-		}
-	}
-	return br
+	return tx.QueryRow(ctx, c.sql, c.args...)
 }
 
 // Conn returns the transaction's connection, or nil once the call is over.

@@ -1,0 +1,81 @@
+package txguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A call's text is read as pgx will send it. pgx lets the first arguments
+// be options, and one of them may be a QueryRewriter (pgx.NamedArgs is
+// one) that replaces the text and the arguments before anything is sent;
+// the guard applies it first, as pgx would, and hands pgx the result. With
+// the simple protocol, pgx then writes the arguments into the text on the
+// client (see readsAlikeToPgx).
+
+// call is a statement as pgx will send it.
+type call struct {
+	sql string
+	// args are the options pgx reads (a mode, result formats) followed by
+	// the arguments; no QueryRewriter is left among the options.
+	args []any
+	// params is how many of args are the statement's arguments.
+	params int
+	// inText: pgx will write the arguments into the text (the simple
+	// protocol, with arguments).
+	inText bool
+}
+
+// maxRewrites bounds how many times a rewriter may return another one.
+const maxRewrites = 8
+
+var errRewritesLoop = fmt.Errorf("the query's QueryRewriter returned arguments led by another QueryRewriter more than %d times: refused", maxRewrites)
+
+// resolve applies the QueryRewriter among the leading options of args to
+// sql, as pgx does, until none is left. In a batch, pgx reads no option
+// but a rewriter, and sends in the connection's default mode.
+func resolve(ctx context.Context, conn *pgx.Conn, defaultMode func() pgx.QueryExecMode, sql string, args []any, batch bool) (call, error) {
+	for range maxRewrites {
+		var rewriter pgx.QueryRewriter
+		var options []any
+		var mode pgx.QueryExecMode
+		explicit := false
+		i := 0
+	options:
+		for ; i < len(args); i++ {
+			if r, ok := args[i].(pgx.QueryRewriter); ok {
+				rewriter = r
+				continue
+			}
+			if batch {
+				break // a batch reads no other option: it is an argument
+			}
+			switch m := args[i].(type) {
+			case pgx.QueryExecMode:
+				mode, explicit = m, true
+			case pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+			default:
+				break options
+			}
+			options = append(options, args[i])
+		}
+		params := args[i:]
+		if rewriter == nil {
+			if !explicit && len(params) > 0 {
+				mode = defaultMode()
+			}
+			return call{sql: sql, args: args, params: len(params), inText: mode == pgx.QueryExecModeSimpleProtocol && len(params) > 0}, nil
+		}
+		if conn == nil {
+			return call{}, errors.New("a QueryRewriter needs the transaction's connection, and there is none")
+		}
+		rewritten, rewrittenArgs, err := rewriter.RewriteQuery(ctx, conn, sql, params)
+		if err != nil {
+			return call{}, fmt.Errorf("rewrite query failed: %w", err)
+		}
+		sql, args = rewritten, append(options, rewrittenArgs...)
+	}
+	return call{}, errRewritesLoop
+}

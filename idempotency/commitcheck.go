@@ -57,11 +57,12 @@ const requestNotOpen = "KO004"
 // handlersFault reports whether err, from the closing round trip, is the
 // handler's doing rather than the database's: requestNotOpen (the handler
 // ended the server's transaction on the bare connection and began another,
-// ROLLBACK AND CHAIN say), or an integrity constraint (class 23) its
-// tables deferred to COMMIT. A retry meets either again, so neither is
-// answered "try again": both are the request's failure, like an error the
-// handler returned.
+// ROLLBACK AND CHAIN say), an integrity constraint (class 23) its tables
+// deferred to COMMIT, or a state it left the transaction in (class 25:
+// made read-only on the bare connection, say). A retry meets any of them
+// again, so none is answered "try again": each is the request's failure,
+// like an error the handler returned.
 func handlersFault(err error) bool {
 	var pg *pgconn.PgError
-	return errors.As(err, &pg) && (pg.Code == requestNotOpen || strings.HasPrefix(pg.Code, "23"))
+	return errors.As(err, &pg) && (pg.Code == requestNotOpen || strings.HasPrefix(pg.Code, "23") || strings.HasPrefix(pg.Code, "25"))
 }

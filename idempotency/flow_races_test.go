@@ -25,8 +25,8 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
-// advServe serves f on pool with cfg (its Schema and Scope filled in).
-func advServe(t *testing.T, pool *pgxpool.Pool, schema string, cfg idempotency.Config, f idempotency.Flow) (*idempotency.Phased, string) {
+// servePhased serves f on pool with cfg (its Schema and Scope filled in).
+func servePhased(t *testing.T, pool *pgxpool.Pool, schema string, cfg idempotency.Config, f idempotency.Flow) (*idempotency.Phased, string) {
 	t.Helper()
 	cfg.Schema = schema
 	cfg.Scope = func(r *http.Request) (string, error) { return r.Header.Get("X-Client"), nil }
@@ -116,7 +116,7 @@ func TestTheSweepResumesFromThePointItTakesOverNotTheOneItListed(t *testing.T) {
 			}},
 		},
 	}
-	ph, url := advServe(t, db.Pool, db.Schema, idempotency.Config{}, f)
+	ph, url := servePhased(t, db.Pool, db.Schema, idempotency.Config{}, f)
 
 	resp, body, err := postTo(t, http.DefaultClient, url, "k-1", `{}`)
 	require.NoError(t, err)
@@ -216,7 +216,7 @@ func TestARetryThatFindsTheRunRenewedWaitsForTheNewLease(t *testing.T) {
 			}},
 		},
 	}
-	_, url := advServe(t, db.Pool, db.Schema, idempotency.Config{}, f)
+	_, url := servePhased(t, db.Pool, db.Schema, idempotency.Config{}, f)
 	first := make(chan int, 1)
 	go func() {
 		resp, _, err := postTo(t, http.DefaultClient, url, "k-1", `{}`)
@@ -277,7 +277,7 @@ func TestAServerThatLostItsLeaseTellsItsClientToWaitForTheNewOne(t *testing.T) {
 			}},
 		},
 	}
-	_, url := advServe(t, db.Pool, db.Schema, idempotency.Config{}, f)
+	_, url := servePhased(t, db.Pool, db.Schema, idempotency.Config{}, f)
 	type ans struct {
 		resp *http.Response
 		err  error
@@ -471,7 +471,7 @@ func TestNilHeaderAndBodyResponsesAreStoredAndReplayed(t *testing.T) {
 			}},
 		},
 	}
-	_, url := advServe(t, db.Pool, db.Schema, idempotency.Config{}, f)
+	_, url := servePhased(t, db.Pool, db.Schema, idempotency.Config{}, f)
 	resp, first, err := postTo(t, http.DefaultClient, url, "k-1", `go`)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusAccepted, resp.StatusCode, first)
@@ -530,7 +530,7 @@ func TestALostCommitOfStartIsResumedNotRestarted(t *testing.T) {
 func TestInProgressWaitWithPhasedDuplicates(t *testing.T) {
 	t.Parallel()
 	pp := newPhasedPayments(t)
-	_, url := advServe(t, pp.db.Pool, pp.db.Schema, idempotency.Config{InProgressWait: 2 * time.Second}, pp.flow(time.Minute))
+	_, url := servePhased(t, pp.db.Pool, pp.db.Schema, idempotency.Config{InProgressWait: 2 * time.Second}, pp.flow(time.Minute))
 	var wg sync.WaitGroup
 	for range 20 {
 		wg.Add(1)

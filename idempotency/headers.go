@@ -64,11 +64,12 @@ func storedHeader(name string, secret []string) bool {
 var errHeadersCorrupt = errors.New("the stored headers do not decode")
 
 // decodeHeaders reads what encodeHeaders wrote, and the "Name: value"
-// lines of rows stored before it.
-func decodeHeaders(b []byte) (http.Header, error) {
+// lines of rows stored before it, leaving out of those the headers never
+// to be stored (secret are the server's SecretHeaders).
+func decodeHeaders(b []byte, secret []string) (http.Header, error) {
 	h := http.Header{}
 	if len(b) == 0 || b[0] != headersV1 {
-		return decodeHeaderLines(b), nil
+		return decodeHeaderLines(b, secret), nil
 	}
 	b = b[1:]
 	next := func() (string, bool) {
@@ -107,12 +108,16 @@ func decodeHeaders(b []byte) (http.Header, error) {
 }
 
 // decodeHeaderLines reads the "Name: value" lines of rows stored before
-// the binary encoding (their values had line breaks turned into spaces).
-func decodeHeaderLines(b []byte) http.Header {
+// the binary encoding (their values had line breaks turned into spaces,
+// their names not). A name holding a line break, which net/http dropped
+// from the first response, reads as lines of its own here, and nothing
+// tells them from the others: so Set-Cookie, the secret headers and
+// invalid names are left out again, whatever line they come from.
+func decodeHeaderLines(b []byte, secret []string) http.Header {
 	h := http.Header{}
 	for _, line := range strings.Split(string(b), "\n") {
 		name, value, ok := strings.Cut(line, ": ")
-		if ok && storedHeader(name, nil) {
+		if ok && storedHeader(name, secret) {
 			h[name] = append(h[name], value)
 		}
 	}

@@ -121,7 +121,7 @@ func FuzzStoredHeadersGoOutAsFirstSent(f *testing.F) {
 	secret := []string{"X-Token"}
 	f.Fuzz(func(t *testing.T, data string) {
 		h := headerMap(data)
-		replay, err := decodeHeaders(encodeHeaders(h, secret))
+		replay, err := decodeHeaders(encodeHeaders(h, secret), secret)
 		if err != nil {
 			t.Fatalf("what was stored does not decode: %v", err)
 		}

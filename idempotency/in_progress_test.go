@@ -24,7 +24,7 @@ func TestADuplicateOfAPhasedRunWaitsForItsAnswer(t *testing.T) {
 	db := testenv.NewDB(t)
 	inPhase := make(chan struct{})
 	var calls atomic.Int64
-	_, url := advServe(t, db.Pool, db.Schema, idempotency.Config{InProgressWait: 5 * time.Second}, idempotency.Flow{
+	_, url := servePhased(t, db.Pool, db.Schema, idempotency.Config{InProgressWait: 5 * time.Second}, idempotency.Flow{
 		Name: "slow",
 		Start: func(*http.Request, pgx.Tx, *idempotency.Run) (idempotency.Step, error) {
 			return idempotency.Continue("call", nil), nil
@@ -88,7 +88,7 @@ func TestAPhaseErrorOfAnyBytesReleasesTheLease(t *testing.T) {
 			t.Parallel()
 			db := testenv.NewDB(t)
 			var calls atomic.Int64
-			_, url := advServe(t, db.Pool, db.Schema, idempotency.Config{}, idempotency.Flow{
+			_, url := servePhased(t, db.Pool, db.Schema, idempotency.Config{}, idempotency.Flow{
 				Name:  "quoting",
 				Lease: time.Minute,
 				Start: func(*http.Request, pgx.Tx, *idempotency.Run) (idempotency.Step, error) {
@@ -110,6 +110,7 @@ func TestAPhaseErrorOfAnyBytesReleasesTheLease(t *testing.T) {
 			require.NoError(t, err)
 			require.NotNil(t, k.Run)
 			require.NotEmpty(t, k.Phased.LastError, "the reason is stored")
+			require.LessOrEqual(t, len(k.Phased.LastError), 4<<10, "in at most 4 KiB")
 			require.False(t, k.Run.LeaseUntil.After(time.Now()), "the lease ended")
 
 			resp, body, err = postTo(t, http.DefaultClient, url, "k", `{}`)
@@ -129,7 +130,7 @@ func TestARunTakenOverAfterALockWaitGetsAWholeLease(t *testing.T) {
 	const lease = 2 * time.Second
 	var calls atomic.Int64
 	resumedWith := make(chan time.Duration, 1)
-	_, url := advServe(t, db.Pool, db.Schema, idempotency.Config{}, idempotency.Flow{
+	_, url := servePhased(t, db.Pool, db.Schema, idempotency.Config{}, idempotency.Flow{
 		Name:  "overrun",
 		Lease: lease,
 		Start: func(*http.Request, pgx.Tx, *idempotency.Run) (idempotency.Step, error) {
@@ -152,4 +153,66 @@ func TestARunTakenOverAfterALockWaitGetsAWholeLease(t *testing.T) {
 	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
 	left := <-resumedWith
 	require.Greater(t, left, lease*3/4, "the resumed phase had %v of a %v lease", left.Round(10*time.Millisecond), lease)
+}
+
+// A duplicate with InProgressWait looks at the run again and again, and
+// its wait is InProgressWait in all: when the lease runs out while its
+// server is still in an Atomic phase, and another retry (X) takes the
+// key's claim to take the run over (X then waits for the row's lock,
+// holding the key's advisory lock), the duplicate's next look waits for
+// that lock only for what is left of its wait.
+func TestAPhasedDuplicateWaitsAtMostInProgressWaitInAll(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	const lease = 3 * time.Second
+	const wait = time.Second
+	var calls atomic.Int64
+	f := idempotency.Flow{
+		Name:  "held",
+		Lease: lease,
+		Start: func(*http.Request, pgx.Tx, *idempotency.Run) (idempotency.Step, error) {
+			return idempotency.Continue("a", nil), nil
+		},
+		Phases: []idempotency.Phase{{From: "a", Atomic: func(ctx context.Context, tx pgx.Tx, run *idempotency.Run) (idempotency.Step, error) {
+			if calls.Add(1) == 1 {
+				time.Sleep(lease + 2500*time.Millisecond) // holding the row past the lease
+				return idempotency.Step{}, errors.New("late")
+			}
+			return idempotency.Respond(http.StatusCreated, nil, []byte("done")), nil
+		}}},
+	}
+	_, waiting := servePhased(t, db.Pool, db.Schema, idempotency.Config{InProgressWait: wait}, f)
+	_, plain := servePhased(t, db.Pool, db.Schema, idempotency.Config{}, f)
+	go func() { _, _, _ = postTo(t, http.DefaultClient, plain, "k", `{}`) }()
+
+	// The run's lease ends at lease_until.
+	var until time.Time
+	require.Eventually(t, func() bool {
+		err := db.Pool.QueryRow(context.Background(), `SELECT lease_until FROM `+db.Table("idempotency_keys")+` WHERE lease_until IS NOT NULL`).Scan(&until)
+		return err == nil
+	}, 5*time.Second, 10*time.Millisecond)
+
+	// The duplicate arrives 600 ms before the lease ends, and waits.
+	time.Sleep(time.Until(until.Add(-600 * time.Millisecond)))
+	type answer struct {
+		status  int
+		elapsed time.Duration
+	}
+	dup := make(chan answer, 1)
+	go func() {
+		start := time.Now()
+		resp, _, err := postTo(t, http.DefaultClient, waiting, "k", `{}`)
+		if err != nil {
+			dup <- answer{-1, time.Since(start)}
+			return
+		}
+		dup <- answer{resp.StatusCode, time.Since(start)}
+	}()
+	// X arrives just after the lease ended, and takes the claim.
+	time.Sleep(time.Until(until.Add(5 * time.Millisecond)))
+	go func() { _, _, _ = postTo(t, http.DefaultClient, plain, "k", `{}`) }()
+
+	a := <-dup
+	t.Logf("the duplicate was answered %d after %v", a.status, a.elapsed.Round(10*time.Millisecond))
+	require.LessOrEqual(t, a.elapsed, wait+400*time.Millisecond, "a phased duplicate waits up to InProgressWait in all")
 }

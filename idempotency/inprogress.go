@@ -48,6 +48,16 @@ func (s *Server) newWait() *inProgressWait {
 	return &inProgressWait{until: time.Now().Add(s.cfg.InProgressWait), next: firstLook}
 }
 
+// lockWait is how long the next look may wait for the key's lock: what
+// is left of the wait (at least a millisecond, since a lock_timeout of 0
+// waits for ever), or 0, no wait, without InProgressWait.
+func (w *inProgressWait) lockWait(configured time.Duration) time.Duration {
+	if configured <= 0 {
+		return 0
+	}
+	return max(time.Until(w.until), time.Millisecond)
+}
+
 // pause waits before the next look, and reports false, at once, when the
 // wait is over or ctx ended.
 func (w *inProgressWait) pause(ctx context.Context) bool {

@@ -99,7 +99,7 @@ func (k keys) queueClaim(b *pgx.Batch, scope, key, idleTimeout string, wait time
 		// Bounded by a lock_timeout of its own; the one in force before
 		// is kept in a setting of the transaction and put back after.
 		b.Queue(`SELECT set_config('kafkaonce.lock_timeout_before', current_setting('lock_timeout'), true),
-			set_config('lock_timeout', $1, true), `+idle, strconv.FormatInt(wait.Milliseconds(), 10), idleTimeout)
+			set_config('lock_timeout', $1, true), `+idle, strconv.FormatInt(max(wait.Milliseconds(), 1), 10), idleTimeout) // 0 would wait for ever
 		b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, name)
 		b.Queue(`SELECT set_config('lock_timeout', current_setting('kafkaonce.lock_timeout_before'), true)`)
 		*got = true

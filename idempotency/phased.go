@@ -75,7 +75,7 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var got bool
 		var err error
 		t, err = s.begin(ctx, func(b *pgx.Batch, idle string) bool {
-			s.keys.queueClaim(b, k.scope, k.key, idle, s.cfg.InProgressWait, &got, &row)
+			s.keys.queueClaim(b, k.scope, k.key, idle, wait.lockWait(s.cfg.InProgressWait), &got, &row)
 			return true
 		})
 		if t == nil {

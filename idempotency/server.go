@@ -360,7 +360,7 @@ func (s *Server) answerStored(w http.ResponseWriter, k *keyed, row *stored) {
 	if s.refuseOther(w, k, row) {
 		return
 	}
-	h, err := decodeHeaders(row.headers)
+	h, err := decodeHeaders(row.headers, s.cfg.SecretHeaders)
 	if err != nil {
 		// Not a byte of the row is replayed when part of it cannot be: a
 		// response without its headers is another response.

@@ -130,7 +130,7 @@ func (s *Store) Get(ctx context.Context, q Querier, scope, key string) (Key, err
 		return k, nil
 	}
 	k.Status = int(*status)
-	if k.Header, err = decodeHeaders(headers); err != nil {
+	if k.Header, err = decodeHeaders(headers, nil); err != nil {
 		return k, fmt.Errorf("idempotency: get key: %w", err)
 	}
 	return k, nil

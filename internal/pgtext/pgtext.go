@@ -22,13 +22,18 @@ func Storable(s string) bool {
 	return !strings.Contains(s, "\x00") && strings.ToValidUTF8(s, "") == s
 }
 
-// Cut is Clean(s) cut to at most max bytes (and a marker that says so),
-// at a character boundary: for text stored for operators to read, such as
-// the error that stopped something.
+// Cut is Clean(s) in at most max bytes, cut at a character boundary and
+// ending in a marker that says so when it was cut: for text stored for
+// operators to read, such as the error that stopped something.
 func Cut(s string, max int) string {
 	s = Clean(s)
 	if len(s) <= max {
 		return s
 	}
-	return strings.ToValidUTF8(s[:max], "") + "... [truncated]"
+	if max < len(cutMarker) {
+		return strings.ToValidUTF8(s[:max], "")
+	}
+	return strings.ToValidUTF8(s[:max-len(cutMarker)], "") + cutMarker
 }
+
+const cutMarker = "... [truncated]"

@@ -45,6 +45,19 @@ func newCommitCheck(schemaName string) *commitCheck {
 // round trip.
 func (c *commitCheck) queueOpen(b *pgx.Batch) { b.Queue(c.open) }
 
+// queueOpenUnlessStored adds the opening of the check to b, a claim's
+// round trip, after the key's read: unless the key is stored (completed,
+// and not expired). Such a request is answered from the row and its
+// transaction rolled back, never committed, so a replay writes nothing:
+// no row, no transaction id. A key stored between the read and this
+// statement cannot be (this request holds the key's lock, or, without
+// it, goes no further than answering 409), and one that expires between
+// them is opened, which only costs the write.
+func (c *commitCheck) queueOpenUnlessStored(b *pgx.Batch, keysTable, scope, key string) {
+	b.Queue(c.open+` WHERE NOT EXISTS (SELECT FROM `+keysTable+`
+		WHERE scope = $1 AND idem_key = $2 AND status IS NOT NULL AND expires_at > clock_timestamp())`, scope, key)
+}
+
 // queueClose adds its closing to b, the last round trip, before the
 // COMMIT: it fails (KO004) when the transaction is not the one opened.
 func (c *commitCheck) queueClose(b *pgx.Batch) { b.Queue(c.close) }

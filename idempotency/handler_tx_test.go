@@ -404,3 +404,26 @@ func TestTheSimpleProtocolCannotTurnAnArgumentIntoStatements(t *testing.T) {
 		})
 	}
 }
+
+// A replay opens no commit check: its transaction only reads, and rolls
+// back, so it writes nothing (not even a transaction id is taken). A
+// sequence, which no rollback undoes, counts the checks opened.
+func TestAReplayOpensNoCommitCheck(t *testing.T) {
+	t.Parallel()
+	p := newPayments(t, nil)
+	resp, body := p.post("k1", "alice", `{"amount":1}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
+	opens := p.db.Table("opens")
+	p.db.Exec(t, `CREATE SEQUENCE `+opens)
+	p.db.Exec(t, `CREATE FUNCTION `+p.db.Table("count_open")+`() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM nextval('`+opens+`'); RETURN NULL; END $$`)
+	p.db.Exec(t, `CREATE TRIGGER count_opens AFTER INSERT ON `+p.db.Table("open_requests")+` FOR EACH ROW EXECUTE FUNCTION `+p.db.Table("count_open")+`()`)
+	opened := func() int64 { return p.db.Int(t, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM `+opens) }
+	for range 3 {
+		resp, body = p.post("k1", "alice", `{"amount":1}`)
+		require.Equal(t, "true", resp.Header.Get(idempotency.ReplayedHeader), body)
+	}
+	require.Zero(t, opened(), "a replay opened the commit check")
+	resp, body = p.post("k2", "alice", `{"amount":1}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
+	require.EqualValues(t, 1, opened(), "a new key opens it")
+}

@@ -74,9 +74,8 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for {
 		var got bool
 		var err error
-		t, err = s.begin(ctx, func(b *pgx.Batch, idle string) bool {
-			s.keys.queueClaim(b, k.scope, k.key, idle, wait.lockWait(s.cfg.InProgressWait), &got, &row)
-			return true
+		t, err = s.begin(ctx, func(b *pgx.Batch, idle string) opening {
+			return s.queueClaim(b, k, idle, wait.lockWait(s.cfg.InProgressWait), &got, &row)
 		})
 		if t == nil {
 			s.unavailable(w, r, "begin", err)
@@ -298,9 +297,9 @@ func (p *Phased) atomic(ctx, phaseCtx context.Context, ph Phase, run *Run, token
 	s := p.s
 	var holds bool
 	var left time.Duration
-	t, err := s.begin(ctx, func(b *pgx.Batch, _ string) bool {
+	t, err := s.begin(ctx, func(b *pgx.Batch, _ string) opening {
 		s.keys.queueHolds(b, run.Scope, run.Key, token, &holds, &left)
-		return false
+		return opening{}
 	})
 	if t != nil {
 		defer t.end(ctx)

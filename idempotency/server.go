@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -170,12 +171,11 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 	ctx := r.Context()
 	var got bool
 	var row *stored
-	t, err := s.begin(ctx, func(b *pgx.Batch, idle string) bool {
+	t, err := s.begin(ctx, func(b *pgx.Batch, idle string) opening {
 		if k == nil {
-			return false
+			return opening{}
 		}
-		s.keys.queueClaim(b, k.scope, k.key, idle, s.cfg.InProgressWait, &got, &row)
-		return true
+		return s.queueClaim(b, k, idle, s.cfg.InProgressWait, &got, &row)
 	})
 	if t == nil {
 		s.unavailable(w, r, "begin", err)
@@ -261,11 +261,12 @@ func (s *Server) idle() string {
 // the key must be stored. The transaction's
 // commit check is opened with it: its last round trip starts with
 // closing, so that only the server can commit it. queue gets the
-// transaction's idle timeout ("" for the server's) and reports whether it
-// set it (the claim does, in its first statement); else begin does. A nil
-// requestTx is a connection not borrowed; with one, err is the round
-// trip's, and the caller ends it.
-func (s *Server) begin(ctx context.Context, queue func(b *pgx.Batch, idle string) (setsIdle bool)) (*requestTx, error) {
+// transaction's idle timeout ("" for the server's) and reports what it
+// did of begin's work: set the timeout (the claim does, in its first
+// statement), open the check (the claim does, unless it replays); begin
+// does the rest. A nil requestTx is a connection not borrowed; with one,
+// err is the round trip's, and the caller ends it.
+func (s *Server) begin(ctx context.Context, queue func(b *pgx.Batch, idle string) opening) (*requestTx, error) {
 	conn, err := s.db.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -273,12 +274,28 @@ func (s *Server) begin(ctx context.Context, queue func(b *pgx.Batch, idle string
 	t := &requestTx{conn: conn, tx: pipetx.New(conn.Conn())}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE")
-	s.check.queueOpen(b)
 	idle := s.idle()
-	if !queue(b, idle) && idle != "" {
+	done := queue(b, idle)
+	if !done.opensCheck {
+		s.check.queueOpen(b)
+	}
+	if !done.setsIdle && idle != "" {
 		b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, idle)
 	}
 	return t, conn.SendBatch(ctx, b).Close()
+}
+
+// opening is what a queue function given to begin did of begin's work.
+type opening struct{ setsIdle, opensCheck bool }
+
+// queueClaim adds k's claim to b, the first round trip of its request's
+// transaction (see keys.queueClaim), with the opening of the commit check
+// after the key's read, unless the key is stored (see
+// commitCheck.queueOpenUnlessStored).
+func (s *Server) queueClaim(b *pgx.Batch, k *keyed, idle string, wait time.Duration, got *bool, row **stored) opening {
+	s.keys.queueClaim(b, k.scope, k.key, idle, wait, got, row)
+	s.check.queueOpenUnlessStored(b, s.keys.table, k.scope, k.key)
+	return opening{setsIdle: true, opensCheck: true}
 }
 
 // requestTx is a request's transaction on a borrowed connection.

@@ -8,26 +8,37 @@
 -- handler's rows durable without the key, and the client's retry would
 -- run the handler again: two payments.
 --
--- So every such transaction opens with open_request, which inserts the
--- session's row (its backend pid) into open_requests, and the server's
--- closing round trip begins with close_request, which deletes it and
--- raises SQLSTATE KO004 when there is nothing to delete: the transaction
--- is no longer the one the server opened. A deferred constraint trigger
--- checks at COMMIT that the row is gone, and refuses the COMMIT (KO004,
--- and the transaction rolls back) when it is not.
+-- So every such transaction opens with open_request, which inserts a row
+-- into open_requests and keeps where it went (its ctid) in a setting of
+-- the transaction, and the server's closing round trip begins with
+-- close_request, which deletes that row, clears the setting, and raises
+-- SQLSTATE KO004 when there is nothing to delete: the transaction is no
+-- longer the one the server opened (a setting of the transaction ends
+-- with it). The row's deferred constraint trigger checks at COMMIT that
+-- the request was closed, and refuses the COMMIT (KO004, and the
+-- transaction rolls back) when it was not.
 --
--- The table is UNLOGGED: its rows never outlive their transaction (they
--- are deleted before every COMMIT, or rolled back), so there is nothing
--- to recover after a crash, and the two writes per request cost no WAL.
+-- The table is UNLOGGED and has no index: its rows never outlive their
+-- transaction (they are deleted before every COMMIT, or rolled back), so
+-- there is nothing to recover after a crash, the two writes per request
+-- cost no WAL, and each is found by its ctid: the dead rows vacuum has
+-- not yet removed cost nothing to step over.
 CREATE UNLOGGED TABLE {{schema}}.open_requests (
-    backend integer PRIMARY KEY
+    backend integer NOT NULL DEFAULT pg_backend_pid()
 );
 
+-- PL/pgSQL, like the others: it keeps its plans for the session, where an
+-- SQL function holding an INSERT would be planned again at every call.
 CREATE FUNCTION {{schema}}.open_request()
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
-    INSERT INTO {{schema}}.open_requests (backend) VALUES (pg_backend_pid())
+DECLARE
+    opened tid;
+BEGIN
+    INSERT INTO {{schema}}.open_requests DEFAULT VALUES RETURNING ctid INTO opened;
+    PERFORM set_config('kafkaonce.open_request', opened::text, true);
+END
 $$;
 
 CREATE FUNCTION {{schema}}.close_request()
@@ -35,11 +46,13 @@ RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    DELETE FROM {{schema}}.open_requests WHERE backend = pg_backend_pid();
+    DELETE FROM {{schema}}.open_requests
+        WHERE ctid = nullif(current_setting('kafkaonce.open_request', true), '')::tid;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'kafkaonce: the request''s transaction is not open: a statement of the handler''s ended the transaction the server opened'
             USING ERRCODE = 'KO004';
     END IF;
+    PERFORM set_config('kafkaonce.open_request', '', true);
 END
 $$;
 
@@ -48,7 +61,7 @@ RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM {{schema}}.open_requests WHERE backend = NEW.backend) THEN
+    IF coalesce(current_setting('kafkaonce.open_request', true), '') <> '' THEN
         RAISE EXCEPTION 'kafkaonce: a statement of the handler''s tried to commit the transaction of an HTTP request: refused, the transaction rolls back'
             USING ERRCODE = 'KO004';
     END IF;

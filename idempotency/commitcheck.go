@@ -13,24 +13,33 @@ import (
 
 // commitCheck is the database's half of "only the server commits a
 // request's transaction" (migration 017): every transaction the server
-// begins opens a row in open_requests, and the server's closing round trip
-// deletes it first, so a COMMIT the handler sent on the bare connection
-// finds the row and is refused. The guard around the handler's pgx.Tx is
-// the other half: it sends no statement that would end the transaction.
+// begins opens with a row in open_requests that cannot be committed (a
+// foreign key, checked at COMMIT, to a table that stays empty), and the
+// server's closing round trip deletes it first, so a COMMIT the handler
+// sent on the bare connection finds the row and is refused. The guard
+// around the handler's pgx.Tx is the other half: it sends no statement
+// that would end the transaction.
 type commitCheck struct {
-	open, close, deferred string
-	guard                 *txguard.CommitCheck
+	open, openUnlessStored, close, deferred string
+	guard                                   *txguard.CommitCheck
 }
 
-func newCommitCheck(schemaName string) *commitCheck {
+func newCommitCheck(schemaName, keysTable string) *commitCheck {
+	requests := schema.Table(schemaName, "open_requests")
+	// The row's ctid is kept in a setting of the transaction, for the
+	// close to find the row without an index.
+	opened := `SELECT set_config('kafkaonce.open_request', ctid::text, true) FROM opened`
 	c := &commitCheck{
-		open:     `SELECT ` + schema.Table(schemaName, "open_request") + `()`,
+		open: `WITH opened AS (INSERT INTO ` + requests + ` DEFAULT VALUES RETURNING ctid) ` + opened,
+		openUnlessStored: `WITH opened AS (INSERT INTO ` + requests + ` (backend) SELECT pg_backend_pid() WHERE NOT EXISTS (
+			SELECT FROM ` + keysTable + ` WHERE scope = $1 AND idem_key = $2 AND status IS NOT NULL AND expires_at > clock_timestamp())
+			RETURNING ctid) ` + opened,
 		close:    `SELECT ` + schema.Table(schemaName, "close_request") + `()`,
 		deferred: `SET CONSTRAINTS ` + schema.Table(schemaName, "open_requests_closed_at_commit") + ` DEFERRED`,
 	}
 	// Around a handler's SET CONSTRAINTS … IMMEDIATE: the row goes (so the
-	// trigger that statement fires finds nothing), then the trigger is
-	// deferred again and the row is back.
+	// check that statement fires finds nothing to refuse), then the check
+	// is deferred again and a row is back.
 	c.guard = &txguard.CommitCheck{
 		Lift: c.queueClose,
 		Restore: func(b *pgx.Batch) {
@@ -53,18 +62,17 @@ func (c *commitCheck) queueOpen(b *pgx.Batch) { b.Queue(c.open) }
 // statement cannot be (this request holds the key's lock, or, without
 // it, goes no further than answering 409), and one that expires between
 // them is opened, which only costs the write.
-func (c *commitCheck) queueOpenUnlessStored(b *pgx.Batch, keysTable, scope, key string) {
-	b.Queue(c.open+` WHERE NOT EXISTS (SELECT FROM `+keysTable+`
-		WHERE scope = $1 AND idem_key = $2 AND status IS NOT NULL AND expires_at > clock_timestamp())`, scope, key)
+func (c *commitCheck) queueOpenUnlessStored(b *pgx.Batch, scope, key string) {
+	b.Queue(c.openUnlessStored, scope, key)
 }
 
 // queueClose adds its closing to b, the last round trip, before the
 // COMMIT: it fails (KO004) when the transaction is not the one opened.
 func (c *commitCheck) queueClose(b *pgx.Batch) { b.Queue(c.close) }
 
-// requestNotOpen is the SQLSTATE the check raises: at close, when the
-// transaction is not the one the server opened; at COMMIT, when a COMMIT
-// the handler sent finds the row still there.
+// requestNotOpen is the SQLSTATE the close raises when the transaction is
+// not the one the server opened. (A COMMIT before the close fails with
+// 23503, foreign_key_violation, on open_requests_closed_at_commit.)
 const requestNotOpen = "KO004"
 
 // handlersFault reports whether err, from the closing round trip, is the
@@ -77,5 +85,16 @@ const requestNotOpen = "KO004"
 // like an error the handler returned.
 func handlersFault(err error) bool {
 	var pg *pgconn.PgError
-	return errors.As(err, &pg) && (pg.Code == requestNotOpen || strings.HasPrefix(pg.Code, "23") || strings.HasPrefix(pg.Code, "25"))
+	if !errors.As(err, &pg) {
+		return false
+	}
+	switch {
+	case pg.Code == "25P03", pg.Code == "25P04":
+		// idle_in_transaction_session_timeout, transaction_timeout: the
+		// server ended the session; a retry that is quicker gets through.
+		return false
+	case pg.Code == requestNotOpen, strings.HasPrefix(pg.Code, "23"), strings.HasPrefix(pg.Code, "25"):
+		return true
+	}
+	return false
 }

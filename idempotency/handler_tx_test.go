@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -371,10 +372,15 @@ func TestSetConstraintsRunsAloneWhileTheCheckIsLifted(t *testing.T) {
 // arguments.
 func TestTheSimpleProtocolCannotTurnAnArgumentIntoStatements(t *testing.T) {
 	t.Parallel()
-	const divergent = `SELECT name'\' AS a, ' $1 ' AS b`
-	const injected = "; COMMIT; SELECT "
-	for _, mode := range []string{"chosen by the call", "the pool's default"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, tc := range []struct{ mode, divergent, injected string }{
+		{"chosen by the call", `SELECT name'\' AS a, ' $1 ' AS b`, "; COMMIT; SELECT "},
+		{"the pool's default", `SELECT name'\' AS a, ' $1 ' AS b`, "; COMMIT; SELECT "},
+		// An E'' string continued on the next line is one E'' string to
+		// the server, and a plain string to pgx.
+		{"chosen by the call", "SELECT E'memo'\n'\\' || $1", "); ROLLBACK; INSERT INTO t VALUES (666); COMMIT; BEGIN; --"},
+	} {
+		mode, divergent, injected := tc.mode, tc.divergent, tc.injected
+		t.Run(mode+": "+divergent, func(t *testing.T) {
 			t.Parallel()
 			var args []any
 			var db *testenv.DB
@@ -426,4 +432,70 @@ func TestAReplayOpensNoCommitCheck(t *testing.T) {
 	resp, body = p.post("k2", "alice", `{"amount":1}`)
 	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
 	require.EqualValues(t, 1, opened(), "a new key opens it")
+}
+
+// The commit check's row cannot be committed, whatever the transaction's
+// settings say: a handler that resets them through tx (RESET ALL) and
+// then commits on the bare connection is refused as any other, and the
+// request fails with nothing kept.
+func TestResetSettingsLeaveTheCommitCheckInPlace(t *testing.T) {
+	t.Parallel()
+	for _, reset := range []string{"RESET ALL", "RESET kafkaonce.open_request", "SET kafkaonce.open_request TO DEFAULT", "SET LOCAL kafkaonce.open_request = ''"} {
+		t.Run(reset, func(t *testing.T) {
+			t.Parallel()
+			p := newPayments(t, nil)
+			status := p.requireKeptOnlyWithTheKey(t, func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+				if err := p.create(w, r, tx); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(r.Context(), reset); err != nil {
+					return err
+				}
+				_, _ = tx.Conn().Exec(r.Context(), "COMMIT")
+				return nil
+			})
+			require.Equal(t, http.StatusInternalServerError, status)
+		})
+	}
+}
+
+// In the simple protocol (the pool's default) pgx sends a batch as one
+// text, its queries joined: a batch one of whose queries ends inside a
+// quote, so that joined they would end the request's transaction, is not
+// sent.
+func TestABatchInTheSimpleProtocolIsReadAsPgxJoinsIt(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol })
+	p := newPaymentsOn(t, db, nil)
+	status := p.requireKeptOnlyWithTheKey(t, func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		b.Queue("SELECT $$")
+		b.Queue("$$; ROLLBACK; INSERT INTO " + p.table + " (amount, account) VALUES (1, 'a'); COMMIT; BEGIN; SELECT $$")
+		b.Queue("$$")
+		err := tx.SendBatch(r.Context(), b).Close()
+		assert.ErrorContains(t, err, "joins a batch's queries")
+		return err
+	})
+	require.Equal(t, http.StatusInternalServerError, status)
+}
+
+// A transaction the server ended for idling past
+// IdleInTransactionTimeout (25P03, and the connection with it) is the
+// database's "try again": a retry that does not idle gets through.
+func TestATransactionEndedForIdlingIsTryAgain(t *testing.T) {
+	t.Parallel()
+	p := newPayments(t, &idempotency.Config{IdleInTransactionTimeout: time.Second})
+	p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		if err := p.create(w, r, tx); err != nil {
+			return err
+		}
+		time.Sleep(2 * time.Second) // idle in the transaction, past its timeout
+		return nil
+	}
+	resp, body := p.post("k1", "alice", `{"amount":1}`)
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, body)
+	require.Zero(t, p.keysStored())
+	p.handle = p.create
+	resp, body = p.post("k1", "alice", `{"amount":1}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
 }

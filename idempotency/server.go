@@ -83,7 +83,8 @@ func New(db DB, cfg *Config) (*Server, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &Server{db: db, cfg: c, keys: newKeys(c.Schema), check: newCommitCheck(c.Schema), log: c.Logger}, nil
+	keys := newKeys(c.Schema)
+	return &Server{db: db, cfg: c, keys: keys, check: newCommitCheck(c.Schema, keys.table), log: c.Logger}, nil
 }
 
 // Handle returns an http.Handler that serves h under the server's rules.
@@ -294,7 +295,7 @@ type opening struct{ setsIdle, opensCheck bool }
 // commitCheck.queueOpenUnlessStored).
 func (s *Server) queueClaim(b *pgx.Batch, k *keyed, idle string, wait time.Duration, got *bool, row **stored) opening {
 	s.keys.queueClaim(b, k.scope, k.key, idle, wait, got, row)
-	s.check.queueOpenUnlessStored(b, s.keys.table, k.scope, k.key)
+	s.check.queueOpenUnlessStored(b, k.scope, k.key)
 	return opening{setsIdle: true, opensCheck: true}
 }
 

@@ -23,9 +23,23 @@ type call struct {
 	args []any
 	// params is how many of args are the statement's arguments.
 	params int
-	// inText: pgx will write the arguments into the text (the simple
-	// protocol, with arguments).
-	inText bool
+	// mode is the call's own QueryExecMode, when explicit.
+	mode     pgx.QueryExecMode
+	explicit bool
+}
+
+// inText reports whether pgx will write the arguments into the text: the
+// simple protocol, with arguments. defaultMode is the connection's mode,
+// asked only when the call has none of its own.
+func (c call) inText(defaultMode func() pgx.QueryExecMode) bool {
+	if c.params == 0 {
+		return false
+	}
+	mode := c.mode
+	if !c.explicit {
+		mode = defaultMode()
+	}
+	return mode == pgx.QueryExecModeSimpleProtocol
 }
 
 // maxRewrites bounds how many times a rewriter may return another one.
@@ -35,13 +49,13 @@ var errRewritesLoop = fmt.Errorf("the query's QueryRewriter returned arguments l
 
 // resolve applies the QueryRewriter among the leading options of args to
 // sql, as pgx does, until none is left. In a batch, pgx reads no option
-// but a rewriter, and sends in the connection's default mode.
-func resolve(ctx context.Context, conn *pgx.Conn, defaultMode func() pgx.QueryExecMode, sql string, args []any, batch bool) (call, error) {
+// but a rewriter. conn is asked for only when there is a rewriter to give
+// it to: a batch handler's transaction opens at its first use.
+func resolve(ctx context.Context, conn func() *pgx.Conn, sql string, args []any, batch bool) (call, error) {
 	for range maxRewrites {
 		var rewriter pgx.QueryRewriter
 		var options []any
-		var mode pgx.QueryExecMode
-		explicit := false
+		c := call{sql: sql, args: args}
 		i := 0
 	options:
 		for ; i < len(args); i++ {
@@ -54,7 +68,7 @@ func resolve(ctx context.Context, conn *pgx.Conn, defaultMode func() pgx.QueryEx
 			}
 			switch m := args[i].(type) {
 			case pgx.QueryExecMode:
-				mode, explicit = m, true
+				c.mode, c.explicit = m, true
 			case pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
 			default:
 				break options
@@ -63,15 +77,14 @@ func resolve(ctx context.Context, conn *pgx.Conn, defaultMode func() pgx.QueryEx
 		}
 		params := args[i:]
 		if rewriter == nil {
-			if !explicit && len(params) > 0 {
-				mode = defaultMode()
-			}
-			return call{sql: sql, args: args, params: len(params), inText: mode == pgx.QueryExecModeSimpleProtocol && len(params) > 0}, nil
+			c.params = len(params)
+			return c, nil
 		}
-		if conn == nil {
+		cn := conn()
+		if cn == nil {
 			return call{}, errors.New("a QueryRewriter needs the transaction's connection, and there is none")
 		}
-		rewritten, rewrittenArgs, err := rewriter.RewriteQuery(ctx, conn, sql, params)
+		rewritten, rewrittenArgs, err := rewriter.RewriteQuery(ctx, cn, sql, params)
 		if err != nil {
 			return call{}, fmt.Errorf("rewrite query failed: %w", err)
 		}

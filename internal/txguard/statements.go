@@ -30,14 +30,16 @@ type verdict struct {
 	// server does not (see readsAlikeToPgx).
 	pgxDiverges bool
 	// open: the text ends inside a string, a quoted identifier or a block
-	// comment.
-	open bool
+	// comment, read either way; openStandard: read with
+	// standard_conforming_strings on, which pgx's simple protocol needs.
+	open, openStandard bool
 }
 
 // scan looks at every statement of sql.
 func scan(sql string) verdict {
 	// The common text (no quote, no backslash) reads the same both ways.
 	v := scanWith(sql, false)
+	v.openStandard = v.open
 	if v.control == "" && strings.IndexByte(sql, '\\') >= 0 {
 		other := scanWith(sql, true)
 		v.control = other.control
@@ -183,7 +185,11 @@ func (l *lexer) stringPrefix(word string) bool {
 	case len(word) != 1:
 		return false
 	case (word == "e" || word == "E") && strings.HasPrefix(rest, "'"):
-		l.quoted('\'', true)
+		if l.quoted('\'', true) {
+			// pgx reads the continued part as a plain string: a backslash
+			// there ends it where the server does not.
+			l.pgxDiverges = true
+		}
 	case strings.ContainsAny(word, "bBxXnN") && strings.HasPrefix(rest, "'"):
 		l.quoted('\'', l.backslashes)
 	case (word == "u" || word == "U") && (strings.HasPrefix(rest, "&'") || strings.HasPrefix(rest, "&\"")):
@@ -197,9 +203,12 @@ func (l *lexer) stringPrefix(word string) bool {
 
 // quoted reads a quoted string or identifier from its opening quote q to
 // its closing one; a doubled quote is one quote, and with backslashes a
-// backslash escapes the byte after it. An unterminated one runs to the end
-// (the server refuses the text).
-func (l *lexer) quoted(q byte, backslashes bool) {
+// backslash escapes the byte after it. A string goes on, in the same
+// mode, past a closing quote followed by whitespace holding a line break
+// and another quote ('a'\n'b' is the one string "ab"): continued reports
+// that it did. An unterminated one runs to the end (the server refuses
+// the text).
+func (l *lexer) quoted(q byte, backslashes bool) (continued bool) {
 	l.i++
 	for l.i < len(l.s) {
 		switch c := l.s[l.i]; {
@@ -209,13 +218,52 @@ func (l *lexer) quoted(q byte, backslashes bool) {
 			l.i += 2
 		case c == q:
 			l.i++
-			return
+			if q != '\'' {
+				return continued
+			}
+			next, ok := l.continuation()
+			if !ok {
+				return continued
+			}
+			l.i, continued = next+1, true
 		default:
 			l.i++
 		}
 	}
 	l.i = len(l.s)
 	l.open = true
+	return continued
+}
+
+// continuation reports whether a string that just closed goes on: what
+// follows is whitespace holding a line break (line comments may come
+// after the break, each ending in one) and then a quote, whose index it
+// returns. As PostgreSQL's scanner has it (scan.l: quotecontinue).
+func (l *lexer) continuation() (quote int, ok bool) {
+	j := l.i
+	for j < len(l.s) && (l.s[j] == ' ' || l.s[j] == '\t' || l.s[j] == '\f') {
+		j++
+	}
+	if j == len(l.s) || l.s[j] != '\n' && l.s[j] != '\r' {
+		return 0, false
+	}
+	for j < len(l.s) {
+		switch c := l.s[j]; {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
+			j++
+		case strings.HasPrefix(l.s[j:], "--"):
+			end := strings.IndexAny(l.s[j:], "\r\n")
+			if end < 0 {
+				return 0, false // a comment must end in a line break here
+			}
+			j += end
+		case c == '\'':
+			return j, true
+		default:
+			return 0, false
+		}
+	}
+	return 0, false
 }
 
 // dollar reads what starts with '$': a parameter ($1), or a dollar-quoted
@@ -242,6 +290,9 @@ func (l *lexer) dollar() {
 	l.i = j
 	l.i++
 	tag := l.s[start:l.i]
+	if strings.Contains(tag, "\uFFFD") {
+		l.pgxDiverges = true // pgx takes U+FFFD for a byte it cannot decode: no tag to it
+	}
 	if end := strings.Index(l.s[l.i:], tag); end >= 0 {
 		l.i += end + len(tag)
 		return

@@ -82,6 +82,12 @@ var statementCases = []struct {
 	{"SELECT a$b$c FROM t; SELECT 1", "", false},
 	{"", "", false},
 	{"SELECT 'unterminated ; COMMIT", "", false},
+	// A string goes on past a line break and a quote, in its own mode
+	// (scan.l: quotecontinue): here the E'' string's \' escapes, and the
+	// plain string after it ends at its backslash.
+	{"SELECT E'a'\n'\\'' || 'x\\' ; COMMIT ; --'", "COMMIT", false},
+	{"SELECT 'a'\n  -- a comment\n'b; COMMIT'", "", false},
+	{"SELECT 'a' 'b'; COMMIT", "COMMIT", false},
 }
 
 func TestScanFindsTheStatementsThatControlTheTransaction(t *testing.T) {
@@ -174,6 +180,9 @@ func TestScanFindsWherePgxReadsATextOtherwise(t *testing.T) {
 		`SELECT a$1 FROM t`:                    false, // a parameter to pgx: a literal then, not a string
 		`SELECT name, 'e' FROM t WHERE x = $1`: false,
 		`SELECT "name"'x'`:                     false,
+		"SELECT E'a'\n'\\' $1 --'":             true, // the continued E'' string is a plain one to pgx
+		"SELECT 'a'\n'b' || $1":                false,
+		"SELECT $\uFFFD$ $1 $\uFFFD$":          true, // no tag to pgx: U+FFFD is its utf8.RuneError
 	} {
 		require.Equal(t, diverges, scan(sql).pgxDiverges, "%s", sql)
 	}
@@ -215,6 +224,8 @@ func FuzzSimpleProtocolArguments(f *testing.F) {
 		{`SELECT $1, '$1'`, "'; ROLLBACK AND CHAIN; SELECT '"},
 		{`SELECT $1 -- $1`, "x\n; COMMIT"},
 		{`SELECT E'\'' || $1`, "\\'; COMMIT; --"},
+		{"SELECT E'a'\n'\\' $1 --'", "; COMMIT; --"},
+		{"SELECT $\uFFFD$ $1 $\uFFFD$", "$\uFFFD$; COMMIT; SELECT $\uFFFD$"},
 	} {
 		f.Add(seed[0], seed[1])
 	}
@@ -227,4 +238,27 @@ func FuzzSimpleProtocolArguments(f *testing.F) {
 			_, _ = Wrap(tx).Exec(ctx, sql, pgx.QueryExecModeSimpleProtocol, arg)
 		})
 	})
+}
+
+// In the simple protocol pgx sends a batch as one text, its queries joined
+// by "\n;": a query that ends inside a quote would run into the next ones,
+// and the server would run statements no query holds alone. Such a batch
+// is not sent.
+func TestABatchIsReadAsTheTextPgxJoinsItInto(t *testing.T) {
+	db := testenv.NewEmptyDB(t, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol })
+	for name, queries := range map[string][]string{
+		"dollar quotes": {"SELECT $$", "$$; COMMIT; SELECT $$", "$$"},
+		"plain quotes":  {"SELECT '", "'; COMMIT; SELECT '", "'"},
+		"a comment":     {"SELECT 1 /*", "*/ COMMIT; /*", "*/"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			requireTransactionKeptBy(t, db.Pool, queries[1], func(ctx context.Context, tx pgx.Tx) {
+				b := &pgx.Batch{}
+				for _, q := range queries {
+					b.Queue(q)
+				}
+				require.ErrorContains(t, Wrap(tx).SendBatch(ctx, b).Close(), "joins a batch's queries")
+			})
+		})
+	}
 }

@@ -64,21 +64,22 @@ func Refuses(sql string) error {
 // transaction answers them with. For statements a handler queues to be
 // sent later; a rewriter it passes gets no context of the call.
 func Queued(tx pgx.Tx, sql string, args []any) (string, []any, error) {
-	mode := func() pgx.QueryExecMode { return pgx.QueryExecModeCacheStatement }
+	mode := defaultMode(tx)
 	if g, ok := tx.(*Tx); ok {
 		mode = g.state.defaultMode
-	} else if c := tx.Conn(); c != nil {
-		mode = func() pgx.QueryExecMode { return c.Config().DefaultQueryExecMode }
 	}
-	c, err := resolve(context.Background(), tx.Conn(), mode, sql, args, true)
+	c, err := resolve(context.Background(), tx.Conn, sql, args, true)
 	if err != nil {
 		return "", nil, err
 	}
-	if err := Refuses(c.sql); err != nil {
-		return "", nil, err
-	}
-	if c.inText && scan(c.sql).pgxDiverges {
+	v := scan(c.sql)
+	switch {
+	case v.control != "":
+		return "", nil, Refuses(c.sql)
+	case v.pgxDiverges && c.inText(mode):
 		return "", nil, errPgxReadsOtherwise
+	case v.openStandard && mode() == pgx.QueryExecModeSimpleProtocol:
+		return "", nil, errBatchJoined // whether another query follows is not known yet
 	}
 	return c.sql, c.args, nil
 }
@@ -103,7 +104,7 @@ type state struct {
 	sealed  atomic.Bool
 	check   *CommitCheck
 
-	conn     *pgx.Conn // the transaction's, for its default mode
+	tx       pgx.Tx // the guarded transaction, for its default mode
 	modeOnce sync.Once
 	mode     pgx.QueryExecMode
 }
@@ -127,11 +128,11 @@ type CommitCheck struct {
 var over = notx.Refusing(ErrCallOver)
 
 // Wrap guards tx.
-func Wrap(tx pgx.Tx) *Tx { return &Tx{tx: tx, state: &state{conn: tx.Conn()}} }
+func Wrap(tx pgx.Tx) *Tx { return &Tx{tx: tx, state: &state{tx: tx}} }
 
 // WrapChecked guards tx, whose COMMIT check is check.
 func WrapChecked(tx pgx.Tx, check *CommitCheck) *Tx {
-	return &Tx{tx: tx, state: &state{check: check, conn: tx.Conn()}}
+	return &Tx{tx: tx, state: &state{check: check, tx: tx}}
 }
 
 // Seal ends the call: from now on every use of t, and of savepoints made
@@ -211,12 +212,12 @@ func (t *Tx) sendCall(ctx context.Context, sql string, args []any, batch bool) (
 	if live == over {
 		return over, call{sql: sql, args: args}, false
 	}
-	c, err := resolve(ctx, live.Conn(), t.state.defaultMode, sql, args, batch)
+	c, err := resolve(ctx, live.Conn, sql, args, batch)
 	if err != nil {
 		return notx.Refusing(err), call{sql: sql, args: args}, false
 	}
 	tx, v, constraints := t.send(c.sql)
-	if tx == live && c.inText && v.pgxDiverges {
+	if tx == live && v.pgxDiverges && c.inText(t.state.defaultMode) {
 		return notx.Refusing(errPgxReadsOtherwise), c, false
 	}
 	return tx, c, constraints
@@ -228,13 +229,20 @@ var errPgxReadsOtherwise = errors.New("the statement was not sent: with the simp
 
 // defaultMode is the connection's QueryExecMode, read once.
 func (s *state) defaultMode() pgx.QueryExecMode {
-	s.modeOnce.Do(func() {
-		s.mode = pgx.QueryExecModeCacheStatement
-		if s.conn != nil {
-			s.mode = s.conn.Config().DefaultQueryExecMode
-		}
-	})
+	s.modeOnce.Do(func() { s.mode = defaultMode(s.tx)() })
 	return s.mode
+}
+
+// defaultMode returns what reads tx's connection's QueryExecMode (pgx's
+// default when there is no connection). Config copies the whole
+// configuration: ask only for a text that needs it.
+func defaultMode(tx pgx.Tx) func() pgx.QueryExecMode {
+	return func() pgx.QueryExecMode {
+		if c := tx.Conn(); c != nil {
+			return c.Config().DefaultQueryExecMode
+		}
+		return pgx.QueryExecModeCacheStatement
+	}
 }
 
 // errConstraintsAlone answers SET CONSTRAINTS sent other than on its own
@@ -256,8 +264,11 @@ func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 		var c call
 		var constraints bool
 		tx, c, constraints = t.sendCall(ctx, q.SQL, q.Arguments, true)
-		if constraints {
+		switch {
+		case constraints:
 			tx = notx.Refusing(errConstraintsAlone)
+		case tx == t.tx && len(b.QueuedQueries) > 1 && scan(c.sql).openStandard && t.state.defaultMode() == pgx.QueryExecModeSimpleProtocol:
+			tx = notx.Refusing(errBatchJoined)
 		}
 		if tx != t.tx {
 			return tx.SendBatch(ctx, b)
@@ -266,6 +277,12 @@ func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	}
 	return t.tx.SendBatch(ctx, b)
 }
+
+// errBatchJoined answers a batch, in the simple protocol, one of whose
+// queries ends inside a quote or a comment: pgx sends the queries joined
+// into one text, where that query's end would swallow the next ones'
+// start, and what the server ran would not be what was read.
+var errBatchJoined = errors.New("the batch was not sent: a query of it ends inside a quote or a comment, and in the simple protocol pgx joins a batch's queries into one text, where it would run into the next query")
 
 func (t *Tx) LargeObjects() pgx.LargeObjects { return t.live().LargeObjects() }
 

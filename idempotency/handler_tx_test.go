@@ -36,6 +36,7 @@ var transactionStatements = []string{
 	"SET LOCAL TRANSACTION READ ONLY",
 	"SET SESSION TRANSACTION READ ONLY",
 	"SET LOCAL SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+	"SET LOCAL session_replication_role = replica",
 	"/* a comment first */ commit",
 }
 
@@ -378,6 +379,7 @@ func TestTheSimpleProtocolCannotTurnAnArgumentIntoStatements(t *testing.T) {
 		// An E'' string continued on the next line is one E'' string to
 		// the server, and a plain string to pgx.
 		{"chosen by the call", "SELECT E'memo'\n'\\' || $1", "); ROLLBACK; INSERT INTO t VALUES (666); COMMIT; BEGIN; --"},
+		{"chosen by the call", "SELECT E'memo' -- a comment first\n'\\' || $1", "); ROLLBACK; INSERT INTO t VALUES (666); COMMIT; BEGIN; --"},
 	} {
 		mode, divergent, injected := tc.mode, tc.divergent, tc.injected
 		t.Run(mode+": "+divergent, func(t *testing.T) {

@@ -104,6 +104,10 @@ func classify(lead []string) string {
 			return "SET TRANSACTION"
 		case word(rest) == "SESSION" && word(rest+1) == "CHARACTERISTICS":
 			return "SET SESSION CHARACTERISTICS"
+		case word(rest) == "SESSION_REPLICATION_ROLE":
+			// replica turns off the triggers that check a transaction at
+			// COMMIT (foreign keys, the commit checks) for rows written after.
+			return "SET SESSION_REPLICATION_ROLE"
 		}
 	}
 	return ""
@@ -236,28 +240,29 @@ func (l *lexer) quoted(q byte, backslashes bool) (continued bool) {
 }
 
 // continuation reports whether a string that just closed goes on: what
-// follows is whitespace holding a line break (line comments may come
-// after the break, each ending in one) and then a quote, whose index it
-// returns. As PostgreSQL's scanner has it (scan.l: quotecontinue).
+// follows is whitespace holding a line break and then a quote, whose index
+// it returns. Line comments count as whitespace on either side of the
+// break, each running to a line break. As PostgreSQL's scanner has it
+// (scan.l: whitespace_with_newline, then quotecontinue).
 func (l *lexer) continuation() (quote int, ok bool) {
 	j := l.i
-	for j < len(l.s) && (l.s[j] == ' ' || l.s[j] == '\t' || l.s[j] == '\f') {
-		j++
-	}
-	if j == len(l.s) || l.s[j] != '\n' && l.s[j] != '\r' {
-		return 0, false
-	}
+	broken := false // the line break was met
 	for j < len(l.s) {
 		switch c := l.s[j]; {
-		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
+		case c == ' ' || c == '\t' || c == '\f':
+			j++
+		case c == '\n' || c == '\r':
+			broken = true
+			j++
+		case broken && c == '\v':
 			j++
 		case strings.HasPrefix(l.s[j:], "--"):
 			end := strings.IndexAny(l.s[j:], "\r\n")
 			if end < 0 {
-				return 0, false // a comment must end in a line break here
+				return 0, false // the text ends in the comment
 			}
 			j += end
-		case c == '\'':
+		case c == '\'' && broken:
 			return j, true
 		default:
 			return 0, false

@@ -45,6 +45,7 @@ var statementCases = []struct {
 	{"SET SESSION SESSION CHARACTERISTICS AS TRANSACTION READ ONLY", "SET SESSION CHARACTERISTICS", false},
 	{"SET SESSION statement_timeout = 0", "", false},
 	{"SET SESSION AUTHORIZATION DEFAULT", "", false},
+	{"SET LOCAL session_replication_role = replica", "SET SESSION_REPLICATION_ROLE", false},
 	{"INSERT INTO t VALUES (1); COMMIT", "COMMIT", false},
 	{"ROLLBACK; INSERT INTO t VALUES (1)", "ROLLBACK", false},
 	{"SELECT 1;;;COMMIT;", "COMMIT", false},
@@ -88,6 +89,7 @@ var statementCases = []struct {
 	{"SELECT E'a'\n'\\'' || 'x\\' ; COMMIT ; --'", "COMMIT", false},
 	{"SELECT 'a'\n  -- a comment\n'b; COMMIT'", "", false},
 	{"SELECT 'a' 'b'; COMMIT", "COMMIT", false},
+	{"SELECT E'y' --c\n'\\'' , '\\' ; COMMIT ; SELECT '\\'' --'", "COMMIT", false}, // a comment before the break too
 }
 
 func TestScanFindsTheStatementsThatControlTheTransaction(t *testing.T) {
@@ -181,6 +183,7 @@ func TestScanFindsWherePgxReadsATextOtherwise(t *testing.T) {
 		`SELECT name, 'e' FROM t WHERE x = $1`: false,
 		`SELECT "name"'x'`:                     false,
 		"SELECT E'a'\n'\\' $1 --'":             true, // the continued E'' string is a plain one to pgx
+		"SELECT E'a' --c\n'\\' $1 --'":         true,
 		"SELECT 'a'\n'b' || $1":                false,
 		"SELECT $\uFFFD$ $1 $\uFFFD$":          true, // no tag to pgx: U+FFFD is its utf8.RuneError
 	} {
@@ -226,6 +229,7 @@ func FuzzSimpleProtocolArguments(f *testing.F) {
 		{`SELECT E'\'' || $1`, "\\'; COMMIT; --"},
 		{"SELECT E'a'\n'\\' $1 --'", "; COMMIT; --"},
 		{"SELECT $\uFFFD$ $1 $\uFFFD$", "$\uFFFD$; COMMIT; SELECT $\uFFFD$"},
+		{"SELECT E'a' --c\n'\\' $1 --'", "; COMMIT; --"},
 	} {
 		f.Add(seed[0], seed[1])
 	}
@@ -247,9 +251,10 @@ func FuzzSimpleProtocolArguments(f *testing.F) {
 func TestABatchIsReadAsTheTextPgxJoinsItInto(t *testing.T) {
 	db := testenv.NewEmptyDB(t, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol })
 	for name, queries := range map[string][]string{
-		"dollar quotes": {"SELECT $$", "$$; COMMIT; SELECT $$", "$$"},
-		"plain quotes":  {"SELECT '", "'; COMMIT; SELECT '", "'"},
-		"a comment":     {"SELECT 1 /*", "*/ COMMIT; /*", "*/"},
+		"dollar quotes":          {"SELECT $$", "$$; COMMIT; SELECT $$", "$$"},
+		"plain quotes":           {"SELECT '", "'; COMMIT; SELECT '", "'"},
+		"a comment":              {"SELECT 1 /*", "*/ COMMIT; /*", "*/"},
+		"a continued E'' string": {"SELECT E'x' --c\n'\\'", "z' ; COMMIT ; SELECT 1 --'"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			requireTransactionKeptBy(t, db.Pool, queries[1], func(ctx context.Context, tx pgx.Tx) {

@@ -214,5 +214,13 @@ func TestAPhasedDuplicateWaitsAtMostInProgressWaitInAll(t *testing.T) {
 
 	a := <-dup
 	t.Logf("the duplicate was answered %d after %v", a.status, a.elapsed.Round(10*time.Millisecond))
+	if a.status == http.StatusCreated {
+		// On a loaded machine the duplicate's look after the lease ran out
+		// may come before X's claim: it is then the retry that takes the
+		// run over, and waits for the row as a taker does, not for a run
+		// in progress. Nothing here to measure.
+		return
+	}
+	require.Equal(t, http.StatusConflict, a.status)
 	require.LessOrEqual(t, a.elapsed, wait+400*time.Millisecond, "a phased duplicate waits up to InProgressWait in all")
 }

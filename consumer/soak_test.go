@@ -344,7 +344,7 @@ func soak(t *testing.T, seed uint64, n int) {
 		}
 		switch f {
 		case -2:
-			crowd(t, e, cfg.GroupID, partitions+2-len(members), startMember)
+			crowd(t, e, cfg.GroupID, len(members), startMember)
 			faults["members outnumbered partitions: the group stayed quiet"]++
 		case -1:
 			faults[retentionDelete(e, deleted, rng, true)]++
@@ -382,7 +382,7 @@ func soak(t *testing.T, seed uint64, n int) {
 	}
 	if !crowded {
 		// A short run: it meets the crowd while it drains.
-		crowd(t, e, cfg.GroupID, partitions+2-len(members), startMember)
+		crowd(t, e, cfg.GroupID, len(members), startMember)
 		faults["members outnumbered partitions: the group stayed quiet"]++
 	}
 	e.waitDrained(3*time.Minute, func() { watch.check(); operator.check() })
@@ -413,13 +413,14 @@ func soak(t *testing.T, seed uint64, n int) {
 	hot.requireBalanced(applied)
 }
 
-// crowd starts extra members, so that some get no partition, waits for
-// the group to settle, and requires it to stay quiet for a while: no
+// crowd starts members beside the before running ones, up to two more
+// than there are partitions, waits for the group to settle, and requires
+// it to stay quiet for a while: no
 // partition assigned anew, and (with the in-process broker) no JoinGroup at
 // all. An idle member that ended its generation would rejoin at once, and
 // when it leads the group, make every member rebalance. Then the extra
 // members leave.
-func crowd(t *testing.T, e *env, group string, extra int, startMember func() *running) {
+func crowd(t *testing.T, e *env, group string, before int, startMember func() *running) {
 	t.Helper()
 	var joins atomic.Int64
 	var counting atomic.Bool
@@ -431,7 +432,8 @@ func crowd(t *testing.T, e *env, group string, extra int, startMember func() *ru
 			return nil, nil, false // observe only
 		})
 	}
-	added := make([]*running, extra)
+	total := e.parts + 2 // two members with nothing to do
+	added := make([]*running, total-before)
 	for i := range added {
 		added[i] = startMember()
 	}
@@ -441,8 +443,10 @@ func crowd(t *testing.T, e *env, group string, extra int, startMember func() *ru
 		if n := assignments(); n != last {
 			last, since = n, time.Now()
 		}
-		state, held, err := e.kafka.GroupAssignment(group, e.topic)
-		return err == nil && state == "Stable" && held == e.parts && time.Since(since) > 2*time.Second
+		// Until every new member has joined, the group may be Stable in
+		// the generation before them.
+		state, members, held, err := e.kafka.GroupAssignment(group, e.topic)
+		return err == nil && state == "Stable" && members == total && held == e.parts && time.Since(since) > 2*time.Second
 	})
 	counting.Store(true)
 	time.Sleep(4 * time.Second)

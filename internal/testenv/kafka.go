@@ -143,13 +143,15 @@ func (k *Kafka) GroupState(group string) (string, error) {
 	return g.State, err
 }
 
-// GroupAssignment returns the group's state and how many partitions of
-// topic its members hold, as the coordinator reports them. A cooperative
-// handover takes two rebalances, and between them the group is Stable with
-// the moving partitions held by no member: only both together say that the
-// group has settled.
-func (k *Kafka) GroupAssignment(group, topic string) (state string, assigned int, err error) {
+// GroupAssignment returns the group's state, its members, and how many
+// partitions of topic they hold, as the coordinator reports them. A
+// cooperative handover takes two rebalances, and between them the group
+// is Stable with the moving partitions held by no member; and a member
+// that is starting is not in the group yet: only all three together say
+// that the group has settled.
+func (k *Kafka) GroupAssignment(group, topic string) (state string, members, assigned int, err error) {
 	g, err := k.describeGroup(group)
+	members = len(g.Members)
 	for _, m := range g.Members {
 		if c, ok := m.Assigned.AsConsumer(); ok {
 			for _, t := range c.Topics {
@@ -159,7 +161,7 @@ func (k *Kafka) GroupAssignment(group, topic string) (state string, assigned int
 			}
 		}
 	}
-	return g.State, assigned, err
+	return g.State, members, assigned, err
 }
 
 func (k *Kafka) describeGroup(group string) (kadm.DescribedGroup, error) {

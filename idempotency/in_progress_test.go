@@ -128,24 +128,11 @@ func TestARunTakenOverAfterALockWaitGetsAWholeLease(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
 	const lease = 2 * time.Second
-	var calls atomic.Int64
 	resumedWith := make(chan time.Duration, 1)
-	_, url := servePhased(t, db.Pool, db.Schema, idempotency.Config{}, idempotency.Flow{
-		Name:  "overrun",
-		Lease: lease,
-		Start: func(*http.Request, pgx.Tx, *idempotency.Run) (idempotency.Step, error) {
-			return idempotency.Continue("a", nil), nil
-		},
-		Phases: []idempotency.Phase{{From: "a", Atomic: func(ctx context.Context, tx pgx.Tx, run *idempotency.Run) (idempotency.Step, error) {
-			if calls.Add(1) == 1 {
-				time.Sleep(lease + 1200*time.Millisecond) // holding the row past the lease
-				return idempotency.Step{}, errors.New("gave up")
-			}
-			deadline, _ := ctx.Deadline()
-			resumedWith <- time.Until(deadline)
-			return idempotency.Respond(http.StatusCreated, nil, []byte("done")), nil
-		}}},
-	})
+	_, url := servePhased(t, db.Pool, db.Schema, idempotency.Config{}, heldPastItsLease(lease, 1200*time.Millisecond, func(ctx context.Context) {
+		deadline, _ := ctx.Deadline()
+		resumedWith <- time.Until(deadline)
+	}))
 	go func() { _, _, _ = postTo(t, http.DefaultClient, url, "k", `{}`) }()
 	time.Sleep(lease + 200*time.Millisecond) // the lease ran out; the row stays locked for a second more
 	resp, body, err := postTo(t, http.DefaultClient, url, "k", `{}`)
@@ -166,21 +153,7 @@ func TestAPhasedDuplicateWaitsAtMostInProgressWaitInAll(t *testing.T) {
 	db := testenv.NewDB(t)
 	const lease = 3 * time.Second
 	const wait = time.Second
-	var calls atomic.Int64
-	f := idempotency.Flow{
-		Name:  "held",
-		Lease: lease,
-		Start: func(*http.Request, pgx.Tx, *idempotency.Run) (idempotency.Step, error) {
-			return idempotency.Continue("a", nil), nil
-		},
-		Phases: []idempotency.Phase{{From: "a", Atomic: func(ctx context.Context, tx pgx.Tx, run *idempotency.Run) (idempotency.Step, error) {
-			if calls.Add(1) == 1 {
-				time.Sleep(lease + 2500*time.Millisecond) // holding the row past the lease
-				return idempotency.Step{}, errors.New("late")
-			}
-			return idempotency.Respond(http.StatusCreated, nil, []byte("done")), nil
-		}}},
-	}
+	f := heldPastItsLease(lease, 2500*time.Millisecond, func(context.Context) {})
 	_, waiting := servePhased(t, db.Pool, db.Schema, idempotency.Config{InProgressWait: wait}, f)
 	_, plain := servePhased(t, db.Pool, db.Schema, idempotency.Config{}, f)
 	go func() { _, _, _ = postTo(t, http.DefaultClient, plain, "k", `{}`) }()
@@ -223,4 +196,26 @@ func TestAPhasedDuplicateWaitsAtMostInProgressWaitInAll(t *testing.T) {
 	}
 	require.Equal(t, http.StatusConflict, a.status)
 	require.LessOrEqual(t, a.elapsed, wait+400*time.Millisecond, "a phased duplicate waits up to InProgressWait in all")
+}
+
+// heldPastItsLease is a flow whose Atomic phase, the first time it runs,
+// holds the run's row for the lease and over more, then fails; every later
+// run calls resumed with its context and answers 201.
+func heldPastItsLease(lease, over time.Duration, resumed func(ctx context.Context)) idempotency.Flow {
+	var calls atomic.Int64
+	return idempotency.Flow{
+		Name:  "held",
+		Lease: lease,
+		Start: func(*http.Request, pgx.Tx, *idempotency.Run) (idempotency.Step, error) {
+			return idempotency.Continue("a", nil), nil
+		},
+		Phases: []idempotency.Phase{{From: "a", Atomic: func(ctx context.Context, _ pgx.Tx, _ *idempotency.Run) (idempotency.Step, error) {
+			if calls.Add(1) == 1 {
+				time.Sleep(lease + over) // holding the row past the lease
+				return idempotency.Step{}, errors.New("held past its lease")
+			}
+			resumed(ctx)
+			return idempotency.Respond(http.StatusCreated, nil, []byte("done")), nil
+		}}},
+	}
 }

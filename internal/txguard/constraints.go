@@ -21,10 +21,9 @@ import (
 // server runs the three or none. A statement that fails aborts the
 // transaction, which then can never commit.
 
-// setConstraints runs c, a SET CONSTRAINTS statement, between the commit
-// check's Lift and Restore.
-func (t *Tx) setConstraints(ctx context.Context, c call) (pgconn.CommandTag, error) {
-	v := scan(c.sql)
+// setConstraints runs c, a SET CONSTRAINTS statement whose text's scan
+// is v, between the commit check's Lift and Restore.
+func (t *Tx) setConstraints(ctx context.Context, c call, v verdict) (pgconn.CommandTag, error) {
 	if c.params > 0 || v.statements != 1 || v.open {
 		return pgconn.CommandTag{}, errConstraintsAlone
 	}

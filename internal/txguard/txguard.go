@@ -206,21 +206,21 @@ func (t *Tx) send(sql string) (tx pgx.Tx, v verdict, constraints bool) {
 }
 
 // sendCall is send for sql and args as pgx will send them (see resolve);
-// c is what to hand pgx.
-func (t *Tx) sendCall(ctx context.Context, sql string, args []any, batch bool) (tx pgx.Tx, c call, constraints bool) {
+// c is what to hand pgx, v what the scan of its text found.
+func (t *Tx) sendCall(ctx context.Context, sql string, args []any, batch bool) (tx pgx.Tx, c call, v verdict, constraints bool) {
 	live := t.live()
 	if live == over {
-		return over, call{sql: sql, args: args}, false
+		return over, call{sql: sql, args: args}, v, false
 	}
 	c, err := resolve(ctx, live.Conn, sql, args, batch)
 	if err != nil {
-		return notx.Refusing(err), call{sql: sql, args: args}, false
+		return notx.Refusing(err), call{sql: sql, args: args}, v, false
 	}
-	tx, v, constraints := t.send(c.sql)
+	tx, v, constraints = t.send(c.sql)
 	if tx == live && v.pgxDiverges && c.inText(t.state.defaultMode) {
-		return notx.Refusing(errPgxReadsOtherwise), c, false
+		return notx.Refusing(errPgxReadsOtherwise), c, v, false
 	}
-	return tx, c, constraints
+	return tx, c, v, constraints
 }
 
 // errPgxReadsOtherwise answers a text pgx would put arguments into where
@@ -262,12 +262,13 @@ func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	for _, q := range b.QueuedQueries {
 		// pgx rewrites the batch's queries in place as it sends them too.
 		var c call
+		var v verdict
 		var constraints bool
-		tx, c, constraints = t.sendCall(ctx, q.SQL, q.Arguments, true)
+		tx, c, v, constraints = t.sendCall(ctx, q.SQL, q.Arguments, true)
 		switch {
 		case constraints:
 			tx = notx.Refusing(errConstraintsAlone)
-		case tx == t.tx && len(b.QueuedQueries) > 1 && scan(c.sql).openStandard && t.state.defaultMode() == pgx.QueryExecModeSimpleProtocol:
+		case tx == t.tx && len(b.QueuedQueries) > 1 && v.openStandard && t.state.defaultMode() == pgx.QueryExecModeSimpleProtocol:
 			tx = notx.Refusing(errBatchJoined)
 		}
 		if tx != t.tx {
@@ -295,15 +296,15 @@ func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDe
 }
 
 func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	tx, c, constraints := t.sendCall(ctx, sql, args, false)
+	tx, c, v, constraints := t.sendCall(ctx, sql, args, false)
 	if !constraints {
 		return tx.Exec(ctx, c.sql, c.args...)
 	}
-	return t.setConstraints(ctx, c)
+	return t.setConstraints(ctx, c, v)
 }
 
 func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	tx, c, constraints := t.sendCall(ctx, sql, args, false)
+	tx, c, _, constraints := t.sendCall(ctx, sql, args, false)
 	if constraints {
 		tx = notx.Refusing(errConstraintsAlone)
 	}
@@ -311,7 +312,7 @@ func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, erro
 }
 
 func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	tx, c, constraints := t.sendCall(ctx, sql, args, false)
+	tx, c, _, constraints := t.sendCall(ctx, sql, args, false)
 	if constraints {
 		tx = notx.Refusing(errConstraintsAlone)
 	}

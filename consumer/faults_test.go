@@ -686,3 +686,87 @@ func TestANetworkErrorIsTheDatabasesOnlyWhenItBrokeTheTransaction(t *testing.T) 
 		})
 	}
 }
+
+// An error that is the database's, whatever statement of the handler's
+// raised it (a full disk under an INSERT, the server shutting down, an
+// I/O error, a corrupted index, a standby that turned read only), never
+// sets a message aside: the transaction runs again, counting no attempt,
+// until the database is back. Each code is raised by the server itself,
+// from the handler's statement (RAISE … USING ERRCODE), more often than
+// MaxAttempts allows: were one counted, the message would be set aside.
+// A code of the handler's (a cancelled statement, StatementTimeout's)
+// still counts.
+func TestTheDatabasesErrorsUnderAHandlerNeverSetAMessageAside(t *testing.T) {
+	t.Parallel()
+	const maxAttempts = 2
+	raise := func(code string) string {
+		return `DO $$ BEGIN RAISE EXCEPTION 'the database fails' USING ERRCODE = '` + code + `'; END $$`
+	}
+	for _, tc := range []struct {
+		code   string
+		batch  bool // queued by a BatchHandler rather than sent by a Handler
+		counts bool // the handler's: the victim is set aside
+	}{
+		{code: "53100"}, // disk_full
+		{code: "53200"}, // out_of_memory
+		{code: "53100", batch: true},
+		{code: "57P01"}, // admin_shutdown
+		{code: "58030"}, // io_error
+		{code: "XX001"}, // data_corrupted
+		{code: "25006"}, // read_only_sql_transaction
+		{code: "40003"}, // statement_completion_unknown
+		{code: "57014", counts: true},
+		{code: "57014", batch: true, counts: true},
+	} {
+		name := tc.code
+		if tc.batch {
+			name += "/BatchHandler"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, 1)
+			ids := e.produceIDs("d", 4)
+			const victim = "d-2"
+			var fails atomic.Int32
+			failing := func(m *consumer.Message) bool {
+				return m.ID == victim && fails.Add(1) <= 3*maxAttempts
+			}
+			apply := e.applyHandler()
+			cfg := e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if failing(m) {
+					if _, err := tx.Exec(ctx, raise(tc.code)); err != nil {
+						return fmt.Errorf("record the order: %w", err)
+					}
+				}
+				return apply.Handle(ctx, tx, m)
+			}))
+			if tc.batch {
+				insert := `INSERT INTO ` + e.db.Table("effects") + ` (message_id, topic, partition, kafka_offset, value) VALUES ($1, $2, $3, $4, $5)`
+				cfg.Handler = nil
+				cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
+					for _, m := range b.Messages {
+						if failing(m) {
+							b.Queue(raise(tc.code))
+						}
+						b.Queue(insert, m.ID, m.Topic, m.Partition, m.Offset, string(m.Value))
+					}
+					return nil
+				})
+			}
+			cfg.Retry.MaxAttempts = maxAttempts
+			r := e.start(cfg)
+			e.waitCommitted(map[int]int64{0: 4}, 60*time.Second)
+			r.stop()
+			if tc.counts {
+				l, ok := e.letters()[victim]
+				require.True(t, ok, "a statement cancelled counts: the victim is set aside")
+				require.Equal(t, deadletter.ClassRetriesExhausted, l.Class)
+				e.check(expectation{ids: ids, poison: []string{victim}})
+				return
+			}
+			require.Greater(t, fails.Load(), int32(maxAttempts), "the database failed under the victim more often than MaxAttempts")
+			require.Empty(t, e.letters(), "the database's errors set a message aside")
+			e.check(expectation{ids: ids})
+		})
+	}
+}

@@ -109,24 +109,14 @@ func classifyHandlerError(err error, connLost bool) *failure {
 }
 
 // isPermanentSQLError reports errors Postgres will raise again for the same
-// data: data exceptions (class 22: invalid text, out-of-range numbers,
-// untranslatable characters), integrity violations (class 23) other than a
-// missing foreign-key parent, which may simply not have arrived yet, and
-// program limits (54000: a value or row too large).
+// data (see sqlFaultOf): data exceptions (class 22: invalid text,
+// out-of-range numbers, untranslatable characters), integrity violations
+// (class 23) other than a missing foreign-key parent, which may simply not
+// have arrived yet, and program limits (class 54: a value or row too
+// large).
 func isPermanentSQLError(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
-		return false
-	}
-	switch {
-	case pgErr.Code == "23503": // foreign_key_violation
-		return false
-	case pgErr.Code[:2] == "22", pgErr.Code[:2] == "23":
-		return true
-	case pgErr.Code[:2] == "54":
-		return true
-	}
-	return false
+	f, ok := sqlFaultIn(err)
+	return ok && f == faultMessages
 }
 
 // isInfraError reports failures of the database or the connection to it,
@@ -136,27 +126,14 @@ func isPermanentSQLError(err error) bool {
 func isInfraError(err error) bool { return isInfraSQLError(err) || isNetworkError(err) }
 
 // isInfraSQLError reports the errors Postgres raises for itself rather
-// than for the message: serialisation failures, deadlocks and lock
-// timeouts (the transaction lost a race and should simply run again; see
-// isContention), the server shutting down, and sessions it ended.
+// than for the message, whatever statement raised them (see sqlFaultOf):
+// the database out of resources (class 53: a full disk), shutting down or
+// refusing connections (57), failing (58, XX), a session it ended, and a
+// transaction that lost a race (serialisation failures, deadlocks and
+// lock timeouts: it should simply run again; see isContention).
 func isInfraSQLError(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	switch pgErr.Code {
-	case "40001", // serialization_failure
-		"40P01", // deadlock_detected
-		"55P03", // lock_not_available (lock_timeout)
-		"57P01", // admin_shutdown
-		"57P02", // crash_shutdown
-		"57P03": // cannot_connect_now
-		return true
-	}
-	// A FATAL error ends the session (an idle-in-transaction timeout,
-	// a terminated backend): the connection is gone, whatever the code.
-	return len(pgErr.Code) == 5 && pgErr.Code[:2] == "08" || // connection_exception
-		pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC" || pgErr.SeverityUnlocalized == "FATAL"
+	f, ok := sqlFaultIn(err)
+	return ok && f == faultDatabases
 }
 
 // isNetworkError reports errors that look like a failed network call: a

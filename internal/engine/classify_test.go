@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/permanent"
@@ -96,5 +97,80 @@ func TestClassifyHandlerError(t *testing.T) {
 	}
 	if permanent.Mark(nil) != nil {
 		t.Error("permanent.Mark(nil) must be nil")
+	}
+}
+
+// Every SQLSTATE class of PostgreSQL's table, through the classification
+// a handler's error gets: the database's (retried without counting), the
+// message's (set aside at once), or the handler's (counted). The codes
+// are what each class raises in practice, and the exceptions within a
+// class.
+func TestEverySQLStateClassIsSorted(t *testing.T) {
+	t.Parallel()
+	const (
+		db      = classInfra
+		message = classPermanent
+		handler = classTransient
+	)
+	cases := []struct {
+		code  string
+		class errClass
+	}{
+		{"00000", handler}, {"01000", handler}, {"02000", handler}, {"03000", handler},
+		{"08000", db}, {"08003", db}, {"08006", db}, {"08P01", db},
+		{"09000", handler}, {"0A000", handler}, {"0B000", handler}, {"0F000", handler},
+		{"0L000", handler}, {"0P000", handler}, {"0Z000", handler}, {"20000", handler},
+		{"21000", handler},
+		{"22001", message}, {"22003", message}, {"22021", message}, {"22P02", message},
+		{"23502", message}, {"23505", message}, {"23514", message}, {"23P01", message},
+		{"23503", handler}, // its parent may not have arrived yet
+		{"24000", handler},
+		{"25001", handler}, {"25P02", handler},
+		{"25006", db},                // a read-only standby
+		{"25P03", db}, {"25P04", db}, // the session ended
+		{"26000", handler}, {"27000", handler},
+		{"28000", db}, {"28P01", db},
+		{"2B000", handler}, {"2D000", handler}, {"2F005", handler}, {"34000", handler},
+		{"38000", handler}, {"39000", handler}, {"3B001", handler},
+		{"3D000", db},
+		{"3F000", handler},
+		{"40000", db}, {"40001", db}, {"40003", db}, {"40P01", db},
+		{"40002", message},
+		{"42501", handler}, {"42601", handler}, {"42P01", handler}, {"42703", handler},
+		{"44000", message},
+		{"53000", db}, {"53100", db}, {"53200", db}, {"53300", db}, {"53400", db},
+		{"54000", message}, {"54001", message}, {"54011", message}, {"54023", message},
+		{"55000", handler}, {"55006", handler},
+		{"55P03", db}, // a lock wait lost a race
+		{"57000", db}, {"57P01", db}, {"57P02", db}, {"57P03", db}, {"57P04", db}, {"57P05", db},
+		{"57014", handler}, // StatementTimeout
+		{"58000", db}, {"58030", db}, {"58P01", db},
+		{"72000", db},
+		{"F0000", db}, {"F0001", db},
+		{"HV000", handler}, {"HV00N", handler},
+		{"P0000", handler}, {"P0001", handler}, {"P0004", handler},
+		{"XX000", db}, {"XX001", db}, {"XX002", db},
+		{"KO003", handler}, // a class of no one's table: a trigger of the user's
+	}
+	for _, tc := range cases {
+		t.Run(tc.code, func(t *testing.T) {
+			err := fmt.Errorf("exec: %w", &pgconn.PgError{Code: tc.code, Severity: "ERROR", SeverityUnlocalized: "ERROR"})
+			require.Equal(t, tc.class, classifyHandlerError(err, false).class)
+			require.Equal(t, tc.class == db, isInfraError(err), "as the consumer's own statement's error")
+		})
+	}
+	for _, severity := range []string{"FATAL", "PANIC"} {
+		for _, code := range []string{"XX000", "22021", "42601", "57014"} {
+			err := &pgconn.PgError{Code: code, Severity: severity, SeverityUnlocalized: severity}
+			require.Equal(t, db, classifyHandlerError(err, false).class, "%s %s ends the session: the database's", severity, code)
+		}
+	}
+	// Every class of the table is named, so that a new code of a known
+	// class is sorted as its class is.
+	for _, tc := range cases {
+		if tc.code[:2] != "KO" {
+			_, ok := sqlClassFaults[tc.code[:2]]
+			require.True(t, ok, "class %s is not in sqlClassFaults", tc.code[:2])
+		}
 	}
 }

@@ -104,6 +104,14 @@ func classify(lead []string) string {
 			return "SET TRANSACTION"
 		case word(rest) == "SESSION" && word(rest+1) == "CHARACTERISTICS":
 			return "SET SESSION CHARACTERISTICS"
+		case word(rest) == "TRANSACTION_READ_ONLY", word(rest) == "TRANSACTION_ISOLATION", word(rest) == "TRANSACTION_DEFERRABLE",
+			word(rest) == "DEFAULT_TRANSACTION_READ_ONLY":
+			// The settings behind SET TRANSACTION: a transaction made read
+			// only fails the consumer's own statements with the code of a
+			// read-only standby (25006), which is the database's and retried
+			// without end; the default makes every later transaction of the
+			// pooled connection so.
+			return "SET " + word(rest)
 		case word(rest) == "SESSION_REPLICATION_ROLE":
 			// replica turns off the triggers that check a transaction at
 			// COMMIT (foreign keys, the commit checks) for rows written after.

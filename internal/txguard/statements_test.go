@@ -46,6 +46,13 @@ var statementCases = []struct {
 	{"SET SESSION statement_timeout = 0", "", false},
 	{"SET SESSION AUTHORIZATION DEFAULT", "", false},
 	{"SET LOCAL session_replication_role = replica", "SET SESSION_REPLICATION_ROLE", false},
+	// The settings behind SET TRANSACTION, and the default that would make
+	// the pooled connection's later transactions read only.
+	{"SET transaction_read_only = on", "SET TRANSACTION_READ_ONLY", false},
+	{"set local transaction_isolation to 'serializable'", "SET TRANSACTION_ISOLATION", false},
+	{"SET SESSION transaction_deferrable = true", "SET TRANSACTION_DEFERRABLE", false},
+	{"SET default_transaction_read_only = on", "SET DEFAULT_TRANSACTION_READ_ONLY", false},
+	{"SET default_transaction_isolation = 'serializable'", "", false},
 	{"INSERT INTO t VALUES (1); COMMIT", "COMMIT", false},
 	{"ROLLBACK; INSERT INTO t VALUES (1)", "ROLLBACK", false},
 	{"SELECT 1;;;COMMIT;", "COMMIT", false},

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -222,4 +223,113 @@ type rewriteTo string
 
 func (r rewriteTo) RewriteQuery(_ context.Context, _ *pgx.Conn, _ string, args []any) (string, []any, error) {
 	return string(r), args, nil
+}
+
+// A handler may check its own deferred constraints early, with SET
+// CONSTRAINTS … IMMEDIATE: it is no attempt to end the transaction, and
+// the batch's commit check (a deferred trigger of its own) is lifted
+// around it and put back, deferred again. A violation it finds is the
+// message's; a COMMIT on the bare connection after it is still refused.
+// Only Exec may send it: queued, it cannot be lifted around, and is
+// refused with a message that says how to send it.
+func TestAHandlerMayCheckItsDeferredConstraintsEarly(t *testing.T) {
+	t.Parallel()
+	const check = "SET CONSTRAINTS ALL IMMEDIATE"
+	for _, tc := range []struct {
+		name string
+		// how: "handler" (Exec on tx), "batch" (Exec on Batch.Tx),
+		// "queued" (Batch.Queue).
+		how        string
+		claimFirst bool
+		// then, for x-2: "" (nothing), "violate" (a deferred unique key
+		// of the handler's, broken before the check), "commit" (COMMIT on
+		// the bare connection after the check).
+		then  string
+		class deadletter.Class
+	}{
+		{name: "Handler", how: "handler"},
+		{name: "Handler finds its violation early", how: "handler", then: "violate", class: deadletter.ClassData},
+		{name: "Handler commits on the bare connection after it", how: "handler", then: "commit", class: deadletter.ClassTxMisuse},
+		{name: "BatchHandler through Batch.Tx, one round trip", how: "batch"},
+		{name: "BatchHandler through Batch.Tx, ClaimFirst", how: "batch", claimFirst: true},
+		{name: "BatchHandler through Batch.Tx finds its violation early", how: "batch", claimFirst: true, then: "violate", class: deadletter.ClassData},
+		{name: "BatchHandler queues it", how: "queued", class: deadletter.ClassRetriesExhausted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, 1)
+			keys := e.db.Table("handler_keys")
+			e.db.Exec(t, `CREATE TABLE `+keys+` (k text, CONSTRAINT handler_keys_k UNIQUE (k) DEFERRABLE INITIALLY DEFERRED)`)
+			apply := e.applyHandler()
+			handle := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if err := apply.Handle(ctx, tx, m); err != nil {
+					return err
+				}
+				n := 1
+				if m.ID == "x-2" && tc.then == "violate" {
+					n = 2
+				}
+				for range n {
+					if _, err := tx.Exec(ctx, `INSERT INTO `+keys+` VALUES ($1)`, m.ID); err != nil {
+						return err
+					}
+				}
+				if _, err := tx.Exec(ctx, check); err != nil {
+					return fmt.Errorf("check the keys: %w", err)
+				}
+				if m.ID == "x-2" && tc.then == "commit" {
+					_, _ = tx.Conn().PgConn().Exec(ctx, "COMMIT").ReadAll()
+				}
+				return nil
+			}
+			var cfg *consumer.Config
+			switch tc.how {
+			case "handler":
+				cfg = e.config(consumer.HandlerFunc(handle))
+			case "batch":
+				cfg = batchConfig(e, consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
+					for _, m := range b.Messages {
+						if err := handle(ctx, b.Tx, m); err != nil {
+							return err
+						}
+					}
+					return nil
+				}))
+			case "queued":
+				insert := `INSERT INTO ` + e.db.Table("effects") + ` (message_id, topic, partition, kafka_offset, value) VALUES ($1, $2, $3, $4, $5)`
+				cfg = batchConfig(e, consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
+					for _, m := range b.Messages {
+						b.Queue(insert, m.ID, m.Topic, m.Partition, m.Offset, string(m.Value))
+						if m.ID == "x-2" {
+							b.Queue(check)
+						}
+					}
+					return nil
+				}))
+				cfg.Retry.MaxAttempts = 2
+			}
+			cfg.ClaimFirst = tc.claimFirst
+			e.produceIDs("w", 1)
+			r := e.start(cfg)
+			// A first batch stores a position, so the next may go in one
+			// round trip.
+			e.waitCommitted(map[int]int64{0: 1}, 30*time.Second)
+			ids := append([]string{"w-0"}, e.produceIDs("x", 5)...)
+			e.waitCommitted(map[int]int64{0: 6}, 60*time.Second)
+			r.stop()
+			require.Empty(t, e.events.snapshot().stopped)
+			var poison []string
+			if tc.class != "" {
+				poison = []string{"x-2"}
+				l := e.letters()["x-2"]
+				require.Equal(t, tc.class, l.Class, "x-2's letter: %s", l.Error)
+				if tc.how == "queued" {
+					require.Contains(t, l.Error, "send SET CONSTRAINTS on its own, with tx.Exec")
+				}
+			} else {
+				require.Empty(t, e.letters())
+			}
+			e.check(expectation{ids: ids, poison: poison})
+		})
+	}
 }

@@ -122,6 +122,10 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 	w.scratch = nil
 	out, abandoned := usercall.Run(work, w.user.limits, func(hctx, ctx context.Context, uc *usercall.Attempt) txOutcome {
 		a.uc = uc
+		if w.batchCheck == nil {
+			w.batchCheck = w.offsets.CommitCheck(w.cfg.Name, w.topic, w.partition)
+		}
+		uc.SetCommitCheck(w.batchCheck)
 		out := a.tx(hctx, ctx)
 		out.st = a.st
 		return out

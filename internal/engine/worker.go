@@ -14,6 +14,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/recent"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
+	"github.com/kafkaonce/kafkaonce/internal/txguard"
 )
 
 // ErrMessagesDeleted: the partition's log no longer holds messages this
@@ -36,6 +37,9 @@ type worker struct {
 	// kafkaOffset is the group's committed offset at assignment, -1 when
 	// there is none.
 	kafkaOffset int64
+	// batchCheck is the commit check of the partition's batches, for the
+	// guard around a handler's transaction (see positions.CommitCheck).
+	batchCheck *txguard.CommitCheck
 
 	// next is the offset after the last message processed (or the start
 	// offset); it is where fetching resumes after a fetch error.

@@ -65,7 +65,8 @@ func Refuses(sql string) error {
 // sent later; a rewriter it passes gets no context of the call.
 func Queued(tx pgx.Tx, sql string, args []any) (string, []any, error) {
 	mode := defaultMode(tx)
-	if g, ok := tx.(*Tx); ok {
+	g, ok := tx.(*Tx)
+	if ok {
 		mode = g.state.defaultMode
 	}
 	c, err := resolve(context.Background(), tx.Conn, sql, args, true)
@@ -76,6 +77,8 @@ func Queued(tx pgx.Tx, sql string, args []any) (string, []any, error) {
 	switch {
 	case v.control != "":
 		return "", nil, Refuses(c.sql)
+	case v.constraints && ok && g.state.check != nil:
+		return "", nil, errConstraintsAlone
 	case v.pgxDiverges && c.inText(mode):
 		return "", nil, errPgxReadsOtherwise
 	case v.openStandard && mode() == pgx.QueryExecModeSimpleProtocol:
@@ -297,7 +300,9 @@ func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDe
 
 func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	tx, c, v, constraints := t.sendCall(ctx, sql, args, false)
-	if !constraints {
+	if !constraints || tx.Conn() == nil {
+		// No connection: a stand-in for a transaction not begun yet
+		// (notx), which answers for itself.
 		return tx.Exec(ctx, c.sql, c.args...)
 	}
 	return t.setConstraints(ctx, c, v)

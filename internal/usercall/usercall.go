@@ -91,6 +91,10 @@ type Attempt struct {
 	timedOut atomic.Bool
 	cut      atomic.Pointer[func()]
 	guard    atomic.Pointer[txguard.Tx] // the current call's
+	// check is the commit check of the attempt's transaction, which the
+	// guard lifts around a handler's SET CONSTRAINTS (see txguard.CommitCheck);
+	// nil when it has none.
+	check *txguard.CommitCheck
 	// cutDone is closed once an abandoned attempt was cut loose.
 	cutDone chan struct{}
 }
@@ -106,6 +110,10 @@ func (a *Attempt) Hold(cut func()) { a.cut.Store(&cut) }
 
 // SetConn is Hold with a cut that closes c.
 func (a *Attempt) SetConn(c net.Conn) { a.Hold(func() { _ = c.Close() }) }
+
+// SetCommitCheck names the commit check of the transaction the attempt's
+// calls get, for the guard around it. Set it before the first call.
+func (a *Attempt) SetCommitCheck(c *txguard.CommitCheck) { a.check = c }
 
 // TimedOut reports whether a call of this attempt ran past the timeout.
 // The transaction should then end: the handler may have left it anywhere.
@@ -125,6 +133,9 @@ func (a *Attempt) Call(ctx context.Context, i int, tx pgx.Tx, fn func(ctx contex
 // known.
 func (a *Attempt) CallFor(ctx context.Context, i, n int, tx pgx.Tx, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	g := txguard.Wrap(tx)
+	if a.check != nil {
+		g = txguard.WrapChecked(tx, a.check)
+	}
 	a.guard.Store(g)
 	a.index.Store(int32(i))
 	a.count.Store(int32(n))

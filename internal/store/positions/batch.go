@@ -2,8 +2,12 @@ package positions
 
 import (
 	"fmt"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkaonce/kafkaonce/internal/pgtext"
+	"github.com/kafkaonce/kafkaonce/internal/txguard"
 )
 
 // TxEnded is the SQLSTATE raised when a batch's transaction is not the one
@@ -34,4 +38,22 @@ func (s *Store) OpenExpr(first int) string {
 // the handlers' statements and before the consumer's own.
 func (s *Store) QueueClose(b *pgx.Batch, consumer, topic string, partition int) {
 	b.Queue("SELECT "+s.closeFn+"($1, $2, $3)", consumer, topic, partition)
+}
+
+// CommitCheck is the batch's check (see QueueOpen) as the guard around a
+// handler's transaction lifts it for a SET CONSTRAINTS … IMMEDIATE, a
+// legitimate early look at the handler's own deferred constraints that
+// would fire the check's trigger too: the batch is closed, the statement
+// runs, and the check is deferred again and the batch reopened. The
+// guard sends them as one text with no parameters, so the names are
+// written in as literals.
+func (s *Store) CommitCheck(consumer, topic string, partition int) *txguard.CommitCheck {
+	args := pgtext.Literal(consumer) + ", " + pgtext.Literal(topic) + ", " + strconv.Itoa(partition)
+	return &txguard.CommitCheck{
+		Lift: func(b *pgx.Batch) { b.Queue("SELECT " + s.closeFn + "(" + args + ")") },
+		Restore: func(b *pgx.Batch) {
+			b.Queue("SET CONSTRAINTS " + s.openCheck + " DEFERRED")
+			b.Queue("SELECT " + s.openFn + "(" + args + ")")
+		},
+	}
 }

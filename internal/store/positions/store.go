@@ -18,8 +18,9 @@ type Store struct {
 	passSQL         string
 	lockSQL         string
 	advanceFn       string
-	// openFn and closeFn open and close a batch (see QueueOpen).
-	openFn, closeFn string
+	// openFn and closeFn open and close a batch (see QueueOpen), and
+	// openCheck is the constraint trigger that checks it at COMMIT.
+	openFn, closeFn, openCheck string
 }
 
 // NewStore returns a Store for the tables in schemaName.
@@ -50,5 +51,6 @@ WHERE consumer = $1 AND topic = $2 AND partition = $3 AND next_offset = $4`,
 		advanceFn: schema.Table(schemaName, "advance_position"),
 		openFn:    schema.Table(schemaName, "open_batch"),
 		closeFn:   schema.Table(schemaName, "close_batch"),
+		openCheck: schema.Table(schemaName, "open_batches_closed_at_commit"),
 	}, nil
 }

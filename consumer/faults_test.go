@@ -770,3 +770,69 @@ func TestTheDatabasesErrorsUnderAHandlerNeverSetAMessageAside(t *testing.T) {
 		})
 	}
 }
+
+// A backend that stops answering (hung on its storage, or stopped, its
+// TCP connection up) holds neither a shutdown nor the partition: the
+// consumer's own ROLLBACK is bounded, and a connection that does not
+// answer it is closed under it (the server rolls back when it notices).
+// At shutdown, Run returns within ShutdownTimeout and that bound, and
+// nothing of the batch it gave up on is kept; after a failed attempt, the
+// partition goes on and applies the message once.
+func TestABackendThatDoesNotAnswerTheRollbackHoldsNothing(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		shutdown bool // the rollback is the shutdown's; else a failed attempt's
+	}{
+		{name: "at shutdown", shutdown: true},
+		{name: "after a failed attempt"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, 1)
+			proxy, err := faultproxy.Start(e.db.ServerAddr(t))
+			require.NoError(t, err)
+			t.Cleanup(func() { proxy.Close() })
+			ids := e.produceIDs("s", 4)
+			const victim = "s-2"
+			entered := make(chan struct{})
+			var once sync.Once
+			apply := e.applyHandler()
+			cfg := e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if err := apply.Handle(ctx, tx, m); err != nil {
+					return err
+				}
+				failed := false
+				if m.ID == victim {
+					once.Do(func() {
+						// The server stops answering from the ROLLBACK on.
+						proxy.StallRollbacks(1)
+						close(entered)
+						failed = true
+					})
+				}
+				switch {
+				case !failed:
+					return nil
+				case tc.shutdown:
+					<-ctx.Done() // until the shutdown gives up on the batch
+					return ctx.Err()
+				}
+				return errors.New("partner down, once")
+			}))
+			cfg.ShutdownTimeout = time.Second
+			r := e.start(cfg, e.db.PoolVia(t, proxy.Addr()))
+			<-entered
+			if tc.shutdown {
+				r.stop() // fails the test if Run does not return within 30 s
+				require.EqualValues(t, 1, proxy.Stalled(), "the ROLLBACK was stalled")
+				require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("effects")+` WHERE message_id = $1`, victim), "the given-up batch kept nothing")
+				r = e.start(e.config(apply))
+			}
+			e.waitCommitted(map[int]int64{0: 4}, 60*time.Second)
+			r.stop()
+			require.EqualValues(t, 1, proxy.Stalled(), "the ROLLBACK was stalled")
+			e.check(expectation{ids: ids})
+		})
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kafkaonce/kafkaonce/internal/cleanup"
 	"github.com/kafkaonce/kafkaonce/internal/pipetx"
 	"github.com/kafkaonce/kafkaonce/internal/txguard"
 )
@@ -315,7 +316,7 @@ func (t *requestTx) end(ctx context.Context) {
 	}
 	t.done = true
 	if !t.committed && t.conn.Conn().PgConn().TxStatus() != 'I' {
-		_ = t.tx.Rollback(context.WithoutCancel(ctx))
+		_ = cleanup.Rollback(ctx, t.tx)
 	}
 	t.conn.Release()
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/kafkaonce/kafkaonce/internal/cleanup"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
@@ -175,7 +176,7 @@ func executeReplay(ctx context.Context, pool *pgxpool.Pool, positions *offsets.S
 	if err != nil {
 		return fmt.Errorf("%w; nothing changed", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer func() { _ = cleanup.Rollback(ctx, tx) }()
 	// Moving forward skips messages: the stored position must move too, or
 	// the consumer would process them anyway (the stored position decides
 	// where a partition starts).

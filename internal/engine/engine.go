@@ -12,6 +12,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/idempotency"
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
+	"github.com/kafkaonce/kafkaonce/internal/cleanup"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
@@ -202,7 +203,7 @@ func (c *Consumer) checkSchema(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consumer: connect to Postgres: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() { _ = cleanup.Rollback(ctx, tx) }()
 	if err := c.applySession(ctx, tx); err != nil {
 		return fmt.Errorf("consumer: connect to Postgres: %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kafkaonce/kafkaonce/internal/cleanup"
 	"github.com/kafkaonce/kafkaonce/internal/pipetx"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
@@ -193,21 +194,26 @@ func failedStatement(b *pgx.Batch, done int, err error) int {
 	return done
 }
 
-// rollback ends the transaction unless it was committed. On a broken
-// connection the ROLLBACK fails too; pgx then closes the connection and the
-// pool replaces it.
+// rollback ends the transaction unless it was committed, within
+// cleanup.Timeout whatever became of ctx (a shutdown cancelled it, say).
+// On a broken connection the ROLLBACK fails too; pgx then closes the
+// connection and the pool replaces it. A server that does not answer in
+// time has the connection closed under it (see cleanup.Rollback): it
+// rolls back when it notices, and neither the worker nor a shutdown
+// waits for it.
 func (t *batchTx) rollback(ctx context.Context) {
 	if t.done {
 		return
 	}
 	t.done = true
-	ctx = context.WithoutCancel(ctx)
 	if t.hijacked {
+		ctx, cancel := cleanup.Context(ctx)
+		defer cancel()
 		_ = t.tx.Conn().Close(ctx)
 		return
 	}
 	if t.pool.Conn().PgConn().TxStatus() != 'I' {
-		_ = t.tx.Rollback(ctx)
+		_ = cleanup.Rollback(ctx, t.tx)
 	}
 	t.pool.Release()
 }
@@ -329,7 +335,7 @@ func (c *deps) readOnly(ctx context.Context, fn func(q querier) error) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() { _ = cleanup.Rollback(ctx, tx) }()
 	if err := c.applySession(ctx, tx); err != nil {
 		return err
 	}

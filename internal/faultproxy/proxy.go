@@ -30,6 +30,8 @@ type Proxy struct {
 	swallowed      atomic.Int64
 	swallowedPort  atomic.Int64 // the server connection's local port, of the last swallowed COMMIT
 	latency        atomic.Int64 // nanoseconds added to every forwarded chunk
+	stallRollbacks atomic.Int64
+	stalled        atomic.Int64
 }
 
 // Start listens on 127.0.0.1 at a free port and forwards to target.
@@ -70,6 +72,16 @@ func (p *Proxy) Swallowed() int64 { return p.swallowed.Load() }
 // that a test can see what that session holds. It is set before Swallowed
 // counts the COMMIT.
 func (p *Proxy) SwallowedFrom() int { return int(p.swallowedPort.Load()) }
+
+// StallRollbacks makes the proxy stall the next n connections that send a
+// ROLLBACK: the ROLLBACK is not forwarded, nothing more is forwarded
+// either way, and both sides stay open until the client closes its side
+// (or the proxy is closed), as with a backend that stopped answering
+// (hung on its storage, or stopped) while its TCP connection stays up.
+func (p *Proxy) StallRollbacks(n int) { p.stallRollbacks.Store(int64(n)) }
+
+// Stalled counts the connections stalled at a ROLLBACK.
+func (p *Proxy) Stalled() int64 { return p.stalled.Load() }
 
 // SetLatency delays everything forwarded, both ways, by d.
 func (p *Proxy) SetLatency(d time.Duration) { p.latency.Store(int64(d)) }
@@ -118,10 +130,10 @@ func (p *Proxy) accept() {
 		}
 		p.track(client, server)
 		p.wg.Add(2)
-		var dropReply atomic.Bool // set: the server's next reply is the client's to lose
+		st := &pairState{}
 		go func() {
 			defer p.wg.Done()
-			switch p.clientToServer(client, server, &dropReply) {
+			switch p.clientToServer(client, server, st) {
 			case keepServer:
 				// The server side stays open, as a client that vanished
 				// without a goodbye would leave it; the copy below ends
@@ -135,7 +147,7 @@ func (p *Proxy) accept() {
 		}()
 		go func() {
 			defer p.wg.Done()
-			p.copyDelayed(client, server, &dropReply)
+			p.copyDelayed(client, server, st)
 			p.closePair(client, server)
 		}()
 	}
@@ -164,13 +176,26 @@ const (
 	gssencRequest = 80877104
 )
 
+// pairState is what the two copies of a connection share.
+type pairState struct {
+	// dropReply: the server's next reply is the client's to lose.
+	dropReply atomic.Bool
+	// stalled: nothing more is forwarded either way, and both sides stay
+	// open (see StallRollbacks).
+	stalled atomic.Bool
+}
+
 // copyDelayed copies src to dst with the proxy's latency. Once dropReply
-// is set, what src sends next is not forwarded: dst is cut instead.
-func (p *Proxy) copyDelayed(dst, src net.Conn, dropReply *atomic.Bool) {
+// is set, what src sends next is not forwarded: dst is cut instead. Once
+// the pair is stalled, what src sends is read and dropped.
+func (p *Proxy) copyDelayed(dst, src net.Conn, st *pairState) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 && dropReply.Load() {
+		if n > 0 && st.stalled.Load() {
+			n = 0
+		}
+		if n > 0 && st.dropReply.Load() {
 			dst.Close()
 			_, _ = io.Copy(io.Discard, src)
 			return
@@ -205,7 +230,7 @@ const (
 // COMMIT: a simple Query "commit", or an extended-protocol Bind of a
 // statement that is one, which takes effect at the next Sync. It reports
 // what becomes of the connection when it stops forwarding.
-func (p *Proxy) clientToServer(client, server net.Conn, dropReply *atomic.Bool) ending {
+func (p *Proxy) clientToServer(client, server net.Conn, st *pairState) ending {
 	// Startup: untyped messages (length, then payload).
 	for {
 		msg, err := readUntyped(client)
@@ -221,20 +246,20 @@ func (p *Proxy) clientToServer(client, server net.Conn, dropReply *atomic.Bool) 
 		}
 	}
 	pendingCommit := false
-	// Statements that are a COMMIT, by name ("" for the unnamed one): a
-	// client that caches statements (pgx does) parses COMMIT once and later
-	// only binds it.
-	commitStatements := map[string]bool{}
+	// Statements that are a COMMIT, or a ROLLBACK, by name ("" for the
+	// unnamed one): a client that caches statements (pgx does) parses
+	// COMMIT once and later only binds it.
+	commitStatements, rollbackStatements := map[string]bool{}, map[string]bool{}
 	for {
 		msg, err := readTyped(client)
 		if err != nil {
 			return closeBoth
 		}
 		typ, body := msg[0], msg[5:]
-		fires, commitAhead := false, false
+		fires, commitAhead, rollback := false, false, false
 		switch typ {
 		case 'Q':
-			fires = isCommit(body)
+			fires, rollback = isCommit(body), isRollback(body)
 		case 'P':
 			// Parse: statement name, then query text. Parsing a COMMIT
 			// runs nothing (pgx prepares statements in a round trip of
@@ -242,17 +267,32 @@ func (p *Proxy) clientToServer(client, server net.Conn, dropReply *atomic.Bool) 
 			// that runs it, so only the statement is remembered here.
 			if i := bytes.IndexByte(body, 0); i >= 0 {
 				commitStatements[string(body[:i])] = isCommit(body[i+1:])
+				rollbackStatements[string(body[:i])] = isRollback(body[i+1:])
 			}
 		case 'B':
 			// Bind: portal name, then statement name.
 			if i := bytes.IndexByte(body, 0); i >= 0 {
 				rest := body[i+1:]
-				if j := bytes.IndexByte(rest, 0); j >= 0 && commitStatements[string(rest[:j])] {
-					pendingCommit, commitAhead = true, true
+				if j := bytes.IndexByte(rest, 0); j >= 0 {
+					if commitStatements[string(rest[:j])] {
+						pendingCommit, commitAhead = true, true
+					}
+					rollback = rollbackStatements[string(rest[:j])]
 				}
 			}
 		case 'S':
 			fires, pendingCommit = pendingCommit, false
+		}
+		if rollback && p.stallRollbacks.Add(-1) >= 0 {
+			// The ROLLBACK never reaches the server, and nothing more
+			// goes either way: a backend that stopped answering, with
+			// its TCP connection up.
+			st.stalled.Store(true)
+			p.stalled.Add(1)
+			_, _ = io.Copy(io.Discard, client)
+			return closeBoth
+		} else if rollback {
+			p.stallRollbacks.Add(1)
 		}
 		// A swallowed COMMIT never reaches the server: in a pipeline it is
 		// held back from its Bind on, so the server runs what came before
@@ -279,7 +319,7 @@ func (p *Proxy) clientToServer(client, server net.Conn, dropReply *atomic.Bool) 
 		// Set before the COMMIT goes, so that no answer to it can slip
 		// through to the client; the counters too, so that a client that
 		// heard the answer (or lost it) finds the COMMIT counted.
-		dropReply.Store(drop)
+		st.dropReply.Store(drop)
 		if fires {
 			p.commits.Add(1)
 		}
@@ -301,6 +341,12 @@ func (p *Proxy) clientToServer(client, server net.Conn, dropReply *atomic.Bool) 
 			return awaitReply
 		}
 	}
+}
+
+func isRollback(query []byte) bool {
+	q := bytes.TrimRight(query, "\x00")
+	q = bytes.TrimSpace(bytes.TrimRight(bytes.TrimSpace(q), ";"))
+	return bytes.EqualFold(q, []byte("rollback")) || bytes.EqualFold(q, []byte("abort"))
 }
 
 func isCommit(query []byte) bool {

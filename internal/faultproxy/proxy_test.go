@@ -3,6 +3,7 @@ package faultproxy_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -93,4 +94,39 @@ FROM pg_stat_activity a WHERE a.client_port = $1`, proxy.SwallowedFrom(), table)
 	if n := db.Int(t, `SELECT count(*) FROM `+table); n != 0 {
 		t.Fatalf("a swallowed COMMIT committed: %d rows", n)
 	}
+}
+
+// A stalled ROLLBACK never reaches the server and is never answered: the
+// client waits until its own deadline, and the server's session stays in
+// its transaction, as with a backend that stopped answering.
+func TestStallRollbacksLeavesTheRollbackUnanswered(t *testing.T) {
+	t.Parallel()
+	db, proxy, pool, table := proxied(t)
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	var pid int32
+	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	proxy.StallRollbacks(1)
+	rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := tx.Rollback(rctx); err == nil {
+		t.Fatal("a stalled ROLLBACK was answered")
+	}
+	if proxy.Stalled() != 1 {
+		t.Fatalf("Stalled() = %d, want 1", proxy.Stalled())
+	}
+	if n := db.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'idle in transaction'`, pid); n != 1 {
+		t.Fatal("the server's session left its transaction: the ROLLBACK reached it")
+	}
+	// pgx would wait 15 s for the stalled server before letting go of the
+	// connection.
+	proxy.CutAll()
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -575,4 +576,98 @@ func TestACleanStopWithoutProgressDoesNotLookLikeACrash(t *testing.T) {
 	sizes.mu.Lock()
 	defer sizes.mu.Unlock()
 	require.Equal(t, 10, sizes.sizes[0], "the next run batches as usual, instead of going one message at a time")
+}
+
+// The documented procedure for a topic deleted and re-created, end to
+// end, for a consumer whose ids are positions: the new topic's messages
+// repeat the old ones' positions, and offsets.Store.TopicRecreated retires
+// the old claims and letters so that they are applied (and a poison one
+// set aside) as messages of their own, never taken for conflicting copies
+// of the old ones. The old records stay, renamed; a consumer with
+// producer ids keeps its claims as they were.
+func TestATopicRecreatedByTheProcedureIsAppliedAfresh(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		position bool // IDFromPosition; else the producer's header ids
+	}{
+		{name: "position ids", position: true},
+		{name: "producer ids"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, 1)
+			h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if strings.HasSuffix(string(m.Value), "poison") {
+					return consumer.Permanent(errors.New("rejected"))
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO `+e.db.Table("effects")+` (message_id, topic, partition, kafka_offset, value) VALUES ($1, $2, $3, $4, $5)`,
+					m.ID, m.Topic, m.Partition, m.Offset, string(m.Value))
+				return err
+			})
+			cfg := func() *consumer.Config {
+				c := e.config(h)
+				if tc.position {
+					c.MessageID = consumer.IDFromPosition()
+				}
+				return c
+			}
+			e.kafka.Produce(t, e.topic, msg(0, "old-0", "a"), msg(0, "old-1", "old poison"), msg(0, "old-2", "c"))
+			r := e.start(cfg())
+			e.waitCommitted(map[int]int64{0: 3}, 30*time.Second)
+			r.stop()
+
+			ctx := context.Background()
+			require.NoError(t, devenv.DeleteTopic(ctx, e.kafka.Brokers, e.topic))
+			admin := testenv.Admin(e.t, e.kafka.Brokers)
+			waitFor(t, 30*time.Second, "the topic to be re-created, empty", func() bool {
+				if devenv.CreateTopic(ctx, e.kafka.Brokers, e.topic, 1) != nil {
+					return false
+				}
+				bounds, err := admin.LogBounds(ctx, e.topic, []int{0})
+				return err == nil && bounds[0].End == 0
+			})
+			positions, err := offsets.NewStore(e.db.Schema)
+			require.NoError(t, err)
+			res, err := positions.TopicRecreated(ctx, e.db.Pool, e.name, e.topic, 1)
+			require.NoError(t, err)
+			require.EqualValues(t, 1, res.Positions)
+			retired := int64(0)
+			if tc.position {
+				retired = 3
+			}
+			require.Equal(t, retired, res.RetiredClaims, "the old claims retired")
+			require.Equal(t, retired/3, res.RetiredLetters, "the old letter retired")
+
+			// The new messages: the same offsets, other contents, and (with
+			// producer ids) other ids.
+			e.kafka.Produce(t, e.topic, msg(0, "new-0", "d"), msg(0, "new-1", "new poison"), msg(0, "new-2", "f"))
+			r = e.start(cfg())
+			e.waitCommitted(map[int]int64{0: 3}, 30*time.Second)
+			r.stop()
+			require.Empty(t, e.events.snapshot().stopped)
+
+			values := map[string]int{}
+			rows, err := e.db.Pool.Query(ctx, `SELECT value FROM `+e.db.Table("effects"))
+			require.NoError(t, err)
+			for rows.Next() {
+				var v string
+				require.NoError(t, rows.Scan(&v))
+				values[v]++
+			}
+			require.NoError(t, rows.Err())
+			require.Equal(t, map[string]int{"a": 1, "c": 1, "d": 1, "f": 1}, values, "each message of either topic applied once")
+			var classes []string
+			for _, l := range e.letters() {
+				classes = append(classes, string(l.Value)+": "+string(l.Class))
+			}
+			sort.Strings(classes)
+			require.Equal(t, []string{"new poison: permanent", "old poison: permanent"}, classes, "each topic's poison set aside as itself, no conflict")
+			if tc.position {
+				newID := e.topic + "/0/1"
+				require.Equal(t, "dead_lettered", e.claimStatus(newID))
+				require.Equal(t, "dead_lettered", e.claimStatus(newID+res.Suffix), "the old claim kept, renamed")
+			}
+		})
+	}
 }

@@ -118,9 +118,11 @@ func IDFromContentHash() MessageIDRule { return MessageIDRule{kind: ruleHash} }
 
 // IDFromPosition uses the message's log position, "topic/partition/offset",
 // as its id. It dedupes redeliveries, rebalances and rewinds of the same log,
-// but not producer duplicates (each copy has its own offset), and the ids
-// change if the topic is re-created or mirrored. Prefer an id set by the
-// producer where you can.
+// but not producer duplicates (each copy has its own offset), nor a topic
+// mirrored elsewhere. A topic deleted and re-created starts its offsets at 0
+// again, so its messages repeat the old ones' ids: run
+// offsets.Store.TopicRecreated before a consumer starts on it, which
+// retires the old ids. Prefer an id set by the producer where you can.
 func IDFromPosition() MessageIDRule { return MessageIDRule{kind: rulePosition} }
 
 // ParseMessageIDRule returns the rule whose text is spec, one of

@@ -14,7 +14,8 @@
 // The consumer package moves positions, and only ever forward. This package
 // reads them (Store.Load, Store.List, Store.Consumers) and, for operators
 // who deliberately want messages processed again, sets them anywhere
-// (Store.Reset) or deletes a topic's (Store.Forget).
+// (Store.Reset) or deletes a topic's (Store.Forget); and, for a topic
+// deleted and re-created, starts the new one afresh (Store.TopicRecreated).
 //
 // Each call takes a Querier, which *pgxpool.Pool, *pgx.Conn and pgx.Tx
 // all satisfy, rather than one of those types: the call runs on its own

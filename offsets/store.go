@@ -28,6 +28,8 @@ type Position struct {
 // Store reads and sets consumer_offsets in one schema.
 type Store struct {
 	table string
+	// The tables TopicRecreated changes too.
+	claims, consumers, letters, attempts string
 }
 
 // NewStore returns a Store for the tables in schemaName.
@@ -35,7 +37,9 @@ func NewStore(schemaName string) (*Store, error) {
 	if err := schema.ValidateName(schemaName); err != nil {
 		return nil, fmt.Errorf("offsets: schema name %w", err)
 	}
-	return &Store{table: schema.Table(schemaName, "consumer_offsets")}, nil
+	s := &Store{table: schema.Table(schemaName, "consumer_offsets")}
+	s.claims, s.consumers, s.letters, s.attempts = tables(schemaName)
+	return s, nil
 }
 
 // Load returns the position of a partition; ok is false when the consumer

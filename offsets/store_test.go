@@ -90,3 +90,38 @@ func TestForgetDeletesTheConsumersPositionsOfATopic(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n)
 }
+
+// TopicRecreated sets the new topic's partitions to 0, deletes the
+// positions of partitions it no longer has, and touches no other topic
+// or consumer. (Its retirement of position ids is shown end to end in
+// consumer's TestATopicRecreatedByTheProcedureIsAppliedAfresh.)
+func TestTopicRecreatedStartsTheNewTopicAtZero(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	s, _ := offsets.NewStore(db.Schema)
+	advance, _ := positions.NewStore(db.Schema)
+	ctx := context.Background()
+	for p := range 4 {
+		require.NoError(t, advance.Advance(ctx, db.Pool, "c", "t", p, 100))
+	}
+	require.NoError(t, advance.Advance(ctx, db.Pool, "c", "other", 0, 7))
+	require.NoError(t, advance.Advance(ctx, db.Pool, "d", "t", 0, 9))
+
+	res, err := s.TopicRecreated(ctx, db.Pool, "c", "t", 3)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, res.Positions)
+	require.EqualValues(t, 1, res.Dropped)
+	ps, err := s.List(ctx, db.Pool, "c")
+	require.NoError(t, err)
+	got := map[string]int64{}
+	for _, p := range ps {
+		got[p.Topic+"/"+string(rune('0'+p.Partition))] = p.Next
+	}
+	require.Equal(t, map[string]int64{"t/0": 0, "t/1": 0, "t/2": 0, "other/0": 7}, got)
+	next, _, err := s.Load(ctx, db.Pool, "d", "t", 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 9, next, "another consumer's position is its own")
+
+	_, err = s.TopicRecreated(ctx, db.Pool, "c", "t", 0)
+	require.ErrorContains(t, err, "at least one")
+}

@@ -32,6 +32,12 @@ type Proxy struct {
 	latency        atomic.Int64 // nanoseconds added to every forwarded chunk
 	stallRollbacks atomic.Int64
 	stalled        atomic.Int64
+	// Round trips, once counting (see CountRoundTrips).
+	counting   atomic.Bool
+	roundTrips atomic.Int64
+	cutTrip    atomic.Int64 // the round trip to cut; 0: none
+	cutAfter   atomic.Bool
+	tripsCut   atomic.Int64
 }
 
 // Start listens on 127.0.0.1 at a free port and forwards to target.
@@ -79,6 +85,33 @@ func (p *Proxy) SwallowedFrom() int { return int(p.swallowedPort.Load()) }
 // (or the proxy is closed), as with a backend that stopped answering
 // (hung on its storage, or stopped) while its TCP connection stays up.
 func (p *Proxy) StallRollbacks(n int) { p.stallRollbacks.Store(int64(n)) }
+
+// CountRoundTrips makes the proxy count, from now on, the round trips its
+// clients send (RoundTrips): every message up to one after which the
+// client waits for the server (a Sync, a simple Query; see endsRoundTrip).
+// Each is held until its last message and then forwarded whole, so that a
+// cut at a round trip (CutAtRoundTrip) comes either before the server saw
+// any of it or after it had all of it: the boundaries a crash can fall
+// on. The features that watch for COMMITs and ROLLBACKs do not apply
+// while counting.
+func (p *Proxy) CountRoundTrips() { p.counting.Store(true) }
+
+// RoundTrips is how many round trips were counted.
+func (p *Proxy) RoundTrips() int64 { return p.roundTrips.Load() }
+
+// CutAtRoundTrip cuts the connection that sends the n-th round trip
+// counted (1 is the next one after CountRoundTrips): before forwarding
+// any of it, or, with after, once the server has it all, as its reply
+// comes (the server ran it; the client never hears). For a round trip
+// holding a COMMIT, the first is a crash before the COMMIT, the second a
+// crash after it. Call it before CountRoundTrips.
+func (p *Proxy) CutAtRoundTrip(n int64, after bool) {
+	p.cutAfter.Store(after)
+	p.cutTrip.Store(n)
+}
+
+// RoundTripsCut counts the cuts CutAtRoundTrip made (0 or 1).
+func (p *Proxy) RoundTripsCut() int64 { return p.tripsCut.Load() }
 
 // Stalled counts the connections stalled at a ROLLBACK.
 func (p *Proxy) Stalled() int64 { return p.stalled.Load() }
@@ -250,12 +283,39 @@ func (p *Proxy) clientToServer(client, server net.Conn, st *pairState) ending {
 	// unnamed one): a client that caches statements (pgx does) parses
 	// COMMIT once and later only binds it.
 	commitStatements, rollbackStatements := map[string]bool{}, map[string]bool{}
+	var held []byte // the messages of the round trip being counted
 	for {
 		msg, err := readTyped(client)
 		if err != nil {
 			return closeBoth
 		}
 		typ, body := msg[0], msg[5:]
+		if p.counting.Load() {
+			held = append(held, msg...)
+			if !endsRoundTrip(typ) && typ != 'X' {
+				continue
+			}
+			cut := noCut
+			if typ != 'X' { // a Terminate waits for nothing
+				cut = p.roundTrip()
+			}
+			if cut == cutBefore {
+				return closeBoth
+			}
+			p.delay()
+			if _, err := server.Write(held); err != nil {
+				return closeBoth
+			}
+			held = held[:0]
+			if cut == cutAfter {
+				st.dropReply.Store(true)
+				if tcp, ok := server.(*net.TCPConn); ok {
+					_ = tcp.CloseWrite()
+				}
+				return awaitReply
+			}
+			continue
+		}
 		fires, commitAhead, rollback := false, false, false
 		switch typ {
 		case 'Q':
@@ -341,6 +401,42 @@ func (p *Proxy) clientToServer(client, server net.Conn, st *pairState) ending {
 			return awaitReply
 		}
 	}
+}
+
+// endsRoundTrip reports whether a message of type typ is the last the
+// client sends before it waits for the server: a Sync, a simple Query, a
+// Flush, the end of a COPY's data, a password or SASL response, a
+// function call.
+func endsRoundTrip(typ byte) bool {
+	switch typ {
+	case 'S', 'Q', 'H', 'c', 'f', 'p', 'F':
+		return true
+	}
+	return false
+}
+
+// cutAt is what becomes of a round trip (see CutAtRoundTrip).
+type cutAt int
+
+const (
+	noCut cutAt = iota
+	cutBefore
+	cutAfter
+)
+
+// roundTrip counts a round trip and says whether it is the one to cut.
+func (p *Proxy) roundTrip() cutAt {
+	n := p.roundTrips.Add(1)
+	target := p.cutTrip.Load()
+	switch {
+	case target == 0 || n != target:
+		return noCut
+	case p.cutAfter.Load():
+		p.tripsCut.Add(1)
+		return cutAfter
+	}
+	p.tripsCut.Add(1)
+	return cutBefore
 }
 
 func isRollback(query []byte) bool {

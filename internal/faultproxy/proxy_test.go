@@ -130,3 +130,36 @@ func TestStallRollbacksLeavesTheRollbackUnanswered(t *testing.T) {
 	// connection.
 	proxy.CutAll()
 }
+
+// Counted round trips are cut where asked: before, the server never sees
+// the round trip (an INSERT sent in it is not there); after, the server
+// ran it all (a COMMIT in it is durable) and the client hears nothing.
+func TestCutAtRoundTripCutsBeforeOrAfterTheServerHasIt(t *testing.T) {
+	t.Parallel()
+	for _, after := range []bool{false, true} {
+		db, proxy, pool, table := proxied(t)
+		ctx := context.Background()
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxy.CutAtRoundTrip(1, after)
+		proxy.CountRoundTrips()
+		// One simple-protocol text: one round trip.
+		_, err = conn.Conn().PgConn().Exec(ctx, `BEGIN; INSERT INTO `+table+` VALUES (1); COMMIT`).ReadAll()
+		if err == nil {
+			t.Fatalf("after=%v: the cut round trip was answered", after)
+		}
+		conn.Release()
+		if proxy.RoundTripsCut() != 1 || proxy.RoundTrips() != 1 {
+			t.Fatalf("after=%v: %d round trips counted, %d cut; want 1 and 1", after, proxy.RoundTrips(), proxy.RoundTripsCut())
+		}
+		want := int64(0)
+		if after {
+			want = 1
+		}
+		if n := db.Int(t, `SELECT count(*) FROM `+table); n != want {
+			t.Fatalf("after=%v: %d rows, want %d", after, n, want)
+		}
+	}
+}

@@ -155,11 +155,15 @@ WHERE consumer = $1 AND topic = $2 AND partition = $3 AND next_offset = $5`
 
 // Forget deletes the stored positions of every partition of topic for a
 // consumer, and returns how many it deleted. The consumer then starts those
-// partitions where the group's offsets committed to Kafka say, and a
-// rewound group processes messages again, guarded only by their
-// processed_messages claims: like Reset, this is for an operator (or a
-// test) who wants them reprocessed, and it must not run while a consumer is
-// processing the topic.
+// partitions where the group's offsets committed to Kafka say, once an
+// operator or a tool has set them (a rewind: kafkaonce replay, Kafka's
+// own tools), and a rewound group processes messages again, guarded only
+// by their processed_messages claims. A group offset the consumer itself
+// committed against this database is taken for a lost position instead,
+// and the partition is processed again from its first start, guarded by
+// the claims too (see docs/guarantee.md). Like Reset, this is for an
+// operator (or a test) who wants messages reprocessed, and it must not run
+// while a consumer is processing the topic.
 func (s *Store) Forget(ctx context.Context, q Querier, consumer, topic string) (int64, error) {
 	tag, err := q.Exec(ctx, `DELETE FROM `+s.table+` WHERE consumer = $1 AND topic = $2`, consumer, topic)
 	if err != nil {

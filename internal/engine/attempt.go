@@ -41,7 +41,9 @@ type txAttempt struct {
 	// What the worker knew when the attempt started.
 	next          int64 // its position: where its last commit left the partition
 	positionKnown bool  // whether a stored position exists
-	assignedStart int64
+	// lostRowStart is where processing starts again if the stored
+	// position is gone (see worker.restartAfterLoss).
+	lostRowStart  int64
 	sawDuplicates bool // the previous batch held unforeseen duplicates
 	// serialized: the transaction takes the consumer's gate first.
 	// racing: it does not, and covers several messages: it gives up a lock
@@ -114,7 +116,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 	}
 	began := time.Now()
 	a := &txAttempt{deps: w.deps, topic: w.topic, partition: w.partition, items: items, p: p.clone(),
-		next: w.next, positionKnown: w.positionKnown, assignedStart: w.assignedStart, sawDuplicates: w.sawDuplicates,
+		next: w.next, positionKnown: w.positionKnown, lostRowStart: w.restartAfterLoss(), sawDuplicates: w.sawDuplicates,
 		st: w.scratch, serialized: info.Serialized, racing: !serialized && len(items) > 1, paceRow: paceRow}
 	if a.st == nil {
 		a.st = &batchState{}

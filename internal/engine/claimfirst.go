@@ -203,8 +203,9 @@ func claimedHere(items []item, st *batchState, off int64) bool {
 type positionLostError struct {
 	stored, believed int64
 	// missing: the partition has no stored position at all any more; the
-	// worker goes on from where its run started, as it would at assignment
-	// without one.
+	// worker goes on from the partition's first start, or where its run
+	// started when it does not know the first start (see
+	// worker.restartAfterLoss).
 	missing bool
 }
 
@@ -219,7 +220,7 @@ func (a *txAttempt) positionLost(prev *int64) *positionLostError {
 	case !a.positionKnown:
 		return nil
 	case prev == nil:
-		return &positionLostError{stored: a.assignedStart, believed: a.next, missing: true}
+		return &positionLostError{stored: a.lostRowStart, believed: a.next, missing: true}
 	case *prev < a.next:
 		return &positionLostError{stored: *prev, believed: a.next}
 	}

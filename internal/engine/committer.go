@@ -73,7 +73,7 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 		w.wakePublisher()
 	}
 	w.next, w.positionKnown = items[len(items)-1].end, true
-	w.committer.mark(w.hold, w.next)
+	w.mark(w.next)
 }
 
 // committer commits processed offsets to Kafka for the member. Workers
@@ -90,7 +90,9 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 //
 // The Kafka offset is only a copy of the processed position stored in
 // Postgres; a lost or rejected commit costs a redelivery that the stored
-// position skips, never a duplicate effect.
+// position skips, never a duplicate effect. Each offset carries its run's
+// mark (see commitmark), which says it is that copy: a partition that has
+// lost its stored position can tell so from the group's offset.
 type committer struct {
 	*deps
 	wake chan struct{}
@@ -101,7 +103,7 @@ type committer struct {
 
 	mu      sync.Mutex
 	owned   map[kafkaclient.TopicPartition]*partitionRun
-	pending map[kafkaclient.TopicPartition]int64
+	pending map[kafkaclient.TopicPartition]kafkaclient.Offset
 }
 
 // commitTimeout bounds one offset commit.
@@ -109,7 +111,7 @@ const commitTimeout = 10 * time.Second
 
 func newCommitter(d *deps) *committer {
 	return &committer{deps: d, wake: make(chan struct{}, 1),
-		owned: map[kafkaclient.TopicPartition]*partitionRun{}, pending: map[kafkaclient.TopicPartition]int64{}}
+		owned: map[kafkaclient.TopicPartition]*partitionRun{}, pending: map[kafkaclient.TopicPartition]kafkaclient.Offset{}}
 }
 
 // own makes r its partition's current run.
@@ -120,15 +122,17 @@ func (m *committer) own(r *partitionRun) {
 }
 
 // mark records that every message of r's partition below next is durably
-// processed, if r is the partition's current run.
-func (m *committer) mark(r *partitionRun, next int64) {
+// processed, if r is the partition's current run; meta is committed with
+// the offset. A mark at the same offset with other metadata replaces the
+// pending one: it is how a run brings the group offset's mark up to date.
+func (m *committer) mark(r *partitionRun, next int64, meta string) {
 	m.mu.Lock()
 	if m.owned[r.tp] != r {
 		m.mu.Unlock()
 		return
 	}
-	if next > m.pending[r.tp] {
-		m.pending[r.tp] = next
+	if p, ok := m.pending[r.tp]; next > p.Next || ok && next == p.Next && meta != p.Metadata {
+		m.pending[r.tp] = kafkaclient.Offset{TopicPartition: r.tp, Next: next, Metadata: meta}
 	}
 	m.mu.Unlock()
 	select {
@@ -145,7 +149,7 @@ func (m *committer) release(ctx context.Context, runs []*partitionRun, commit bo
 	m.flushing.Lock()
 	defer m.flushing.Unlock()
 	m.mu.Lock()
-	final := map[kafkaclient.TopicPartition]int64{}
+	final := map[kafkaclient.TopicPartition]kafkaclient.Offset{}
 	for _, r := range runs {
 		if m.owned[r.tp] != r {
 			continue
@@ -187,7 +191,7 @@ func (m *committer) flush(ctx context.Context) {
 		return
 	}
 	batch := m.pending
-	m.pending = map[kafkaclient.TopicPartition]int64{}
+	m.pending = map[kafkaclient.TopicPartition]kafkaclient.Offset{}
 	m.mu.Unlock()
 	m.commit(ctx, batch, true)
 }
@@ -196,10 +200,10 @@ func (m *committer) flush(ctx context.Context) {
 // retry, the marks go back to be committed on the next tick (unless newer
 // ones came), without waking the loop: a broker that refuses commits is
 // not hammered.
-func (m *committer) commit(ctx context.Context, batch map[kafkaclient.TopicPartition]int64, retry bool) {
+func (m *committer) commit(ctx context.Context, batch map[kafkaclient.TopicPartition]kafkaclient.Offset, retry bool) {
 	list := make([]kafkaclient.Offset, 0, len(batch))
-	for tp, next := range batch {
-		list = append(list, kafkaclient.Offset{TopicPartition: tp, Next: next})
+	for _, o := range batch {
+		list = append(list, o)
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	err := m.client.Commit(cctx, list)
@@ -227,7 +231,7 @@ func (m *committer) commit(ctx context.Context, batch map[kafkaclient.TopicParti
 	m.log.Warn("kafka offset commit failed; retrying within a second", slog.String("error", err.Error()))
 	m.mu.Lock()
 	for tp, off := range batch {
-		if m.owned[tp] != nil && off > m.pending[tp] {
+		if m.owned[tp] != nil && off.Next > m.pending[tp].Next {
 			m.pending[tp] = off
 		}
 	}

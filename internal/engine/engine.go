@@ -71,6 +71,10 @@ type deps struct {
 	gateKey int32
 	// publish wakes the dead-letter topic publisher (nil without one).
 	publish chan struct{}
+	// storeID is the id of the store (schema.StoreID), read by Run before
+	// any worker starts: the offsets the consumer commits name it (see
+	// commitmark).
+	storeID string
 	// sess holds the session settings every transaction starts with. Run
 	// replaces it once it knows the server's version, while Redrive may
 	// already be reading it from another goroutine.
@@ -208,6 +212,9 @@ func (c *Consumer) checkSchema(ctx context.Context) error {
 		return fmt.Errorf("consumer: connect to Postgres: %w", err)
 	}
 	if err := schema.RequireLatest(ctx, tx, c.cfg.Schema); err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
+	if c.storeID, err = schema.StoreID(ctx, tx, c.cfg.Schema); err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}
 	// Numbered now and committed below, so that the partitions' first

@@ -41,9 +41,12 @@ func (e *MessagesDeletedError) Unwrap() error { return ErrMessagesDeleted }
 // logView is what a partition's start is decided from: the stored
 // position, the group's committed offset and the log's bounds.
 type logView struct {
-	pos              int64
-	hasPos           bool
-	committed        int64 // -1: none
+	pos       int64
+	hasPos    bool
+	committed int64 // -1: none
+	// committedMeta is the metadata committed with it: a commitmark.Mark
+	// when kafkaonce committed it.
+	committedMeta    string
 	logStart, logEnd int64
 	// stable is the last stable offset: logEnd, unless a transaction is
 	// open, whose first record is then there.
@@ -90,7 +93,9 @@ func (w *worker) readLog(stop, work context.Context) (logView, error) {
 	var kafkaReads sync.WaitGroup
 	kafkaReads.Go(func() { v.logStart, v.logEnd, v.stable, boundsErr = w.bounds(stop) })
 	kafkaReads.Go(func() {
-		v.committed, committedErr = w.client.Committed(stop, kafkaclient.TopicPartition{Topic: w.topic, Partition: w.partition})
+		var c kafkaclient.CommittedOffset
+		c, committedErr = w.client.Committed(stop, kafkaclient.TopicPartition{Topic: w.topic, Partition: w.partition})
+		v.committed, v.committedMeta = c.Offset, c.Metadata
 	})
 	var posErr error
 	v.pos, v.hasPos, posErr = w.loadPosition(work)
@@ -101,12 +106,12 @@ func (w *worker) readLog(stop, work context.Context) (logView, error) {
 	}
 	w.log.Info("the partition's start is outside the log's bounds read at the same time; reading them again, the stored position first",
 		w.logAttrs(slog.Int64("offset", v.start(latest)), slog.Int64("log_start", v.logStart), slog.Int64("log_end", v.logEnd))...)
-	return w.readLogInOrder(stop, work, v.committed)
+	return w.readLogInOrder(stop, work, v.committed, v.committedMeta)
 }
 
 // readLogInOrder reads the stored position, then the log's bounds.
-func (w *worker) readLogInOrder(stop, work context.Context, committed int64) (v logView, err error) {
-	v.committed = committed
+func (w *worker) readLogInOrder(stop, work context.Context, committed int64, meta string) (v logView, err error) {
+	v.committed, v.committedMeta = committed, meta
 	if v.pos, v.hasPos, err = w.loadPosition(work); err != nil {
 		return v, err
 	}

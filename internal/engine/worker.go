@@ -64,6 +64,18 @@ type worker struct {
 	// run started.
 	positionKnown bool
 	assignedStart int64
+	// origin is where the partition's processing first started in this
+	// store, -1 when not known (the position was stored before offset
+	// commits carried it); meta is the mark committed with the partition's
+	// offsets, which carries it (see origin.go).
+	origin int64
+	meta   string
+	// firstJustStored: assign is deciding again because a first start
+	// was stored just now (by this worker for the whole topic, or by
+	// another member), so the position it reads is the first start. (A
+	// member fast enough to process a batch in between makes it later
+	// than the first start; the window is one round trip.)
+	firstJustStored bool
 
 	// Buffers reused from batch to batch: dropped when an attempt that
 	// may still read them is abandoned.
@@ -267,7 +279,7 @@ func (w *worker) passMarkers(stop, work context.Context, to int64) {
 	}
 	if passed {
 		w.next = to
-		w.committer.mark(w.hold, to)
+		w.mark(to)
 	}
 }
 
@@ -314,6 +326,33 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	a := PartitionAssignment{Topic: w.topic, Partition: w.partition, KafkaOffset: w.kafkaOffset, StoredPosition: -1, LogStart: logStart, LogEnd: logEnd}
 	start := w.kafkaOffset // -1: none committed
 	w.positionKnown = hasPos
+	mark, marked, ours := w.groupMark(v)
+	switch {
+	case hasPos && w.firstJustStored:
+		// Decided again after a first start was stored just now (below):
+		// the position is that first start.
+		w.setOrigin(pos)
+	case hasPos && ours && mark.First >= 0:
+		// A position moved back below the first start (offsets.Store.Reset)
+		// moves the origin with it.
+		w.setOrigin(min(mark.First, pos))
+	default:
+		w.setOrigin(-1)
+	}
+	w.firstJustStored = false
+	if !hasPos && start >= 0 {
+		switch {
+		case ours:
+			// Committed against a position this database stored, and no
+			// longer has: the database lost the partition's rows, as it
+			// loses a position behind the group offset (below), only
+			// wholly. Trusting the group offset would pass over every
+			// message whose effects went with them.
+			start = w.lostStart(v, mark)
+		case marked:
+			w.adoptForeign(v, mark)
+		}
+	}
 	if hasPos {
 		a.StoredPosition = pos
 		switch {
@@ -324,7 +363,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 			}
 			start = pos
 			// Bring the group's offset up to date so that lag tools agree.
-			w.committer.mark(w.hold, pos)
+			w.mark(pos)
 		case start > pos:
 			// The database does not have what Kafka says was processed: it
 			// lost committed transactions (restored from a backup, failed
@@ -336,7 +375,13 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 			w.log.Warn("group offset is ahead of the stored position: the database is missing processed messages (restored from a backup? a failover to a lagging replica?); processing again from the stored position",
 				w.logAttrs(slog.Int64("kafka_offset", start), slog.Int64("stored_position", pos), slog.Int64("reprocessed", start-pos))...)
 			start = pos
-			w.committer.mark(w.hold, pos)
+			w.mark(pos)
+		case v.committedMeta != w.meta:
+			// The group's offset is the position, without this worker's
+			// mark (committed by an older kafkaonce, or reset by a tool):
+			// committed again with it, so that a loss of the row is
+			// recognised even on a partition that gets no new message.
+			w.mark(pos)
 		}
 	}
 	if start < 0 {
@@ -347,6 +392,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 		if again {
 			// The topic's first starts were stored just now, this
 			// partition's with them: decided again from it.
+			w.firstJustStored = true
 			return w.assign(stop, work)
 		}
 		start = first
@@ -361,10 +407,12 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 		if stored != start {
 			// Another member stored a start since this one read none: it
 			// stands, and the assignment is decided again from it.
+			w.firstJustStored = true
 			return w.assign(stop, work)
 		}
 		w.positionKnown = true
-		w.committer.mark(w.hold, start)
+		w.setOrigin(start)
+		w.mark(start)
 	}
 	a.Start = start
 	for _, h := range w.hooks.Assigned {

@@ -30,14 +30,15 @@ type Client interface {
 	// cannot mend (an invalid configuration, refused credentials).
 	RunGroup(ctx context.Context, m Membership) error
 	// Committed reads the group's committed offset of a partition this
-	// member was assigned: -1 when none is committed.
-	Committed(ctx context.Context, tp TopicPartition) (int64, error)
+	// member was assigned, with the metadata committed with it: Offset -1
+	// when none is committed.
+	Committed(ctx context.Context, tp TopicPartition) (CommittedOffset, error)
 	// TopicCommitted reads the group's committed offsets of partitions 0
 	// to partitions-1 of topic, assigned to this member or not: -1 where
 	// none is committed.
 	TopicCommitted(ctx context.Context, topic string, partitions int) ([]int64, error)
-	// Commit commits each partition's next offset to the group, as this
-	// member in its current generation. An error that wraps ErrFenced
+	// Commit commits each partition's next offset to the group, with its
+	// metadata, as this member in its current generation. An error that wraps ErrFenced
 	// means the broker refused it because that generation is over (the
 	// partitions may be another member's by now); nothing was committed.
 	Commit(ctx context.Context, offsets []Offset) error
@@ -85,6 +86,17 @@ type TopicPartition struct {
 type Offset struct {
 	TopicPartition
 	Next int64
+	// Metadata is committed with the offset: the engine's mark of the
+	// store it committed against (see internal/commitmark).
+	Metadata string
+}
+
+// CommittedOffset is a partition's offset as the group has it committed.
+type CommittedOffset struct {
+	// Offset is the next offset, -1 when none is committed.
+	Offset int64
+	// Metadata is what the commit carried with it ("" for none).
+	Metadata string
 }
 
 // Bounds are a partition's log bounds.

@@ -135,6 +135,25 @@ func (k *Kafka) CommittedOffsets(tb testing.TB, group, topic string, partitions 
 	return out
 }
 
+// CommittedMetadata returns the metadata committed with the group's offset
+// of topic/partition ("" when none is committed).
+func (k *Kafka) CommittedMetadata(tb testing.TB, group, topic string, partition int) string {
+	tb.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
+	if err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).FetchOffsets(ctx, group)
+	if err != nil {
+		tb.Fatalf("testenv: fetch committed offsets: %v", err)
+	}
+	o, _ := resp.Lookup(topic, int32(partition))
+	return o.Metadata
+}
+
 // GroupState returns the group's state as the coordinator reports it
 // ("Stable", "PreparingRebalance", "CompletingRebalance", "Empty", "Dead"),
 // or the error that kept it from answering.
@@ -188,6 +207,13 @@ func (k *Kafka) describeGroup(group string) (kadm.DescribedGroup, error) {
 // no active members.
 func (k *Kafka) CommitGroupOffsets(tb testing.TB, group, topic string, offsets map[int]int64) {
 	tb.Helper()
+	k.CommitGroupOffsetsWithMetadata(tb, group, topic, offsets, "")
+}
+
+// CommitGroupOffsetsWithMetadata is CommitGroupOffsets with metadata on
+// every offset, as a client that writes some (kafkaonce's mark, say) does.
+func (k *Kafka) CommitGroupOffsetsWithMetadata(tb testing.TB, group, topic string, offsets map[int]int64, metadata string) {
+	tb.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
 	if err != nil {
 		tb.Fatalf("testenv: %v", err)
@@ -195,7 +221,7 @@ func (k *Kafka) CommitGroupOffsets(tb testing.TB, group, topic string, offsets m
 	defer cl.Close()
 	os := kadm.Offsets{}
 	for p, off := range offsets {
-		os.Add(kadm.Offset{Topic: topic, Partition: int32(p), At: off, LeaderEpoch: -1})
+		os.Add(kadm.Offset{Topic: topic, Partition: int32(p), At: off, LeaderEpoch: -1, Metadata: metadata})
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {

@@ -158,12 +158,28 @@ func (c *Client) Commit(ctx context.Context, offsets []kafkaclient.Offset) error
 		return fmt.Errorf("%w (not in the group)", kafkaclient.ErrFenced)
 	}
 	toCommit := map[string]map[int32]kgo.EpochOffset{}
+	metadata := map[kafkaclient.TopicPartition]string{}
 	for _, o := range offsets {
 		if toCommit[o.Topic] == nil {
 			toCommit[o.Topic] = map[int32]kgo.EpochOffset{}
 		}
 		toCommit[o.Topic][int32(o.Partition)] = kgo.EpochOffset{Epoch: -1, Offset: o.Next}
+		metadata[o.TopicPartition] = o.Metadata
 	}
+	// kgo commits the member id as every partition's metadata; the
+	// engine's mark takes its place just before the request is sent.
+	ctx = kgo.PreCommitFnContext(ctx, func(req *kmsg.OffsetCommitRequest) error {
+		for i := range req.Topics {
+			t := &req.Topics[i]
+			for j := range t.Partitions {
+				p := &t.Partitions[j]
+				if m, ok := metadata[kafkaclient.TopicPartition{Topic: t.Topic, Partition: int(p.Partition)}]; ok {
+					p.Metadata = kmsg.StringPtr(m)
+				}
+			}
+		}
+		return nil
+	})
 	var errs []error
 	cl.CommitOffsetsSync(ctx, toCommit, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		if err != nil {
@@ -221,18 +237,18 @@ func (c *Client) fetchCommitted(cl *kgo.Client, tps []kafkaclient.TopicPartition
 
 // Committed implements kafkaclient.Client: from the read made at
 // assignment, or, when that failed, a read of its own.
-func (c *Client) Committed(ctx context.Context, tp kafkaclient.TopicPartition) (int64, error) {
+func (c *Client) Committed(ctx context.Context, tp kafkaclient.TopicPartition) (kafkaclient.CommittedOffset, error) {
 	c.mu.Lock()
 	f, cl := c.committed[tp], c.group
 	c.mu.Unlock()
 	if cl == nil {
-		return 0, fmt.Errorf("%w (not in the group)", kafkaclient.ErrFenced)
+		return kafkaclient.CommittedOffset{}, fmt.Errorf("%w (not in the group)", kafkaclient.ErrFenced)
 	}
 	if f != nil {
 		select {
 		case <-f.done:
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return kafkaclient.CommittedOffset{}, ctx.Err()
 		}
 		if f.err == nil {
 			return committedOf(f.offsets, tp)
@@ -240,20 +256,23 @@ func (c *Client) Committed(ctx context.Context, tp kafkaclient.TopicPartition) (
 	}
 	offsets, err := kadm.NewClient(cl).FetchOffsets(ctx, c.cfg.Group.ID)
 	if err != nil {
-		return 0, fmt.Errorf("franz: committed offsets of group %s: %w", c.cfg.Group.ID, err)
+		return kafkaclient.CommittedOffset{}, fmt.Errorf("franz: committed offsets of group %s: %w", c.cfg.Group.ID, err)
 	}
 	return committedOf(offsets, tp)
 }
 
-func committedOf(offsets kadm.OffsetResponses, tp kafkaclient.TopicPartition) (int64, error) {
+func committedOf(offsets kadm.OffsetResponses, tp kafkaclient.TopicPartition) (kafkaclient.CommittedOffset, error) {
 	o, ok := offsets.Lookup(tp.Topic, int32(tp.Partition))
 	if !ok {
-		return -1, nil
+		return kafkaclient.CommittedOffset{Offset: -1}, nil
 	}
 	if o.Err != nil {
-		return 0, fmt.Errorf("franz: committed offset of %s/%d: %w", tp.Topic, tp.Partition, o.Err)
+		return kafkaclient.CommittedOffset{}, fmt.Errorf("franz: committed offset of %s/%d: %w", tp.Topic, tp.Partition, o.Err)
 	}
-	return max(o.At, -1), nil
+	if o.At < 0 {
+		return kafkaclient.CommittedOffset{Offset: -1}, nil
+	}
+	return kafkaclient.CommittedOffset{Offset: o.At, Metadata: o.Metadata}, nil
 }
 
 // TopicCommitted implements kafkaclient.Client.
@@ -266,9 +285,11 @@ func (c *Client) TopicCommitted(ctx context.Context, topic string, partitions in
 	}
 	out := make([]int64, partitions)
 	for p := range out {
-		if out[p], err = committedOf(offsets, kafkaclient.TopicPartition{Topic: topic, Partition: p}); err != nil {
+		o, err := committedOf(offsets, kafkaclient.TopicPartition{Topic: topic, Partition: p})
+		if err != nil {
 			return nil, err
 		}
+		out[p] = o.Offset
 	}
 	return out, nil
 }

@@ -47,9 +47,9 @@ type Client struct {
 	mu sync.Mutex
 	// gen is the generation this member is in, the one its commits go
 	// through (nil outside one), and committed the group's offsets of the
-	// partitions it assigned, as it gave them.
+	// partitions it assigned, read once for all of them (see genOffsets).
 	gen       *kafka.Generation
-	committed map[kafkaclient.TopicPartition]int64
+	committed *genOffsets
 }
 
 // New returns a client for cfg. dialer, when not nil, opens every
@@ -90,9 +90,8 @@ func (c *Client) Transport() *kafka.Transport { return c.tr }
 // RunGroup implements kafkaclient.Client. Every generation assigns all of
 // the member's partitions at once and revokes them all when it ends:
 // kafka-go waits for the function started with the generation (which waits
-// for m.Revoked) before it joins the next generation or leaves, and keeps
-// the generation's coordinator connection open until then, so the last
-// offset commits still go out through it.
+// for m.Revoked) before it joins the next generation or leaves, so the
+// last offset commits still go out in the generation (see Commit).
 func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 	g := c.cfg.Group
 	if g.InstanceID != "" {
@@ -127,12 +126,11 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 			continue
 		}
 		var tps []kafkaclient.TopicPartition
-		committed := map[kafkaclient.TopicPartition]int64{}
+		committed := &genOffsets{parts: map[string][]int{}}
 		for topic, ps := range gen.Assignments {
 			for _, p := range ps {
-				tp := kafkaclient.TopicPartition{Topic: topic, Partition: p.ID}
-				tps = append(tps, tp)
-				committed[tp] = max(p.Offset, -1) // kafka-go's FirstOffset: nothing committed
+				tps = append(tps, kafkaclient.TopicPartition{Topic: topic, Partition: p.ID})
+				committed.parts[topic] = append(committed.parts[topic], p.ID)
 			}
 		}
 		c.setGeneration(gen, committed)
@@ -158,7 +156,7 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 	return nil
 }
 
-func (c *Client) setGeneration(gen *kafka.Generation, committed map[kafkaclient.TopicPartition]int64) {
+func (c *Client) setGeneration(gen *kafka.Generation, committed *genOffsets) {
 	c.mu.Lock()
 	c.gen, c.committed = gen, committed
 	c.mu.Unlock()
@@ -191,38 +189,56 @@ func (c *Client) TopicCommitted(ctx context.Context, topic string, partitions in
 	return out, nil
 }
 
-// Committed implements kafkaclient.Client: the offset the generation
-// assigned the partition with.
-func (c *Client) Committed(_ context.Context, tp kafkaclient.TopicPartition) (int64, error) {
+// Committed implements kafkaclient.Client: the offset and metadata the
+// group has committed for a partition of the generation.
+func (c *Client) Committed(ctx context.Context, tp kafkaclient.TopicPartition) (kafkaclient.CommittedOffset, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	off, ok := c.committed[tp]
-	if !ok {
-		return 0, fmt.Errorf("%w: %s/%d is not assigned to this member", kafkaclient.ErrFenced, tp.Topic, tp.Partition)
+	committed := c.committed
+	c.mu.Unlock()
+	if committed == nil {
+		return kafkaclient.CommittedOffset{}, fmt.Errorf("%w: %s/%d is not assigned to this member", kafkaclient.ErrFenced, tp.Topic, tp.Partition)
 	}
-	return off, nil
+	return committed.read(ctx, c, tp)
 }
 
-// Commit implements kafkaclient.Client.
-func (c *Client) Commit(_ context.Context, offsets []kafkaclient.Offset) error {
+// Commit implements kafkaclient.Client. kafka-go's Generation.CommitOffsets
+// sends no metadata, so the commit goes out through the client's
+// OffsetCommit, which does, with the generation's id and member id: the
+// broker fences it exactly as it would the generation's own.
+func (c *Client) Commit(ctx context.Context, offsets []kafkaclient.Offset) error {
 	c.mu.Lock()
 	gen := c.gen
 	c.mu.Unlock()
 	if gen == nil {
 		return fmt.Errorf("%w (no generation)", kafkaclient.ErrFenced)
 	}
-	byTopic := map[string]map[int]int64{}
+	byTopic := map[string][]kafka.OffsetCommit{}
 	for _, o := range offsets {
-		if byTopic[o.Topic] == nil {
-			byTopic[o.Topic] = map[int]int64{}
-		}
-		byTopic[o.Topic][o.Partition] = o.Next
+		byTopic[o.Topic] = append(byTopic[o.Topic], kafka.OffsetCommit{Partition: o.Partition, Offset: o.Next, Metadata: o.Metadata})
 	}
-	err := gen.CommitOffsets(byTopic)
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
+	resp, err := c.admin.OffsetCommit(ctx, &kafka.OffsetCommitRequest{
+		GroupID: gen.GroupID, GenerationID: int(gen.ID), MemberID: gen.MemberID, Topics: byTopic,
+	})
+	if err == nil {
+		var errs []error
+		for topic, ps := range resp.Topics {
+			for _, p := range ps {
+				if p.Error != nil {
+					errs = append(errs, fmt.Errorf("%s/%d: %w", topic, p.Partition, p.Error))
+				}
+			}
+		}
+		err = errors.Join(errs...)
+	}
 	if err != nil && fenced(err) {
 		return fmt.Errorf("%w: %w", kafkaclient.ErrFenced, err)
 	}
-	return err
+	if err != nil {
+		return fmt.Errorf("kafkago: commit offsets of group %s: %w", gen.GroupID, err)
+	}
+	return nil
 }
 
 // fenced reports errors that mean this member can no longer commit in its

@@ -82,6 +82,31 @@ func TestAPositionLostBeforeTheFirstStartIsProcessedAgain(t *testing.T) {
 		r.stop()
 		e.requireExactlyOnce(ids) // and none of the three before the first start
 	})
+	t.Run("a position stored before offsets carried the mark is marked at the next start, even idle", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, 1)
+		ids := e.produceIDs("m", 10)
+		cfg := e.config(e.applyHandler())
+		r := e.start(cfg)
+		e.waitCommitted(map[int]int64{0: 10}, 60*time.Second)
+		r.stop()
+		// As an older kafkaonce left it: the same offset, no mark.
+		e.kafka.CommitGroupOffsets(t, e.group, e.topic, map[int]int64{0: 10})
+		r = e.start(cfg)
+		waitFor(t, 30*time.Second, "the group offset marked again", func() bool {
+			m, ok := commitmark.Parse(e.kafka.CommittedMetadata(t, e.group, e.topic, 0))
+			return ok && m == commitmark.Mark{Store: e.storeID(), Consumer: e.name, First: -1}
+		})
+		r.stop()
+		// The first start is not known: a lost row is processed from the
+		// log's start, here the first start too.
+		ids = append(ids, e.produceMore("m", 10, 5)...)
+		e.restoreToBeforeTheFirstStart()
+		r = e.start(cfg)
+		e.waitCommitted(map[int]int64{0: 15}, 60*time.Second)
+		r.stop()
+		e.requireExactlyOnce(ids)
+	})
 	t.Run("a first start that retention deleted meanwhile stops the partition, naming the offsets", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, 1)

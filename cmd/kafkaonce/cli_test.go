@@ -676,3 +676,34 @@ func TestAuditTellsPrunedFromMissingByProcessingTime(t *testing.T) {
 	require.EqualValues(t, 10, r.Total.Pruned)
 	require.Equal(t, 0, code, out)
 }
+
+// topic-recreated starts a position-id consumer afresh on its topic: the
+// positions go back to 0 and the old claims are retired under a new name
+// (the procedure end to end is consumer's
+// TestATopicRecreatedByTheProcedureIsAppliedAfresh); it says which flag
+// is missing.
+func TestTopicRecreatedRetiresThePositionIDs(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	w.produce(3, "m")
+	w.consumeWith(func(cfg *consumer.Config) { cfg.MessageID = consumer.IDFromPosition() }, 3)
+
+	out, errOut, code := w.cli("topic-recreated", "--consumer", w.name, "--topic", w.topic, "--partitions", "1", "--json")
+	require.Equal(t, 0, code, out+errOut)
+	var r topicRecreatedReport
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	require.EqualValues(t, 1, r.Positions)
+	require.EqualValues(t, 3, r.RetiredClaims)
+	require.EqualValues(t, 0, w.minPosition())
+	require.EqualValues(t, 3, w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("processed_messages")+` WHERE message_id LIKE $1`, w.topic+"/0/_"+r.Suffix))
+
+	for flag, args := range map[string][]string{
+		"--consumer":   {"--topic", w.topic, "--partitions", "1"},
+		"--topic":      {"--consumer", w.name, "--partitions", "1"},
+		"--partitions": {"--consumer", w.name, "--topic", w.topic},
+	} {
+		_, errOut, code := w.cli(append([]string{"topic-recreated"}, args...)...)
+		require.Equal(t, 2, code, flag)
+		require.Contains(t, errOut, flag+" is required", flag)
+	}
+}

@@ -44,7 +44,11 @@ type Client interface {
 	Commit(ctx context.Context, offsets []Offset) error
 	// Publish writes records to topic and returns once the brokers have
 	// acknowledged every one of them (acks from all in-sync replicas),
-	// partitioning by key: records of one key stay in order.
+	// partitioning by key: records of one key stay in order. A record
+	// larger than MaxRecordBytes is not sent. When some records were
+	// written and others not, the error is a PublishErrors saying which
+	// (a record refused for its size wraps ErrTooLarge); after any other
+	// error, no record may be taken as written.
 	Publish(ctx context.Context, topic string, recs []Record) error
 	// Open starts fetching a partition at an offset.
 	Open(cfg FetchConfig) (*Fetcher, error)

@@ -2,9 +2,11 @@ package franz
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
@@ -19,25 +21,51 @@ type producer struct {
 	err  error
 }
 
-// Publish implements kafkaclient.Client.
+// Publish implements kafkaclient.Client. Each record has its own result:
+// one too large, refused here or by the broker, fails alone (with the
+// others of its batch, when the broker refused the batch), and the others
+// are written.
 func (c *Client) Publish(ctx context.Context, topic string, recs []kafkaclient.Record) error {
 	c.producer.once.Do(func() {
-		c.producer.cl, c.producer.err = kgo.NewClient(append(c.base[:len(c.base):len(c.base)], kgo.RequiredAcks(kgo.AllISRAcks()))...)
+		c.producer.cl, c.producer.err = kgo.NewClient(append(c.base[:len(c.base):len(c.base)], kgo.RequiredAcks(kgo.AllISRAcks()),
+			// The batch limit is MaxRecordBytes, which every record sent
+			// fits (RecordBytes counts more than kgo does).
+			kgo.ProducerBatchMaxBytes(kafkaclient.MaxRecordBytes))...)
 	})
 	if c.producer.err != nil {
 		return fmt.Errorf("franz: %w", c.producer.err)
 	}
-	krs := make([]*kgo.Record, len(recs))
+	errs := make(kafkaclient.PublishErrors, len(recs))
+	var krs []*kgo.Record
+	at := map[*kgo.Record]int{} // results come in the order they finish
 	for i := range recs {
 		r := &recs[i]
+		if n := kafkaclient.RecordBytes(r); n > kafkaclient.MaxRecordBytes {
+			errs[i] = fmt.Errorf("franz: produce to %s: %w", topic, kafkaclient.TooLarge(n))
+			continue
+		}
 		kr := &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Timestamp: r.Time}
 		for _, h := range r.Headers {
 			kr.Headers = append(kr.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
 		}
-		krs[i] = kr
+		krs, at[kr] = append(krs, kr), i
 	}
-	if err := c.producer.cl.ProduceSync(ctx, krs...).FirstErr(); err != nil {
-		return fmt.Errorf("franz: produce to %s: %w", topic, err)
+	failed := len(krs) < len(recs)
+	if len(krs) > 0 {
+		for _, res := range c.producer.cl.ProduceSync(ctx, krs...) {
+			if res.Err == nil {
+				continue
+			}
+			failed = true
+			err := res.Err
+			if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) {
+				err = fmt.Errorf("%w: %w", kafkaclient.ErrTooLarge, err)
+			}
+			errs[at[res.Record]] = fmt.Errorf("franz: produce to %s: %w", topic, err)
+		}
+	}
+	if failed {
+		return errs
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package kafkago
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -17,7 +18,11 @@ type writers struct {
 	w  map[string]*kafka.Writer
 }
 
-// Publish implements kafkaclient.Client.
+// Publish implements kafkaclient.Client. Each record has its own result,
+// as with franz-go: one too large, refused here or by the broker, fails
+// alone (with the others of its batch, when the broker refused the batch),
+// and the others are written. (kafka-go itself would fail the whole call
+// for one message over BatchBytes.)
 func (c *Client) Publish(ctx context.Context, topic string, recs []kafkaclient.Record) error {
 	c.writers.mu.Lock()
 	if c.writers.w == nil {
@@ -26,20 +31,47 @@ func (c *Client) Publish(ctx context.Context, topic string, recs []kafkaclient.R
 	w := c.writers.w[topic]
 	if w == nil {
 		w = &kafka.Writer{Addr: kafka.TCP(c.cfg.Brokers...), Topic: topic, Transport: c.tr, Balancer: &kafka.Hash{},
-			RequiredAcks: kafka.RequireAll, BatchTimeout: 5 * time.Millisecond}
+			RequiredAcks: kafka.RequireAll, BatchTimeout: 5 * time.Millisecond, BatchBytes: kafkaclient.MaxRecordBytes}
 		c.writers.w[topic] = w
 	}
 	c.writers.mu.Unlock()
-	msgs := make([]kafka.Message, len(recs))
+	errs := make(kafkaclient.PublishErrors, len(recs))
+	var msgs []kafka.Message
+	var at []int // msgs[j] is recs[at[j]]
 	for i := range recs {
 		r := &recs[i]
-		msgs[i] = kafka.Message{Key: r.Key, Value: r.Value, Time: r.Time}
+		if n := kafkaclient.RecordBytes(r); n > kafkaclient.MaxRecordBytes {
+			errs[i] = fmt.Errorf("kafkago: produce to %s: %w", topic, kafkaclient.TooLarge(n))
+			continue
+		}
+		m := kafka.Message{Key: r.Key, Value: r.Value, Time: r.Time}
 		for _, h := range r.Headers {
-			msgs[i].Headers = append(msgs[i].Headers, kafka.Header{Key: h.Key, Value: h.Value})
+			m.Headers = append(m.Headers, kafka.Header{Key: h.Key, Value: h.Value})
+		}
+		msgs, at = append(msgs, m), append(at, i)
+	}
+	failed := len(msgs) < len(recs)
+	if len(msgs) > 0 {
+		err := w.WriteMessages(ctx, msgs...)
+		var each kafka.WriteErrors
+		perMessage := errors.As(err, &each) && len(each) == len(msgs)
+		for j, i := range at {
+			e := err
+			if perMessage {
+				e = each[j]
+			}
+			if e == nil {
+				continue
+			}
+			failed = true
+			if errors.Is(e, kafka.MessageSizeTooLarge) || errors.Is(e, kafka.RecordListTooLarge) {
+				e = fmt.Errorf("%w: %w", kafkaclient.ErrTooLarge, e)
+			}
+			errs[i] = fmt.Errorf("kafkago: produce to %s: %w", topic, e)
 		}
 	}
-	if err := w.WriteMessages(ctx, msgs...); err != nil {
-		return fmt.Errorf("kafkago: produce to %s: %w", topic, err)
+	if failed {
+		return errs
 	}
 	return nil
 }

@@ -11,4 +11,13 @@ const (
 	HeaderErrorClass      = "kafkaonce-error-class"
 	HeaderError           = "kafkaonce-error"
 	HeaderDeadLetterID    = "kafkaonce-dead-letter-id"
+
+	// A letter larger than the dead-letter topic takes is published cut to
+	// fit (see docs/failures.md) with these three: what was cut
+	// ("value", "headers", "key", "error", comma-separated), the letter's
+	// size in bytes before, and why. The whole letter stays in
+	// dead_letters.
+	HeaderTruncated       = "kafkaonce-truncated"
+	HeaderOriginalSize    = "kafkaonce-original-size"
+	HeaderTruncatedReason = "kafkaonce-truncated-reason"
 )

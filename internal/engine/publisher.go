@@ -2,13 +2,14 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
-	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
-	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // Headers of a message published to Config.DeadLetterTopic: the consumer
@@ -24,9 +25,6 @@ const (
 	HeaderError           = "kafkaonce-error"
 	HeaderDeadLetterID    = "kafkaonce-dead-letter-id"
 )
-
-// maxHeaderError bounds the error text carried in a header.
-const maxHeaderError = 1024
 
 // runPublisher publishes dead letters to Config.DeadLetterTopic until ctx is
 // done. It reads letters not yet published from the table and marks them
@@ -65,42 +63,113 @@ func (c *Consumer) publishPending(ctx context.Context) error {
 		if err != nil || len(letters) == 0 {
 			return err
 		}
-		recs := make([]kafkaclient.Record, len(letters))
-		ids := make([]int64, len(letters))
-		for i := range letters {
-			recs[i], ids[i] = publishedLetter(&letters[i]), letters[i].ID
-		}
-		if err := c.client.Publish(ctx, c.cfg.DeadLetterTopic, recs); err != nil {
-			return err
-		}
-		if err := c.inTx(ctx, func(q querier) error { return c.letters.MarkPublished(ctx, q, ids) }); err != nil {
+		if err := c.publishPage(ctx, letters); err != nil {
 			return err
 		}
 	}
 }
 
-func publishedLetter(l *deadletter.Letter) kafkaclient.Record {
-	m := kafkaclient.Record{Key: l.Key, Value: l.Value, Time: l.MessageTime}
-	hasID := false
-	for _, h := range l.Headers {
-		m.Headers = append(m.Headers, kafkaoncetype.Header{Key: h.Key, Value: h.Value})
-		hasID = hasID || h.Key == DefaultMessageIDHeader
+// publishPage publishes a page of letters and marks published those the
+// broker acknowledged, even when others failed: they are not published
+// again. A letter too large for the topic holds back no other: one larger
+// than a record may be (kafkaclient.MaxRecordBytes) goes cut to fit, and
+// one the broker refuses goes alone, and then cut smaller until the topic
+// takes it (see publishTooLarge). Any other failure is the topic's or the
+// broker's, and the letters it hit wait for the next pass.
+func (c *Consumer) publishPage(ctx context.Context, letters []deadletter.Letter) error {
+	lrs := make([]*letterRecord, len(letters))
+	recs := make([]kafkaclient.Record, len(letters))
+	cuts := make([][]string, len(letters))
+	for i := range letters {
+		lrs[i] = newLetterRecord(&letters[i])
+		var err error
+		recs[i], cuts[i], err = lrs[i].fit(kafkaclient.MaxRecordBytes, fmt.Sprintf("the letter, %d bytes, is larger than the %d bytes a record written to the dead-letter topic may have; the whole letter is in dead_letters",
+			lrs[i].size, kafkaclient.MaxRecordBytes))
+		if err != nil {
+			// The letter's own headers are bounded far below the limit.
+			return fmt.Errorf("dead letter %d: %w", letters[i].ID, err)
+		}
 	}
-	if !hasID && l.MessageID != "" {
-		m.Headers = append(m.Headers, kafkaoncetype.Header{Key: DefaultMessageIDHeader, Value: []byte(l.MessageID)})
+	err := c.client.Publish(ctx, c.cfg.DeadLetterTopic, recs)
+	var each kafkaclient.PublishErrors
+	if err != nil && (!errors.As(err, &each) || len(each) != len(recs)) {
+		return err
 	}
-	errText := l.Error
-	if len(errText) > maxHeaderError {
-		errText = errText[:maxHeaderError]
+	var published []int64
+	var failed error
+	for i := range letters {
+		var e error
+		if each != nil {
+			e = each[i]
+		}
+		switch {
+		case e == nil:
+			c.logCut(lrs[i], &recs[i], cuts[i])
+		case errors.Is(e, kafkaclient.ErrTooLarge):
+			e = c.publishTooLarge(ctx, lrs[i], &recs[i], cuts[i], len(recs) > 1)
+		}
+		switch {
+		case e == nil:
+			published = append(published, letters[i].ID)
+		case failed == nil:
+			failed = e
+		}
 	}
-	m.Headers = append(m.Headers,
-		kafkaoncetype.Header{Key: HeaderConsumer, Value: []byte(l.Consumer)},
-		kafkaoncetype.Header{Key: HeaderSourceTopic, Value: []byte(l.Topic)},
-		kafkaoncetype.Header{Key: HeaderSourcePartition, Value: []byte(strconv.Itoa(l.Partition))},
-		kafkaoncetype.Header{Key: HeaderSourceOffset, Value: []byte(strconv.FormatInt(l.Offset, 10))},
-		kafkaoncetype.Header{Key: HeaderErrorClass, Value: []byte(l.Class)},
-		kafkaoncetype.Header{Key: HeaderError, Value: []byte(errText)},
-		kafkaoncetype.Header{Key: HeaderDeadLetterID, Value: []byte(strconv.FormatInt(l.ID, 10))},
-	)
-	return m
+	if len(published) > 0 {
+		if err := c.inTx(ctx, func(q querier) error { return c.letters.MarkPublished(ctx, q, published) }); err != nil {
+			return err
+		}
+	}
+	return failed
+}
+
+// publishTooLarge publishes a letter the client or the broker refused as
+// too large for the topic. Refused in a call with others, it may have been
+// only its batch that was: it goes alone first. Refused alone, the topic's
+// max.message.bytes is under its size, and that limit is not known here: it
+// goes cut to half the size, and half again, until the topic takes it.
+// Only a topic that takes not even a letter's own headers (a few hundred
+// bytes, under any sensible max.message.bytes) makes it fail, and then
+// every letter would: that is the topic's failure, reported as such.
+func (c *Consumer) publishTooLarge(ctx context.Context, lr *letterRecord, rec *kafkaclient.Record, cut []string, withOthers bool) error {
+	publish := func(r *kafkaclient.Record) error {
+		return c.client.Publish(ctx, c.cfg.DeadLetterTopic, []kafkaclient.Record{*r})
+	}
+	if withOthers {
+		if err := publish(rec); err == nil || !errors.Is(err, kafkaclient.ErrTooLarge) {
+			if err == nil {
+				c.logCut(lr, rec, cut)
+			}
+			return err
+		}
+	}
+	refused := kafkaclient.RecordBytes(rec)
+	for {
+		limit := refused / 2
+		cutRec, cut, err := lr.fit(limit, fmt.Sprintf("the letter, %d bytes, is larger than the dead-letter topic's max.message.bytes (it refused %d bytes); the whole letter is in dead_letters",
+			lr.size, refused))
+		if err != nil {
+			return fmt.Errorf("dead-letter topic %s refuses letter %d even cut to %d bytes (%w): raise the topic's max.message.bytes", c.cfg.DeadLetterTopic, lr.l.ID, limit, err)
+		}
+		err = publish(&cutRec)
+		if err == nil {
+			c.logCut(lr, &cutRec, cut)
+			return nil
+		}
+		if !errors.Is(err, kafkaclient.ErrTooLarge) {
+			return err
+		}
+		refused = kafkaclient.RecordBytes(&cutRec)
+	}
+}
+
+// logCut tells operators that a letter goes to the topic cut, and where
+// the whole letter is.
+func (c *Consumer) logCut(lr *letterRecord, rec *kafkaclient.Record, cut []string) {
+	if len(cut) == 0 {
+		return
+	}
+	c.log.Warn("dead-letter topic: a letter too large for the topic is published cut to fit; the whole letter is in dead_letters",
+		slog.String("topic", c.cfg.DeadLetterTopic), slog.Int64("dead_letter_id", lr.l.ID), slog.Int("bytes", lr.size),
+		slog.Int("published_bytes", kafkaclient.RecordBytes(rec)), slog.String("cut", strings.Join(cut, ",")))
 }

@@ -233,6 +233,53 @@ func TestKafkaParksAMessageThatCanNeverFitAtOnce(t *testing.T) {
 	require.ElementsMatch(t, []string{"big-1", "b-1", "ok-0"}, firstOccurrences(order))
 }
 
+// Other ways a row's record can never fit are parked at once too, and
+// hold back only their own key: headers that take the request past
+// BatchBytes (the value is small), and a record the broker refuses as
+// larger than the topic's segment.bytes (RECORD_LIST_TOO_LARGE), which no
+// retry mends.
+func TestKafkaParksAtOnceARowThatCanNeverFitInAnyWay(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		huge outbox.Message
+		code int16 // the broker's answer to "huge", or 0
+	}{
+		{name: "HeadersOverTheRequestLimit", huge: outbox.Message{Value: []byte("huge-0:"), Headers: []outbox.Header{{Key: "blob", Value: make([]byte, 1<<20)}}}},
+		{name: "LargerThanTheTopicsSegment", huge: outbox.Message{Value: []byte("huge-0:")}, code: kerr.RecordListTooLarge.Code},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			db := testenv.NewDB(t)
+			k := ownKafka(t)
+			topic := k.Topic(t, 1)
+			if c.code != 0 {
+				failProduce(k, "huge-0:", c.code, true)
+			}
+			huge := c.huge
+			huge.Destination, huge.Key = topic, []byte("huge")
+			write(t, db, huge,
+				outbox.Message{Destination: topic, Key: []byte("huge"), Value: []byte("huge-1:")},
+				outbox.Message{Destination: topic, Key: []byte("ok"), Value: []byte("ok-0:")})
+			runRelay(t, db, outbox.RelayConfig{Brokers: k.Brokers, RetryInitialInterval: 10 * time.Millisecond, RetryMaxInterval: 50 * time.Millisecond,
+				MinRetriesPerMinute: 1000})
+			waitFor(t, func() bool { return pending(t, db) == 0 }, "every row published or parked")
+			o, _ := outbox.New(db.Schema)
+			parked, err := o.Parked(context.Background(), db.Pool, 10)
+			require.NoError(t, err)
+			require.Len(t, parked, 1)
+			require.Equal(t, "huge-0:", string(parked[0].Value))
+			require.Equal(t, 1, parked[0].Attempts, "parked at its first attempt: %s", parked[0].LastError)
+			require.Contains(t, parked[0].LastError, "can never be published")
+			var order []string
+			for _, m := range readAll(t, k.Brokers, topic, 2) {
+				order = append(order, strings.SplitN(string(m.Value), ":", 2)[0])
+			}
+			require.ElementsMatch(t, []string{"huge-1", "ok-0"}, firstOccurrences(order))
+		})
+	}
+}
+
 // A Deliver that hangs, its context ignored, is cut off after
 // DeliveryTimeout and its grace: the round commits, its bucket is free for
 // the other keys, and the row is retried.

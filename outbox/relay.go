@@ -538,19 +538,19 @@ func (r *Relay) write(ctx context.Context, rows []row, outcomes []outcome, idx [
 	if err != nil && !isPer && !timedOut && ctx.Err() == nil && r.splitByTopic(ctx, rows, outcomes, idx, msgs, failed) {
 		return
 	}
-	var tooLarge []int // positions in msgs
+	var alone []int // positions in msgs
 	for j, i := range idx {
 		e := err
 		if isPer {
 			e = perMessage[j]
 		}
-		if e != nil && errors.Is(e, kafka.MessageSizeTooLarge) && len(msgs) > 1 {
-			tooLarge = append(tooLarge, j)
+		if tooLarge(e) && len(msgs) > 1 {
+			alone = append(alone, j)
 			continue
 		}
 		r.judgeKafka(&rows[i], &outcomes[i], e, failed)
 	}
-	for _, j := range tooLarge {
+	for _, j := range alone {
 		i := idx[j]
 		if failed[string(rows[i].key)] {
 			outcomes[i] = outcome{held: true}
@@ -591,14 +591,21 @@ func (r *Relay) splitByTopic(ctx context.Context, rows []row, outcomes []outcome
 
 // judgeKafka records the result of one message's write.
 func (r *Relay) judgeKafka(rw *row, o *outcome, err error, failed map[string]bool) {
-	if err != nil && errors.Is(err, kafka.MessageSizeTooLarge) {
+	if tooLarge(err) {
 		// Sent alone: it can never fit.
-		err = permanent.Mark(fmt.Errorf("outbox: the broker rejects the message as larger than the topic's max.message.bytes; it can never be published: make it smaller, or raise the topic's limit and retry the row: %w", err))
+		err = permanent.Mark(fmt.Errorf("outbox: the broker rejects the message as larger than the topic's max.message.bytes (or its segment.bytes); it can never be published: make it smaller, or raise the topic's limit and retry the row: %w", err))
 	}
 	*o = r.judge(rw, err)
 	if err != nil {
 		failed[string(rw.key)] = true
 	}
+}
+
+// tooLarge reports whether the broker refused a write for its size: a
+// batch larger than the topic's max.message.bytes, or than its
+// segment.bytes (which no retry mends either).
+func tooLarge(err error) bool {
+	return err != nil && (errors.Is(err, kafka.MessageSizeTooLarge) || errors.Is(err, kafka.RecordListTooLarge))
 }
 
 // messageBytes is the size kafka-go counts a message as against BatchBytes

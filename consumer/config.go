@@ -331,7 +331,9 @@ type Config struct {
 	// header. Publishing is at-least-once: letters are published from the
 	// dead_letters table after they commit, and marked published after the
 	// broker acknowledged them, so a crash in between publishes a letter
-	// twice. Defaults to none (the table only).
+	// twice. A letter too large for the topic is published cut to fit
+	// (see HeaderTruncated), and the whole letter stays in the table.
+	// Defaults to none (the table only).
 	DeadLetterTopic string
 
 	// SuspectDuplicateWindow is how far back a partition remembers which id

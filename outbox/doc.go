@@ -30,7 +30,8 @@
 //
 // Rows that cannot be delivered (a permanent error, attempts exhausted, or
 // a message too large for Kafka ever to take: larger than 1 MiB, or than
-// the topic's max.message.bytes, parked at its first attempt) are parked
+// the topic's max.message.bytes or segment.bytes, parked at its first
+// attempt) are parked
 // with the reason, never dropped: see Outbox.Parked and Outbox.Retry.
 //
 // Each delivery has a deadline, RelayConfig.DeliveryTimeout, since a round

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kafkaonce/kafkaonce/internal/cleanup"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/kafkago"
 	"github.com/kafkaonce/kafkaonce/internal/permanent"
@@ -305,7 +306,7 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() { _ = cleanup.Rollback(ctx, tx) }()
 
 	buckets, err := r.lockBuckets(ctx, tx)
 	if err != nil || len(buckets) == 0 {

@@ -689,13 +689,15 @@ func TestANetworkErrorIsTheDatabasesOnlyWhenItBrokeTheTransaction(t *testing.T) 
 
 // An error that is the database's, whatever statement of the handler's
 // raised it (a full disk under an INSERT, the server shutting down, an
-// I/O error, a corrupted index, a standby that turned read only), never
-// sets a message aside: the transaction runs again, counting no attempt,
-// until the database is back. Each code is raised by the server itself,
-// from the handler's statement (RAISE … USING ERRCODE), more often than
-// MaxAttempts allows: were one counted, the message would be set aside.
-// A code of the handler's (a cancelled statement, StatementTimeout's)
-// still counts.
+// I/O error, a corrupted index), never sets a message aside: the
+// transaction runs again, counting no attempt, until the database is
+// back. Each code is raised by the server itself, from the handler's
+// statement (RAISE … USING ERRCODE), more often than MaxAttempts allows:
+// were one counted, the message would be set aside. Codes of the
+// handler's still count: a cancelled statement (StatementTimeout's), a
+// statement past temp_file_limit, a database or login a statement names,
+// and a read-only transaction met after the batch wrote (only the
+// handler can have made it so).
 func TestTheDatabasesErrorsUnderAHandlerNeverSetAMessageAside(t *testing.T) {
 	t.Parallel()
 	const maxAttempts = 2
@@ -713,10 +715,13 @@ func TestTheDatabasesErrorsUnderAHandlerNeverSetAMessageAside(t *testing.T) {
 		{code: "57P01"}, // admin_shutdown
 		{code: "58030"}, // io_error
 		{code: "XX001"}, // data_corrupted
-		{code: "25006"}, // read_only_sql_transaction
 		{code: "40003"}, // statement_completion_unknown
 		{code: "57014", counts: true},
 		{code: "57014", batch: true, counts: true},
+		{code: "53400", counts: true},
+		{code: "3D000", counts: true},
+		{code: "28P01", counts: true},
+		{code: "25006", counts: true},
 	} {
 		name := tc.code
 		if tc.batch {

@@ -333,3 +333,85 @@ func TestAHandlerMayCheckItsDeferredConstraintsEarly(t *testing.T) {
 		})
 	}
 }
+
+// A handler that makes its transaction read only, by any of the ways the
+// guard cannot read (set_config, a quoted setting name, pg_settings), has
+// its message's failure counted and the message set aside after
+// MaxAttempts: the batch wrote when it began, so the read-only transaction
+// its statements or the consumer's closing ones meet is the handler's
+// doing, never the server's.
+func TestAHandlerThatMakesItsTransactionReadOnlyIsSetAside(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, stmt string }{
+		{"set_config transaction_read_only, local", `SELECT set_config('transaction_read_only', 'on', true)`},
+		{"SET with the setting's name quoted", `SET "transaction_read_only" = on`},
+		{"SET LOCAL with the setting's name quoted", `SET LOCAL "transaction_read_only" TO on`},
+		{"UPDATE pg_settings", `UPDATE pg_settings SET setting = 'on' WHERE name = 'transaction_read_only'`},
+	} {
+		for _, write := range []bool{false, true} {
+			name := tc.name + "/then returns"
+			if write {
+				name = tc.name + "/then writes"
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				e := setup(t, 1)
+				apply := e.applyHandler()
+				cfg := e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+					if err := apply.Handle(ctx, tx, m); err != nil {
+						return err
+					}
+					if m.ID != "x-2" {
+						return nil
+					}
+					if _, err := tx.Exec(ctx, tc.stmt); err != nil {
+						return fmt.Errorf("make it read only: %w", err)
+					}
+					if write {
+						// Its own next write meets the read-only transaction.
+						return apply.Handle(ctx, tx, m)
+					}
+					return nil
+				}))
+				cfg.Retry.MaxAttempts = 2
+				ids := e.produceIDs("x", 5)
+				r := e.start(cfg)
+				e.waitCommitted(map[int]int64{0: 5}, 45*time.Second)
+				r.stop()
+				l, ok := e.letters()["x-2"]
+				require.True(t, ok, "x-2, whose handler made the transaction read only, is set aside")
+				require.Equal(t, deadletter.ClassRetriesExhausted, l.Class)
+				e.check(expectation{ids: ids, poison: []string{"x-2"}})
+			})
+		}
+	}
+}
+
+// A statement that fails for the message's data with a code that could
+// also be a connection's (3D000: has_database_privilege of a database the
+// message names, which does not exist) counts: the message is set aside
+// after MaxAttempts instead of holding the partition for ever.
+func TestAMessageNamingADatabaseThatDoesNotExistIsSetAside(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	apply := e.applyHandler()
+	cfg := e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		db := "postgres"
+		if m.ID == "x-2" {
+			db = "a database the message names, which does not exist"
+		}
+		var ok bool
+		if err := tx.QueryRow(ctx, `SELECT has_database_privilege($1, 'CONNECT')`, db).Scan(&ok); err != nil {
+			return fmt.Errorf("check the tenant's database: %w", err)
+		}
+		return apply.Handle(ctx, tx, m)
+	}))
+	cfg.Retry.MaxAttempts = 2
+	ids := e.produceIDs("x", 5)
+	r := e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 5}, 45*time.Second)
+	r.stop()
+	_, ok := e.letters()["x-2"]
+	require.True(t, ok, "x-2 is set aside after MaxAttempts")
+	e.check(expectation{ids: ids, poison: []string{"x-2"}})
+}

@@ -107,6 +107,33 @@ func TestAPositionLostBeforeTheFirstStartIsProcessedAgain(t *testing.T) {
 		r.stop()
 		e.requireExactlyOnce(ids)
 	})
+	t.Run("a lost row found mid-run without a known first start is processed from the log's start", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, 1)
+		ids := e.produceIDs("m", 10)
+		cfg := e.config(e.applyHandler())
+		r := e.start(cfg)
+		e.waitCommitted(map[int]int64{0: 10}, 60*time.Second)
+		r.stop()
+		// As an older kafkaonce left it: the same offset, no mark.
+		e.kafka.CommitGroupOffsets(t, e.group, e.topic, map[int]int64{0: 10})
+		r = e.start(cfg)
+		waitFor(t, 30*time.Second, "the group offset marked again, first start unknown", func() bool {
+			m, ok := commitmark.Parse(e.kafka.CommittedMetadata(t, e.group, e.topic, 0))
+			return ok && m == commitmark.Mark{Store: e.storeID(), Consumer: e.name, First: -1}
+		})
+		// The database is restored, under the running consumer, to a
+		// backup taken before the partition's first start: the next batch
+		// finds the row gone, and the run's own start (10) would pass over
+		// what the restore rolled back.
+		e.restoreToBeforeTheFirstStart()
+		ids = append(ids, e.produceMore("m", 10, 5)...)
+		e.waitCommitted(map[int]int64{0: 15}, 60*time.Second)
+		waitFor(t, 30*time.Second, "the position stored again", func() bool { return e.storedPositions()[0] == 15 })
+		r.stop()
+		require.Empty(t, e.events.snapshot().stopped)
+		e.requireExactlyOnce(ids)
+	})
 	t.Run("a first start that retention deleted meanwhile stops the partition, naming the offsets", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, 1)

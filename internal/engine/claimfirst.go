@@ -210,6 +210,13 @@ type positionLostError struct {
 }
 
 func (e *positionLostError) Error() string {
+	if e.missing {
+		from := "the log's start"
+		if e.stored != fromLogStart {
+			from = fmt.Sprint(e.stored)
+		}
+		return fmt.Sprintf("the stored position is gone but this worker had committed up to %d: the database lost committed transactions; processing again from %s", e.believed, from)
+	}
 	return fmt.Sprintf("the stored position is %d but this worker had committed up to %d: the database lost committed transactions; processing again from %d", e.stored, e.believed, e.stored)
 }
 
@@ -471,6 +478,12 @@ func (a *txAttempt) commit(ctx context.Context, bt *batchTx, b *pgx.Batch, h *ha
 			return infra(fmt.Errorf("commit: nothing was sent: %w", ce.err))
 		case errors.As(ce.err, &pgErr) && pgErr.Code == positions.TxEnded:
 			return a.txEnded(h.batch, h.end, ce.err)
+		case pgErr != nil && pgErr.Code == readOnlyTransaction && ce.stmt >= userStatements:
+			// The batch wrote when it began, so the server was not read
+			// only then, and a transaction does not turn read only by
+			// itself: a handler made it so (set_config), as it would on
+			// every retry.
+			return a.handlersFailed(h.end, fmt.Errorf("the consumer's closing statements found the transaction made read only by a handler: %w", ce.err))
 		case ce.stmt < userStatements:
 			return a.batchFailed(h.batch, ce.err)
 		case ce.stmt == closing:

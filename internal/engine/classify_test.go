@@ -126,19 +126,20 @@ func TestEverySQLStateClassIsSorted(t *testing.T) {
 		{"23503", handler}, // its parent may not have arrived yet
 		{"24000", handler},
 		{"25001", handler}, {"25P02", handler},
-		{"25006", db},                // a read-only standby
+		{"25006", handler},           // once the batch wrote, only a handler can have made it read only; a standby fails the begin
 		{"25P03", db}, {"25P04", db}, // the session ended
 		{"26000", handler}, {"27000", handler},
-		{"28000", db}, {"28P01", db},
+		{"28000", handler}, {"28P01", handler}, // a login of the handler's own connection
 		{"2B000", handler}, {"2D000", handler}, {"2F005", handler}, {"34000", handler},
 		{"38000", handler}, {"39000", handler}, {"3B001", handler},
-		{"3D000", db},
+		{"3D000", handler},
 		{"3F000", handler},
 		{"40000", db}, {"40001", db}, {"40003", db}, {"40P01", db},
 		{"40002", message},
 		{"42501", handler}, {"42601", handler}, {"42P01", handler}, {"42703", handler},
 		{"44000", message},
-		{"53000", db}, {"53100", db}, {"53200", db}, {"53300", db}, {"53400", db},
+		{"53000", db}, {"53100", db}, {"53200", db}, {"53300", db},
+		{"53400", handler}, // temp_file_limit: a bound on the statement
 		{"54000", message}, {"54001", message}, {"54011", message}, {"54023", message},
 		{"55000", handler}, {"55006", handler},
 		{"55P03", db}, // a lock wait lost a race

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"log/slog"
 
 	"github.com/kafkaonce/kafkaonce/internal/commitmark"
@@ -72,10 +73,33 @@ func (w *worker) adoptForeign(v logView, m commitmark.Mark) {
 // partition's stored position gone mid-run: the first start, since the
 // database may have lost everything since (a restore to before it), with
 // the claims deciding what was processed; or, when the worker does not
-// know it, where its run started, as at an assignment without a position.
+// know it, fromLogStart (the log's start, read when the loss is found), as
+// at an assignment that finds this consumer's mark without a first start.
+// Where the run started would not do: the restore may have rolled back
+// messages before it.
 func (w *worker) restartAfterLoss() int64 {
 	if w.origin >= 0 {
 		return w.origin
 	}
-	return w.assignedStart
+	return fromLogStart
+}
+
+// fromLogStart is restartAfterLoss's answer when the first start is not
+// known: processing starts again at the log's start.
+const fromLogStart = -1
+
+// lostRowRestart is where a worker whose stored position went missing
+// mid-run goes on from (see restartAfterLoss): start, or the log's start
+// when start is fromLogStart.
+func (w *worker) lostRowRestart(stop context.Context, start int64) (int64, error) {
+	if start != fromLogStart {
+		return start, nil
+	}
+	logStart, _, _, err := w.bounds(stop)
+	if err != nil {
+		return 0, err
+	}
+	w.log.Error("the partition's first start is not known (its position was stored before offsets carried it): processing again from the log's start, the claims deciding what is a duplicate",
+		w.logAttrs(slog.Int64("log_start", logStart))...)
+	return logStart, nil
 }

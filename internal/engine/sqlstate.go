@@ -56,10 +56,12 @@ var sqlCodeFaults = map[string]sqlFault{
 	// Class 23: a missing foreign-key parent may simply not have arrived
 	// yet (it comes on another partition, or topic).
 	"23503": faultHandlers, // foreign_key_violation
-	// Class 25: the session ended (they come FATAL), or the server is a
-	// read-only standby. A handler cannot make its own transaction read
-	// only: the guard refuses SET TRANSACTION and its settings.
-	"25006": faultDatabases, // read_only_sql_transaction
+	// Class 25: the session ended (they come FATAL). A read-only
+	// transaction (25006) met by a batch's opening statements is a
+	// read-only standby's, and a failure to begin is the database's
+	// whatever its code; once the batch has written, only a statement of
+	// the handler's can have made it read only (set_config, say), and a
+	// retry would do the same: the handler's, counted.
 	"25P03": faultDatabases, // idle_in_transaction_session_timeout
 	"25P04": faultDatabases, // transaction_timeout (Postgres 17)
 	// Class 40: an integrity violation found at COMMIT is the data's.
@@ -70,6 +72,10 @@ var sqlCodeFaults = map[string]sqlFault{
 	// statement that runs too long counts, so that the limit means
 	// something (and an operator's pg_cancel_backend says the same).
 	"57014": faultHandlers, // query_canceled
+	// Class 53: a limit of the server's configuration that one statement
+	// exceeds (temp_file_limit) is a bound on the statement, as
+	// StatementTimeout is: it counts.
+	"53400": faultHandlers, // configuration_limit_exceeded
 }
 
 // sqlClassFaults is the fault of each SQLSTATE class; a class not listed
@@ -95,7 +101,7 @@ var sqlClassFaults = map[string]sqlFault{
 	"25": faultHandlers,  // invalid_transaction_state: in_failed_sql_transaction, say (a statement after an ignored error)
 	"26": faultHandlers,  // invalid_sql_statement_name
 	"27": faultHandlers,  // triggered_data_change_violation
-	"28": faultDatabases, // invalid_authorization_specification: a connection refused its login
+	"28": faultHandlers,  // invalid_authorization_specification: a login refused; the consumer's own connections failing to begin are the database's whatever the code, so this is a connection of the handler's own
 	"2B": faultHandlers,  // dependent_privilege_descriptors_still_exist
 	"2D": faultHandlers,  // invalid_transaction_termination
 	"2F": faultHandlers,  // sql_routine_exception
@@ -103,12 +109,12 @@ var sqlClassFaults = map[string]sqlFault{
 	"38": faultHandlers,  // external_routine_exception
 	"39": faultHandlers,  // external_routine_invocation_exception
 	"3B": faultHandlers,  // savepoint_exception
-	"3D": faultDatabases, // invalid_catalog_name: the database a connection asked for is not there
+	"3D": faultHandlers,  // invalid_catalog_name: a database the statement names (has_database_privilege, a handler's own pool) is not there
 	"3F": faultHandlers,  // invalid_schema_name
 	"40": faultDatabases, // transaction_rollback: serialization failures, deadlocks, a statement whose completion is unknown
 	"42": faultHandlers,  // syntax_error_or_access_rule_violation: a deploy in progress may fix it
 	"44": faultMessages,  // with_check_option_violation: the row's data
-	"53": faultDatabases, // insufficient_resources: disk full, out of memory, too many connections
+	"53": faultDatabases, // insufficient_resources: disk full, out of memory, too many connections (but 53400)
 	"54": faultMessages,  // program_limit_exceeded: a value, row or statement too large
 	"55": faultHandlers,  // object_not_in_prerequisite_state
 	"57": faultDatabases, // operator_intervention: admin or crash shutdown, cannot connect now, database dropped
@@ -119,6 +125,9 @@ var sqlClassFaults = map[string]sqlFault{
 	"P0": faultHandlers,  // plpgsql_error: RAISE EXCEPTION of a function of the user's
 	"XX": faultDatabases, // internal_error: data or an index corrupted, an internal error
 }
+
+// readOnlyTransaction is read_only_sql_transaction (see sqlCodeFaults).
+const readOnlyTransaction = "25006"
 
 // sqlFaultIn is the fault of the Postgres error in err's chain; ok is
 // false when there is none.

@@ -201,7 +201,15 @@ func (w *worker) consume(stop, work context.Context) error {
 			// Without a stored position, the next commit creates one, as
 			// the first commit of a run does: until then there is nothing
 			// to compare with.
-			w.next, w.positionKnown = lost.stored, !lost.missing
+			next, err := w.lostRowRestart(stop, lost.stored)
+			if err != nil {
+				w.log.Warn("reading the log's bounds failed; trying again", w.logAttrs(slog.String("error", err.Error()))...)
+				if retry.Sleep(stop, backoff.Next()) != nil {
+					return nil
+				}
+				continue // the next batch finds the loss again
+			}
+			w.next, w.positionKnown = next, !lost.missing
 			continue
 		}
 		w.log.Warn("fetch failed; reopening the partition", w.logAttrs(slog.Int64("offset", w.next), slog.String("error", err.Error()))...)

@@ -106,11 +106,12 @@ func classify(lead []string) string {
 			return "SET SESSION CHARACTERISTICS"
 		case word(rest) == "TRANSACTION_READ_ONLY", word(rest) == "TRANSACTION_ISOLATION", word(rest) == "TRANSACTION_DEFERRABLE",
 			word(rest) == "DEFAULT_TRANSACTION_READ_ONLY":
-			// The settings behind SET TRANSACTION: a transaction made read
-			// only fails the consumer's own statements with the code of a
-			// read-only standby (25006), which is the database's and retried
-			// without end; the default makes every later transaction of the
-			// pooled connection so.
+			// The settings behind SET TRANSACTION, refused as it is: a
+			// transaction made read only fails the consumer's closing
+			// statements (25006, the message's failure then), and the
+			// default would make every later transaction of the pooled
+			// connection read only, which a batch's begin cannot tell from
+			// a standby's.
 			return "SET " + word(rest)
 		case word(rest) == "SESSION_REPLICATION_ROLE":
 			// replica turns off the triggers that check a transaction at

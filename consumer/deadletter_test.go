@@ -198,15 +198,7 @@ func TestAPoisonMessageOfARecreatedTopicIsSetAsideAtTheOffsetOfAnOldLetter(t *te
 	require.Contains(t, e.letters(), "old-poison")
 
 	ctx := context.Background()
-	require.NoError(t, devenv.DeleteTopic(ctx, e.kafka.Brokers, e.topic))
-	admin := testenv.Admin(e.t, e.kafka.Brokers)
-	waitFor(t, 30*time.Second, "the topic to be re-created, empty", func() bool {
-		if devenv.CreateTopic(ctx, e.kafka.Brokers, e.topic, 1) != nil {
-			return false
-		}
-		bounds, err := admin.LogBounds(ctx, e.topic, []int{0})
-		return err == nil && bounds[0].End == 0
-	})
+	e.recreateTopic()
 	positions, err := offsets.NewStore(e.db.Schema)
 	require.NoError(t, err)
 	require.NoError(t, positions.Reset(ctx, e.db.Pool, e.name, e.topic, 0, 0))
@@ -618,15 +610,7 @@ func TestATopicRecreatedByTheProcedureIsAppliedAfresh(t *testing.T) {
 			r.stop()
 
 			ctx := context.Background()
-			require.NoError(t, devenv.DeleteTopic(ctx, e.kafka.Brokers, e.topic))
-			admin := testenv.Admin(e.t, e.kafka.Brokers)
-			waitFor(t, 30*time.Second, "the topic to be re-created, empty", func() bool {
-				if devenv.CreateTopic(ctx, e.kafka.Brokers, e.topic, 1) != nil {
-					return false
-				}
-				bounds, err := admin.LogBounds(ctx, e.topic, []int{0})
-				return err == nil && bounds[0].End == 0
-			})
+			e.recreateTopic()
 			positions, err := offsets.NewStore(e.db.Schema)
 			require.NoError(t, err)
 			res, err := positions.TopicRecreated(ctx, e.db.Pool, e.name, e.topic, 1)
@@ -670,4 +654,20 @@ func TestATopicRecreatedByTheProcedureIsAppliedAfresh(t *testing.T) {
 			}
 		})
 	}
+}
+
+// recreateTopic deletes the test's one-partition topic and creates it
+// again, waiting until the new, empty topic answers.
+func (e *env) recreateTopic() {
+	e.t.Helper()
+	ctx := context.Background()
+	require.NoError(e.t, devenv.DeleteTopic(ctx, e.kafka.Brokers, e.topic))
+	admin := testenv.Admin(e.t, e.kafka.Brokers)
+	waitFor(e.t, 30*time.Second, "the topic to be re-created, empty", func() bool {
+		if devenv.CreateTopic(ctx, e.kafka.Brokers, e.topic, 1) != nil {
+			return false
+		}
+		bounds, err := admin.LogBounds(ctx, e.topic, []int{0})
+		return err == nil && bounds[0].End == 0
+	})
 }

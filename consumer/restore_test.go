@@ -85,18 +85,8 @@ func TestAPositionLostBeforeTheFirstStartIsProcessedAgain(t *testing.T) {
 	t.Run("a position stored before offsets carried the mark is marked at the next start, even idle", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, 1)
-		ids := e.produceIDs("m", 10)
 		cfg := e.config(e.applyHandler())
-		r := e.start(cfg)
-		e.waitCommitted(map[int]int64{0: 10}, 60*time.Second)
-		r.stop()
-		// As an older kafkaonce left it: the same offset, no mark.
-		e.kafka.CommitGroupOffsets(t, e.group, e.topic, map[int]int64{0: 10})
-		r = e.start(cfg)
-		waitFor(t, 30*time.Second, "the group offset marked again", func() bool {
-			m, ok := commitmark.Parse(e.kafka.CommittedMetadata(t, e.group, e.topic, 0))
-			return ok && m == commitmark.Mark{Store: e.storeID(), Consumer: e.name, First: -1}
-		})
+		ids, r := e.markedWithoutAFirstStart(cfg)
 		r.stop()
 		// The first start is not known: a lost row is processed from the
 		// log's start, here the first start too.
@@ -110,18 +100,7 @@ func TestAPositionLostBeforeTheFirstStartIsProcessedAgain(t *testing.T) {
 	t.Run("a lost row found mid-run without a known first start is processed from the log's start", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, 1)
-		ids := e.produceIDs("m", 10)
-		cfg := e.config(e.applyHandler())
-		r := e.start(cfg)
-		e.waitCommitted(map[int]int64{0: 10}, 60*time.Second)
-		r.stop()
-		// As an older kafkaonce left it: the same offset, no mark.
-		e.kafka.CommitGroupOffsets(t, e.group, e.topic, map[int]int64{0: 10})
-		r = e.start(cfg)
-		waitFor(t, 30*time.Second, "the group offset marked again, first start unknown", func() bool {
-			m, ok := commitmark.Parse(e.kafka.CommittedMetadata(t, e.group, e.topic, 0))
-			return ok && m == commitmark.Mark{Store: e.storeID(), Consumer: e.name, First: -1}
-		})
+		ids, r := e.markedWithoutAFirstStart(e.config(e.applyHandler()))
 		// The database is restored, under the running consumer, to a
 		// backup taken before the partition's first start: the next batch
 		// finds the row gone, and the run's own start (10) would pass over
@@ -234,4 +213,23 @@ func (e *env) restoreToBeforeTheFirstStart() {
 	require.NoError(e.t, err)
 	require.Zero(e.t, e.effects())
 	require.Empty(e.t, e.storedPositions())
+}
+
+// markedWithoutAFirstStart processes ten messages, commits the group's
+// offset again without the mark (as a kafkaonce older than the mark left
+// it), and starts a consumer, which marks it with its first start
+// unknown; it returns the ids and the running consumer.
+func (e *env) markedWithoutAFirstStart(cfg *consumer.Config) ([]string, *running) {
+	t := e.t
+	ids := e.produceIDs("m", 10)
+	r := e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 10}, 60*time.Second)
+	r.stop()
+	e.kafka.CommitGroupOffsets(t, e.group, e.topic, map[int]int64{0: 10})
+	r = e.start(cfg)
+	waitFor(t, 30*time.Second, "the group offset marked again, first start unknown", func() bool {
+		m, ok := commitmark.Parse(e.kafka.CommittedMetadata(t, e.group, e.topic, 0))
+		return ok && m == commitmark.Mark{Store: e.storeID(), Consumer: e.name, First: -1}
+	})
+	return ids, r
 }

@@ -19,13 +19,14 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/engine"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/kafkaconn"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // Defaults for Config fields left at their zero value.
 const (
 	DefaultMaxBatch                 = 1000
 	DefaultMaxWait                  = 5 * time.Millisecond
-	DefaultSchema                   = "kafkaonce"
+	DefaultSchema                   = kafkaoncetype.DefaultSchema
 	DefaultShutdownTimeout          = 10 * time.Second
 	DefaultStatementTimeout         = 30 * time.Second
 	DefaultLockTimeout              = 10 * time.Second
@@ -45,8 +46,8 @@ const (
 	DefaultOpenTransactionAfter     = time.Minute
 
 	// SuspectWindowMessages bounds the suspect-duplicate memory: the last
-	// this many messages of each partition (about 2 MB per partition).
-	SuspectWindowMessages = 20000
+	// this many messages of each partition.
+	SuspectWindowMessages = kafkaoncetype.SuspectWindowMessages
 
 	// MaxMaxBatch bounds MaxBatch: a batch is one transaction, and its
 	// messages are held in memory until it commits.
@@ -57,76 +58,42 @@ const (
 
 // LeaveUnset, given as a session timeout, leaves the server's or role's
 // setting in force instead of setting one.
-const LeaveUnset time.Duration = -1
+const LeaveUnset = kafkaoncetype.LeaveUnset
 
-// KafkaClient selects the library the consumer speaks Kafka with.
-type KafkaClient int
+// KafkaClient selects the library the consumer speaks Kafka with: FranzGo
+// (the default) or KafkaGo. docs/design.md compares the two.
+type KafkaClient = kafkaoncetype.KafkaClient
 
 const (
-	// FranzGo is github.com/twmb/franz-go, the default. It reads committed
-	// records only: records of aborted transactions and transaction
-	// markers are never handed out, and a partition waits at a
-	// transaction still open (see HookPartitionHeld). Its group rebalances
-	// cooperatively (a member joining or leaving moves only the partitions
-	// that change owner, the others go on), a member can be static
-	// (InstanceID), and a topic re-created under a running consumer stops
-	// its partitions with ErrPositionAheadOfLog.
-	FranzGo KafkaClient = iota
-	// KafkaGo is github.com/segmentio/kafka-go, for workers built on it
-	// (set Dialer to reuse theirs). It cannot read topics written by
-	// transactional producers: it hands out records of aborted
-	// transactions, and markers, which stop the partition with
-	// ErrTransactionalTopic. Every rebalance stops every partition of
-	// every member (eager), it has no static membership, and a topic
-	// re-created under a running consumer is noticed only while the new
-	// log is shorter than the old position. docs/design.md compares the
-	// two.
-	KafkaGo
+	FranzGo = kafkaoncetype.FranzGo
+	KafkaGo = kafkaoncetype.KafkaGo
 )
-
-func (k KafkaClient) String() string { return engine.KafkaClient(k).String() }
 
 // StartOffset says where a partition starts when neither Kafka nor Postgres
-// has a position for it.
-type StartOffset int
+// has a position for it: StartEarliest (the default) or StartLatest.
+type StartOffset = kafkaoncetype.StartOffset
 
 const (
-	// StartEarliest starts at the oldest message still in the log: nothing
-	// already produced is missed. The default.
-	StartEarliest StartOffset = iota
-	// StartLatest starts at the next message produced. A partition added
-	// to a topic after the consumer first started on it starts at its
-	// beginning all the same: every message in it came after that start.
-	StartLatest
+	StartEarliest = kafkaoncetype.StartEarliest
+	StartLatest   = kafkaoncetype.StartLatest
 )
 
-// FailurePolicy says what happens to a message that cannot be applied: one
-// whose handler failed permanently or ran out of attempts, whose id is
-// invalid, or whose id was already used for different content.
-type FailurePolicy int
+// FailurePolicy says what happens to a message that cannot be applied:
+// DeadLetter (the default) or StopPartition.
+type FailurePolicy = kafkaoncetype.FailurePolicy
 
 const (
-	// DeadLetter sets the message aside in the dead_letters table, in the
-	// same transaction that moves the partition past it, and goes on. The
-	// default: one poison message must not stop a partition.
-	DeadLetter FailurePolicy = iota
-	// StopPartition stops the partition at the message (see PartitionError)
-	// for workers where skipping a message is worse than stopping.
-	StopPartition
+	DeadLetter    = kafkaoncetype.DeadLetter
+	StopPartition = kafkaoncetype.StopPartition
 )
 
-// SuspectPolicy says what to do with a suspect duplicate: a message whose
-// content was seen in the same partition shortly before under another id.
-type SuspectPolicy int
+// SuspectPolicy says what to do with a suspect duplicate: ReportSuspects
+// (the default) or SkipSuspects.
+type SuspectPolicy = kafkaoncetype.SuspectPolicy
 
 const (
-	// ReportSuspects applies the message and reports it (warning log,
-	// HookSuspectDuplicate, the suspect_duplicates table). The default:
-	// identical messages can be legitimate (two equal transfers).
-	ReportSuspects SuspectPolicy = iota
-	// SkipSuspects treats it as a duplicate: the handler does not run, its
-	// id is claimed as suspect_duplicate, and it is reported as above.
-	SkipSuspects
+	ReportSuspects = kafkaoncetype.ReportSuspects
+	SkipSuspects   = kafkaoncetype.SkipSuspects
 )
 
 // Config configures a Consumer. Only Name, Brokers, Topics and Handler are
@@ -609,8 +576,8 @@ func validateTopic(t string) error {
 }
 
 // engineConfig is what the engine runs with: c, validated and with its
-// defaults, its handler, id function and hooks turned into functions of
-// the engine's types.
+// defaults, its handler and id function turned into the functions the
+// engine calls and its hooks sorted.
 func (c *Config) engineConfig(hooks engine.Hooks) engine.Config {
 	return engine.Config{
 		Name:                     c.Name,
@@ -625,14 +592,14 @@ func (c *Config) engineConfig(hooks engine.Hooks) engine.Config {
 		ClaimFirst:               c.ClaimFirst,
 		MaxBatch:                 c.MaxBatch,
 		MaxWait:                  c.MaxWait,
-		KafkaClient:              engine.KafkaClient(c.KafkaClient),
+		KafkaClient:              c.KafkaClient,
 		TLS:                      c.TLS,
 		SASL:                     c.SASL,
 		Dialer:                   c.Dialer,
 		InstanceID:               c.InstanceID,
 		MetadataMaxAge:           c.MetadataMaxAge,
 		OpenTransactionAfter:     c.OpenTransactionAfter,
-		StartOffset:              engine.StartOffset(c.StartOffset),
+		StartOffset:              c.StartOffset,
 		FetchMaxBytes:            c.FetchMaxBytes,
 		Schema:                   c.Schema,
 		Logger:                   c.Logger,
@@ -648,10 +615,10 @@ func (c *Config) engineConfig(hooks engine.Hooks) engine.Config {
 		RetryMaxInterval:         c.Retry.MaxInterval,
 		RetryMaxElapsed:          c.Retry.MaxElapsed,
 		HandlerTimeout:           c.HandlerTimeout,
-		OnPermanentFailure:       engine.FailurePolicy(c.OnPermanentFailure),
+		OnPermanentFailure:       c.OnPermanentFailure,
 		DeadLetterTopic:          c.DeadLetterTopic,
 		SuspectDuplicateWindow:   c.SuspectDuplicateWindow,
-		SuspectDuplicates:        engine.SuspectPolicy(c.SuspectDuplicates),
+		SuspectDuplicates:        c.SuspectDuplicates,
 		PruneInterval:            c.Prune.Interval,
 		PruneRetention:           c.Prune.Retention,
 		PruneBatch:               c.Prune.Batch,

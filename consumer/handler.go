@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
+
 	"github.com/kafkaonce/kafkaonce/internal/engine"
 )
 
@@ -104,7 +105,14 @@ type Batch struct {
 	// Messages are the newly claimed messages, in offset order.
 	Messages []*Message
 
-	call *engine.Batch
+	queue func(sql string, args ...any)
+}
+
+// NewBatch returns a Batch over tx and msgs for calling a BatchHandler
+// outside a Consumer, as a test does; queue receives each statement the
+// handler queues (nil drops them). A Consumer makes its own.
+func NewBatch(tx pgx.Tx, msgs []*Message, queue func(sql string, args ...any)) *Batch {
+	return &Batch{Tx: tx, Messages: msgs, queue: queue}
 }
 
 // Queue adds a statement to run in the transaction after HandleBatch
@@ -116,20 +124,18 @@ type Batch struct {
 // for anything it must read. A queued statement that fails fails the
 // batch, as an error returned by HandleBatch does. Queue may be called from
 // several goroutines of the call; after the call it drops the statement.
-func (b *Batch) Queue(sql string, args ...any) { b.call.Queue(sql, args...) }
-
-// handleFunc is h as the engine calls it.
-func handleFunc(h Handler) func(context.Context, pgx.Tx, *engine.Message) error {
-	if h == nil {
-		return nil
-	}
-	return func(ctx context.Context, tx pgx.Tx, msg *engine.Message) error {
-		return h.Handle(ctx, tx, (*Message)(msg))
+func (b *Batch) Queue(sql string, args ...any) {
+	if b.queue != nil {
+		b.queue(sql, args...)
 	}
 }
 
-func init() {
-	engine.BatchHandlerOf = func(h any) func(context.Context, *engine.Batch) error { return handleBatchFunc(h.(BatchHandler)) }
+// handleFunc is h as the engine calls it (nil when there is none).
+func handleFunc(h Handler) func(context.Context, pgx.Tx, *Message) error {
+	if h == nil {
+		return nil
+	}
+	return h.Handle
 }
 
 // handleBatchFunc is h as the engine calls it (nil when there is none).
@@ -138,10 +144,6 @@ func handleBatchFunc(h BatchHandler) func(context.Context, *engine.Batch) error 
 		return nil
 	}
 	return func(ctx context.Context, call *engine.Batch) error {
-		b := &Batch{Tx: call.Tx, Messages: make([]*Message, len(call.Messages)), call: call}
-		for i, m := range call.Messages {
-			b.Messages[i] = (*Message)(m)
-		}
-		return h.HandleBatch(ctx, b)
+		return h.HandleBatch(ctx, NewBatch(call.Tx, call.Messages, call.Queue))
 	}
 }

@@ -1,23 +1,22 @@
 package consumer
 
+import "github.com/kafkaonce/kafkaonce/kafkaoncetype"
+
 // Headers of a message published to Config.DeadLetterTopic, besides the
 // original message's own headers (and DefaultMessageIDHeader with the
-// message id, when the original lacks it).
+// message id, when the original lacks it); see package kafkaoncetype.
 const (
-	HeaderConsumer        = "kafkaonce-consumer"
-	HeaderSourceTopic     = "kafkaonce-source-topic"
-	HeaderSourcePartition = "kafkaonce-source-partition"
-	HeaderSourceOffset    = "kafkaonce-source-offset"
-	HeaderErrorClass      = "kafkaonce-error-class"
-	HeaderError           = "kafkaonce-error"
-	HeaderDeadLetterID    = "kafkaonce-dead-letter-id"
+	HeaderConsumer        = kafkaoncetype.HeaderConsumer
+	HeaderSourceTopic     = kafkaoncetype.HeaderSourceTopic
+	HeaderSourcePartition = kafkaoncetype.HeaderSourcePartition
+	HeaderSourceOffset    = kafkaoncetype.HeaderSourceOffset
+	HeaderErrorClass      = kafkaoncetype.HeaderErrorClass
+	HeaderError           = kafkaoncetype.HeaderError
+	HeaderDeadLetterID    = kafkaoncetype.HeaderDeadLetterID
 
 	// A letter larger than the dead-letter topic takes is published cut to
-	// fit (see docs/failures.md) with these three: what was cut
-	// ("value", "headers", "key", "error", comma-separated), the letter's
-	// size in bytes before, and why. The whole letter stays in
-	// dead_letters.
-	HeaderTruncated       = "kafkaonce-truncated"
-	HeaderOriginalSize    = "kafkaonce-original-size"
-	HeaderTruncatedReason = "kafkaonce-truncated-reason"
+	// fit (see docs/failures.md), marked by these three.
+	HeaderTruncated       = kafkaoncetype.HeaderTruncated
+	HeaderOriginalSize    = kafkaoncetype.HeaderOriginalSize
+	HeaderTruncatedReason = kafkaoncetype.HeaderTruncatedReason
 )

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/engine"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // A Hook observes the consumer: metrics, tracing, alerting. A hook is any
@@ -28,20 +28,7 @@ type HookPartitionAssigned interface {
 }
 
 // PartitionAssignment describes where a partition's processing starts.
-type PartitionAssignment struct {
-	Topic     string
-	Partition int
-	// KafkaOffset is the group's committed offset, or -1 when there is none.
-	KafkaOffset int64
-	// StoredPosition is the processed position in Postgres, or -1 when
-	// there is none.
-	StoredPosition int64
-	// LogStart and LogEnd are the first offset still in the log and the
-	// offset the next produced message will get.
-	LogStart, LogEnd int64
-	// Start is the offset processing starts at.
-	Start int64
-}
+type PartitionAssignment = kafkaoncetype.PartitionAssignment
 
 // HookPartitionHeld is called when a transaction left open by a producer
 // holds a partition back for Config.OpenTransactionAfter, and again
@@ -56,19 +43,7 @@ type HookPartitionHeld interface {
 }
 
 // PartitionHeld describes a partition held back by an open transaction.
-type PartitionHeld struct {
-	Topic     string
-	Partition int
-	// Offset is the open transaction's first record, where processing
-	// waits; LogEnd is the log's end, past the records held back (unset
-	// when Released).
-	Offset, LogEnd int64
-	// Since is when the partition was first seen waiting at Offset.
-	Since time.Time
-	// Released is set when the transaction has ended and the partition
-	// moves on.
-	Released bool
-}
+type PartitionHeld = kafkaoncetype.PartitionHeld
 
 // HookPartitionStopped is called when a partition stops because of a
 // message that cannot be processed (err wraps a *MessageError or another
@@ -90,28 +65,7 @@ type HookBatchEnd interface {
 }
 
 // BatchInfo describes the messages of one batch transaction.
-type BatchInfo struct {
-	Topic     string
-	Partition int
-	// FirstOffset and LastOffset bound the batch; Size counts its messages.
-	FirstOffset, LastOffset int64
-	Size                    int
-	// Attempt counts the transactions run for the first message of the
-	// batch, from 1.
-	Attempt int
-	// HighWaterMark is the partition's log end offset as of the fetch that
-	// brought the batch: HighWaterMark - LastOffset - 1 is the lag once the
-	// batch commits.
-	HighWaterMark int64
-	// BatchLimit is the most messages the partition's transactions cover
-	// now: Config.MaxBatch, or less while they lose races for rows (see
-	// HookContention).
-	BatchLimit int
-	// Serialized is set when the transaction waits its turn at the
-	// consumer's gate instead of racing the consumer's other transactions
-	// (see HookContention).
-	Serialized bool
-}
+type BatchInfo = kafkaoncetype.BatchInfo
 
 // HookContention is called when a batch transaction lost a race for rows
 // to another transaction: a deadlock, a serialization failure or a lock
@@ -123,31 +77,10 @@ type HookContention interface {
 }
 
 // Contention describes a transaction that lost a race for rows.
-type Contention struct {
-	// Err is the database's error (SQLSTATE 40P01, 40001 or 55P03).
-	Err error
-	// BatchLimit is the partition's batch size from now on.
-	BatchLimit int
-	// Serialized is set when the partition's transactions now wait their
-	// turn at the consumer's gate.
-	Serialized bool
-}
+type Contention = kafkaoncetype.Contention
 
 // BatchResult is the outcome of one batch transaction.
-type BatchResult struct {
-	// Applied and Skipped count messages whose handler ran and messages
-	// skipped as duplicates, of those that committed.
-	Applied, Skipped int
-	// Committed counts the transaction's messages that committed: all of
-	// them when Err is nil; those before the message that failed when the
-	// transaction was cut there, committing what came before it; 0 when it
-	// rolled back.
-	Committed int
-	Duration  time.Duration
-	// Err is nil when the whole transaction committed, else what stopped
-	// it.
-	Err error
-}
+type BatchResult = kafkaoncetype.BatchResult
 
 // HookMessageApplied is called for every message whose effects committed,
 // after the commit.
@@ -163,18 +96,13 @@ type HookMessageSkipped interface {
 }
 
 // SkipReason says why a message was skipped.
-type SkipReason string
+type SkipReason = kafkaoncetype.SkipReason
 
+// Why a message was skipped (see package kafkaoncetype).
 const (
-	// SkipAlreadyClaimed: an earlier transaction claimed the id (a
-	// redelivery, a rewind, a producer duplicate, or another member).
-	SkipAlreadyClaimed SkipReason = "already_claimed"
-	// SkipDuplicateInBatch: an earlier message of the same batch had the
-	// same id and content.
-	SkipDuplicateInBatch SkipReason = "duplicate_in_batch"
-	// SkipSuspectDuplicate: the content was seen shortly before under
-	// another id, and Config.SuspectDuplicates is SkipSuspects.
-	SkipSuspectDuplicate SkipReason = "suspect_duplicate"
+	SkipAlreadyClaimed   = kafkaoncetype.SkipAlreadyClaimed
+	SkipDuplicateInBatch = kafkaoncetype.SkipDuplicateInBatch
+	SkipSuspectDuplicate = kafkaoncetype.SkipSuspectDuplicate
 )
 
 // HookSuspectDuplicate is called when a message's content was seen in the
@@ -184,11 +112,7 @@ type HookSuspectDuplicate interface {
 }
 
 // SuspectOf is the earlier message a suspect duplicate looks like.
-type SuspectOf struct {
-	MessageID string
-	Offset    int64
-	At        time.Time
-}
+type SuspectOf = kafkaoncetype.SuspectOf
 
 // HookHandlerEnd is called after every handler call, with its duration and
 // error (nil on success). It runs while the transaction is open: keep it
@@ -207,16 +131,7 @@ type HookMessageFailed interface {
 }
 
 // Failure describes one failed attempt.
-type Failure struct {
-	Err error
-	// Class is the dead-letter class the failure leads to if the message is
-	// set aside.
-	Class deadletter.Class
-	// Attempt counts the attempts at the message so far, from 1.
-	Attempt int
-	// Permanent is true when the message will not be retried.
-	Permanent bool
-}
+type Failure = kafkaoncetype.Failure
 
 // HookMessageDeadLettered is called for every message set aside in the
 // dead_letters table, after the transaction that did it committed.
@@ -225,11 +140,7 @@ type HookMessageDeadLettered interface {
 }
 
 // DeadLettered summarises a message set aside.
-type DeadLettered struct {
-	Class    deadletter.Class
-	Err      error
-	Attempts int
-}
+type DeadLettered = kafkaoncetype.DeadLettered
 
 // HookFingerprintConflict is called when a message's id was already used
 // for different content.
@@ -245,11 +156,7 @@ type HookOffsetsCommitted interface {
 }
 
 // TopicPartitionOffset is the next offset to read in one partition.
-type TopicPartitionOffset struct {
-	Topic     string
-	Partition int
-	Offset    int64
-}
+type TopicPartitionOffset = kafkaoncetype.TopicPartitionOffset
 
 // HookBatchScope gives each batch transaction a context of the hook's
 // making, for tracing: ScopeBatch is called before HookBatchStart with the
@@ -280,90 +187,59 @@ type HookHandlerScope interface {
 	ScopeHandler(ctx context.Context, msg *Message) (_ context.Context, end func(err error))
 }
 
-// sortHooks turns each of hs into functions the engine calls, one per hook
-// interface it implements. The payloads convert between the engine's types
-// and this package's at no cost: they are the same structs.
+// sortHooks passes the engine each of hs's hook methods, sorted by the
+// interface they implement.
 func sortHooks(hs []Hook) (engine.Hooks, error) {
 	var out engine.Hooks
 	for i, h := range hs {
 		n := out.Len()
 		if v, ok := h.(HookPartitionAssigned); ok {
-			out.Assigned = append(out.Assigned, func(ctx context.Context, a engine.PartitionAssignment) {
-				v.OnPartitionAssigned(ctx, PartitionAssignment(a))
-			})
+			out.Assigned = append(out.Assigned, v.OnPartitionAssigned)
 		}
 		if v, ok := h.(HookPartitionStopped); ok {
 			out.Stopped = append(out.Stopped, v.OnPartitionStopped)
 		}
 		if v, ok := h.(HookBatchStart); ok {
-			out.Start = append(out.Start, func(ctx context.Context, b engine.BatchInfo) { v.OnBatchStart(ctx, BatchInfo(b)) })
+			out.Start = append(out.Start, v.OnBatchStart)
 		}
 		if v, ok := h.(HookBatchEnd); ok {
-			out.End = append(out.End, func(ctx context.Context, b engine.BatchInfo, r engine.BatchResult) {
-				v.OnBatchEnd(ctx, BatchInfo(b), BatchResult(r))
-			})
+			out.End = append(out.End, v.OnBatchEnd)
 		}
 		if v, ok := h.(HookMessageApplied); ok {
-			out.Applied = append(out.Applied, func(ctx context.Context, m *engine.Message) { v.OnMessageApplied(ctx, (*Message)(m)) })
+			out.Applied = append(out.Applied, v.OnMessageApplied)
 		}
 		if v, ok := h.(HookMessageSkipped); ok {
-			out.Skipped = append(out.Skipped, func(ctx context.Context, m *engine.Message, r engine.SkipReason) {
-				v.OnMessageSkipped(ctx, (*Message)(m), SkipReason(r))
-			})
+			out.Skipped = append(out.Skipped, v.OnMessageSkipped)
 		}
 		if v, ok := h.(HookFingerprintConflict); ok {
 			out.Conflict = append(out.Conflict, v.OnFingerprintConflict)
 		}
 		if v, ok := h.(HookOffsetsCommitted); ok {
-			out.Committed = append(out.Committed, func(ctx context.Context, offs []engine.TopicPartitionOffset, err error) {
-				public := make([]TopicPartitionOffset, len(offs))
-				for i, o := range offs {
-					public[i] = TopicPartitionOffset(o)
-				}
-				v.OnOffsetsCommitted(ctx, public, err)
-			})
+			out.Committed = append(out.Committed, v.OnOffsetsCommitted)
 		}
 		if v, ok := h.(HookMessageFailed); ok {
-			out.Failed = append(out.Failed, func(ctx context.Context, m *engine.Message, f engine.Failure) {
-				v.OnMessageFailed(ctx, (*Message)(m), Failure(f))
-			})
+			out.Failed = append(out.Failed, v.OnMessageFailed)
 		}
 		if v, ok := h.(HookMessageDeadLettered); ok {
-			out.Dead = append(out.Dead, func(ctx context.Context, m *engine.Message, d engine.DeadLettered) {
-				v.OnMessageDeadLettered(ctx, (*Message)(m), DeadLettered(d))
-			})
+			out.Dead = append(out.Dead, v.OnMessageDeadLettered)
 		}
 		if v, ok := h.(HookSuspectDuplicate); ok {
-			out.Suspect = append(out.Suspect, func(ctx context.Context, m *engine.Message, first engine.SuspectOf) {
-				v.OnSuspectDuplicate(ctx, (*Message)(m), SuspectOf(first))
-			})
+			out.Suspect = append(out.Suspect, v.OnSuspectDuplicate)
 		}
 		if v, ok := h.(HookHandlerEnd); ok {
-			out.Handler = append(out.Handler, func(ctx context.Context, m *engine.Message, d time.Duration, err error) {
-				v.OnHandlerEnd(ctx, (*Message)(m), d, err)
-			})
+			out.Handler = append(out.Handler, v.OnHandlerEnd)
 		}
 		if v, ok := h.(HookContention); ok {
-			out.Contention = append(out.Contention, func(ctx context.Context, b engine.BatchInfo, c engine.Contention) {
-				v.OnContention(ctx, BatchInfo(b), Contention(c))
-			})
+			out.Contention = append(out.Contention, v.OnContention)
 		}
 		if v, ok := h.(HookPartitionHeld); ok {
-			out.Held = append(out.Held, func(ctx context.Context, p engine.PartitionHeld) { v.OnPartitionHeld(ctx, PartitionHeld(p)) })
+			out.Held = append(out.Held, v.OnPartitionHeld)
 		}
 		if v, ok := h.(HookBatchScope); ok {
-			out.BatchScope = append(out.BatchScope, func(ctx context.Context, b engine.BatchInfo, msgs []*engine.Message) (context.Context, func()) {
-				public := make([]*Message, len(msgs))
-				for i, m := range msgs {
-					public[i] = (*Message)(m)
-				}
-				return v.ScopeBatch(ctx, BatchInfo(b), public)
-			})
+			out.BatchScope = append(out.BatchScope, v.ScopeBatch)
 		}
 		if v, ok := h.(HookHandlerScope); ok {
-			out.HandlerScope = append(out.HandlerScope, func(ctx context.Context, m *engine.Message) (context.Context, func(error)) {
-				return v.ScopeHandler(ctx, (*Message)(m))
-			})
+			out.HandlerScope = append(out.HandlerScope, v.ScopeHandler)
 		}
 		if out.Len() == n {
 			return engine.Hooks{}, fmt.Errorf("consumer: Hooks[%d] (%T) implements no hook interface; see the Hook* interfaces in package consumer", i, h)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/engine"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // MessageIDSource derives the id under which a message is claimed: the
@@ -50,12 +51,10 @@ func (f MessageIDFunc) MessageID(msg *Message) (string, error) { return f(msg) }
 
 // DefaultMessageIDHeader is the header IDFromHeader reads when given no name,
 // and the default source of message ids.
-const DefaultMessageIDHeader = "message-id"
+const DefaultMessageIDHeader = kafkaoncetype.DefaultMessageIDHeader
 
-// MaxMessageIDLen is the longest accepted message id, in bytes. It leaves
-// room for a log position (a topic name of up to 249 bytes plus partition
-// and offset) while keeping index entries small.
-const MaxMessageIDLen = 512
+// MaxMessageIDLen is the longest accepted message id, in bytes.
+const MaxMessageIDLen = kafkaoncetype.MaxMessageIDLen
 
 // MessageIDRuleForms lists the forms of a MessageIDRule's text, as
 // ParseMessageIDRule accepts them and kafkaonce's --id flag takes them.
@@ -273,9 +272,7 @@ func ruleOf(src MessageIDSource) (MessageIDRule, bool) {
 
 // messageIDFunc is src as the engine calls it (which checks what it
 // returns, and recovers its panics).
-func messageIDFunc(src MessageIDSource) func(*engine.Message) (string, error) {
-	return func(msg *engine.Message) (string, error) { return src.MessageID((*Message)(msg)) }
-}
+func messageIDFunc(src MessageIDSource) func(*Message) (string, error) { return src.MessageID }
 
 // ruleText is the text a consumer records for src: the rule's, or "" for
 // a source that cannot say how it derives ids (the engine records that as

@@ -22,9 +22,9 @@ type partnerError struct{ code int }
 
 func (e *partnerError) Error() string { return "partner said no" }
 
-// consumertest.Handle now calls the handler through the engine
-// (engine.HandleAlone), converting the message: the handler must get the
-// message as built, field for field; its own error back unchanged
+// consumertest.Handle calls the handler through the engine
+// (engine.HandleAlone): the handler must get the message as built, every
+// field of it; its own error back unchanged
 // (errors.As finds its type); a tx that refuses use once the call is over;
 // and its writes undone when it fails.
 func TestConsumertestHandleGoesThroughTheEngine(t *testing.T) {

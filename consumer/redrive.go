@@ -2,9 +2,9 @@ package consumer
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // RedriveFilter selects the dead letters of this consumer to redrive. Only
@@ -27,25 +27,10 @@ type RedriveFilter struct {
 }
 
 // RedriveResult says what a redrive did.
-type RedriveResult struct {
-	// Applied counts letters whose message the handler applied.
-	Applied int
-	// AlreadyApplied counts letters found redriven (or settled by an
-	// operator) meanwhile, or whose message id was applied in another way
-	// (a later duplicate of it).
-	AlreadyApplied int
-	// Failed lists letters the handler (or the claim) failed for; they stay
-	// dead letters.
-	Failed []RedriveError
-}
+type RedriveResult = kafkaoncetype.RedriveResult
 
 // RedriveError is the failure of one letter's redrive.
-type RedriveError struct {
-	LetterID int64
-	Err      error
-}
-
-func (e RedriveError) Error() string { return fmt.Sprintf("dead letter %d: %v", e.LetterID, e.Err) }
+type RedriveError = kafkaoncetype.RedriveError
 
 // Redrive runs dead letters of this consumer through its handler again,
 // typically after the bug or the outage that set them aside was fixed. Each
@@ -58,13 +43,8 @@ func (e RedriveError) Error() string { return fmt.Sprintf("dead letter %d: %v", 
 // the message when it was set aside. Redrive needs no Kafka connection and
 // may run while the consumer runs, in this process or another.
 func (c *Consumer) Redrive(ctx context.Context, f RedriveFilter) (RedriveResult, error) {
-	r, err := c.engine.Redrive(ctx, deadletter.Filter{
+	return c.engine.Redrive(ctx, deadletter.Filter{
 		IDs: f.IDs, Topic: f.Topic, Partition: f.Partition, HasPartition: f.HasPartition,
 		Class: f.Class, RedriveRequested: f.Requested, Limit: f.Limit,
 	})
-	res := RedriveResult{Applied: r.Applied, AlreadyApplied: r.AlreadyApplied}
-	for _, e := range r.Failed {
-		res.Failed = append(res.Failed, RedriveError(e))
-	}
-	return res, err
 }

@@ -5,37 +5,24 @@ import (
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/internal/pgtext"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
-// Class says why a message was set aside. It is stored as text; these are
-// the classes kafkaonce writes.
-type Class string
+// Class says why a message was set aside. It is stored as text; the
+// constants below are the classes kafkaonce writes (see
+// kafkaoncetype.Class for each one's meaning).
+type Class = kafkaoncetype.Class
 
 const (
-	// ClassPermanent: the handler returned consumer.Permanent(err).
-	ClassPermanent Class = "permanent"
-	// ClassPanic: the handler panicked (the stack is in Error).
-	ClassPanic Class = "panic"
-	// ClassUndecodable: the handler could not decode the payload (a JSON
-	// syntax or type error).
-	ClassUndecodable Class = "undecodable"
-	// ClassData: Postgres rejected the data in a way that will not change
-	// on retry (invalid text, out-of-range value, constraint violation).
-	ClassData Class = "data"
-	// ClassTxMisuse: the handler tried to commit or roll back the
-	// consumer's transaction.
-	ClassTxMisuse Class = "tx_misuse"
-	// ClassInvalidID: no valid message id could be derived.
-	ClassInvalidID Class = "invalid_id"
-	// ClassConflict: the id was already claimed for different content.
-	ClassConflict Class = "conflict"
-	// ClassRetriesExhausted: the handler kept failing with errors that could
-	// have been transient until MaxAttempts (or RetryMaxElapsed) ran out;
-	// Error holds the last one.
-	ClassRetriesExhausted Class = "retries_exhausted"
-	// ClassCrashed: attempts of this message kept ending without a result
-	// (the process died, or its connection did, while the handler ran).
-	ClassCrashed Class = "crashed"
+	ClassPermanent        = kafkaoncetype.ClassPermanent
+	ClassPanic            = kafkaoncetype.ClassPanic
+	ClassUndecodable      = kafkaoncetype.ClassUndecodable
+	ClassData             = kafkaoncetype.ClassData
+	ClassTxMisuse         = kafkaoncetype.ClassTxMisuse
+	ClassInvalidID        = kafkaoncetype.ClassInvalidID
+	ClassConflict         = kafkaoncetype.ClassConflict
+	ClassRetriesExhausted = kafkaoncetype.ClassRetriesExhausted
+	ClassCrashed          = kafkaoncetype.ClassCrashed
 )
 
 // Header is a message header as stored with a letter.

@@ -3,11 +3,12 @@ package dedupe
 import (
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
+
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // Fingerprint is a SHA-256 digest of a message's key and value.
-type Fingerprint [sha256.Size]byte
+type Fingerprint = kafkaoncetype.Fingerprint
 
 // FingerprintOf returns the fingerprint of a message. The key's length is
 // hashed before the key, so the split between key and value is part of the
@@ -26,6 +27,3 @@ func FingerprintOf(key, value []byte) Fingerprint {
 	h.Sum(f[:0])
 	return f
 }
-
-// String returns the fingerprint in hex.
-func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }

@@ -3,41 +3,26 @@ package dedupe
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // Status is what became of a claimed message.
-type Status string
+type Status = kafkaoncetype.ClaimStatus
 
+// What became of a claimed message (see kafkaoncetype.ClaimStatus).
 const (
-	// StatusApplied: the handler ran and its effects committed with the claim.
-	StatusApplied Status = "applied"
-	// StatusDeadLettered: the message failed and was set aside.
-	StatusDeadLettered Status = "dead_lettered"
-	// StatusInvalid: the message could not be processed at all (for example
-	// its id could not be read).
-	StatusInvalid Status = "invalid"
-	// StatusSuspectDuplicate: the message's content was seen shortly before
-	// under another id and the consumer was told to skip such messages.
-	StatusSuspectDuplicate Status = "suspect_duplicate"
+	StatusApplied          = kafkaoncetype.StatusApplied
+	StatusDeadLettered     = kafkaoncetype.StatusDeadLettered
+	StatusInvalid          = kafkaoncetype.StatusInvalid
+	StatusSuspectDuplicate = kafkaoncetype.StatusSuspectDuplicate
 )
 
 // Record is a row of processed_messages.
-type Record struct {
-	Consumer    string
-	MessageID   string
-	Fingerprint Fingerprint
-	Topic       string
-	Partition   int
-	Offset      int64
-	Status      Status
-	Attempts    int
-	ProcessedAt time.Time
-}
+type Record = kafkaoncetype.Claim
 
 // Store reads processed_messages in one schema, and prunes it.
 type Store struct {

@@ -157,9 +157,7 @@ func handle(ctx context.Context, tb testing.TB, tx pgx.Tx, h consumer.Handler, m
 	if err != nil {
 		tb.Fatalf("consumertest: savepoint: %v", err)
 	}
-	herr, hung := engine.HandleAlone(ctx, timeout, sp, func(ctx context.Context, tx pgx.Tx, m *engine.Message) error {
-		return h.Handle(ctx, tx, (*consumer.Message)(m))
-	}, nil, (*engine.Message)(msg))
+	herr, hung := engine.HandleAlone(ctx, timeout, sp, h.Handle, nil, msg)
 	if hung != nil {
 		tb.Fatalf("consumertest: the handler hung: %v (its connection was closed, so tx is gone)", hung)
 	}

@@ -307,7 +307,9 @@ func rollBackOnce(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*c
 	tb.Helper()
 	handle, handleBatch := handleFunc(cfg.Handler), (func(context.Context, *engine.Batch) error)(nil)
 	if cfg.BatchHandler != nil {
-		handleBatch = engine.BatchHandlerOf(cfg.BatchHandler)
+		handleBatch = func(ctx context.Context, call *engine.Batch) error {
+			return cfg.BatchHandler.HandleBatch(ctx, consumer.NewBatch(call.Tx, call.Messages, call.Queue))
+		}
 	}
 	if (handle == nil) == (handleBatch == nil) {
 		return // neither or both: consumer.New says what to set
@@ -333,7 +335,7 @@ func rollBackOnce(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*c
 		if err != nil {
 			tb.Fatalf("consumertest: begin: %v", err)
 		}
-		herr, hung := engine.HandleAlone(ctx, timeout, tx, handle, handleBatch, (*engine.Message)(m))
+		herr, hung := engine.HandleAlone(ctx, timeout, tx, handle, handleBatch, m)
 		if hung != nil {
 			tb.Fatalf("consumertest: the handler of message %q (%s) hung in an attempt that was to be rolled back: %v", m.ID, m.Position(), hung)
 		}
@@ -370,13 +372,11 @@ func rollBackOnce(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*c
 }
 
 // handleFunc is h as the engine calls it (nil when there is none).
-func handleFunc(h consumer.Handler) func(context.Context, pgx.Tx, *engine.Message) error {
+func handleFunc(h consumer.Handler) func(context.Context, pgx.Tx, *consumer.Message) error {
 	if h == nil {
 		return nil
 	}
-	return func(ctx context.Context, tx pgx.Tx, m *engine.Message) error {
-		return h.Handle(ctx, tx, (*consumer.Message)(m))
-	}
+	return h.Handle
 }
 
 // validID derives m's id as the consumer does; ok is false when the

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // runAlone processes one message in transactions of its own until it is
@@ -58,9 +59,9 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 		switch {
 		case err != nil:
 			return err
-		case out.err == nil:
+		case out.kind == succeeded:
 			return nil
-		case out.failedAt < 0:
+		case out.kind != messageFailed:
 			// The database failed, not the message: try again without
 			// counting an attempt.
 			count = false
@@ -145,8 +146,8 @@ func exhaustedFrom(rec attempts.Record, last *failure, maxAttempts int) *failure
 // setAside dead-letters one message in a transaction of its own (or stops
 // the partition under StopPartition).
 func (w *worker) setAside(stop, work context.Context, one []item, f *failure) error {
-	if w.cfg.OnPermanentFailure == StopPartition {
-		return &PartitionError{Topic: w.topic, Partition: w.partition, Err: f.err}
+	if w.cfg.OnPermanentFailure == kafkaoncetype.StopPartition {
+		return &kafkaoncetype.PartitionError{Topic: w.topic, Partition: w.partition, Err: f.err}
 	}
 	l := w.newLadder()
 	for {
@@ -156,7 +157,7 @@ func (w *worker) setAside(stop, work context.Context, one []item, f *failure) er
 		switch {
 		case err != nil:
 			return err
-		case out.err == nil:
+		case out.kind == succeeded:
 			return nil
 		}
 		if err := l.again(stop, one[0].msg.Offset, "writing a dead letter", &out); err != nil {

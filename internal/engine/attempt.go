@@ -15,6 +15,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/store/claims"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // txAttempt is one try at one transaction of a partition: what it needs
@@ -79,7 +80,7 @@ type batchState struct {
 	claimed    []bool
 	fates      []fate
 	fails      []*failure // why fateDeadLettered messages were set aside
-	conflicts  []*FingerprintConflictError
+	conflicts  []*kafkaoncetype.FingerprintConflictError
 	failedInTx []int // messages that failed inside a savepoint and were set aside
 	// sawDuplicates: the batch held messages already claimed that were
 	// not foreseen, so the next one probably does too and claims first
@@ -106,7 +107,7 @@ func (st *batchState) reset(n int) {
 func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int) txOutcome {
 	items = items[:p.n]
 	serialized, limit, paceRow := w.paceNow()
-	info := BatchInfo{Topic: w.topic, Partition: w.partition, FirstOffset: items[0].msg.Offset,
+	info := kafkaoncetype.BatchInfo{Topic: w.topic, Partition: w.partition, FirstOffset: items[0].msg.Offset,
 		LastOffset: items[len(items)-1].msg.Offset, Size: len(items), Attempt: attempt, HighWaterMark: w.hwm,
 		Serialized: serialized, BatchLimit: limit}
 	work, endScope := w.hooks.enterBatch(work, info, items)
@@ -148,12 +149,12 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 	if out.committed > 0 && a.paceRow != nil {
 		w.paceShown = *a.paceRow
 	}
-	if out.gateBusy {
+	if out.kind == gateBusy {
 		w.raceUntil = time.Now().Add(pace.GateBypass)
 	}
 	w.paced(work, info, &out, took)
 	if len(w.hooks.End) > 0 {
-		r := BatchResult{Duration: took, Err: out.err, Committed: out.committed}
+		r := kafkaoncetype.BatchResult{Duration: took, Err: out.err, Committed: out.committed}
 		if out.st != nil {
 			for _, f := range out.st.fates[:out.committed] {
 				switch f {
@@ -184,32 +185,23 @@ func (w *worker) abandonedOutcome(items []item, ab *usercall.Abandoned) txOutcom
 	if ab.Count > 1 {
 		w.log.Error("batch handler hung; abandoned it, and handling its messages one at a time", w.logAttrs(
 			slog.Int64("offset", msg.Offset), slog.Int("messages", ab.Count), slog.Bool("timed_out", ab.TimedOut))...)
-		return txOutcome{failedAt: -1, isolate: true, err: fmt.Errorf("batch handler hung on the %d messages from offset %d; handling them one at a time: %w",
+		return txOutcome{kind: isolate, err: fmt.Errorf("batch handler hung on the %d messages from offset %d; handling them one at a time: %w",
 			ab.Count, msg.Offset, ab.Err())}
 	}
-	err := &MessageError{Topic: w.topic, Partition: w.partition, Offset: msg.Offset, MessageID: msg.ID, Err: ab.Err()}
+	err := &kafkaoncetype.MessageError{Topic: w.topic, Partition: w.partition, Offset: msg.Offset, MessageID: msg.ID, Err: ab.Err()}
 	w.log.Error("handler hung; abandoned it", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
 		slog.Bool("timed_out", ab.TimedOut))...)
-	return txOutcome{failedAt: ab.Index, err: err, fail: newFailure(classTransient, deadletter.ClassRetriesExhausted, err)}
+	return failedMessage(ab.Index, err, newFailure(classTransient, deadletter.ClassRetriesExhausted, err))
 }
 
-// A strategy runs an attempt's transaction one way. ok is false when it
-// declined, having committed nothing; the next one runs then. Each resets
-// the attempt's scratch space before it uses it.
-type strategy func(a *txAttempt, hctx, ctx context.Context) (out txOutcome, ok bool)
-
-// strategies, in the order they are tried: one round trip when the
-// attempt allows it (see oneTrip), else claim first, which never declines.
-var strategies = [...]strategy{(*txAttempt).oneTrip, (*txAttempt).claimFirst}
-
-// tx runs the attempt's transaction with the first strategy that takes it.
+// tx runs the attempt's transaction: in one round trip when the attempt
+// allows it and the try is not dropped (see oneTrip), else claim first.
+// Each resets the attempt's scratch space before it uses it.
 func (a *txAttempt) tx(hctx, ctx context.Context) txOutcome {
-	for _, s := range strategies {
-		if out, ok := s(a, hctx, ctx); ok {
-			return out
-		}
+	if out, ok := a.oneTrip(hctx, ctx); ok {
+		return out
 	}
-	panic("engine: claimFirst declined an attempt")
+	return a.claimFirst(hctx, ctx)
 }
 
 // clone copies p for an attempt, so that the worker may change its own
@@ -227,8 +219,8 @@ func (a *txAttempt) logAttrs(extra ...any) []any {
 }
 
 // messageFailure names the message in err and classifies it.
-func (a *txAttempt) messageFailure(msg *Message, err error) (*MessageError, *failure) {
-	merr := &MessageError{Topic: a.topic, Partition: a.partition, Offset: msg.Offset, MessageID: msg.ID, Err: err}
+func (a *txAttempt) messageFailure(msg *kafkaoncetype.Message, err error) (*kafkaoncetype.MessageError, *failure) {
+	merr := &kafkaoncetype.MessageError{Topic: a.topic, Partition: a.partition, Offset: msg.Offset, MessageID: msg.ID, Err: err}
 	f := a.classify(err)
 	f.err = merr
 	return merr, f

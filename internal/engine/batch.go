@@ -10,6 +10,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/internal/recent"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // errInterrupted is returned when the partition was revoked or the consumer
@@ -20,7 +21,7 @@ var errInterrupted = errors.New("consumer: interrupted by revocation or shutdown
 // item is a message of the batch being processed, with what is derived from
 // it before the transaction.
 type item struct {
-	msg Message
+	msg kafkaoncetype.Message
 	// end is where the partition's position moves once the message is
 	// processed: the offset after it, or after the transaction markers
 	// right behind it.
@@ -73,7 +74,7 @@ func (w *worker) processBatch(stop, work context.Context, raw []kafkaclient.Reco
 	var stopErr error
 	now := time.Now() // one clock reading per batch for the suspect check
 	for i := range raw {
-		items = append(items, item{repeatOf: -1, end: max(raw[i].Next, raw[i].Offset+1), msg: Message{
+		items = append(items, item{repeatOf: -1, end: max(raw[i].Next, raw[i].Offset+1), msg: kafkaoncetype.Message{
 			Topic:     raw[i].Topic,
 			Partition: raw[i].Partition,
 			Offset:    raw[i].Offset,
@@ -85,10 +86,10 @@ func (w *worker) processBatch(stop, work context.Context, raw []kafkaclient.Reco
 		it := &items[len(items)-1]
 		id, err := w.user.id(&it.msg)
 		if err != nil {
-			if w.cfg.OnPermanentFailure == StopPartition {
+			if w.cfg.OnPermanentFailure == kafkaoncetype.StopPartition {
 				w.reportFailure(work, &it.msg, invalidIDFailure(err))
 				items = items[:len(items)-1]
-				stopErr = &PartitionError{Topic: w.topic, Partition: w.partition, Err: err}
+				stopErr = &kafkaoncetype.PartitionError{Topic: w.topic, Partition: w.partition, Err: err}
 				break
 			}
 			it.idErr = err
@@ -203,8 +204,8 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 			return err
 		}
 		items = items[out.committed:]
-		switch {
-		case out.err == nil:
+		switch out.kind {
+		case succeeded:
 			if p.after != nil {
 				if err := w.resolve(stop, work, items[:1], p.after); err != nil {
 					return err
@@ -212,40 +213,42 @@ func (w *worker) apply(stop, work context.Context, items []item) error {
 				items = items[1:]
 			}
 			p, attempt = next(), 1
-		case out.isolate:
+		case isolate:
 			// Not an attempt of any message: which one failed is not known
 			// yet. The same messages run again, one per call, each in a
 			// savepoint.
 			w.log.Debug("batch handler failed; handling the batch one message at a time", w.logAttrs(
 				slog.Int64("offset", items[0].msg.Offset), slog.String("error", out.err.Error()))...)
 			p.savepointFrom = 0
-		case out.oneByOne:
+		case oneByOne:
 			w.log.Warn("the server refused to commit a batch for what its handlers wrote; applying its messages one per transaction to find which", w.logAttrs(
 				slog.Int64("offset", items[0].msg.Offset), slog.String("error", out.err.Error()))...)
 			oneByOneTo = items[p.n-1].msg.Offset
 			p = next()
-		case out.failedAt < 0:
-			// The transaction failed as a whole. After a lost race the same
-			// messages run first, fewer of them: the failure after the
-			// smaller plan, if any, is found again when it is reached.
-			if limit := w.pace.Limit(w.gate.Serialized(time.Now())); out.contention && p.n > limit {
-				p.n, p.after = limit, nil
-			}
-			if !out.gateBusy {
-				attempt++
-			}
-			if err := l.again(stop, items[0].msg.Offset, "batch", &out); err != nil {
-				return err
-			}
-		default:
-			// A message failed. failedAt counts from the start of the
-			// transaction; what it committed is gone from items.
+		case messageFailed:
+			// failedAt counts from the start of the transaction; what it
+			// committed is gone from items.
 			var resolved bool
 			if items, resolved, err = w.messageFailed(stop, work, items, &p, &out); err != nil {
 				return err
 			}
 			if resolved {
 				p, attempt = next(), 1
+			}
+		default:
+			// The transaction failed as a whole (ladder.step ended the run
+			// for a lost position or a stopped partition). After a lost
+			// race the same messages run first, fewer of them: the failure
+			// after the smaller plan, if any, is found again when it is
+			// reached.
+			if limit := w.pace.Limit(w.gate.Serialized(time.Now())); out.kind == lostRace && p.n > limit {
+				p.n, p.after = limit, nil
+			}
+			if out.kind != gateBusy {
+				attempt++
+			}
+			if err := l.again(stop, items[0].msg.Offset, "batch", &out); err != nil {
+				return err
 			}
 		}
 	}
@@ -269,23 +272,35 @@ func (w *worker) messageFailed(stop, work context.Context, items []item, p *plan
 		}
 		return items[1:], true, nil
 	}
-	k := out.failedAt
-	switch {
-	case out.fail.class == classPermanent && w.cfg.OnPermanentFailure == DeadLetter:
-		if p.deadLetter == nil {
-			p.deadLetter = map[int]*failure{}
-		}
-		p.deadLetter[k] = out.fail
-		p.savepointFrom = min(p.savepointFrom, k+1)
-	case k == 0:
+	if p.afterFailure(out.failedAt, out.fail, w.cfg.OnPermanentFailure == kafkaoncetype.DeadLetter) {
 		if err := w.resolve(stop, work, items[:1], out.fail); err != nil {
 			return nil, false, err
 		}
 		return items[1:], true, nil
-	default:
-		p.n, p.after = k, out.fail
 	}
 	return items, false, nil
+}
+
+// afterFailure changes p after the message at k failed with f in a
+// transaction that committed nothing, and reports whether that message,
+// the first, is to be resolved on its own instead. A permanent failure
+// that may be set aside is, in the next try of the same transaction, with
+// every handler after it in a savepoint; otherwise the messages before it
+// are committed first, and it is resolved after them (p.after).
+func (p *plan) afterFailure(k int, f *failure, deadLetter bool) (alone bool) {
+	switch {
+	case f.class == classPermanent && deadLetter:
+		if p.deadLetter == nil {
+			p.deadLetter = map[int]*failure{}
+		}
+		p.deadLetter[k] = f
+		p.savepointFrom = min(p.savepointFrom, k+1)
+	case k == 0:
+		return true
+	default:
+		p.n, p.after = k, f
+	}
+	return false
 }
 
 // resolve deals with a message whose attempt failed: set aside at once when
@@ -302,20 +317,20 @@ func (w *worker) resolve(stop, work context.Context, one []item, f *failure) err
 }
 
 // reportSuspect logs a suspect duplicate and calls its hooks.
-func (w *worker) reportSuspect(ctx context.Context, msg *Message, first recent.Sighting) {
+func (w *worker) reportSuspect(ctx context.Context, msg *kafkaoncetype.Message, first recent.Sighting) {
 	w.log.Warn("suspect duplicate: the same content was seen shortly before under another id (a producer that makes a new id on each retry?)",
 		w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
 			slog.String("first_message_id", first.MessageID), slog.Int64("first_offset", first.Offset))...)
 	for _, h := range w.hooks.Suspect {
-		h(ctx, msg, SuspectOf{MessageID: first.MessageID, Offset: first.Offset, At: first.At})
+		h(ctx, msg, kafkaoncetype.SuspectOf{MessageID: first.MessageID, Offset: first.Offset, At: first.At})
 	}
 }
 
 // reportFailure logs a failed attempt and calls the failure hooks.
-func (w *worker) reportFailure(ctx context.Context, msg *Message, f *failure) {
+func (w *worker) reportFailure(ctx context.Context, msg *kafkaoncetype.Message, f *failure) {
 	w.log.Warn("message failed", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
 		slog.Int("attempt", f.attempts), slog.String("class", f.class.String()), slog.String("error", f.err.Error()))...)
 	for _, h := range w.hooks.Failed {
-		h(ctx, msg, Failure{Err: f.err, Class: f.kind, Attempt: max(f.attempts, 1), Permanent: f.class == classPermanent})
+		h(ctx, msg, kafkaoncetype.Failure{Err: f.err, Class: f.kind, Attempt: max(f.attempts, 1), Permanent: f.class == classPermanent})
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/store/claims"
 	"github.com/kafkaonce/kafkaonce/internal/store/positions"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // claimFirst runs the attempt's transaction the ordinary way, in two round
@@ -34,11 +35,11 @@ import (
 // The worker then marks the committed messages (afterCommit): hooks, and
 // the offset handed to the Kafka committer. The handler gets hctx;
 // everything else runs on ctx, so a handler cut off by the watchdog does
-// not take the transaction's own statements with it. It never declines.
-func (a *txAttempt) claimFirst(hctx, ctx context.Context) (out txOutcome, ok bool) {
+// not take the transaction's own statements with it.
+func (a *txAttempt) claimFirst(hctx, ctx context.Context) (out txOutcome) {
 	bt, gated, out := a.claim(ctx)
 	if bt == nil {
-		return out, true
+		return out
 	}
 	defer bt.rollback(ctx)
 	defer func() {
@@ -47,18 +48,18 @@ func (a *txAttempt) claimFirst(hctx, ctx context.Context) (out txOutcome, ok boo
 		}
 	}()
 	a.uc.Hold(bt.cutLoose)
-	if out := a.sort(ctx, bt.tx); out.err != nil {
-		return out, true
+	if out := a.sort(ctx, bt.tx); out.kind != succeeded {
+		return out
 	}
 	h, out := a.handle(hctx, ctx, bt.tx)
-	if out.err != nil {
-		return out, true
+	if out.kind != succeeded {
+		return out
 	}
 	b, err := a.close(&h)
 	if err != nil {
-		return infra(err), true
+		return infra(err)
 	}
-	return a.commit(ctx, bt, b, &h), true
+	return a.commit(ctx, bt, b, &h)
 }
 
 // claim builds the attempt's claims and begins its transaction with them
@@ -76,7 +77,7 @@ func (a *txAttempt) claim(ctx context.Context) (bt *batchTx, gated time.Time, ou
 		switch {
 		case f != nil:
 			c.Status, c.Attempts = dedupe.StatusDeadLettered, f.attempts
-		case items[i].suspect != nil && a.cfg.SuspectDuplicates == SkipSuspects:
+		case items[i].suspect != nil && a.cfg.SuspectDuplicates == kafkaoncetype.SkipSuspects:
 			c.Status = dedupe.StatusSuspectDuplicate
 		}
 		st.claims = append(st.claims, c)
@@ -98,12 +99,12 @@ func (a *txAttempt) claim(ctx context.Context) (bt *batchTx, gated time.Time, ou
 	var busy *gateBusyError
 	switch {
 	case errors.As(err, &busy):
-		return nil, gated, txOutcome{failedAt: -1, err: busy, fail: newFailure(classInfra, "", busy), gateBusy: true}
+		return nil, gated, txOutcome{kind: gateBusy, err: busy, fail: newFailure(classInfra, "", busy)}
 	case err != nil:
 		return nil, gated, infra(fmt.Errorf("begin and claim: %w", err))
 	}
 	a.conn = bt.tx.Conn().PgConn()
-	return bt, gated, txOutcome{failedAt: -1}
+	return bt, gated, txOutcome{}
 }
 
 // sort checks the stored position the claim read, and sorts the messages
@@ -112,7 +113,7 @@ func (a *txAttempt) claim(ctx context.Context) (bt *batchTx, gated time.Time, ou
 // sets aside.
 func (a *txAttempt) sort(ctx context.Context, tx pgx.Tx) txOutcome {
 	if lost := a.positionLost(a.stored); lost != nil {
-		return txOutcome{failedAt: -1, err: lost, fail: newFailure(classInfra, "", lost), lost: lost}
+		return txOutcome{kind: positionLost, err: lost, fail: newFailure(classInfra, "", lost)}
 	}
 	items, p, st := a.items, &a.p, a.st
 	st.sawDuplicates = false
@@ -144,7 +145,7 @@ func (a *txAttempt) resolveUnclaimed(ctx context.Context, tx pgx.Tx) txOutcome {
 		}
 	}
 	if len(ids) == 0 {
-		return txOutcome{failedAt: -1}
+		return txOutcome{}
 	}
 	// A new statement sees rows committed by other transactions since the
 	// claim (READ COMMITTED), and rows this transaction just inserted for an
@@ -173,16 +174,16 @@ func (a *txAttempt) resolveUnclaimed(ctx context.Context, tx pgx.Tx) txOutcome {
 		if inBatch {
 			rec.Status = "" // the first copy is not stored yet
 		}
-		cf := &FingerprintConflictError{Topic: a.topic, Partition: a.partition, Offset: items[i].msg.Offset,
+		cf := &kafkaoncetype.FingerprintConflictError{Topic: a.topic, Partition: a.partition, Offset: items[i].msg.Offset,
 			MessageID: items[i].msg.ID, Fingerprint: items[i].fp, Existing: rec}
 		f := newFailure(classPermanent, deadletter.ClassConflict, cf)
-		if a.cfg.OnPermanentFailure == StopPartition {
-			return txOutcome{failedAt: i, err: cf, fail: f}
+		if a.cfg.OnPermanentFailure == kafkaoncetype.StopPartition {
+			return failedMessage(i, cf, f)
 		}
 		st.fates[i], st.fails[i] = fateDeadLettered, f
 		st.conflicts = append(st.conflicts, cf)
 	}
-	return txOutcome{failedAt: -1}
+	return txOutcome{}
 }
 
 // claimedHere reports whether this transaction claimed the message at off.
@@ -256,7 +257,7 @@ func (a *txAttempt) handle(hctx, ctx context.Context, tx pgx.Tx) (h handled, out
 	h.end, h.cut = len(items), -1
 	batched := a.cfg.HandleBatch != nil
 	if batched {
-		if h.batch, out = a.handleBatch(hctx, ctx, tx); out.err != nil {
+		if h.batch, out = a.handleBatch(hctx, ctx, tx); out.kind != succeeded {
 			return h, out
 		}
 	}
@@ -302,15 +303,15 @@ func (a *txAttempt) handle(hctx, ctx context.Context, tx pgx.Tx) (h handled, out
 			// message's fault: the whole transaction runs again.
 			return h, infra(merr)
 		case !inSavepoint || a.uc.TimedOut():
-			return h, txOutcome{failedAt: i, err: merr, fail: f}
+			return h, failedMessage(i, merr, f)
 		}
 		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT kafkaonce_message"); err != nil {
 			// The connection did not survive the handler's failure (pgx
 			// closes it when it cannot encode part of a pipeline): the
 			// transaction is gone, and the message's failure stands.
-			return h, txOutcome{failedAt: i, err: merr, fail: f}
+			return h, failedMessage(i, merr, f)
 		}
-		if f.class == classPermanent && a.cfg.OnPermanentFailure == DeadLetter {
+		if f.class == classPermanent && a.cfg.OnPermanentFailure == kafkaoncetype.DeadLetter {
 			st.fates[i], st.fails[i] = fateDeadLettered, f
 			st.failedInTx = append(st.failedInTx, i)
 			h.dlIDs = append(h.dlIDs, items[i].msg.ID)
@@ -322,9 +323,9 @@ func (a *txAttempt) handle(hctx, ctx context.Context, tx pgx.Tx) (h handled, out
 		break
 	}
 	if h.end == 0 {
-		return h, txOutcome{failedAt: h.cut, err: h.fail.err, fail: h.fail}
+		return h, failedMessage(h.cut, h.fail.err, h.fail)
 	}
-	return h, txOutcome{failedAt: -1}
+	return h, txOutcome{}
 }
 
 // handleBatch calls the BatchHandler once with every newly claimed message
@@ -332,7 +333,7 @@ func (a *txAttempt) handle(hctx, ctx context.Context, tx pgx.Tx) (h handled, out
 // in savepoints, by handle). It returns the Batch, whose queued
 // statements the caller sends with its closing statements.
 func (a *txAttempt) handleBatch(hctx, ctx context.Context, tx pgx.Tx) (*Batch, txOutcome) {
-	var msgs []*Message
+	var msgs []*kafkaoncetype.Message
 	var index []int
 	for i := range a.items[:a.p.savepointFrom] {
 		if a.st.fates[i] == fateApplied {
@@ -341,7 +342,7 @@ func (a *txAttempt) handleBatch(hctx, ctx context.Context, tx pgx.Tx) (*Batch, t
 		}
 	}
 	if len(msgs) == 0 {
-		return nil, txOutcome{failedAt: -1}
+		return nil, txOutcome{}
 	}
 	b := a.user.newBatch(msgs, index)
 	began := time.Now()
@@ -357,7 +358,7 @@ func (a *txAttempt) handleBatch(hctx, ctx context.Context, tx pgx.Tx) (*Batch, t
 		}
 		return nil, out
 	}
-	return b, txOutcome{failedAt: -1}
+	return b, txOutcome{}
 }
 
 // reportBatchCall tells the handler hooks about a BatchHandler call that
@@ -470,30 +471,38 @@ func (a *txAttempt) commit(ctx context.Context, bt *batchTx, b *pgx.Batch, h *ha
 	if err := bt.commitWith(ctx, b); err != nil {
 		var ce *commitError
 		errors.As(err, &ce)
-		var pgErr *pgconn.PgError
-		switch {
-		case ce.unknown():
-			return a.commitUnknown(ce.err)
-		case ce.stmt == notSent:
-			return infra(fmt.Errorf("commit: nothing was sent: %w", ce.err))
-		case errors.As(ce.err, &pgErr) && pgErr.Code == positions.TxEnded:
-			return a.txEnded(h.batch, h.end, ce.err)
-		case pgErr != nil && pgErr.Code == readOnlyTransaction && ce.stmt >= userStatements:
-			// The batch wrote when it began, so the server was not read
-			// only then, and a transaction does not turn read only by
-			// itself: a handler made it so (set_config), as it would on
-			// every retry.
-			return a.handlersFailed(h.end, fmt.Errorf("the consumer's closing statements found the transaction made read only by a handler: %w", ce.err))
-		case ce.stmt < userStatements:
-			return a.batchFailed(h.batch, ce.err)
-		case ce.stmt == closing:
-			return a.commitRefused(h.end, ce.err)
-		}
-		return a.ownStatementFailed(ce.err)
+		return a.commitFailed(ce, h, userStatements, closing)
 	}
-	out := txOutcome{committed: h.end, failedAt: -1}
 	if h.cut >= 0 {
-		out.failedAt, out.err, out.fail = h.cut, h.fail.err, h.fail
+		out := failedMessage(h.cut, h.fail.err, h.fail)
+		out.committed = h.end
+		return out
 	}
-	return out
+	return txOutcome{committed: h.end}
+}
+
+// commitFailed says what a transaction whose closing round trip failed
+// with ce comes to, by the statement that failed: the first userStatements
+// are the BatchHandler's queued ones, then come the consumer's own, and
+// the COMMIT is at index closing.
+func (a *txAttempt) commitFailed(ce *commitError, h *handled, userStatements, closing int) txOutcome {
+	var pgErr *pgconn.PgError
+	switch {
+	case ce.unknown():
+		return a.commitUnknown(ce.err)
+	case ce.stmt == notSent:
+		return infra(fmt.Errorf("commit: nothing was sent: %w", ce.err))
+	case errors.As(ce.err, &pgErr) && pgErr.Code == positions.TxEnded:
+		return a.txEnded(h.batch, h.end, ce.err)
+	case pgErr != nil && pgErr.Code == readOnlyTransaction && ce.stmt >= userStatements:
+		// The batch wrote when it began, so the server was not read only
+		// then, and a transaction does not turn read only by itself: a
+		// handler made it so (set_config), as it would on every retry.
+		return a.handlersFailed(h.end, fmt.Errorf("the consumer's closing statements found the transaction made read only by a handler: %w", ce.err))
+	case ce.stmt < userStatements:
+		return a.batchFailed(h.batch, ce.err)
+	case ce.stmt == closing:
+		return a.commitRefused(h.end, ce.err)
+	}
+	return a.ownStatementFailed(ce.err)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/permanent"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // errClass says how a failure is retried.
@@ -90,9 +91,9 @@ func classifyHandlerError(err error, connLost bool) *failure {
 	switch {
 	case permanent.Is(err):
 		return newFailure(classPermanent, deadletter.ClassPermanent, err)
-	case errors.Is(err, ErrHandlerPanicked):
+	case errors.Is(err, kafkaoncetype.ErrHandlerPanicked):
 		return newFailure(classPermanent, deadletter.ClassPanic, err)
-	case errors.Is(err, ErrTxControlledByConsumer), errors.Is(err, ErrRowsLeftOpen):
+	case errors.Is(err, kafkaoncetype.ErrTxControlledByConsumer), errors.Is(err, kafkaoncetype.ErrRowsLeftOpen):
 		return newFailure(classPermanent, deadletter.ClassTxMisuse, err)
 	case errors.As(err, &syntax), errors.As(err, &typ):
 		return newFailure(classPermanent, deadletter.ClassUndecodable, err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/permanent"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 	"github.com/kafkaonce/kafkaonce/outbox"
 )
 
@@ -41,8 +42,8 @@ func TestClassifyHandlerError(t *testing.T) {
 		{"wrapped permanent", fmt.Errorf("ctx: %w", permanent.Mark(errors.New("x"))), false, classPermanent, deadletter.ClassPermanent},
 		{"outbox permanent", outbox.Permanent(errors.New("rejected")), false, classPermanent, deadletter.ClassPermanent},
 		{"wrapped outbox permanent", fmt.Errorf("relay: %w", outbox.Permanent(errors.New("x"))), false, classPermanent, deadletter.ClassPermanent},
-		{"panic", fmt.Errorf("%w: boom", ErrHandlerPanicked), false, classPermanent, deadletter.ClassPanic},
-		{"tx misuse", ErrTxControlledByConsumer, false, classPermanent, deadletter.ClassTxMisuse},
+		{"panic", fmt.Errorf("%w: boom", kafkaoncetype.ErrHandlerPanicked), false, classPermanent, deadletter.ClassPanic},
+		{"tx misuse", kafkaoncetype.ErrTxControlledByConsumer, false, classPermanent, deadletter.ClassTxMisuse},
 		{"json syntax", syntax, false, classPermanent, deadletter.ClassUndecodable},
 		{"json type", fmt.Errorf("decode: %w", typeErr), false, classPermanent, deadletter.ClassUndecodable},
 		{"untranslatable character 22021", pg("22021"), false, classPermanent, deadletter.ClassData},
@@ -56,8 +57,8 @@ func TestClassifyHandlerError(t *testing.T) {
 		{"connection failure", pg("08006"), false, classInfra, ""},
 		{"session ended (idle-in-transaction timeout)", fmt.Errorf("exec: %w", &pgconn.PgError{Code: "25P03", Severity: "FATAL"}), false, classInfra, ""},
 		{"session ended, connection closed", fmt.Errorf("exec: %w", &pgconn.PgError{Code: "57P01", Severity: "FATAL"}), true, classInfra, ""},
-		{"aborted tx", ErrTxAborted, false, classTransient, deadletter.ClassRetriesExhausted},
-		{"timeout", fmt.Errorf("%w: 30s", ErrHandlerTimeout), false, classTransient, deadletter.ClassRetriesExhausted},
+		{"aborted tx", kafkaoncetype.ErrTxAborted, false, classTransient, deadletter.ClassRetriesExhausted},
+		{"timeout", fmt.Errorf("%w: 30s", kafkaoncetype.ErrHandlerTimeout), false, classTransient, deadletter.ClassRetriesExhausted},
 		{"context cancelled", context.Canceled, false, classTransient, deadletter.ClassRetriesExhausted},
 
 		// Network errors are the database's only when the transaction's
@@ -73,7 +74,7 @@ func TestClassifyHandlerError(t *testing.T) {
 		// A broken connection makes no other failure the database's: pgx
 		// also closes it for errors of its own making (an argument it
 		// cannot encode), which are the message's.
-		{"timeout, connection broken by the cancelled query", fmt.Errorf("%w: 30s", ErrHandlerTimeout), true, classTransient, deadletter.ClassRetriesExhausted},
+		{"timeout, connection broken by the cancelled query", fmt.Errorf("%w: 30s", kafkaoncetype.ErrHandlerTimeout), true, classTransient, deadletter.ClassRetriesExhausted},
 		{"context cancelled, connection broken", context.Canceled, true, classTransient, deadletter.ClassRetriesExhausted},
 		{"plain error, connection broken", errors.New("failed to encode args[0]"), true, classTransient, deadletter.ClassRetriesExhausted},
 		{"permanent network error, connection broken", permanent.Mark(reset), true, classPermanent, deadletter.ClassPermanent},

@@ -6,22 +6,8 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/franz"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/kafkago"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
-
-// KafkaClient mirrors consumer.KafkaClient.
-type KafkaClient int
-
-const (
-	FranzGo KafkaClient = iota
-	KafkaGo
-)
-
-func (k KafkaClient) String() string {
-	if k == KafkaGo {
-		return "kafka-go"
-	}
-	return "franz-go"
-}
 
 // newClient makes the Kafka client the configuration selects.
 func (c *Consumer) newClient() (kafkaclient.Client, error) {
@@ -29,7 +15,7 @@ func (c *Consumer) newClient() (kafkaclient.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.cfg.KafkaClient == KafkaGo {
+	if c.cfg.KafkaClient == kafkaoncetype.KafkaGo {
 		return kafkago.New(cfg, c.cfg.Dialer)
 	}
 	return franz.New(cfg)

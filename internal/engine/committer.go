@@ -10,6 +10,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // afterCommit reports the committed messages and hands their offset to the
@@ -40,12 +41,12 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 				h(ctx, &items[i].msg)
 			}
 		case fateSkipped, fateSkippedInBatch, fateSkippedSuspect:
-			reason := SkipAlreadyClaimed
+			reason := kafkaoncetype.SkipAlreadyClaimed
 			switch st.fates[i] {
 			case fateSkippedInBatch:
-				reason = SkipDuplicateInBatch
+				reason = kafkaoncetype.SkipDuplicateInBatch
 			case fateSkippedSuspect:
-				reason = SkipSuspectDuplicate
+				reason = kafkaoncetype.SkipSuspectDuplicate
 			}
 			for _, h := range w.hooks.Skipped {
 				h(ctx, &items[i].msg, reason)
@@ -62,7 +63,7 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 				slog.String("message_id", items[i].msg.ID), slog.String("class", string(f.kind)), slog.Int("attempt", f.attempts),
 				slog.String("error", f.err.Error()))...)
 			for _, h := range w.hooks.Dead {
-				h(ctx, &items[i].msg, DeadLettered{Class: f.kind, Err: f.err, Attempts: f.attempts})
+				h(ctx, &items[i].msg, kafkaoncetype.DeadLettered{Class: f.kind, Err: f.err, Attempts: f.attempts})
 			}
 		}
 	}
@@ -238,10 +239,10 @@ func (m *committer) commit(ctx context.Context, batch map[kafkaclient.TopicParti
 	m.mu.Unlock()
 }
 
-func flatten(list []kafkaclient.Offset) []TopicPartitionOffset {
-	out := make([]TopicPartitionOffset, len(list))
+func flatten(list []kafkaclient.Offset) []kafkaoncetype.TopicPartitionOffset {
+	out := make([]kafkaoncetype.TopicPartitionOffset, len(list))
 	for i, o := range list {
-		out[i] = TopicPartitionOffset{Topic: o.Topic, Partition: o.Partition, Offset: o.Next}
+		out[i] = kafkaoncetype.TopicPartitionOffset{Topic: o.Topic, Partition: o.Partition, Offset: o.Next}
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Topic != out[j].Topic {

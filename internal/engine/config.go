@@ -10,6 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kafkaonce/kafkaonce/kafkaconn"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // Config is what the engine runs with: consumer.Config once validated and
@@ -23,10 +24,10 @@ type Config struct {
 
 	// Handle applies one message. HandleBatch, when set, applies a batch
 	// instead, and Handle is not used.
-	Handle      func(ctx context.Context, tx pgx.Tx, msg *Message) error
+	Handle      func(ctx context.Context, tx pgx.Tx, msg *kafkaoncetype.Message) error
 	HandleBatch func(ctx context.Context, b *Batch) error
 	// MessageID derives a message's id: its errors are invalid ids.
-	MessageID func(msg *Message) (string, error)
+	MessageID func(msg *kafkaoncetype.Message) (string, error)
 	// MessageIDRule is the text of MessageID's rule, recorded at start-up
 	// for kafkaonce's tools; "" for a function of the user's own.
 	MessageIDRule string
@@ -35,7 +36,7 @@ type Config struct {
 	ClaimFirst  bool
 	MaxBatch    int
 	MaxWait     time.Duration
-	KafkaClient KafkaClient
+	KafkaClient kafkaoncetype.KafkaClient
 	TLS         *tls.Config
 	SASL        *kafkaconn.SASL
 	// Dialer is kafka-go's, for KafkaClient KafkaGo only.
@@ -43,7 +44,7 @@ type Config struct {
 	InstanceID           string
 	MetadataMaxAge       time.Duration
 	OpenTransactionAfter time.Duration
-	StartOffset          StartOffset
+	StartOffset          kafkaoncetype.StartOffset
 	FetchMaxBytes        int
 	Schema               string
 	Logger               *slog.Logger
@@ -62,42 +63,12 @@ type Config struct {
 	RetryMaxElapsed      time.Duration
 	HandlerTimeout       time.Duration
 
-	OnPermanentFailure     FailurePolicy
+	OnPermanentFailure     kafkaoncetype.FailurePolicy
 	DeadLetterTopic        string
 	SuspectDuplicateWindow time.Duration
-	SuspectDuplicates      SuspectPolicy
+	SuspectDuplicates      kafkaoncetype.SuspectPolicy
 
 	PruneInterval  time.Duration
 	PruneRetention time.Duration
 	PruneBatch     int
 }
-
-// LeaveUnset, as a session timeout, leaves the server's setting in force.
-const LeaveUnset time.Duration = -1
-
-// StartOffset, FailurePolicy and SuspectPolicy mirror the consumer
-// package's types of the same names, value for value.
-type (
-	StartOffset   int
-	FailurePolicy int
-	SuspectPolicy int
-)
-
-const (
-	StartEarliest StartOffset = iota
-	StartLatest
-)
-
-const (
-	DeadLetter FailurePolicy = iota
-	StopPartition
-)
-
-const (
-	ReportSuspects SuspectPolicy = iota
-	SkipSuspects
-)
-
-// SuspectWindowMessages bounds the suspect-duplicate memory: the last this
-// many messages of each partition.
-const SuspectWindowMessages = 20000

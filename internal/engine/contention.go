@@ -14,6 +14,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
 	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // How a partition's transactions adapt when they lose races for rows to
@@ -117,7 +118,7 @@ func (e *gateBusyError) Unwrap() error { return e.err }
 // several messages, whose timeout breaks it (or one outside the consumer,
 // which Postgres breaks).
 func raceLockTimeout(cfg *Config) time.Duration {
-	if cfg.LockTimeout != LeaveUnset {
+	if cfg.LockTimeout != kafkaoncetype.LeaveUnset {
 		return min(pace.RaceLockTimeout, cfg.LockTimeout)
 	}
 	return pace.RaceLockTimeout
@@ -146,9 +147,9 @@ func (w *worker) serializedNow() bool {
 
 // paced updates the partition's pace after a transaction over info's
 // messages, and reports a lost race.
-func (w *worker) paced(ctx context.Context, info BatchInfo, out *txOutcome, took time.Duration) {
+func (w *worker) paced(ctx context.Context, info kafkaoncetype.BatchInfo, out *txOutcome, took time.Duration) {
 	switch {
-	case out.contention:
+	case out.kind == lostRace:
 		entered := w.pace.Contended(info.Size, info.Serialized, time.Now())
 		serialized := w.gate.Serialized(time.Now())
 		limit := w.pace.Limit(serialized)
@@ -159,11 +160,11 @@ func (w *worker) paced(ctx context.Context, info BatchInfo, out *txOutcome, took
 			w.log.Info("contention: the consumer's transactions take turns for a while instead of racing each other", w.logAttrs(
 				slog.Time("until", w.gate.Until()), slog.Int("batch_limit", limit), slog.String("error", out.err.Error()))...)
 		}
-		c := Contention{Err: out.err, BatchLimit: limit, Serialized: serialized}
+		c := kafkaoncetype.Contention{Err: out.err, BatchLimit: limit, Serialized: serialized}
 		for _, h := range w.hooks.Contention {
 			h(ctx, info, c)
 		}
-	case out.gateBusy:
+	case out.kind == gateBusy:
 		w.log.Debug("contention: the consumer's gate is held too long (a slow handler, a row locked elsewhere); the next transaction races", w.logAttrs(
 			slog.Int64("offset", info.FirstOffset))...)
 	case out.committed > 0:

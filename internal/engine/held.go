@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // idleCheck is how often the log's bounds of a partition without new
@@ -21,7 +22,7 @@ func idleCheck(after time.Duration) time.Duration {
 // the end of that: logs, HookPartitionHeld, and the partition's run record,
 // where kafkaonce status and serve show it.
 func (w *worker) reportHeld(ctx context.Context, h kafkaclient.Held) {
-	held := PartitionHeld{Topic: h.Topic, Partition: h.Partition, Offset: h.At, LogEnd: h.End, Since: h.Since, Released: h.Released}
+	held := kafkaoncetype.PartitionHeld{Topic: h.Topic, Partition: h.Partition, Offset: h.At, LogEnd: h.End, Since: h.Since, Released: h.Released}
 	if h.Released {
 		w.log.Info("the transaction that held the partition back has ended", w.logAttrs(slog.Int64("offset", h.At), slog.Duration("held_for", time.Since(h.Since)))...)
 	} else {

@@ -39,20 +39,24 @@ func (l *ladder) step(work context.Context, items []item, p *plan, attempt int) 
 		l.short.Reset()
 		l.lost = 0
 	}
+	return out, endOfRun(work, &out)
+}
+
+// endOfRun is the error that ends the partition's run after out, or nil
+// when the partition goes on.
+func endOfRun(work context.Context, out *txOutcome) error {
 	switch {
-	case out.err == nil:
-		return out, nil
+	case out.kind == succeeded:
+		return nil
 	case work.Err() != nil:
 		// The shutdown grace ran out mid-transaction: it rolled back (or
 		// its COMMIT outcome is unknown); either way the next owner of the
 		// partition finds the truth in the claims.
-		return out, work.Err()
-	case out.lost != nil:
-		return out, out.lost
-	case out.stop:
-		return out, out.err
+		return work.Err()
+	case out.kind == positionLost, out.kind == stopped:
+		return out.err
 	}
-	return out, nil
+	return nil
 }
 
 // again waits before a transaction that failed as a whole (what says what
@@ -60,19 +64,30 @@ func (l *ladder) step(work context.Context, items []item, p *plan, attempt int) 
 // for the consumer's gate (nothing ran, and the next one races), briefly
 // after a lost race, else after the next of the backoff, with a warning.
 func (l *ladder) again(stop context.Context, offset int64, what string, out *txOutcome) error {
-	wait := l.backoff
+	wait := l.waitFor(out.kind)
 	switch {
-	case out.gateBusy:
+	case wait == nil:
 		return nil
-	case out.contention:
+	case out.kind == lostRace:
 		l.lost++
 		l.w.warnIfStuck(offset, l.lost, out.err)
-		wait = l.short
 	default:
 		l.w.log.Warn(what+" failed; retrying", l.w.logAttrs(slog.Int64("offset", offset),
 			slog.String("class", classInfra.String()), slog.String("error", out.err.Error()))...)
 	}
 	return l.pause(stop, wait)
+}
+
+// waitFor is the backoff a transaction that failed as a whole, as kind
+// says, waits on before it runs again; nil when it runs again at once.
+func (l *ladder) waitFor(kind outcomeKind) *retry.Backoff {
+	switch kind {
+	case gateBusy:
+		return nil
+	case lostRace:
+		return l.short
+	}
+	return l.backoff
 }
 
 // retryAfterFailure waits before a message that failed is tried again.

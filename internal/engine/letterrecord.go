@@ -13,14 +13,6 @@ import (
 // maxHeaderError bounds the error text carried in a header.
 const maxHeaderError = 1024
 
-// Headers of a letter published cut to fit the dead-letter topic: what
-// was cut, the letter's size before (kafkaclient.RecordBytes) and why.
-const (
-	HeaderTruncated       = "kafkaonce-truncated"
-	HeaderOriginalSize    = "kafkaonce-original-size"
-	HeaderTruncatedReason = "kafkaonce-truncated-reason"
-)
-
 // The parts of a letter that may be cut, in the order HeaderTruncated
 // lists them.
 const (
@@ -48,10 +40,10 @@ func newLetterRecord(l *deadletter.Letter) *letterRecord {
 	hasID := false
 	for _, h := range l.Headers {
 		lr.headers = append(lr.headers, kafkaoncetype.Header{Key: h.Key, Value: h.Value})
-		hasID = hasID || h.Key == DefaultMessageIDHeader
+		hasID = hasID || h.Key == kafkaoncetype.DefaultMessageIDHeader
 	}
 	if !hasID && l.MessageID != "" {
-		lr.headers = append(lr.headers, kafkaoncetype.Header{Key: DefaultMessageIDHeader, Value: []byte(l.MessageID)})
+		lr.headers = append(lr.headers, kafkaoncetype.Header{Key: kafkaoncetype.DefaultMessageIDHeader, Value: []byte(l.MessageID)})
 	}
 	lr.errText = l.Error
 	if len(lr.errText) > maxHeaderError {
@@ -70,13 +62,13 @@ func (lr *letterRecord) record(key, value []byte, headers []kafkaoncetype.Header
 	m.Headers = make([]kafkaoncetype.Header, 0, len(headers)+7+len(markers))
 	m.Headers = append(m.Headers, headers...)
 	m.Headers = append(m.Headers,
-		kafkaoncetype.Header{Key: HeaderConsumer, Value: []byte(l.Consumer)},
-		kafkaoncetype.Header{Key: HeaderSourceTopic, Value: []byte(l.Topic)},
-		kafkaoncetype.Header{Key: HeaderSourcePartition, Value: []byte(strconv.Itoa(l.Partition))},
-		kafkaoncetype.Header{Key: HeaderSourceOffset, Value: []byte(strconv.FormatInt(l.Offset, 10))},
-		kafkaoncetype.Header{Key: HeaderErrorClass, Value: []byte(l.Class)},
-		kafkaoncetype.Header{Key: HeaderError, Value: []byte(errText)},
-		kafkaoncetype.Header{Key: HeaderDeadLetterID, Value: []byte(strconv.FormatInt(l.ID, 10))},
+		kafkaoncetype.Header{Key: kafkaoncetype.HeaderConsumer, Value: []byte(l.Consumer)},
+		kafkaoncetype.Header{Key: kafkaoncetype.HeaderSourceTopic, Value: []byte(l.Topic)},
+		kafkaoncetype.Header{Key: kafkaoncetype.HeaderSourcePartition, Value: []byte(strconv.Itoa(l.Partition))},
+		kafkaoncetype.Header{Key: kafkaoncetype.HeaderSourceOffset, Value: []byte(strconv.FormatInt(l.Offset, 10))},
+		kafkaoncetype.Header{Key: kafkaoncetype.HeaderErrorClass, Value: []byte(l.Class)},
+		kafkaoncetype.Header{Key: kafkaoncetype.HeaderError, Value: []byte(errText)},
+		kafkaoncetype.Header{Key: kafkaoncetype.HeaderDeadLetterID, Value: []byte(strconv.FormatInt(l.ID, 10))},
 	)
 	m.Headers = append(m.Headers, markers...)
 	return m
@@ -85,9 +77,9 @@ func (lr *letterRecord) record(key, value []byte, headers []kafkaoncetype.Header
 // markers are the headers of a cut letter.
 func (lr *letterRecord) markers(cut []string, reason string) []kafkaoncetype.Header {
 	return []kafkaoncetype.Header{
-		{Key: HeaderTruncated, Value: []byte(strings.Join(cut, ","))},
-		{Key: HeaderOriginalSize, Value: []byte(strconv.Itoa(lr.size))},
-		{Key: HeaderTruncatedReason, Value: []byte(reason)},
+		{Key: kafkaoncetype.HeaderTruncated, Value: []byte(strings.Join(cut, ","))},
+		{Key: kafkaoncetype.HeaderOriginalSize, Value: []byte(strconv.Itoa(lr.size))},
+		{Key: kafkaoncetype.HeaderTruncatedReason, Value: []byte(reason)},
 	}
 }
 
@@ -119,7 +111,7 @@ func (lr *letterRecord) fit(limit int, reason string) (rec kafkaclient.Record, c
 	// readers of the topic know the message.
 	keep := make([]bool, len(lr.headers))
 	for i, h := range lr.headers {
-		if n := kafkaclient.HeaderBytes(len(h.Key), len(h.Value)); h.Key == DefaultMessageIDHeader && n <= room {
+		if n := kafkaclient.HeaderBytes(len(h.Key), len(h.Value)); h.Key == kafkaoncetype.DefaultMessageIDHeader && n <= room {
 			keep[i], room = true, room-n
 		}
 	}
@@ -135,7 +127,7 @@ func (lr *letterRecord) fit(limit int, reason string) (rec kafkaclient.Record, c
 	room -= len(key)
 	var headers []kafkaoncetype.Header
 	for i, h := range lr.headers {
-		if n := kafkaclient.HeaderBytes(len(h.Key), len(h.Value)); !keep[i] && h.Key != DefaultMessageIDHeader && n <= room {
+		if n := kafkaclient.HeaderBytes(len(h.Key), len(h.Value)); !keep[i] && h.Key != kafkaoncetype.DefaultMessageIDHeader && n <= room {
 			keep[i], room = true, room-n
 		}
 		if keep[i] {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // A letter is cut to any limit its own headers leave room for, never past
@@ -56,7 +57,7 @@ func TestALetterIsCutToFitItsLimit(t *testing.T) {
 			if strings.Join(cut, ",") != c.cut {
 				t.Fatalf("cut %q, want %q", cut, c.cut)
 			}
-			marker, marked := get(rec, HeaderTruncated)
+			marker, marked := get(rec, kafkaoncetype.HeaderTruncated)
 			if c.cut == "" {
 				if marked || rec.Value == nil || len(rec.Headers) != len(lr.whole.Headers) {
 					t.Fatalf("a letter that fits is published whole: %v", rec.Headers)
@@ -64,12 +65,12 @@ func TestALetterIsCutToFitItsLimit(t *testing.T) {
 				return
 			}
 			if marker != c.cut {
-				t.Fatalf("%s = %q, want %q", HeaderTruncated, marker, c.cut)
+				t.Fatalf("%s = %q, want %q", kafkaoncetype.HeaderTruncated, marker, c.cut)
 			}
-			if size, _ := get(rec, HeaderOriginalSize); size != strconv.Itoa(lr.size) {
-				t.Fatalf("%s = %q, want %d", HeaderOriginalSize, size, lr.size)
+			if size, _ := get(rec, kafkaoncetype.HeaderOriginalSize); size != strconv.Itoa(lr.size) {
+				t.Fatalf("%s = %q, want %d", kafkaoncetype.HeaderOriginalSize, size, lr.size)
 			}
-			for _, h := range []string{HeaderSourceTopic, HeaderSourcePartition, HeaderSourceOffset, HeaderErrorClass, HeaderDeadLetterID, HeaderTruncatedReason} {
+			for _, h := range []string{kafkaoncetype.HeaderSourceTopic, kafkaoncetype.HeaderSourcePartition, kafkaoncetype.HeaderSourceOffset, kafkaoncetype.HeaderErrorClass, kafkaoncetype.HeaderDeadLetterID, kafkaoncetype.HeaderTruncatedReason} {
 				if _, ok := get(rec, h); !ok {
 					t.Fatalf("no %s header", h)
 				}
@@ -80,7 +81,7 @@ func TestALetterIsCutToFitItsLimit(t *testing.T) {
 			if (len(rec.Key) > 0) != c.keepKey {
 				t.Fatalf("the key kept: %v, want %v", len(rec.Key) > 0, c.keepKey)
 			}
-			if id, _ := get(rec, DefaultMessageIDHeader); id != "m-1" {
+			if id, _ := get(rec, kafkaoncetype.DefaultMessageIDHeader); id != "m-1" {
 				t.Fatalf("message id header %q", id)
 			}
 			if !bytes.HasPrefix(lr.l.Value, rec.Value) {
@@ -99,7 +100,7 @@ func TestALetterIsCutToFitItsLimit(t *testing.T) {
 		t.Parallel()
 		l := letter(3, 10, 10, 10)
 		l.MessageID = ""
-		l.Headers = []deadletter.Header{{Key: DefaultMessageIDHeader, Value: bytes.Repeat([]byte("i"), 5000)}}
+		l.Headers = []deadletter.Header{{Key: kafkaoncetype.DefaultMessageIDHeader, Value: bytes.Repeat([]byte("i"), 5000)}}
 		lr := newLetterRecord(l)
 		rec, cut, err := lr.fit(2000, "too large")
 		if err != nil || strings.Join(cut, ",") != "headers" {
@@ -109,7 +110,7 @@ func TestALetterIsCutToFitItsLimit(t *testing.T) {
 		for _, h := range rec.Headers {
 			keys = append(keys, h.Key)
 		}
-		if _, ok := get(rec, DefaultMessageIDHeader); ok {
+		if _, ok := get(rec, kafkaoncetype.DefaultMessageIDHeader); ok {
 			t.Fatalf("the huge id header is kept: %v", keys)
 		}
 	})

@@ -3,40 +3,12 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
-
-// MessagesDeletedError says which messages of a partition were deleted from
-// the log before this consumer processed them. It matches
-// ErrMessagesDeleted with errors.Is, and comes wrapped in the PartitionError
-// the partition stops with (HookPartitionStopped).
-//
-// It is found when a partition is assigned (the stored position is below
-// the log start), and by every fetch: no client is trusted to hand out
-// every offset, so the fetcher compares each offset fetched with the one it
-// expects and looks into any gap (see docs/guarantee.md). A gap of
-// offsets without a record (transaction markers, aborted records,
-// compaction) is no loss and is passed; one that retention also reached
-// before it was looked into is reported, as a loss cannot be ruled out.
-type MessagesDeletedError struct {
-	Topic     string
-	Partition int
-	// From and To are the first and the last offset deleted unprocessed.
-	From, To int64
-	// LogStart is where the log started when the loss was found: To+1.
-	LogStart int64
-}
-
-func (e *MessagesDeletedError) Error() string {
-	return fmt.Sprintf("%v: offsets %d to %d are gone (the log now starts at %d), most likely removed by retention while this consumer was behind; to accept the loss and go on, reset the stored position (offsets.Store.Reset) and the group offset to %d",
-		ErrMessagesDeleted, e.From, e.To, e.LogStart, e.LogStart)
-}
-
-func (e *MessagesDeletedError) Unwrap() error { return ErrMessagesDeleted }
 
 // logView is what a partition's start is decided from: the stored
 // position, the group's committed offset and the log's bounds.
@@ -100,7 +72,7 @@ func (w *worker) readLog(stop, work context.Context) (logView, error) {
 	var posErr error
 	v.pos, v.hasPos, posErr = w.loadPosition(work)
 	kafkaReads.Wait()
-	latest := w.cfg.StartOffset == StartLatest
+	latest := w.cfg.StartOffset == kafkaoncetype.StartLatest
 	if err := errors.Join(posErr, boundsErr, committedErr); err != nil || !v.outside(v.start(latest)) {
 		return v, err
 	}

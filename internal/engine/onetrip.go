@@ -12,10 +12,10 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/notx"
-	"github.com/kafkaonce/kafkaonce/internal/pipetx"
 	"github.com/kafkaonce/kafkaonce/internal/store/claims"
 	"github.com/kafkaonce/kafkaonce/internal/store/positions"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // A batch normally costs two round trips: the claims must come back before
@@ -66,7 +66,7 @@ func (a *txAttempt) oneTripEligible() bool {
 		return false
 	}
 	for i := range a.items {
-		if a.items[i].idErr != nil || a.items[i].suspect != nil && a.cfg.SuspectDuplicates == SkipSuspects {
+		if a.items[i].idErr != nil || a.items[i].suspect != nil && a.cfg.SuspectDuplicates == kafkaoncetype.SkipSuspects {
 			return false
 		}
 	}
@@ -109,7 +109,7 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	var b *Batch
 	var took time.Duration
 	if len(st.claimItem) > 0 {
-		msgs := make([]*Message, len(st.claimItem))
+		msgs := make([]*kafkaoncetype.Message, len(st.claimItem))
 		for k, i := range st.claimItem {
 			msgs[k] = &items[i].msg
 		}
@@ -141,7 +141,7 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 		sess = sess.racing
 	}
 	q := &pgx.Batch{}
-	q.Queue("BEGIN")
+	queueBegin(q)
 	head := append(make([]any, 0, len(sess.args)+5), sess.args...)
 	q.Queue(sess.oneTripHead, append(head, a.cfg.Name, a.topic, a.partition, a.next, items[n-1].end)...)
 	claimed := len(st.claims) == 0
@@ -160,68 +160,67 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 	a.offsets.QueueClose(q, a.cfg.Name, a.topic, a.partition)
 	a.queueSuspects(q, n)
 	a.queuePace(q)
-	queueCommit(q)
 
-	conn, err := a.db.Acquire(ctx)
+	bt, err := a.acquire(ctx)
 	if err != nil {
 		return infra(fmt.Errorf("begin: %w", err)), true
 	}
-	bt := &batchTx{tx: pipetx.New(conn.Conn()), pool: conn}
 	defer bt.rollback(ctx)
 	a.uc.Hold(bt.cutLoose)
-	err = conn.SendBatch(ctx, q).Close()
+	if err := bt.commitWith(ctx, q); err != nil {
+		var ce *commitError
+		errors.As(err, &ce)
+		return a.oneTripFailed(ce, claimed)
+	}
+	if b != nil {
+		a.reportBatchCall(ctx, b, took, nil)
+	}
+	return txOutcome{committed: n}, true
+}
+
+// oneTripFailed says what a one-trip batch that did not commit comes to:
+// dropped (ok false) when the ordinary path is to run the batch and sort
+// it out, else the outcome. claimed is whether the claims went through.
+func (a *txAttempt) oneTripFailed(ce *commitError, claimed bool) (out txOutcome, ok bool) {
 	var pgErr *pgconn.PgError
 	var pre pgx.ErrPreprocessingBatch
+	why := "a queued statement failed"
 	switch {
-	case err == nil:
-		bt.done = true
-		conn.Release()
-		if b != nil {
-			a.reportBatchCall(ctx, b, took, nil)
-		}
-		return txOutcome{committed: n, failedAt: -1}, true
-	case errors.As(err, &pre), errors.Is(err, pgx.ErrTxCommitRollback):
+	case ce.unknown():
+		return a.commitUnknown(ce.err), true
+	case ce.stmt == notSent:
+		return infra(fmt.Errorf("commit: nothing was sent: %w", ce.err)), true
+	case errors.As(ce.err, &pre), errors.Is(ce.err, pgx.ErrTxCommitRollback):
 		// pgx refused to send a statement (an argument it cannot encode,
 		// one the server could not prepare), or the block was rolled back
 		// at COMMIT: nothing committed. The ordinary path runs the batch
 		// and finds the culprit.
-		a.log.Debug("one-round-trip attempt dropped; running the batch claim-first", a.logAttrs(
-			slog.Int64("offset", items[0].msg.Offset), slog.String("why", "the pipeline was refused"), slog.String("error", err.Error()))...)
-		return txOutcome{}, false
-	case errors.As(err, &pgErr):
-		// The server refused a statement, so it skipped the rest of the
-		// pipeline: nothing committed. A claim taken, a position moved or
-		// a failing queued statement: the ordinary path runs the batch and
-		// sorts it out. Anything else before the claims (a lock or
-		// statement timeout, a deadlock, the server going down) would meet
-		// the ordinary path too: it is retried as infrastructure, without
-		// waiting for it twice.
-		why := "a queued statement failed"
-		switch {
-		case pgErr.Code == positions.CheckFailed:
-			why = "the stored position is not where this worker left it"
-		case pgErr.Code == claims.ExpectFailed:
-			why = "a message taken for a re-send is not claimed with the same content"
-		case pgErr.Code == positions.TxEnded:
-			why = "a queued statement ended the transaction"
-		case !claimed && pgErr.Code == "23505":
-			why = "a message id was already claimed"
-		case !claimed:
-			return infra(fmt.Errorf("begin and claim: %w", err)), true
-		case isContention(pgErr):
-			// Lost a race for rows: the ordinary path would run into the
-			// same rows. The worker adapts first (see contention.go).
-			return infra(fmt.Errorf("batch: %w", err)), true
-		}
-		a.log.Debug("one-round-trip attempt dropped; running the batch claim-first", a.logAttrs(
-			slog.Int64("offset", items[0].msg.Offset), slog.String("why", why), slog.String("error", pgErr.Error()))...)
-		return txOutcome{}, false
+		why = "the pipeline was refused"
+	case !errors.As(ce.err, &pgErr):
+		return infra(ce.err), true
+	// The server refused a statement, so it skipped the rest of the
+	// pipeline: nothing committed. A claim taken, a position moved or a
+	// failing queued statement: the ordinary path runs the batch and
+	// sorts it out. Anything else before the claims (a lock or statement
+	// timeout, a deadlock, the server going down) would meet the ordinary
+	// path too: it is retried as infrastructure, without waiting for it
+	// twice.
+	case pgErr.Code == positions.CheckFailed:
+		why = "the stored position is not where this worker left it"
+	case pgErr.Code == claims.ExpectFailed:
+		why = "a message taken for a re-send is not claimed with the same content"
+	case pgErr.Code == positions.TxEnded:
+		why = "a queued statement ended the transaction"
+	case !claimed && pgErr.Code == "23505":
+		why = "a message id was already claimed"
+	case !claimed:
+		return infra(fmt.Errorf("begin and claim: %w", ce.err)), true
+	case isContention(pgErr):
+		// Lost a race for rows: the ordinary path would run into the
+		// same rows. The worker adapts first (see contention.go).
+		return infra(fmt.Errorf("batch: %w", ce.err)), true
 	}
-	if pgconn.SafeToRetry(err) {
-		// Nothing was sent: nothing committed.
-		return infra(fmt.Errorf("commit: nothing was sent: %w", err)), true
-	}
-	bt.done = true
-	conn.Release()
-	return a.commitUnknown(err), true
+	a.log.Debug("one-round-trip attempt dropped; running the batch claim-first", a.logAttrs(
+		slog.Int64("offset", a.items[0].msg.Offset), slog.String("why", why), slog.String("error", ce.err.Error()))...)
+	return txOutcome{}, false
 }

@@ -6,49 +6,79 @@ import (
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // txOutcome is the result of one transaction.
 type txOutcome struct {
+	kind outcomeKind
 	// committed counts the items committed: all of the plan on success, a
 	// prefix when a savepoint transaction was cut short, else 0.
 	committed int
-	// err is nil when the whole plan committed.
+	// err says why the transaction did not commit all of the plan; nil
+	// when kind is succeeded.
 	err error
-	// failedAt is the index of the message that failed, or -1 when the
-	// transaction failed as a whole (infrastructure).
+	// failedAt is the index of the message that failed (kind
+	// messageFailed), fail its failure.
 	failedAt int
 	fail     *failure
-	// lost is set when the stored position turned out to be behind what
-	// this worker committed: the database lost transactions.
-	lost *positionLostError
-	// isolate is set when a BatchHandler call over several messages failed:
-	// the transaction runs again with one message per call.
-	isolate bool
-	// oneByOne is set when the server refused the COMMIT of several
-	// messages for their content (a deferred constraint): which message is
-	// at fault only a transaction per message can tell.
-	oneByOne bool
-	// stop is set when the partition must stop: err is the
-	// *PartitionError that says why.
-	stop bool
-	// contention is set when the transaction failed because it lost a race
-	// for rows to another one (see isContention): not the messages' fault.
-	contention bool
 	// held is how long a serialized transaction held the consumer's gate.
 	held time.Duration
-	// gateBusy is set when the transaction gave up waiting for the gate:
-	// nothing ran; the next one races.
-	gateBusy bool
 	// st is the attempt's scratch space, with the fates of the messages,
 	// when the attempt was not abandoned.
 	st *batchState
 }
 
+// outcomeKind is what a transaction came to, and so what the partition
+// does next.
+type outcomeKind uint8
+
+const (
+	// succeeded: the whole plan committed.
+	succeeded outcomeKind = iota
+	// messageFailed: the message at failedAt failed; what came before it
+	// may have committed (a savepoint transaction cut short).
+	messageFailed
+	// txFailed: the transaction failed as a whole, not for any message
+	// (the infrastructure): it runs again after a backoff.
+	txFailed
+	// lostRace: the transaction lost a race for rows to another one (see
+	// isContention), which is nobody's fault: it runs again soon, over
+	// fewer messages.
+	lostRace
+	// gateBusy: it gave up waiting for the consumer's gate; nothing ran,
+	// and the next one races.
+	gateBusy
+	// isolate: a BatchHandler call over several messages failed; the
+	// transaction runs again with one message per call.
+	isolate
+	// oneByOne: the server refused the COMMIT of several messages for
+	// their content (a deferred constraint); which message is at fault
+	// only a transaction per message can tell.
+	oneByOne
+	// positionLost: the stored position is behind what this worker
+	// committed; err is the *positionLostError, and the partition's run
+	// ends.
+	positionLost
+	// stopped: the partition must stop; err is the *PartitionError that
+	// says why.
+	stopped
+)
+
 // infra is the outcome of a transaction that failed as a whole, not for
 // any message: it runs again.
 func infra(err error) txOutcome {
-	return txOutcome{failedAt: -1, err: err, fail: newFailure(classInfra, "", err), contention: isContention(err)}
+	kind := txFailed
+	if isContention(err) {
+		kind = lostRace
+	}
+	return txOutcome{kind: kind, err: err, fail: newFailure(classInfra, "", err)}
+}
+
+// failedMessage is the outcome of a transaction in which the message at i
+// failed with f.
+func failedMessage(i int, err error, f *failure) txOutcome {
+	return txOutcome{kind: messageFailed, failedAt: i, err: err, fail: f}
 }
 
 // commitUnknown is the outcome of a COMMIT that got no answer: it may or
@@ -77,7 +107,7 @@ func (a *txAttempt) commitRefused(end int, err error) txOutcome {
 // transaction (a handler whose COMMIT or ROLLBACK left the connection
 // outside any transaction is caught after its call instead).
 func (a *txAttempt) txEnded(batch *Batch, end int, err error) txOutcome {
-	err = fmt.Errorf("%w (%w)", ErrTxEnded, err)
+	err = fmt.Errorf("%w (%w)", kafkaoncetype.ErrTxEnded, err)
 	if batch != nil {
 		return a.batchFailed(batch, err)
 	}
@@ -95,9 +125,9 @@ func (a *txAttempt) handlersFailed(end int, err error) txOutcome {
 		return infra(err)
 	case end == 1:
 		merr, f := a.messageFailure(&a.items[0].msg, err)
-		return txOutcome{failedAt: 0, err: merr, fail: f}
+		return failedMessage(0, merr, f)
 	}
-	return txOutcome{failedAt: -1, oneByOne: true, err: fmt.Errorf("the %d messages at offsets %d to %d: %w; applying them one per transaction",
+	return txOutcome{kind: oneByOne, err: fmt.Errorf("the %d messages at offsets %d to %d: %w; applying them one per transaction",
 		end, a.items[0].msg.Offset, a.items[end-1].msg.Offset, err)}
 }
 
@@ -111,7 +141,7 @@ func (a *txAttempt) ownStatementFailed(err error) txOutcome {
 	if !isPermanentSQLError(err) {
 		return infra(fmt.Errorf("record position: %w", err))
 	}
-	return txOutcome{failedAt: -1, stop: true, err: &PartitionError{Topic: a.topic, Partition: a.partition,
+	return txOutcome{kind: stopped, err: &kafkaoncetype.PartitionError{Topic: a.topic, Partition: a.partition,
 		Err: fmt.Errorf("the consumer's own statements closing the batch at offsets %d to %d were refused, and would be again: %w",
 			a.items[0].msg.Offset, a.items[len(a.items)-1].msg.Offset, err)}}
 }
@@ -126,14 +156,14 @@ func (a *txAttempt) batchFailed(b *Batch, err error) txOutcome {
 		if f.class == classInfra {
 			return infra(merr)
 		}
-		return txOutcome{failedAt: i, err: merr, fail: f}
+		return failedMessage(i, merr, f)
 	}
 	f := a.classify(err)
 	if f.class == classInfra {
 		return infra(err)
 	}
 	first, last := a.items[b.index[0]].msg.Offset, a.items[b.index[len(b.index)-1]].msg.Offset
-	return txOutcome{failedAt: -1, isolate: true,
+	return txOutcome{kind: isolate,
 		err: fmt.Errorf("batch handler failed for the %d messages at offsets %d to %d; handling them one at a time: %w", len(b.Messages), first, last, err)}
 }
 

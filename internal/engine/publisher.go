@@ -12,20 +12,6 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 )
 
-// Headers of a message published to Config.DeadLetterTopic: the consumer
-// package exports the same names (a test keeps them equal).
-const (
-	DefaultMessageIDHeader = "message-id"
-
-	HeaderConsumer        = "kafkaonce-consumer"
-	HeaderSourceTopic     = "kafkaonce-source-topic"
-	HeaderSourcePartition = "kafkaonce-source-partition"
-	HeaderSourceOffset    = "kafkaonce-source-offset"
-	HeaderErrorClass      = "kafkaonce-error-class"
-	HeaderError           = "kafkaonce-error"
-	HeaderDeadLetterID    = "kafkaonce-dead-letter-id"
-)
-
 // runPublisher publishes dead letters to Config.DeadLetterTopic until ctx is
 // done. It reads letters not yet published from the table and marks them
 // published after the broker acknowledged them: at-least-once, and nothing

@@ -16,22 +16,9 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
 )
 
-// RedriveResult mirrors consumer.RedriveResult.
-type RedriveResult struct {
-	Applied        int
-	AlreadyApplied int
-	Failed         []RedriveError
-}
-
-// RedriveError mirrors consumer.RedriveError.
-type RedriveError struct {
-	LetterID int64
-	Err      error
-}
-
 // Redrive runs the pending dead letters of this consumer that f selects
 // through its handler again (see consumer.Consumer.Redrive).
-func (c *Consumer) Redrive(ctx context.Context, f deadletter.Filter) (RedriveResult, error) {
+func (c *Consumer) Redrive(ctx context.Context, f deadletter.Filter) (kafkaoncetype.RedriveResult, error) {
 	var letters []deadletter.Letter
 	err := c.readOnly(ctx, func(q querier) (err error) {
 		f.Consumer, f.Pending = c.cfg.Name, true
@@ -39,16 +26,16 @@ func (c *Consumer) Redrive(ctx context.Context, f deadletter.Filter) (RedriveRes
 		return err
 	})
 	if err != nil {
-		return RedriveResult{}, fmt.Errorf("consumer: redrive: %w", err)
+		return kafkaoncetype.RedriveResult{}, fmt.Errorf("consumer: redrive: %w", err)
 	}
-	var res RedriveResult
+	var res kafkaoncetype.RedriveResult
 	for _, l := range letters {
 		applied, err := c.redriveOne(ctx, l.ID)
 		switch {
 		case ctx.Err() != nil:
 			return res, ctx.Err()
 		case err != nil:
-			res.Failed = append(res.Failed, RedriveError{LetterID: l.ID, Err: err})
+			res.Failed = append(res.Failed, kafkaoncetype.RedriveError{LetterID: l.ID, Err: err})
 			c.log.Warn("redrive failed; the letter stays", slog.Int64("dead_letter", l.ID), slog.String("error", err.Error()))
 			if l.RedriveRequestedAt != nil {
 				// The failure answers the request read above; a request
@@ -78,7 +65,7 @@ var errAlreadyApplied = errors.New("already applied")
 // after HandlerTimeout (or, once ctx ends, after a short grace), so neither
 // Redrive nor the consumer's shutdown waits on it.
 func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool, err error) {
-	var msg *Message
+	var msg *kafkaoncetype.Message
 	err, abandoned := usercall.Run(ctx, c.user.limits, func(hctx, ctx context.Context, uc *usercall.Attempt) error {
 		bt, err := c.beginWith(ctx, &pgx.Batch{})
 		if err != nil {
@@ -112,7 +99,7 @@ func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool
 			}
 			if !ok {
 				if existing.Fingerprint != claim.Fingerprint {
-					return &FingerprintConflictError{Topic: l.Topic, Partition: l.Partition, Offset: l.Offset, MessageID: id,
+					return &kafkaoncetype.FingerprintConflictError{Topic: l.Topic, Partition: l.Partition, Offset: l.Offset, MessageID: id,
 						Fingerprint: claim.Fingerprint, Existing: existing}
 				}
 				// The id was applied meanwhile (a later copy of the
@@ -165,8 +152,8 @@ func (c *Consumer) markSettled(ctx context.Context, letterID int64) error {
 	return c.inTx(ctx, func(q querier) error { return c.letters.MarkRedriven(ctx, q, letterID) })
 }
 
-func messageOfLetter(l *deadletter.Letter) *Message {
-	m := &Message{Topic: l.Topic, Partition: l.Partition, Offset: l.Offset, Key: l.Key, Value: l.Value, Time: l.MessageTime}
+func messageOfLetter(l *deadletter.Letter) *kafkaoncetype.Message {
+	m := &kafkaoncetype.Message{Topic: l.Topic, Partition: l.Partition, Offset: l.Offset, Key: l.Key, Value: l.Value, Time: l.MessageTime}
 	for _, h := range l.Headers {
 		m.Headers = append(m.Headers, kafkaoncetype.Header{Key: h.Key, Value: h.Value})
 	}

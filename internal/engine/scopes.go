@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"sync"
+
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // Scopes let a hook hand its own context to a batch transaction and to a
@@ -56,11 +58,11 @@ func safely(f func()) (ok bool) {
 
 // enterBatch opens the batch scopes of the hooks for the transaction over
 // items, in order; end closes them in reverse order.
-func (h *Hooks) enterBatch(ctx context.Context, info BatchInfo, items []item) (_ context.Context, end func()) {
+func (h *Hooks) enterBatch(ctx context.Context, info kafkaoncetype.BatchInfo, items []item) (_ context.Context, end func()) {
 	if len(h.BatchScope) == 0 {
 		return ctx, noEnd
 	}
-	msgs := make([]*Message, len(items))
+	msgs := make([]*kafkaoncetype.Message, len(items))
 	for i := range items {
 		msgs[i] = &items[i].msg
 	}
@@ -85,7 +87,7 @@ func (h *Hooks) enterBatch(ctx context.Context, info BatchInfo, items []item) (_
 // enterHandler opens the handler scopes of the hooks for one handler call
 // with msg; end, given the call's error, closes them in reverse order,
 // once: whichever comes first of the call's return and its abandonment.
-func (h *Hooks) enterHandler(ctx context.Context, msg *Message) (_ context.Context, end func(error)) {
+func (h *Hooks) enterHandler(ctx context.Context, msg *kafkaoncetype.Message) (_ context.Context, end func(error)) {
 	if len(h.HandlerScope) == 0 {
 		return ctx, noEndErr
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/cleanup"
 	"github.com/kafkaonce/kafkaonce/internal/pipetx"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // batchTx is one batch transaction.
@@ -85,24 +86,40 @@ func (c *deps) beginIn(ctx context.Context, sess *session, b *pgx.Batch) (*batch
 	first := &pgx.Batch{}
 	sess.queue(first)
 	b = &pgx.Batch{QueuedQueries: append(first.QueuedQueries, b.QueuedQueries...)}
-	conn, err := c.db.Acquire(ctx)
+	t, err := c.acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	t := &batchTx{tx: pipetx.New(conn.Conn()), pool: conn}
 	var full pgx.Batch
-	full.Queue("BEGIN")
+	queueBegin(&full)
 	full.QueuedQueries = append(full.QueuedQueries, b.QueuedQueries...)
-	if err := conn.SendBatch(ctx, &full).Close(); err != nil {
+	if err := t.pool.SendBatch(ctx, &full).Close(); err != nil {
 		t.rollback(ctx)
 		return nil, err
 	}
 	return t, nil
 }
 
+// acquire takes a connection from the pool for a batch transaction, which
+// its first round trip begins: beginIn's, or the whole of a one-trip
+// batch's, which commitWith sends.
+func (c *deps) acquire(ctx context.Context) (*batchTx, error) {
+	conn, err := c.db.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &batchTx{tx: pipetx.New(conn.Conn()), pool: conn}, nil
+}
+
+// queueBegin adds BEGIN to b, the first round trip of a batch transaction.
+func queueBegin(b *pgx.Batch) { b.Queue("BEGIN") }
+
 // commitWith runs b and commits, in one round trip: COMMIT travels with
-// the closing statements. When the transaction did not commit, or may not
-// have, the error is a *commitError that says how far it got.
+// the closing statements (and, for a one-trip batch, b begins with BEGIN:
+// the whole transaction is this one round trip). When the transaction did
+// not commit, or may not have, the error is a *commitError that says how
+// far it got. Every batch transaction commits here, so what a failure of
+// the round trip means is decided once.
 func (t *batchTx) commitWith(ctx context.Context, b *pgx.Batch) error {
 	if t.pool == nil {
 		// Cut loose (an abandoned attempt): its connection is closed.
@@ -302,7 +319,7 @@ func sessionSettings(c *Config, checkClient bool) (string, []any) {
 		{"lock_timeout", c.LockTimeout},
 		{"idle_in_transaction_session_timeout", c.IdleInTransactionTimeout},
 	} {
-		if s.d != LeaveUnset {
+		if s.d != kafkaoncetype.LeaveUnset {
 			add(s.name, strconv.FormatInt(s.d.Milliseconds(), 10))
 		}
 	}

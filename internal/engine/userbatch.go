@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkaonce/kafkaonce/internal/txguard"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // Batch is the engine's side of a consumer.Batch: the call's transaction,
@@ -19,7 +20,7 @@ type Batch struct {
 	// Tx is the consumer's transaction, as a Handler gets it.
 	Tx pgx.Tx
 	// Messages are the newly claimed messages, in offset order.
-	Messages []*Message
+	Messages []*kafkaoncetype.Message
 
 	mu     sync.Mutex
 	sealed bool

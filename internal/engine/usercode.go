@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // handlerCutoffGrace is how long a handler whose context was cancelled
@@ -26,9 +27,9 @@ const handlerCutoffGrace = 2 * time.Second
 // abandonment), panics recovered, the transaction guarded, and an aborted
 // transaction or rows left open turned into errors (see internal/usercall).
 type userCode struct {
-	handle      func(ctx context.Context, tx pgx.Tx, msg *Message) error
+	handle      func(ctx context.Context, tx pgx.Tx, msg *kafkaoncetype.Message) error
 	handleBatch func(ctx context.Context, b *Batch) error // nil without a BatchHandler
-	messageID   func(msg *Message) (string, error)
+	messageID   func(msg *kafkaoncetype.Message) (string, error)
 	limits      usercall.Limits
 	log         *slog.Logger
 }
@@ -41,14 +42,14 @@ func newUserCode(cfg *Config, log *slog.Logger) userCode {
 // call calls the handler for one message, the item at index i of the
 // attempt, with tx. A BatchHandler gets a Batch of that message, and its
 // queued statements run in tx before the call counts as done.
-func (u *userCode) call(ctx context.Context, uc *usercall.Attempt, i int, tx pgx.Tx, msg *Message) error {
+func (u *userCode) call(ctx context.Context, uc *usercall.Attempt, i int, tx pgx.Tx, msg *kafkaoncetype.Message) error {
 	if u.handleBatch == nil {
 		return uc.Call(ctx, i, tx, func(ctx context.Context, tx pgx.Tx) error {
 			return u.handle(ctx, tx, msg)
 		})
 	}
 	return uc.Call(ctx, i, tx, func(ctx context.Context, tx pgx.Tx) error {
-		b := u.newBatch([]*Message{msg}, []int{i})
+		b := u.newBatch([]*kafkaoncetype.Message{msg}, []int{i})
 		b.Tx = tx
 		if err := u.handleBatch(ctx, b); err != nil {
 			b.seal()
@@ -77,21 +78,21 @@ func (u *userCode) callBatch(ctx context.Context, uc *usercall.Attempt, tx pgx.T
 
 // id derives and validates msg's id, wrapping any problem as a
 // MessageError around ErrInvalidMessageID.
-func (u *userCode) id(msg *Message) (string, error) {
+func (u *userCode) id(msg *kafkaoncetype.Message) (string, error) {
 	id, err := u.callID(msg)
 	if err == nil {
 		if verr := ValidateMessageID(id); verr != nil {
-			err = fmt.Errorf("%w: the id %s", ErrInvalidMessageID, verr)
+			err = fmt.Errorf("%w: the id %s", kafkaoncetype.ErrInvalidMessageID, verr)
 		}
 	} else {
-		err = fmt.Errorf("%w: %v", ErrInvalidMessageID, err)
+		err = fmt.Errorf("%w: %v", kafkaoncetype.ErrInvalidMessageID, err)
 	}
 	if err != nil {
 		shown := id
 		if !utf8.ValidString(shown) || strings.IndexByte(shown, 0) >= 0 || len(shown) > 64 {
 			shown = "" // never echo unprintable or huge ids into logs
 		}
-		return "", &MessageError{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, MessageID: shown, Err: err}
+		return "", &kafkaoncetype.MessageError{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, MessageID: shown, Err: err}
 	}
 	return id, nil
 }
@@ -99,7 +100,7 @@ func (u *userCode) id(msg *Message) (string, error) {
 // callID calls the id function. A panicking one gives an invalid id, not
 // a crash: a bug in one id function must not take down every partition of
 // the process.
-func (u *userCode) callID(msg *Message) (id string, err error) {
+func (u *userCode) callID(msg *kafkaoncetype.Message) (id string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("MessageID function panicked: %v", r)
@@ -108,17 +109,14 @@ func (u *userCode) callID(msg *Message) (id string, err error) {
 	return u.messageID(msg)
 }
 
-// MaxMessageIDLen bounds a message id, in bytes (consumer.MaxMessageIDLen).
-const MaxMessageIDLen = 512
-
 // ValidateMessageID checks the rules every message id must meet to be
 // stored as a Postgres text key (see consumer.ValidateMessageID).
 func ValidateMessageID(id string) error {
 	switch {
 	case id == "":
 		return errors.New("is empty")
-	case len(id) > MaxMessageIDLen:
-		return fmt.Errorf("is %d bytes long, more than the %d allowed", len(id), MaxMessageIDLen)
+	case len(id) > kafkaoncetype.MaxMessageIDLen:
+		return fmt.Errorf("is %d bytes long, more than the %d allowed", len(id), kafkaoncetype.MaxMessageIDLen)
 	case strings.IndexByte(id, 0) >= 0:
 		return errors.New("contains a NUL byte, which Postgres text cannot store")
 	case !utf8.ValidString(id):
@@ -129,7 +127,7 @@ func ValidateMessageID(id string) error {
 
 // newBatch makes the Batch of one BatchHandler call. A Batch is never
 // reused: a goroutine the handler left behind holds only its own.
-func (u *userCode) newBatch(msgs []*Message, index []int) *Batch {
+func (u *userCode) newBatch(msgs []*kafkaoncetype.Message, index []int) *Batch {
 	return &Batch{Messages: msgs, index: index, late: u.lateQueue}
 }
 
@@ -154,7 +152,7 @@ func truncate(s string, n int) string {
 // queued statements run in tx, as after a batch that failed. abandoned is
 // set when the handler hung and was cut off: tx's connection is then
 // closed.
-func HandleAlone(ctx context.Context, timeout time.Duration, tx pgx.Tx, handle func(context.Context, pgx.Tx, *Message) error, handleBatch func(context.Context, *Batch) error, msg *Message) (err, abandoned error) {
+func HandleAlone(ctx context.Context, timeout time.Duration, tx pgx.Tx, handle func(context.Context, pgx.Tx, *kafkaoncetype.Message) error, handleBatch func(context.Context, *Batch) error, msg *kafkaoncetype.Message) (err, abandoned error) {
 	u := newUserCode(&Config{Handle: handle, HandleBatch: handleBatch, HandlerTimeout: timeout}, slog.Default())
 	err, ab := usercall.Run(ctx, u.limits, func(hctx, _ context.Context, uc *usercall.Attempt) error {
 		uc.SetConn(tx.Conn().PgConn().Conn())
@@ -165,9 +163,3 @@ func HandleAlone(ctx context.Context, timeout time.Duration, tx pgx.Tx, handle f
 	}
 	return err, nil
 }
-
-// BatchHandlerOf turns a consumer.BatchHandler into the function the engine
-// calls. Package consumer sets it when it loads: only it can make the
-// consumer.Batch a BatchHandler is given, and consumertest, which runs a
-// BatchHandler through HandleAlone, may not reach its unexported parts.
-var BatchHandlerOf func(h any) func(context.Context, *Batch) error

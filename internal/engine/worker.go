@@ -15,14 +15,8 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/recent"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
 	"github.com/kafkaonce/kafkaonce/internal/txguard"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
-
-// ErrMessagesDeleted: the partition's log no longer holds messages this
-// consumer has not processed yet (retention or a DeleteRecords call removed
-// them). They cannot be processed any more, and skipping them silently
-// would hide the loss, so the partition stops until an operator moves its
-// stored position past them.
-var ErrMessagesDeleted = errors.New("messages were deleted from the log before they were processed")
 
 // worker processes one assigned partition, from its assignment to its
 // revocation.
@@ -112,9 +106,9 @@ func (w *worker) run(stop, work context.Context) {
 		w.endCleanly(work)
 		return
 	}
-	var perr *PartitionError
+	var perr *kafkaoncetype.PartitionError
 	if !errors.As(err, &perr) {
-		perr = &PartitionError{Topic: w.topic, Partition: w.partition, Err: err}
+		perr = &kafkaoncetype.PartitionError{Topic: w.topic, Partition: w.partition, Err: err}
 	}
 	w.report(stop, perr)
 	<-stop.Done()
@@ -133,13 +127,13 @@ func (w *worker) endCleanly(work context.Context) {
 	}
 }
 
-func (w *worker) report(ctx context.Context, perr *PartitionError) {
+func (w *worker) report(ctx context.Context, perr *kafkaoncetype.PartitionError) {
 	attrs := []any{slog.String("topic", w.topic), slog.Int("partition", w.partition), slog.String("error", perr.Err.Error())}
-	var merr *MessageError
+	var merr *kafkaoncetype.MessageError
 	if errors.As(perr, &merr) {
 		attrs = append(attrs, slog.Int64("offset", merr.Offset), slog.String("message_id", merr.MessageID))
 	}
-	var conflict *FingerprintConflictError
+	var conflict *kafkaoncetype.FingerprintConflictError
 	if errors.As(perr, &conflict) {
 		attrs = append(attrs, slog.Int64("offset", conflict.Offset), slog.String("message_id", conflict.MessageID))
 		for _, h := range w.hooks.Conflict {
@@ -156,7 +150,7 @@ func (w *worker) report(ctx context.Context, perr *PartitionError) {
 // recordStop writes the stop and its reason on the partition's run record,
 // where operators in other processes see it (kafkaonce serve). The log and
 // the hooks have it already: a failure to record it is only logged.
-func (w *worker) recordStop(ctx context.Context, perr *PartitionError) {
+func (w *worker) recordStop(ctx context.Context, perr *kafkaoncetype.PartitionError) {
 	var run int64
 	if w.started {
 		run = w.runID
@@ -179,7 +173,7 @@ func (w *worker) consume(stop, work context.Context) error {
 	}
 	w.next, w.assignedStart = start, start
 	if d := w.cfg.SuspectDuplicateWindow; d > 0 {
-		w.recent = recent.New(SuspectWindowMessages, d)
+		w.recent = recent.New(kafkaoncetype.SuspectWindowMessages, d)
 	}
 	backoff := w.retry.New()
 	for stop.Err() == nil {
@@ -190,7 +184,7 @@ func (w *worker) consume(stop, work context.Context) error {
 			}
 			return err
 		}
-		var perr *PartitionError
+		var perr *kafkaoncetype.PartitionError
 		if errors.As(err, &perr) {
 			return err
 		}
@@ -306,12 +300,12 @@ func (w *worker) fetchError(err error) error {
 		if why == "" {
 			why = fmt.Sprintf("the log now ends at %d, before offset %d, where processing is", ahead.LogEnd, ahead.Expected)
 		}
-		return &PartitionError{Topic: w.topic, Partition: w.partition, Err: fmt.Errorf(
+		return &kafkaoncetype.PartitionError{Topic: w.topic, Partition: w.partition, Err: fmt.Errorf(
 			"%w: %s, so the topic was probably deleted and re-created or truncated; processing would skip its new messages. Once you have checked, reset the position (offsets.Store.Reset) to where processing should resume",
-			ErrPositionAheadOfLog, why)}
+			kafkaoncetype.ErrPositionAheadOfLog, why)}
 	case errors.As(err, &txn):
-		return &PartitionError{Topic: w.topic, Partition: w.partition, Err: &MessageError{Topic: w.topic, Partition: w.partition, Offset: txn.Offset,
-			Err: fmt.Errorf("%w: offset %d is a transaction marker, so the topic is written by transactional producers; the kafka-go client cannot tell records of aborted transactions from committed ones, and hands out markers as messages. Set Config.KafkaClient to consumer.FranzGo (the default), which reads committed records only", ErrTransactionalTopic, txn.Offset)}}
+		return &kafkaoncetype.PartitionError{Topic: w.topic, Partition: w.partition, Err: &kafkaoncetype.MessageError{Topic: w.topic, Partition: w.partition, Offset: txn.Offset,
+			Err: fmt.Errorf("%w: offset %d is a transaction marker, so the topic is written by transactional producers; the kafka-go client cannot tell records of aborted transactions from committed ones, and hands out markers as messages. Set Config.KafkaClient to consumer.FranzGo (the default), which reads committed records only", kafkaoncetype.ErrTransactionalTopic, txn.Offset)}}
 	}
 	return err
 }
@@ -331,7 +325,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	pos, hasPos, logStart, logEnd := v.pos, v.hasPos, v.logStart, v.logEnd
 
 	w.kafkaOffset = v.committed
-	a := PartitionAssignment{Topic: w.topic, Partition: w.partition, KafkaOffset: w.kafkaOffset, StoredPosition: -1, LogStart: logStart, LogEnd: logEnd}
+	a := kafkaoncetype.PartitionAssignment{Topic: w.topic, Partition: w.partition, KafkaOffset: w.kafkaOffset, StoredPosition: -1, LogStart: logStart, LogEnd: logEnd}
 	start := w.kafkaOffset // -1: none committed
 	w.positionKnown = hasPos
 	mark, marked, ours := w.groupMark(v)
@@ -436,9 +430,9 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 		if !hasPos || start != pos {
 			which = "group's committed offset"
 		}
-		return 0, &PartitionError{Topic: w.topic, Partition: w.partition, Err: fmt.Errorf(
+		return 0, &kafkaoncetype.PartitionError{Topic: w.topic, Partition: w.partition, Err: fmt.Errorf(
 			"%w: the %s is %d but the log ends at %d, so the topic was probably deleted and re-created or truncated; processing would skip its new messages. Once you have checked, reset the position (offsets.Store.Reset) to where processing should resume",
-			ErrPositionAheadOfLog, which, start, logEnd)}
+			kafkaoncetype.ErrPositionAheadOfLog, which, start, logEnd)}
 	}
 	if start < logStart {
 		return 0, w.deletedError(start, logStart)
@@ -483,7 +477,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 // for every partition there was, so all of its messages came after that
 // start, and it starts at its log's start.
 func (w *worker) firstStart(stop, work context.Context, v logView) (start int64, again bool, err error) {
-	if w.cfg.StartOffset == StartEarliest {
+	if w.cfg.StartOffset == kafkaoncetype.StartEarliest {
 		return v.logStart, false, nil
 	}
 	var started bool
@@ -499,7 +493,7 @@ func (w *worker) firstStart(stop, work context.Context, v logView) (start int64,
 		return 0, false, err
 	}
 	if started {
-		w.log.Info("partition added to the topic after this consumer first started on it: processing it from its log start, whatever StartOffset says",
+		w.log.Info("partition added to the topic after this consumer first started on it: processing it from its log start, whatever kafkaoncetype.StartOffset says",
 			w.logAttrs(slog.Int64("log_start", v.logStart))...)
 		return v.logStart, false, nil
 	}
@@ -560,6 +554,6 @@ func (w *worker) loadPosition(ctx context.Context) (pos int64, has bool, err err
 }
 
 func (w *worker) deletedError(from, logStart int64) error {
-	return &PartitionError{Topic: w.topic, Partition: w.partition,
-		Err: &MessagesDeletedError{Topic: w.topic, Partition: w.partition, From: from, To: logStart - 1, LogStart: logStart}}
+	return &kafkaoncetype.PartitionError{Topic: w.topic, Partition: w.partition,
+		Err: &kafkaoncetype.MessagesDeletedError{Topic: w.topic, Partition: w.partition, From: from, To: logStart - 1, LogStart: logStart}}
 }

@@ -7,12 +7,14 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // DefaultName is the Postgres schema kafkaonce creates its tables in when the
 // user names none. A dedicated schema keeps our table names
 // (processed_messages, consumer_offsets, ...) from colliding with the user's.
-const DefaultName = "kafkaonce"
+const DefaultName = kafkaoncetype.DefaultSchema
 
 // maxIdentifierLen is Postgres's NAMEDATALEN-1: longer names are silently
 // truncated by the server, which would make two configured names collide.

@@ -33,11 +33,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kafkaonce/kafkaonce/internal/notx"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // ErrTxControlled is returned by Commit and Rollback of a guarded
 // transaction, and wrapped by the error of a statement it refused to send.
-var ErrTxControlled = errors.New("the handler's transaction is committed or rolled back for the handler, not by it: return nil to commit, an error to roll back")
+var ErrTxControlled = kafkaoncetype.ErrTxControlledByConsumer
 
 // ErrTxGone is returned for a statement sent after the connection left the
 // transaction (a statement sent on the bare connection ended it).
@@ -89,7 +90,7 @@ func Queued(tx pgx.Tx, sql string, args []any) (string, []any, error) {
 
 // ErrCallOver is returned by every use of a guarded transaction after the
 // handler's call ended.
-var ErrCallOver = errors.New("the handler's call is over (it returned, or was abandoned after HandlerTimeout): its transaction must not be used any more; do not keep tx or use it from goroutines that outlive the call")
+var ErrCallOver = kafkaoncetype.ErrTxCallOver
 
 // Tx is a pgx.Tx whose Commit and Rollback refuse, which sends no
 // statement that would end the transaction, and which refuses everything

@@ -35,25 +35,26 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/internal/notx"
 	"github.com/kafkaonce/kafkaonce/internal/txguard"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 var (
 	// ErrPanicked wraps the value of a handler's panic.
-	ErrPanicked = errors.New("handler panicked")
+	ErrPanicked = kafkaoncetype.ErrHandlerPanicked
 	// ErrTimeout: the handler ran longer than its timeout.
-	ErrTimeout = errors.New("the handler exceeded HandlerTimeout")
+	ErrTimeout = kafkaoncetype.ErrHandlerTimeout
 	// ErrTxAborted: the handler returned nil, but a statement in its
 	// transaction had failed, so the transaction could not commit.
-	ErrTxAborted = errors.New("the handler returned nil but its transaction is aborted: a SQL error was ignored")
+	ErrTxAborted = kafkaoncetype.ErrTxAborted
 	// ErrTxEnded: the handler ended its transaction with a COMMIT or
 	// ROLLBACK statement on the bare connection (tx.Conn()), which the
 	// guard cannot see. It wraps txguard.ErrTxControlled.
-	ErrTxEnded = fmt.Errorf("%w: it ended the transaction with a COMMIT or ROLLBACK statement", txguard.ErrTxControlled)
+	ErrTxEnded = kafkaoncetype.ErrTxEnded
 	// ErrRowsLeftOpen: the handler returned with the rows of a query
 	// still open (rows.Close was not called, or the rows were not read to
 	// the end): the connection can run nothing else, so the transaction
 	// cannot go on.
-	ErrRowsLeftOpen = errors.New("the handler returned with a query's rows still open: close rows (defer rows.Close()) before returning")
+	ErrRowsLeftOpen = kafkaoncetype.ErrRowsLeftOpen
 	// ErrAbandoned is what a call returns, once it does return, in an
 	// attempt that was abandoned meanwhile: the attempt must end at once.
 	ErrAbandoned = errors.New("the handler's attempt was abandoned while the handler ran")

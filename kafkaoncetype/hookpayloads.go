@@ -1,0 +1,137 @@
+package kafkaoncetype
+
+import "time"
+
+// The values below are what the consumer's hooks are called with (see the
+// Hook* interfaces of package consumer).
+
+// PartitionAssignment describes where a partition's processing starts.
+type PartitionAssignment struct {
+	Topic     string
+	Partition int
+	// KafkaOffset is the group's committed offset, or -1 when there is none.
+	KafkaOffset int64
+	// StoredPosition is the processed position in Postgres, or -1 when
+	// there is none.
+	StoredPosition int64
+	// LogStart and LogEnd are the first offset still in the log and the
+	// offset the next produced message will get.
+	LogStart, LogEnd int64
+	// Start is the offset processing starts at.
+	Start int64
+}
+
+// PartitionHeld describes a partition held back by a transaction a
+// producer left open.
+type PartitionHeld struct {
+	Topic     string
+	Partition int
+	// Offset is the open transaction's first record, where processing
+	// waits; LogEnd is the log's end, past the records held back (unset
+	// when Released).
+	Offset, LogEnd int64
+	// Since is when the partition was first seen waiting at Offset.
+	Since time.Time
+	// Released is set when the transaction has ended and the partition
+	// moves on.
+	Released bool
+}
+
+// BatchInfo describes the messages of one batch transaction.
+type BatchInfo struct {
+	Topic     string
+	Partition int
+	// FirstOffset and LastOffset bound the batch; Size counts its messages.
+	FirstOffset, LastOffset int64
+	Size                    int
+	// Attempt counts the transactions run for the first message of the
+	// batch, from 1.
+	Attempt int
+	// HighWaterMark is the partition's log end offset as of the fetch that
+	// brought the batch: HighWaterMark - LastOffset - 1 is the lag once the
+	// batch commits.
+	HighWaterMark int64
+	// BatchLimit is the most messages the partition's transactions cover
+	// now: the consumer's MaxBatch, or less while they lose races for rows
+	// (see Contention).
+	BatchLimit int
+	// Serialized is set when the transaction waits its turn at the
+	// consumer's gate instead of racing the consumer's other transactions
+	// (see Contention).
+	Serialized bool
+}
+
+// Contention describes a transaction that lost a race for rows.
+type Contention struct {
+	// Err is the database's error (SQLSTATE 40P01, 40001 or 55P03).
+	Err error
+	// BatchLimit is the partition's batch size from now on.
+	BatchLimit int
+	// Serialized is set when the partition's transactions now wait their
+	// turn at the consumer's gate.
+	Serialized bool
+}
+
+// BatchResult is the outcome of one batch transaction.
+type BatchResult struct {
+	// Applied and Skipped count messages whose handler ran and messages
+	// skipped as duplicates, of those that committed.
+	Applied, Skipped int
+	// Committed counts the transaction's messages that committed: all of
+	// them when Err is nil; those before the message that failed when the
+	// transaction was cut there, committing what came before it; 0 when it
+	// rolled back.
+	Committed int
+	Duration  time.Duration
+	// Err is nil when the whole transaction committed, else what stopped
+	// it.
+	Err error
+}
+
+// SkipReason says why a message was skipped.
+type SkipReason string
+
+const (
+	// SkipAlreadyClaimed: an earlier transaction claimed the id (a
+	// redelivery, a rewind, a producer duplicate, or another member).
+	SkipAlreadyClaimed SkipReason = "already_claimed"
+	// SkipDuplicateInBatch: an earlier message of the same batch had the
+	// same id and content.
+	SkipDuplicateInBatch SkipReason = "duplicate_in_batch"
+	// SkipSuspectDuplicate: the content was seen shortly before under
+	// another id, and the consumer's SuspectDuplicates is SkipSuspects.
+	SkipSuspectDuplicate SkipReason = "suspect_duplicate"
+)
+
+// SuspectOf is the earlier message a suspect duplicate looks like.
+type SuspectOf struct {
+	MessageID string
+	Offset    int64
+	At        time.Time
+}
+
+// Failure describes one failed attempt at a message.
+type Failure struct {
+	Err error
+	// Class is the dead-letter class the failure leads to if the message is
+	// set aside.
+	Class Class
+	// Attempt counts the attempts at the message so far, from 1.
+	Attempt int
+	// Permanent is true when the message will not be retried.
+	Permanent bool
+}
+
+// DeadLettered summarises a message set aside.
+type DeadLettered struct {
+	Class    Class
+	Err      error
+	Attempts int
+}
+
+// TopicPartitionOffset is the next offset to read in one partition.
+type TopicPartitionOffset struct {
+	Topic     string
+	Partition int
+	Offset    int64
+}

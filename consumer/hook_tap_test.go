@@ -3,16 +3,16 @@ package consumer_test
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 )
 
-// Helpers of the adversarial tests of the engine's move behind the
-// consumer package (round 19): a hook that keeps every payload it is
-// given, copied, so that a test can compare what the engine filled in
-// with what it should have.
+// A hook that keeps every payload it is given, copied, so that a test can
+// compare what the engine filled in with what it should have.
 
 // seenMsg is a copy of a *consumer.Message as a hook saw it (the message
 // itself is valid only during the call).
@@ -184,6 +184,54 @@ type tapped struct {
 	suspects   []tapSuspect
 	handlerEnd []error
 	contention []tapContention
+}
+
+// text renders every payload the hooks were given, errors by their text:
+// what a hook could pass on to logs, metrics or traces, for a test that
+// looks for what must never reach one (a secret).
+func (s tapped) text() string {
+	var b strings.Builder
+	line := func(v ...any) { fmt.Fprintln(&b, v...) }
+	for _, v := range s.assigned {
+		line(fmt.Sprintf("%+v", v))
+	}
+	for _, v := range s.stopped {
+		line(v.Error())
+	}
+	for _, v := range s.starts {
+		line(fmt.Sprintf("%+v", v))
+	}
+	for _, v := range s.ends {
+		line(fmt.Sprintf("%+v %+v", v.info, v.res))
+	}
+	for _, v := range s.applied {
+		line(fmt.Sprintf("%+v", v))
+	}
+	for _, v := range s.skipped {
+		line(fmt.Sprintf("%+v %v", v.msg, v.reason))
+	}
+	for _, v := range s.conflicts {
+		line(v.Error())
+	}
+	for _, v := range s.committed {
+		line(fmt.Sprintf("%+v", v))
+	}
+	for _, v := range s.failed {
+		line(fmt.Sprintf("%+v %+v", v.msg, v.f))
+	}
+	for _, v := range s.dead {
+		line(fmt.Sprintf("%+v %+v", v.msg, v.d))
+	}
+	for _, v := range s.suspects {
+		line(fmt.Sprintf("%+v %+v", v.msg, v.first))
+	}
+	for _, v := range s.handlerEnd {
+		line(fmt.Sprint(v))
+	}
+	for _, v := range s.contention {
+		line(fmt.Sprintf("%+v %+v", v.info, v.c))
+	}
+	return b.String()
 }
 
 func (t *tap) snap() tapped {

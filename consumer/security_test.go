@@ -16,8 +16,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/common/expfmt"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
@@ -31,7 +29,6 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 	"github.com/kafkaonce/kafkaonce/kafkaconn"
 	"github.com/kafkaonce/kafkaonce/outbox"
-	"github.com/kafkaonce/kafkaonce/promhooks"
 )
 
 // syncBuffer is a log sink safe for concurrent writers.
@@ -79,14 +76,12 @@ func TestCanaryPasswordsNeverLeak(t *testing.T) {
 	require.NoError(t, w.Close())
 
 	logs := &syncBuffer{}
-	reg := prometheus.NewRegistry()
-	metrics, err := promhooks.New(reg, "ledger")
-	require.NoError(t, err)
+	hooks := &tap{}
 	c, err := consumer.New(pool, &consumer.Config{
 		Name: "ledger", KafkaClient: kafkaClient(), GroupID: testenv.Name(t, "g"), Brokers: secured.Brokers, Topics: []string{"orders"}, Schema: db.Schema,
 		SASL: auth, DeadLetterTopic: "orders.dlq", SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug - 8})),
-		Hooks:  []consumer.Hook{metrics},
+		Hooks:  []consumer.Hook{hooks},
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			if m.ID == "bad" {
 				return consumer.Permanent(errors.New("rejected"))
@@ -121,12 +116,6 @@ func TestCanaryPasswordsNeverLeak(t *testing.T) {
 	_, runErr := c2.Redrive(context.Background(), consumer.RedriveFilter{})
 	require.Error(t, runErr)
 
-	var exported bytes.Buffer
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		_, _ = expfmt.MetricFamilyToText(&exported, mf)
-	}
 	var letters strings.Builder
 	rows, err := db.Pool.Query(context.Background(), `SELECT row_to_json(d)::text FROM `+db.Table("dead_letters")+` d`)
 	require.NoError(t, err)
@@ -138,7 +127,8 @@ func TestCanaryPasswordsNeverLeak(t *testing.T) {
 	require.NoError(t, rows.Err())
 
 	require.NotEmpty(t, logs.String())
-	for what, text := range map[string]string{"logs": logs.String(), "error": runErr.Error(), "metrics": exported.String(), "dead letters": letters.String()} {
+	require.Len(t, hooks.snap().dead, 1, "the hooks saw the dead letter")
+	for what, text := range map[string]string{"logs": logs.String(), "error": runErr.Error(), "hook payloads": hooks.snap().text(), "dead letters": letters.String()} {
 		require.NotContains(t, text, pgCanary, "the Postgres password leaked into the %s", what)
 		require.NotContains(t, text, kafkaCanary, "the Kafka password leaked into the %s", what)
 	}

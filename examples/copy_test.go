@@ -169,4 +169,40 @@ func TestHandler(t *testing.T) {
 		}
 	}
 	t.Logf("go.mod of a module testing a handler: %d lines, %d requirements", strings.Count(string(gomod), "\n"), requires)
+	requireNoHeavyModules(t, dir)
+}
+
+// TestTheLibraryModuleIsLight: a module that imports only consumer has,
+// in its whole module graph (go list -m all, not only its go.mod), none of
+// the modules kafkaonce's tools, plugins and benchmarks need: they are
+// modules of their own.
+func TestTheLibraryModuleIsLight(t *testing.T) {
+	if testing.Short() {
+		t.Skip("tidies a module: skipped with -short")
+	}
+	src := `package worker
+
+import "github.com/kafkaonce/kafkaonce/consumer"
+
+var _ = consumer.Config{}
+`
+	dir := newModule(t, "example.com/worker", map[string][]byte{"worker.go": []byte(src)})
+	requireNoHeavyModules(t, dir)
+}
+
+// requireNoHeavyModules fails when the module graph of the module in dir
+// holds a module of kafkaonce's CLI (cobra, chromedp), its plugins
+// (Prometheus, the OpenTelemetry SDK) or containers.
+func requireNoHeavyModules(t *testing.T, dir string) {
+	t.Helper()
+	all := strings.Fields(goCmd(t, dir, "list", "-m", "-f", "{{.Path}}", "all"))
+	for _, m := range all {
+		for _, heavy := range []string{"github.com/spf13/cobra", "github.com/chromedp/", "github.com/prometheus/",
+			"go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/contrib/", "github.com/testcontainers/", "github.com/docker/"} {
+			if strings.HasPrefix(m, heavy) {
+				t.Errorf("the module graph of a module importing kafkaonce holds %s", m)
+			}
+		}
+	}
+	t.Logf("go list -m all: %d modules", len(all))
 }

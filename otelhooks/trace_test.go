@@ -2,9 +2,11 @@ package otelhooks_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -275,4 +277,46 @@ func TestARedriveContinuesTheMessagesTrace(t *testing.T) {
 	}
 	require.Equal(t, "Error", spans[0].Status.Code.String())
 	require.Equal(t, "Unset", spans[1].Status.Code.String())
+}
+
+// A transaction cut short at a failing message committed what came before
+// it: its span records the cut as an event, not as an error.
+func TestACutTransactionIsNotAnError(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	db.Exec(t, `CREATE TABLE `+db.Table("effects")+` (message_id text NOT NULL)`)
+	k := testenv.NewKafka(t)
+	topic := k.Topic(t, 1)
+	tr := newTracing(t)
+	// m1 is set aside, so the batch runs again with m2 onwards in
+	// savepoints; m3 then fails once, cutting the transaction after m2.
+	k.Produce(t, topic, plain("m0", "0"), plain("m1", "1"), plain("m2", "2"), plain("m3", "3"), plain("m4", "4"))
+	h, err := otelhooks.New("ledger", otelhooks.WithTracerProvider(tr.tp))
+	require.NoError(t, err)
+	handle := applied(db, tr)
+	var m3Failed atomic.Bool
+	run(t, db, k, topic, h, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		switch {
+		case m.ID == "m1":
+			return consumer.Permanent(errPoison)
+		case m.ID == "m3" && m3Failed.CompareAndSwap(false, true):
+			return errors.New("partner API unavailable")
+		}
+		return handle(ctx, tx, m)
+	}, func() bool {
+		return effects(t, db) == 4 && db.Int(t, `SELECT count(*) FROM `+db.Table("dead_letters")) == 1
+	})
+
+	var cut []tracetest.SpanStub
+	for _, s := range tr.named("transaction " + topic) {
+		for _, ev := range s.Events {
+			if ev.Name == "message dead-lettered" {
+				require.NotEqual(t, "Error", s.Status.Code.String(), "the transaction that committed the dead letter is marked failed: %s", s.Status.Description)
+			}
+			if ev.Name == "transaction cut" {
+				cut = append(cut, s)
+			}
+		}
+	}
+	require.Len(t, cut, 1, "one transaction was cut at m3")
 }

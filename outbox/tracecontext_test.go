@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 	"github.com/kafkaonce/kafkaonce/outbox"
@@ -17,11 +17,15 @@ func TestWriteStoresTheTraceContextOfItsSpan(t *testing.T) {
 	db := testenv.NewDB(t)
 	ob, err := outbox.New(db.Schema)
 	require.NoError(t, err)
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
-	defer tp.Shutdown(context.Background())
-	ctx, span := tp.Tracer("test").Start(context.Background(), "request")
-	defer span.End()
-	traceparent := "00-" + span.SpanContext().TraceID().String() + "-" + span.SpanContext().SpanID().String() + "-01"
+	// The span a request's tracer would have started, sampled: the trace
+	// API alone carries it (no SDK needed).
+	sc := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID:    trace.TraceID{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36},
+		SpanID:     trace.SpanID{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7},
+		TraceFlags: trace.FlagsSampled,
+	})
+	ctx := trace.ContextWithSpanContext(context.Background(), sc)
+	traceparent := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 	mine := []outbox.Header{{Key: "a", Value: []byte("1")}}
 	ids, err := ob.Write(ctx, db.Pool,

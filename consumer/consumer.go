@@ -51,7 +51,11 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := engine.New(db, c.engineConfig(hs))
+	ec := c.engineConfig(hs)
+	if ec.Pruners, err = pruners(c.Schema); err != nil {
+		return nil, err
+	}
+	e, err := engine.New(db, ec)
 	if err != nil {
 		return nil, err
 	}

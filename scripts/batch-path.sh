@@ -10,7 +10,10 @@
 # Needs dlv (go install github.com/go-delve/delve/cmd/dlv@latest) and
 # python3. "engine spine" counts only the consumer and engine files, the
 # way the layout is read; "all" also counts the helpers they call (stores,
-# the handler watchdog, the transaction guard, pacing, fetching).
+# the handler watchdog, the transaction guard, pacing, fetching). Only the
+# batch's own goroutines count (the worker's and its transaction
+# attempt's), so the committer's and the maintenance loop's calls that
+# happen to run meanwhile do not.
 set -euo pipefail
 tree=$(cd "${1:-.}" && pwd)
 : "${DATABASE_URL:?set DATABASE_URL to a Postgres the tests may use}"
@@ -53,18 +56,24 @@ for f in glob.glob(tree + '/**/*.go', recursive=True):
             where[(os.path.dirname(rel), (m.group(1) + '.' if m.group(1) else '') + m.group(2))] = rel
 calls = []
 for line in open(trace):
-    m = re.match(r'> goroutine\(\d+\): ' + re.escape(mod) + r'([\w/]+)\.(.*)', line)
+    m = re.match(r'> goroutine\((\d+)\): ' + re.escape(mod) + r'([\w/]+)\.(.*)', line)
     if not m:
         continue
-    pkg, rest = m.groups()
+    gid, pkg, rest = m.groups()
     rest = re.sub(r'^\(\*?(\w+)(\[[^\]]*\])?\)\.', r'\1.', rest)
     rest = re.sub(r'\[go\.shape[^\]]*\]', '', rest)
     parts = [p for p in re.match(r'[\w.]+', rest).group(0).split('.') if not re.match(r'(func|deferwrap|gowrap)\d+$', p)]
     name = '.'.join(parts[:2])
-    calls.append((name, where.get((pkg, name)) or where.get((pkg, parts[-1])) or pkg + '/?'))
-start = next(i for i, c in enumerate(calls) if c[0].endswith('processBatch'))
-start = max(i for i in range(start + 1) if calls[i][0].endswith('fetchAndProcess'))
-end = next(i for i in range(start, len(calls)) if calls[i][0] == 'committer.mark')
+    f = where.get((pkg, name)) or where.get((pkg, parts[-1]))
+    if f:  # not an interface method's wrapper, which is no code of ours
+        calls.append((gid, name, f))
+start = next(i for i, c in enumerate(calls) if c[1].endswith('processBatch'))
+start = max(i for i in range(start + 1) if calls[i][1].endswith('fetchAndProcess'))
+end = next(i for i in range(start, len(calls)) if calls[i][1] == 'committer.mark')
+# The batch's own goroutines: the partition's worker, and the goroutine
+# each transaction attempt runs on. The committer's loop, the maintenance
+# loop and the group's run beside them and are left out.
+batch = {calls[start][0]} | {g for g, n, _ in calls[start:end + 1] if n == 'txAttempt.tx'}
 def count(files):
     seq = []
     for f in files:
@@ -75,7 +84,7 @@ def count(files):
         back += f in seen
         seen.add(f)
     return seq, seen, back
-window = [f for n, f in calls[start:end + 1] if 'kafkaLogger' not in n]
+window = [f for g, n, f in calls[start:end + 1] if g in batch and 'kafkaLogger' not in n]
 for label, files in (('all', window), ('engine spine', [f for f in window if f.startswith(('consumer/', 'internal/engine/'))])):
     seq, seen, back = count(files)
     print(f'{label}: {len(seq)} steps, {len(seen)} files in {len({os.path.dirname(f) for f in seen})} packages, {back} returns to a file already left')

@@ -42,11 +42,12 @@ type txAttempt struct {
 	// What the worker knew when the attempt started.
 	next          int64 // its position: where its last commit left the partition
 	positionKnown bool  // whether a stored position exists
-	// lostRowStart is where processing starts again if the stored
-	// position is gone (see worker.restartAfterLoss).
-	lostRowStart  int64
+	// origin is the partition's first start, -1 when not known: where
+	// processing starts again if the stored position is gone (see
+	// restartAfterLoss).
+	origin        int64
 	sawDuplicates bool // the previous batch held unforeseen duplicates
-	// serialized: the transaction takes the consumer's gate first.
+	// serialized means the transaction takes the consumer's gate first.
 	// racing: it does not, and covers several messages: it gives up a lock
 	// wait early (see pace.RaceLockTimeout).
 	serialized, racing bool
@@ -82,7 +83,7 @@ type batchState struct {
 	fails      []*failure // why fateDeadLettered messages were set aside
 	conflicts  []*kafkaoncetype.FingerprintConflictError
 	failedInTx []int // messages that failed inside a savepoint and were set aside
-	// sawDuplicates: the batch held messages already claimed that were
+	// sawDuplicates means the batch held messages already claimed that were
 	// not foreseen, so the next one probably does too and claims first
 	// (see oneTrip).
 	sawDuplicates bool
@@ -117,7 +118,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 	}
 	began := time.Now()
 	a := &txAttempt{deps: w.deps, topic: w.topic, partition: w.partition, items: items, p: p.clone(),
-		next: w.next, positionKnown: w.positionKnown, lostRowStart: w.restartAfterLoss(), sawDuplicates: w.sawDuplicates,
+		next: w.next, positionKnown: w.positionKnown, origin: w.origin, sawDuplicates: w.sawDuplicates,
 		st: w.scratch, serialized: info.Serialized, racing: !serialized && len(items) > 1, paceRow: paceRow}
 	if a.st == nil {
 		a.st = &batchState{}
@@ -195,13 +196,49 @@ func (w *worker) abandonedOutcome(items []item, ab *usercall.Abandoned) txOutcom
 }
 
 // tx runs the attempt's transaction: in one round trip when the attempt
-// allows it and the try is not dropped (see oneTrip), else claim first.
-// Each resets the attempt's scratch space before it uses it.
+// allows it and the try is not dropped (see oneTrip), else claim first,
+// each with the attempt's scratch space emptied.
 func (a *txAttempt) tx(hctx, ctx context.Context) txOutcome {
-	if out, ok := a.oneTrip(hctx, ctx); ok {
-		return out
+	if a.oneTripEligible() {
+		a.st.reset(len(a.items))
+		if out, ok := a.oneTrip(hctx, ctx); ok {
+			return out
+		}
 	}
+	a.st.reset(len(a.items))
 	return a.claimFirst(hctx, ctx)
+}
+
+// oneTripEligible reports whether the attempt may be tried in one round
+// trip: a BatchHandler that has not needed Tx (and no Config.ClaimFirst), a
+// transaction that does not take the consumer's gate, a
+// plain plan (no savepoints, nothing to set aside, no attempts to clear),
+// valid ids, no suspect to skip, no duplicates in the previous batch and a
+// known stored position.
+func (a *txAttempt) oneTripEligible() bool {
+	if a.cfg.HandleBatch == nil || a.cfg.ClaimFirst || a.batchUsesTx.Load() || !a.positionKnown {
+		return false
+	}
+	if a.serialized {
+		// The gate is waited for in a round trip of its own (see begin).
+		return false
+	}
+	if a.p.savepointFrom < len(a.items) || len(a.p.deadLetter) > 0 || a.p.clearAttempts {
+		return false
+	}
+	if a.sawDuplicates {
+		// Unforeseen duplicates come in runs (a replay, a producer
+		// re-sending a range from before this worker's time): an attempt
+		// would most likely fail, costing a round trip and a handler call.
+		// The ordinary path tells when the run is over.
+		return false
+	}
+	for i := range a.items {
+		if a.items[i].idErr != nil || a.items[i].suspect != nil && a.cfg.SuspectDuplicates == kafkaoncetype.SkipSuspects {
+			return false
+		}
+	}
+	return true
 }
 
 // clone copies p for an attempt, so that the worker may change its own

@@ -130,19 +130,19 @@ func (w *worker) processBatch(stop, work context.Context, raw []kafkaclient.Reco
 
 // plan says what one transaction does with a run of items.
 type plan struct {
-	// n: the transaction covers items[:n].
+	// n means the transaction covers items[:n].
 	n int
-	// savepointFrom: handlers of items[savepointFrom:] run inside a
+	// savepointFrom means handlers of items[savepointFrom:] run inside a
 	// savepoint, so that after a failure earlier in the batch a failing
 	// message can be set aside without losing its neighbours.
 	savepointFrom int
-	// deadLetter: messages to set aside without running the handler, by
+	// deadLetter holds the messages to set aside without running the handler, by
 	// index.
 	deadLetter map[int]*failure
 	// after is a failure of the message right after items[:n], to resolve
 	// once they are committed.
 	after *failure
-	// clearAttempts: remove attempt rows of the committed messages.
+	// clearAttempts says to remove the attempt rows of the committed messages.
 	clearAttempts bool
 }
 

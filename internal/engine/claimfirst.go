@@ -42,11 +42,6 @@ func (a *txAttempt) claimFirst(hctx, ctx context.Context) (out txOutcome) {
 		return out
 	}
 	defer bt.rollback(ctx)
-	defer func() {
-		if a.serialized && out.committed > 0 {
-			out.held = time.Since(gated)
-		}
-	}()
 	a.uc.Hold(bt.cutLoose)
 	if out := a.sort(ctx, bt.tx); out.kind != succeeded {
 		return out
@@ -59,14 +54,17 @@ func (a *txAttempt) claimFirst(hctx, ctx context.Context) (out txOutcome) {
 	if err != nil {
 		return infra(err)
 	}
-	return a.commit(ctx, bt, b, &h)
+	out = a.commit(ctx, bt, b, &h)
+	if a.serialized && out.committed > 0 {
+		out.held = time.Since(gated)
+	}
+	return out
 }
 
 // claim builds the attempt's claims and begins its transaction with them
 // (see claimFirst). bt is nil when it did not begin; out then says why.
 func (a *txAttempt) claim(ctx context.Context) (bt *batchTx, gated time.Time, out txOutcome) {
 	items, p, st := a.items, &a.p, a.st
-	st.reset(len(items))
 	for i := range items {
 		f := p.deadLetter[i]
 		if items[i].idErr != nil {
@@ -196,17 +194,16 @@ func claimedHere(items []item, st *batchState, off int64) bool {
 	return false
 }
 
-// positionLostError: the stored position is behind what this worker
+// positionLostError means the stored position is behind what this worker
 // committed, so the database lost committed transactions (a crash with
 // asynchronous commit, a failover to a lagging replica, a restore). Their
 // effects, claims and positions are gone together; the worker must fetch
 // again from the stored position.
 type positionLostError struct {
 	stored, believed int64
-	// missing: the partition has no stored position at all any more; the
-	// worker goes on from the partition's first start, or where its run
-	// started when it does not know the first start (see
-	// worker.restartAfterLoss).
+	// missing means the partition has no stored position at all any more; the
+	// worker goes on from the partition's first start, or from the log's
+	// start when it does not know the first start (see restartAfterLoss).
 	missing bool
 }
 
@@ -228,7 +225,7 @@ func (a *txAttempt) positionLost(prev *int64) *positionLostError {
 	case !a.positionKnown:
 		return nil
 	case prev == nil:
-		return &positionLostError{stored: a.lostRowStart, believed: a.next, missing: true}
+		return &positionLostError{stored: restartAfterLoss(a.origin), believed: a.next, missing: true}
 	case *prev < a.next:
 		return &positionLostError{stored: *prev, believed: a.next}
 	}

@@ -18,12 +18,12 @@ import (
 type errClass uint8
 
 const (
-	// classTransient: the handler failed for a reason that may pass; the
+	// classTransient means the handler failed for a reason that may pass; the
 	// message is retried alone with backoff, up to MaxAttempts.
 	classTransient errClass = iota
-	// classPermanent: retrying cannot help; the message is set aside at once.
+	// classPermanent means retrying cannot help; the message is set aside at once.
 	classPermanent
-	// classInfra: the database or the connection failed, not the message;
+	// classInfra means the database or the connection failed, not the message;
 	// the whole transaction runs again after a backoff, without counting an
 	// attempt.
 	classInfra
@@ -50,7 +50,7 @@ type failure struct {
 	// attempts made so far, and when the first and the last failed.
 	attempts    int
 	first, last time.Time
-	// uncounted: a transient failure inside a racing transaction that the
+	// uncounted means a transient failure inside a racing transaction that the
 	// server had aborted, which may be the race's own lock timeout behind
 	// an error the handler wrapped without %w; the message gets a try
 	// alone, outside the race, before any failure of it counts (see

@@ -13,6 +13,11 @@ import (
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
+// mark hands next to the committer, with the worker's mark.
+func (w *worker) mark(next int64) {
+	w.committer.mark(w.hold, next, w.meta)
+}
+
 // afterCommit reports the committed messages and hands their offset to the
 // Kafka committer. This is the only path to an offset commit, and it runs
 // only after the database commit succeeded.

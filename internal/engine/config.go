@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kafkaonce/kafkaonce/internal/maintenance"
 	"github.com/kafkaonce/kafkaonce/kafkaconn"
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
@@ -71,4 +72,7 @@ type Config struct {
 	PruneInterval  time.Duration
 	PruneRetention time.Duration
 	PruneBatch     int
+	// Pruners prune the tables of other features (the HTTP front door's
+	// keys) with the consumer's own, at PruneInterval.
+	Pruners []maintenance.Pruner
 }

@@ -100,7 +100,7 @@ func afterGate(b *pgx.Batch, t *timeouts) *pgx.Batch {
 	return restore
 }
 
-// gateBusyError: the gate was not free within pace.GateWait. Not a lost
+// gateBusyError means the gate was not free within pace.GateWait. Not a lost
 // race for rows: the batch keeps its size, and the partition's
 // transactions race for pace.GateBypass (see worker.raceUntil).
 type gateBusyError struct{ err error }

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/kafkaonce/kafkaonce/idempotency"
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
 	"github.com/kafkaonce/kafkaonce/internal/cleanup"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
@@ -58,10 +57,7 @@ type deps struct {
 	attempts *attempts.Store
 	// recorded is where the consumer records its settings at start-up.
 	recorded *recorded.Store
-	// idempotencyKeys are the HTTP requests' keys (package idempotency),
-	// pruned with the claims.
-	idempotencyKeys *idempotency.Store
-	retry           retry.Policy
+	retry    retry.Policy
 	// batchUsesTx is set once the BatchHandler used Batch.Tx during a
 	// one-trip attempt: batches then always open their transaction first.
 	batchUsesTx atomic.Bool
@@ -100,28 +96,23 @@ func New(db DB, c Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	keys, err := idempotency.NewStore(c.Schema)
-	if err != nil {
-		return nil, err
-	}
 	settings, err := recorded.NewStore(c.Schema)
 	if err != nil {
 		return nil, err
 	}
 	out := &deps{
-		db:              db,
-		cfg:             c,
-		log:             c.Logger.With(slog.String("consumer", c.Name)),
-		hooks:           c.Hooks,
-		claims:          claims,
-		offsets:         positions,
-		letters:         letters,
-		attempts:        tries,
-		recorded:        settings,
-		idempotencyKeys: keys,
-		retry:           retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
-		gate:            pace.NewGate(),
-		gateKey:         gateKey(c.Schema, c.Name),
+		db:       db,
+		cfg:      c,
+		log:      c.Logger.With(slog.String("consumer", c.Name)),
+		hooks:    c.Hooks,
+		claims:   claims,
+		offsets:  positions,
+		letters:  letters,
+		attempts: tries,
+		recorded: settings,
+		retry:    retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
+		gate:     pace.NewGate(),
+		gateKey:  gateKey(c.Schema, c.Name),
 	}
 	out.user = newUserCode(&c, out.log)
 	out.setSession(&c, false)

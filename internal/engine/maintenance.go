@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/internal/maintenance"
 )
 
 // redrivePollInterval is how often a running consumer looks for redrives
@@ -13,7 +14,8 @@ import (
 const redrivePollInterval = 2 * time.Second
 
 // runMaintenance runs the consumer's background chores until ctx is done:
-// redrives requested by operators, and pruning when configured. Neither
+// redrives requested by operators, and pruning when configured (see
+// package maintenance). Neither
 // holds up message processing: each works in small transactions of its own.
 func (c *Consumer) runMaintenance(ctx context.Context) {
 	redrive := time.NewTicker(redrivePollInterval)
@@ -43,49 +45,19 @@ func (c *Consumer) runMaintenance(ctx context.Context) {
 	}
 }
 
-// prune deletes this consumer's claims older than PruneRetention, and the
-// idempotency keys that expired (package idempotency; they are the
-// schema's, whichever process stored them).
+// prune deletes this consumer's claims older than PruneRetention, then
+// runs the Pruners the features registered (Config.Pruners).
 func (c *Consumer) prune(ctx context.Context) {
 	before := time.Now().Add(-c.cfg.PruneRetention)
-	if n := c.pruneInBatches(ctx, "processed_messages", func(q querier) (int64, error) {
-		return c.claims.Prune(ctx, q, c.cfg.Name, before, c.cfg.PruneBatch)
-	}); n > 0 {
+	claims := maintenance.Pruner{Table: "processed_messages", Step: func(ctx context.Context, q querier, limit int) (int64, error) {
+		return c.claims.Prune(ctx, q, c.cfg.Name, before, limit)
+	}}
+	if n := claims.Run(ctx, c.inTx, c.cfg.PruneBatch, c.log); n > 0 {
 		c.log.Info("pruned processed_messages", slog.Int64("deleted", n), slog.Time("before", before))
 	}
-	if n := c.pruneInBatches(ctx, "idempotency_keys", func(q querier) (int64, error) {
-		return c.idempotencyKeys.Prune(ctx, q, c.cfg.PruneBatch)
-	}); n > 0 {
-		c.log.Info("pruned expired idempotency_keys", slog.Int64("deleted", n))
-	}
-}
-
-// pruneInBatches runs step, which deletes a batch of table's rows, a
-// transaction each, until a batch comes back short, pausing between
-// batches so the database is never busy with pruning alone. It returns
-// how many rows went.
-func (c *Consumer) pruneInBatches(ctx context.Context, table string, step func(q querier) (int64, error)) int64 {
-	var total int64
-	for ctx.Err() == nil {
-		var n int64
-		err := c.inTx(ctx, func(q querier) (err error) {
-			n, err = step(q)
-			return err
-		})
-		if err != nil {
-			if ctx.Err() == nil {
-				c.log.Warn("pruning "+table+" failed; will try at the next interval", slog.String("error", err.Error()))
-			}
-			break
-		}
-		total += n
-		if n < int64(c.cfg.PruneBatch) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(50 * time.Millisecond):
+	for _, p := range c.cfg.Pruners {
+		if n := p.Run(ctx, c.inTx, c.cfg.PruneBatch, c.log); n > 0 {
+			c.log.Info("pruned "+p.Table, slog.Int64("deleted", n))
 		}
 	}
-	return total
 }

@@ -41,46 +41,10 @@ import (
 // commit, then offset commit" is unchanged: the Kafka offset is committed by
 // the caller after this returns, as for any batch.
 
-// oneTripEligible reports whether the attempt may be tried in one round
-// trip: a BatchHandler that has not needed Tx (and no Config.ClaimFirst), a
-// transaction that does not take the consumer's gate, a
-// plain plan (no savepoints, nothing to set aside, no attempts to clear),
-// valid ids, no suspect to skip, no duplicates in the previous batch and a
-// known stored position.
-func (a *txAttempt) oneTripEligible() bool {
-	if a.cfg.HandleBatch == nil || a.cfg.ClaimFirst || a.batchUsesTx.Load() || !a.positionKnown {
-		return false
-	}
-	if a.serialized {
-		// The gate is waited for in a round trip of its own (see begin).
-		return false
-	}
-	if a.p.savepointFrom < len(a.items) || len(a.p.deadLetter) > 0 || a.p.clearAttempts {
-		return false
-	}
-	if a.sawDuplicates {
-		// Unforeseen duplicates come in runs (a replay, a producer
-		// re-sending a range from before this worker's time): an attempt
-		// would most likely fail, costing a round trip and a handler call.
-		// The ordinary path tells when the run is over.
-		return false
-	}
-	for i := range a.items {
-		if a.items[i].idErr != nil || a.items[i].suspect != nil && a.cfg.SuspectDuplicates == kafkaoncetype.SkipSuspects {
-			return false
-		}
-	}
-	return true
-}
-
-// oneTrip tries the attempt in one round trip (see above). ok is false when
-// the attempt is not eligible, or the try was dropped without committing
-// anything; the batch then runs the ordinary way (claimFirst).
+// oneTrip tries an eligible attempt in one round trip (see above). ok is
+// false when the try was dropped without committing anything; the batch
+// then runs the ordinary way (claimFirst).
 func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) {
-	if !a.oneTripEligible() {
-		return txOutcome{}, false
-	}
-	a.st.reset(len(a.items))
 	items, st := a.items, a.st
 	n := len(items)
 	// Duplicates foreseen from memory are skipped without a claim: a

@@ -21,11 +21,6 @@ func (w *worker) setOrigin(first int64) {
 	w.meta = commitmark.Mark{Store: w.storeID, Consumer: w.cfg.Name, First: first}.String()
 }
 
-// mark hands next to the committer, with the worker's mark.
-func (w *worker) mark(next int64) {
-	w.committer.mark(w.hold, next, w.meta)
-}
-
 // groupMark reads the mark of the group's committed offset: ours is set
 // when this consumer committed it against this store.
 func (w *worker) groupMark(v logView) (m commitmark.Mark, marked, ours bool) {
@@ -70,16 +65,17 @@ func (w *worker) adoptForeign(v logView, m commitmark.Mark) {
 }
 
 // restartAfterLoss is where processing starts again when a batch finds the
-// partition's stored position gone mid-run: the first start, since the
-// database may have lost everything since (a restore to before it), with
-// the claims deciding what was processed; or, when the worker does not
-// know it, fromLogStart (the log's start, read when the loss is found), as
-// at an assignment that finds this consumer's mark without a first start.
-// Where the run started would not do: the restore may have rolled back
-// messages before it.
-func (w *worker) restartAfterLoss() int64 {
-	if w.origin >= 0 {
-		return w.origin
+// partition's stored position gone mid-run, for a partition whose first
+// start was origin: the first start, since the database may have lost
+// everything since (a restore to before it), with the claims deciding what
+// was processed; or, when the worker does not know it (origin -1),
+// fromLogStart (the log's start, read when the loss is found), as at an
+// assignment that finds this consumer's mark without a first start. Where
+// the run started would not do: the restore may have rolled back messages
+// before it.
+func restartAfterLoss(origin int64) int64 {
+	if origin >= 0 {
+		return origin
 	}
 	return fromLogStart
 }

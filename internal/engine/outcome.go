@@ -34,33 +34,33 @@ type txOutcome struct {
 type outcomeKind uint8
 
 const (
-	// succeeded: the whole plan committed.
+	// succeeded means the whole plan committed.
 	succeeded outcomeKind = iota
-	// messageFailed: the message at failedAt failed; what came before it
+	// messageFailed means the message at failedAt failed; what came before it
 	// may have committed (a savepoint transaction cut short).
 	messageFailed
-	// txFailed: the transaction failed as a whole, not for any message
+	// txFailed means the transaction failed as a whole, not for any message
 	// (the infrastructure): it runs again after a backoff.
 	txFailed
-	// lostRace: the transaction lost a race for rows to another one (see
+	// lostRace means the transaction lost a race for rows to another one (see
 	// isContention), which is nobody's fault: it runs again soon, over
 	// fewer messages.
 	lostRace
-	// gateBusy: it gave up waiting for the consumer's gate; nothing ran,
+	// gateBusy means it gave up waiting for the consumer's gate; nothing ran,
 	// and the next one races.
 	gateBusy
-	// isolate: a BatchHandler call over several messages failed; the
+	// isolate means a BatchHandler call over several messages failed; the
 	// transaction runs again with one message per call.
 	isolate
-	// oneByOne: the server refused the COMMIT of several messages for
+	// oneByOne means the server refused the COMMIT of several messages for
 	// their content (a deferred constraint); which message is at fault
 	// only a transaction per message can tell.
 	oneByOne
-	// positionLost: the stored position is behind what this worker
+	// positionLost means the stored position is behind what this worker
 	// committed; err is the *positionLostError, and the partition's run
 	// ends.
 	positionLost
-	// stopped: the partition must stop; err is the *PartitionError that
+	// stopped means the partition must stop; err is the *PartitionError that
 	// says why.
 	stopped
 )

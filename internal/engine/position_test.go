@@ -25,11 +25,17 @@ func TestPositionLost(t *testing.T) {
 		{"behind the worker", true, at(firstOffset - 30), &positionLostError{stored: firstOffset - 30, believed: firstOffset}},
 		{"gone", true, nil, &positionLostError{stored: 42, believed: firstOffset, missing: true}},
 	}
+	t.Run("gone, first start not known", func(t *testing.T) {
+		t.Parallel()
+		a := newSetup(t, 1).a
+		a.origin = -1
+		require.Equal(t, &positionLostError{stored: fromLogStart, believed: firstOffset, missing: true}, a.positionLost(nil))
+	})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			a := newSetup(t, 1).a
-			a.positionKnown, a.lostRowStart = tc.known, 42
+			a.positionKnown, a.origin = tc.known, 42 // the partition's first start
 			require.Equal(t, tc.want, a.positionLost(tc.stored))
 		})
 	}

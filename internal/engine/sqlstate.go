@@ -12,15 +12,15 @@ import (
 type sqlFault uint8
 
 const (
-	// faultHandlers: the handler's statement failed for a reason of its
+	// faultHandlers means the handler's statement failed for a reason of its
 	// own (a syntax error, a missing table while a deploy is in progress,
 	// a missing foreign-key parent that may still arrive, a cancelled
 	// statement): an attempt that counts, as any error a handler returns.
 	faultHandlers sqlFault = iota
-	// faultMessages: the statement will fail the same way for the same
+	// faultMessages means the statement will fail the same way for the same
 	// data; retrying cannot help.
 	faultMessages
-	// faultDatabases: the database, not the statement, failed (it is out
+	// faultDatabases means the database, not the statement, failed (it is out
 	// of disk or memory, shutting down, broken, or its session ended), or
 	// the transaction lost a race: no message is to blame, and the whole
 	// transaction runs again, however often, counting no attempt.

@@ -155,7 +155,7 @@ func (t *batchTx) commitWith(ctx context.Context, b *pgx.Batch) error {
 	return &commitError{stmt: -1, err: err}
 }
 
-// commitError: the transaction did not commit, or may not have.
+// commitError means the transaction did not commit, or may not have.
 type commitError struct {
 	// stmt is the index in the batch of the statement that failed, the
 	// batch's length for the COMMIT itself, notSent when nothing was sent,

@@ -38,7 +38,7 @@ type worker struct {
 	// next is the offset after the last message processed (or the start
 	// offset); it is where fetching resumes after a fetch error.
 	next int64
-	// carefulUntil: messages below this offset are processed one at a
+	// carefulUntil means messages below this offset are processed one at a
 	// time, counting attempts, because the previous run did not get past
 	// them (see runAlone).
 	carefulUntil int64
@@ -53,7 +53,7 @@ type worker struct {
 	// started is set once the run recorded its start, as run number runID.
 	started bool
 	runID   int64
-	// positionKnown: the stored position is w.next (a row existed at
+	// positionKnown means the stored position is w.next (a row existed at
 	// assignment, or this worker committed one). assignedStart is where the
 	// run started.
 	positionKnown bool
@@ -64,7 +64,7 @@ type worker struct {
 	// offsets, which carries it (see origin.go).
 	origin int64
 	meta   string
-	// firstJustStored: assign is deciding again because a first start
+	// firstJustStored means assign is deciding again because a first start
 	// was stored just now (by this worker for the whole topic, or by
 	// another member), so the position it reads is the first start. (A
 	// member fast enough to process a batch in between makes it later
@@ -79,7 +79,7 @@ type worker struct {
 	// the next (see txAttempt).
 	scratch *batchState
 
-	// sawDuplicates: the last batch held messages already claimed that
+	// sawDuplicates means the last batch held messages already claimed that
 	// were not foreseen, so the next one probably does too and claims
 	// first (see oneTrip).
 	sawDuplicates bool
@@ -91,7 +91,7 @@ type worker struct {
 	pace          *pace.Pace
 	wasSerialized bool
 	paceShown     attempts.Pace
-	// raceUntil: a transaction found the gate held too long; until then
+	// raceUntil means a transaction found the gate held too long; until then
 	// the partition's transactions race (see gateBusyError).
 	raceUntil time.Time
 }

@@ -308,7 +308,8 @@ type Config struct {
 	// messages). A message whose key and value were seen within it under
 	// another id is a suspect duplicate: the mark of a producer that makes a
 	// fresh id on every retry, which id deduplication cannot see. The check
-	// costs about 100ns per message and no database work. Defaults to
+	// is in memory, with no database work (BENCHMARKS.md has its cost).
+	// Defaults to
 	// DefaultSuspectDuplicateWindow; LeaveUnset turns it off.
 	SuspectDuplicateWindow time.Duration
 

@@ -59,34 +59,19 @@ type MessagesDeletedError = kafkaoncetype.MessagesDeletedError
 func Permanent(err error) error { return permanent.Mark(err) }
 
 // IsPermanent reports whether the consumer sets a message aside at once,
-// without retries, when its handler fails with err: err, or an error it
-// wraps, was marked by Permanent (or outbox.Permanent); it is a panic
-// (ErrHandlerPanicked); a misuse of the transaction
-// (ErrTxControlledByConsumer, ErrTxEnded, ErrRowsLeftOpen); a payload
-// encoding/json could not decode (*json.SyntaxError,
-// *json.UnmarshalTypeError); or a Postgres error that the same data would
-// raise again (SQLSTATE class 22; class 23 but for 23503, a foreign key
-// whose parent row may still arrive; class 54). It asks the consumer's own
-// classification, so it cannot disagree with it. The message is then set
-// aside by Config.OnPermanentFailure: a dead letter, or its partition stops.
+// without retries, when its handler fails with err. It asks the consumer's
+// own classification, so it cannot disagree with it: an error marked by
+// Permanent (or outbox.Permanent), a panic (ErrHandlerPanicked), a misuse
+// of the transaction (ErrTxControlledByConsumer, ErrTxEnded,
+// ErrRowsLeftOpen), a payload encoding/json could not decode, and a
+// Postgres error the same data would raise again are permanent;
+// docs/failures.md lists every case, with the SQLSTATE classes. Any other
+// error is retried alone, with backoff, up to Config.Retry.MaxAttempts; a
+// failure of the database is retried without counting an attempt. Which
+// of the two a network error is depends on the transaction's connection,
+// not on the error, so IsPermanent is false for both.
 //
-// Any other error is retried: alone, with backoff, up to
-// Config.Retry.MaxAttempts, then set aside as retries_exhausted (with
-// MaxAttempts 1, after its one attempt). Failures of the database are
-// retried without limit, counting no attempt: a serialization failure, a
-// deadlock, a lock timeout, a session the server ended, and a network
-// error (a net.Error, an EOF) that broke the connection of the message's
-// transaction, as long as the handler wraps it with %w. The same network
-// errors from the handler's own calls (an HTTP request refused or timed
-// out, the deadline of a context of its own) are its failures, retried up to MaxAttempts, as are a timeout of the
-// handler (ErrHandlerTimeout), ErrTxAborted and a plain error. Which of
-// the two a network error is depends on the transaction's connection, not
-// on the error, so IsPermanent, which answers only whether a message is
-// set aside at once, is false for both.
-//
-// A handler's test asks it of the error consumertest.Handle returns, which
-// turns panics, timeouts and misuses into their errors as the consumer
-// does:
+// A handler's test asks it of the error consumertest.Handle returns:
 //
 //	err := consumertest.Handle(ctx, t, tx, handler, consumertest.NewMessage([]byte("not json")))
 //	require.True(t, consumer.IsPermanent(err))

@@ -60,7 +60,7 @@ func storedHeader(name string, secret []string) bool {
 	return !strings.EqualFold(bare, "Set-Cookie") && !slices.ContainsFunc(secret, func(s string) bool { return strings.EqualFold(s, bare) })
 }
 
-// errHeadersCorrupt: a stored header section that does not decode.
+// errHeadersCorrupt is the error of a stored header section that does not decode.
 var errHeadersCorrupt = errors.New("the stored headers do not decode")
 
 // decodeHeaders reads what encodeHeaders wrote, and the "Name: value"

@@ -17,14 +17,14 @@ func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
 type ClaimStatus string
 
 const (
-	// StatusApplied: the handler ran and its effects committed with the claim.
+	// StatusApplied means the handler ran and its effects committed with the claim.
 	StatusApplied ClaimStatus = "applied"
-	// StatusDeadLettered: the message failed and was set aside.
+	// StatusDeadLettered means the message failed and was set aside.
 	StatusDeadLettered ClaimStatus = "dead_lettered"
-	// StatusInvalid: the message could not be processed at all (for example
+	// StatusInvalid means the message could not be processed at all (for example
 	// its id could not be read).
 	StatusInvalid ClaimStatus = "invalid"
-	// StatusSuspectDuplicate: the message's content was seen shortly before
+	// StatusSuspectDuplicate means the message's content was seen shortly before
 	// under another id and the consumer was told to skip such messages.
 	StatusSuspectDuplicate ClaimStatus = "suspect_duplicate"
 )

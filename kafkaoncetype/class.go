@@ -5,28 +5,28 @@ package kafkaoncetype
 type Class string
 
 const (
-	// ClassPermanent: the handler returned an error marked permanent.
+	// ClassPermanent means the handler returned an error marked permanent.
 	ClassPermanent Class = "permanent"
-	// ClassPanic: the handler panicked (the stack is in the letter's error).
+	// ClassPanic means the handler panicked (the stack is in the letter's error).
 	ClassPanic Class = "panic"
-	// ClassUndecodable: the handler could not decode the payload (a JSON
+	// ClassUndecodable means the handler could not decode the payload (a JSON
 	// syntax or type error).
 	ClassUndecodable Class = "undecodable"
-	// ClassData: Postgres rejected the data in a way that will not change
+	// ClassData means Postgres rejected the data in a way that will not change
 	// on retry (invalid text, out-of-range value, constraint violation).
 	ClassData Class = "data"
-	// ClassTxMisuse: the handler tried to commit or roll back the
+	// ClassTxMisuse means the handler tried to commit or roll back the
 	// consumer's transaction.
 	ClassTxMisuse Class = "tx_misuse"
-	// ClassInvalidID: no valid message id could be derived.
+	// ClassInvalidID means no valid message id could be derived.
 	ClassInvalidID Class = "invalid_id"
-	// ClassConflict: the id was already claimed for different content.
+	// ClassConflict means the id was already claimed for different content.
 	ClassConflict Class = "conflict"
-	// ClassRetriesExhausted: the handler kept failing with errors that could
+	// ClassRetriesExhausted means the handler kept failing with errors that could
 	// have been transient until its attempts (or their time) ran out; the
 	// letter's error holds the last one.
 	ClassRetriesExhausted Class = "retries_exhausted"
-	// ClassCrashed: attempts of this message kept ending without a result
+	// ClassCrashed means attempts of this message kept ending without a result
 	// (the process died, or its connection did, while the handler ran).
 	ClassCrashed Class = "crashed"
 )

@@ -92,13 +92,13 @@ type BatchResult struct {
 type SkipReason string
 
 const (
-	// SkipAlreadyClaimed: an earlier transaction claimed the id (a
+	// SkipAlreadyClaimed means an earlier transaction claimed the id (a
 	// redelivery, a rewind, a producer duplicate, or another member).
 	SkipAlreadyClaimed SkipReason = "already_claimed"
-	// SkipDuplicateInBatch: an earlier message of the same batch had the
+	// SkipDuplicateInBatch means an earlier message of the same batch had the
 	// same id and content.
 	SkipDuplicateInBatch SkipReason = "duplicate_in_batch"
-	// SkipSuspectDuplicate: the content was seen shortly before under
+	// SkipSuspectDuplicate means the content was seen shortly before under
 	// another id, and the consumer's SuspectDuplicates is SkipSuspects.
 	SkipSuspectDuplicate SkipReason = "suspect_duplicate"
 )

@@ -290,7 +290,7 @@ type outcome struct {
 	wait    time.Duration // for a retry
 	park    bool
 	deferTo time.Duration // over the retry budget: try again later, no attempt used
-	// held: not attempted, because an earlier row of its key failed in this
+	// held means not attempted, because an earlier row of its key failed in this
 	// round. Nothing is recorded: the failed row, waiting, holds it back.
 	held bool
 }

@@ -85,7 +85,7 @@ import (
 type mode struct {
 	name string
 	run  func(context.Context, *env, cell, backlog, *recorder) error
-	// usesDB: the run leaves claims and effects to check.
+	// usesDB means the run leaves claims and effects to check.
 	usesDB bool
 	// slow modes get a time budget instead of the whole backlog.
 	slow bool

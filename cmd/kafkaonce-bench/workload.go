@@ -31,7 +31,7 @@ type cell struct {
 	// between (0 for the other effects, which spread over all accounts).
 	// Omitted when 0, so cells saved before it existed read back equal.
 	Accounts int `json:"accounts,omitempty"`
-	// Traceparent: every message carries a W3C traceparent of its own (the
+	// Traceparent means every message carries a W3C traceparent of its own (the
 	// tracing cells).
 	Traceparent bool `json:"traceparent,omitempty"`
 }

@@ -24,10 +24,10 @@ type replayPartition struct {
 	Committed int64 `json:"kafka_committed"`
 	Target    int64 `json:"target"`
 	Stored    int64 `json:"stored_position"`
-	// Skipped: messages the replay reads again that are below the stored
+	// Skipped counts the messages the replay reads again that are below the stored
 	// position, so the consumer skips them without calling the handler.
 	Skipped int64 `json:"skipped_by_position"`
-	// New: messages past the stored position, processed for the first time.
+	// New counts the messages past the stored position, processed for the first time.
 	New int64 `json:"new"`
 	// Skipped: messages between the stored position and a target ahead of
 	// it, never processed: the stored position moves to the target too.

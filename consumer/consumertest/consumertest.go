@@ -18,6 +18,22 @@
 // checks a handler's effects happen once: it runs the handler in an attempt
 // that is rolled back, then through a consumer, then again through a replay
 // of the topic, and compares your tables.
+//
+// # What Handle does not check
+//
+// Handle makes one call and does not check what the consumer does around
+// it. It claims no message id, so handling a message twice applies it
+// twice. It neither undoes nor reports what the handler writes outside tx
+// (through the pool, another connection, an HTTP call): those writes stay,
+// even when the handler fails. Constraints deferred to COMMIT are never
+// checked, since tx is never committed (SET CONSTRAINTS ALL IMMEDIATE in
+// tx checks them). The handler runs alone, with
+// consumer.DefaultHandlerTimeout, not in a batch of several messages nor
+// with your Config's HandlerTimeout. No setting of Config changes
+// IsPermanent's verdict; Retry.MaxAttempts and OnPermanentFailure decide
+// only what follows it. ReplayTwice runs a handler through a real
+// consumer, and catches writes outside its transaction into the tables it
+// is given.
 package consumertest
 
 import (
@@ -101,49 +117,21 @@ func connClosed(tx pgx.Tx) bool {
 }
 
 // Handle runs h for msg inside tx, as the consumer would, and returns the
-// handler's error as the consumer sees it. It calls the handler through
-// the consumer's own code for calling handlers: a panic becomes an error
-// wrapping consumer.ErrHandlerPanicked; a handler that commits or rolls
-// back gets consumer.ErrTxControlledByConsumer, and Handle returns that
-// error even if the handler then returns nil (consumer.ErrTxEnded when it
-// ended tx with a COMMIT or ROLLBACK statement: tx is then unusable, as
-// it is when its connection broke under the handler); one
-// that leaves a query's rows open gets consumer.ErrRowsLeftOpen; one that
-// swallows a SQL error gets consumer.ErrTxAborted; one that runs past
-// consumer.DefaultHandlerTimeout has its context cancelled and fails with
-// consumer.ErrHandlerTimeout (which replaces what it returns, as in the
-// consumer); and the transaction refuses every use once the handler has
-// returned. Any other error is the handler's own, as it returned it, so
-// errors.Is and errors.As find what the handler wrapped.
-//
+// handler's error as the consumer sees it: the handler is called through
+// the consumer's own code for calling handlers, so a panic, a run past
+// consumer.DefaultHandlerTimeout and a misuse of tx (a commit or rollback,
+// rows left open, a swallowed SQL error) come back as the consumer's
+// errors for them (consumer.ErrHandlerPanicked and the rest), and any other
+// error as the handler returned it, for errors.Is and errors.As. The
+// transaction refuses every use once the handler has returned.
 // consumer.IsPermanent of the error says what the consumer would do with
-// the message: set it aside at once, or retry it. It asks the consumer's
-// own classification of this same error, so a test that asserts it cannot
-// pass while the consumer decides otherwise:
+// the message, by the consumer's own classification:
 //
 //	err := consumertest.Handle(ctx, t, tx, handler, consumertest.NewMessage([]byte("not json")))
 //	require.True(t, consumer.IsPermanent(err)) // dead-lettered, not retried
 //
-// No setting of Config changes that verdict; Retry.MaxAttempts and
-// OnPermanentFailure only decide what follows it (how many retries, and
-// whether a message set aside becomes a dead letter or stops its
-// partition).
-//
-// The handler runs in a savepoint: when it fails, its writes are undone
-// (as the consumer's rollback would) and tx stays usable, so a test can
-// check that a failing message left no trace.
-//
-// Handle makes one call and does not check what the consumer does around
-// it. It claims no message id, so handling a message twice applies it
-// twice. It neither undoes nor reports what the handler writes outside tx
-// (through the pool, another connection, an HTTP call): those writes stay,
-// even when the handler fails. Constraints deferred to COMMIT are never
-// checked, since tx is never committed (SET CONSTRAINTS ALL IMMEDIATE in
-// tx checks them). And the handler runs alone, with
-// consumer.DefaultHandlerTimeout, not in a batch of several messages nor
-// with your Config's HandlerTimeout. ReplayTwice runs a handler through a
-// real consumer, and catches writes outside its transaction into the
-// tables it is given.
+// The handler runs in a savepoint, so a failing one leaves no trace in tx.
+// What Handle does not check is in the package's documentation.
 func Handle(ctx context.Context, tb testing.TB, tx pgx.Tx, h consumer.Handler, msg *consumer.Message) error {
 	tb.Helper()
 	return handle(ctx, tb, tx, h, msg, consumer.DefaultHandlerTimeout)

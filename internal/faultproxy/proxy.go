@@ -211,9 +211,9 @@ const (
 
 // pairState is what the two copies of a connection share.
 type pairState struct {
-	// dropReply: the server's next reply is the client's to lose.
+	// dropReply means the server's next reply is the client's to lose.
 	dropReply atomic.Bool
-	// stalled: nothing more is forwarded either way, and both sides stay
+	// stalled means nothing more is forwarded either way, and both sides stay
 	// open (see StallRollbacks).
 	stalled atomic.Bool
 }

@@ -44,7 +44,7 @@ const (
 	// contention; each return doubles it, up to MaxHold.
 	Hold    = 15 * time.Second
 	MaxHold = 4 * time.Minute
-	// Forgive: a consumer that met no contention for this long starts
+	// Forgive means a consumer that met no contention for this long starts
 	// over at Hold.
 	Forgive = 10 * time.Minute
 	// RaceLockTimeout is the lock_timeout of a transaction over several
@@ -72,7 +72,7 @@ const (
 // would cost each its own deadlock. It is safe for concurrent use.
 type Gate struct {
 	mu sync.Mutex
-	// until: transactions take the gate until then.
+	// until means transactions take the gate until then.
 	until time.Time
 	// hold is how long the next serialization lasts.
 	hold time.Duration

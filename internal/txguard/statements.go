@@ -20,16 +20,16 @@ type verdict struct {
 	// control is the first statement that controls the transaction, by its
 	// leading words ("COMMIT", "PREPARE TRANSACTION"); "" for none.
 	control string
-	// constraints: the text sets the mode of deferred constraints (SET
+	// constraints means the text sets the mode of deferred constraints (SET
 	// CONSTRAINTS), which fires the deferred checks it makes immediate.
 	constraints bool
 	// statements counts the statements that are not empty.
 	statements int
-	// pgxDiverges: pgx's own lexer, which puts arguments into the text for
+	// pgxDiverges means pgx's own lexer, which puts arguments into the text for
 	// the simple protocol, would find a string or a parameter where the
 	// server does not (see readsAlikeToPgx).
 	pgxDiverges bool
-	// open: the text ends inside a string, a quoted identifier or a block
+	// open means the text ends inside a string, a quoted identifier or a block
 	// comment, read either way; openStandard: read with
 	// standard_conforming_strings on, which pgx's simple protocol needs.
 	open, openStandard bool

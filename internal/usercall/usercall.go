@@ -41,16 +41,16 @@ import (
 var (
 	// ErrPanicked wraps the value of a handler's panic.
 	ErrPanicked = kafkaoncetype.ErrHandlerPanicked
-	// ErrTimeout: the handler ran longer than its timeout.
+	// ErrTimeout means the handler ran longer than its timeout.
 	ErrTimeout = kafkaoncetype.ErrHandlerTimeout
-	// ErrTxAborted: the handler returned nil, but a statement in its
+	// ErrTxAborted means the handler returned nil, but a statement in its
 	// transaction had failed, so the transaction could not commit.
 	ErrTxAborted = kafkaoncetype.ErrTxAborted
-	// ErrTxEnded: the handler ended its transaction with a COMMIT or
+	// ErrTxEnded means the handler ended its transaction with a COMMIT or
 	// ROLLBACK statement on the bare connection (tx.Conn()), which the
 	// guard cannot see. It wraps txguard.ErrTxControlled.
 	ErrTxEnded = kafkaoncetype.ErrTxEnded
-	// ErrRowsLeftOpen: the handler returned with the rows of a query
+	// ErrRowsLeftOpen means the handler returned with the rows of a query
 	// still open (rows.Close was not called, or the rows were not read to
 	// the end): the connection can run nothing else, so the transaction
 	// cannot go on.
@@ -205,7 +205,7 @@ func conn(tx pgx.Tx) *pgx.Conn {
 type Abandoned struct {
 	// Index is the item the hung call was for: the first of Count.
 	Index, Count int
-	// TimedOut: the call ran past the timeout (otherwise the caller's
+	// TimedOut means the call ran past the timeout (otherwise the caller's
 	// context ended and the call did not return within the grace).
 	TimedOut bool
 	limits   Limits

@@ -34,8 +34,8 @@ func NewStore(schemaName string) (*Store, error) {
 		return nil, err
 	}
 	t := schema.Table(schemaName, "processed_messages")
-	// Rows name their consumer by number (migration 007): numbered looks
-	// the name in $1 up, once per statement; numberOf numbers a name seen
+	// Rows name their consumer by number (the consumers table): numbered
+	// looks the name in $1 up, once per statement; numberOf numbers a name seen
 	// for the first time too (a consumer numbers its name at start-up, but
 	// claiming through a Store alone works as well).
 	numbered := `(SELECT id FROM ` + schema.Table(schemaName, "consumers") + ` WHERE name = $1)`
@@ -43,7 +43,7 @@ func NewStore(schemaName string) (*Store, error) {
 	// Rows are inserted in message-id order so that two transactions
 	// claiming overlapping ids take their row locks in the same order and
 	// cannot deadlock each other. The order is the bytes' (COLLATE "C"),
-	// the primary key's since migration 007, whatever the database's
+	// the primary key's, whatever the database's
 	// collation: no locale comparisons in the sort either. Without ON
 	// CONFLICT, a message id that is already there fails the statement
 	// (see QueueClaimNew).

@@ -109,7 +109,7 @@ func (s Settings) check() error {
 }
 
 // Load returns the settings consumer recorded; ok is false when it has
-// recorded none (it has not started since migration 015, or not at all).
+// recorded none (it has not started against this schema version, or not at all).
 func (st *Store) Load(ctx context.Context, q schema.Querier, consumer string) (s Settings, ok bool, err error) {
 	err = q.QueryRow(ctx, st.loadSQL, consumer).Scan(s.fields()...)
 	switch {

@@ -313,11 +313,13 @@ func TestARowLockedElsewhereHoldsUpOnlyItsPartition(t *testing.T) {
 	effect := e.applyHandler()
 	var mu sync.Mutex
 	appliedAt := map[string]time.Time{}
+	var hotCalls atomic.Int32
 	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if err := effect.Handle(ctx, tx, m); err != nil {
 			return err
 		}
 		if string(m.Value) == "hot" {
+			hotCalls.Add(1)
 			if _, err := tx.Exec(ctx, `UPDATE `+hot+` SET v = v + 1 WHERE id = 1`); err != nil {
 				return fmt.Errorf("bump hot row: %w", err)
 			}
@@ -334,7 +336,7 @@ func TestARowLockedElsewhereHoldsUpOnlyItsPartition(t *testing.T) {
 	cfg.LockTimeout = 4 * time.Second
 	r := e.start(cfg)
 	e.kafka.Produce(t, e.topic, msg(0, "stuck-0", "hot"))
-	time.Sleep(5 * time.Second) // the partition 0 message has failed at least once
+	waitFor(t, 30*time.Second, "the partition 0 message failed once and is retried", func() bool { return hotCalls.Load() >= 2 })
 
 	// A steady trickle on the other partitions.
 	producedAt := map[string]time.Time{}

@@ -16,11 +16,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
-	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kmsg"
-
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
@@ -28,6 +23,10 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/pgcluster"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // faultyKafka starts an in-process broker of the test's own whose
@@ -840,4 +839,60 @@ func TestABackendThatDoesNotAnswerTheRollbackHoldsNothing(t *testing.T) {
 			e.check(expectation{ids: ids})
 		})
 	}
+}
+
+// docs/guarantee.md, "Contention is never a message's failure": a lock wait
+// rolls back and runs again "without counting an attempt and without
+// setting anything aside"; docs/failures.md: "A row that another session
+// keeps locked blocks the messages that need it for as long as it stays
+// locked, as an outage would, and never sets them aside".
+//
+// New accepts a HandlerTimeout shorter than LockTimeout (it refuses only
+// an IdleInTransactionTimeout that is not longer). A handler waiting on a
+// row lock must still have its wait end as contention, never as ErrTimeout
+// (an attempt of the message's): otherwise, after MaxAttempts, the message
+// would be set aside as retries_exhausted because another session held a
+// row for a few seconds.
+func TestALockWaitLongerThanHandlerTimeoutSetsNothingAside(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ctx := context.Background()
+	e.db.Exec(t, `CREATE TABLE `+e.db.Table("hot")+` (id int PRIMARY KEY, n int NOT NULL)`)
+	e.db.Exec(t, `INSERT INTO `+e.db.Table("hot")+` VALUES (1, 0)`)
+	hold, err := e.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = hold.Rollback(ctx) }()
+	_, err = hold.Exec(ctx, `UPDATE `+e.db.Table("hot")+` SET n = n WHERE id = 1`)
+	require.NoError(t, err)
+
+	ids := e.produceIDs("h", 3)
+	apply := e.applyHandler()
+	var waited atomic.Int64 // time spent in lock waits that ended without the row
+	cfg := e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		began := time.Now()
+		if _, err := tx.Exec(ctx, `UPDATE `+e.db.Table("hot")+` SET n = n + 1 WHERE id = 1`); err != nil {
+			waited.Add(int64(time.Since(began)))
+			return err
+		}
+		return apply.Handle(ctx, tx, m)
+	}))
+	cfg.HandlerTimeout = time.Second // LockTimeout stays at its default, 10s
+	cfg.Retry.MaxAttempts = 2
+	r := e.start(cfg)
+	// The row stays held until the handlers have waited for it longer than
+	// MaxAttempts calls cut off by HandlerTimeout would have: had those
+	// waits counted, the message would be set aside by then.
+	waitFor(t, 60*time.Second, "longer waits for the held row than MaxAttempts handler timeouts", func() bool {
+		return time.Duration(waited.Load()) > time.Duration(cfg.Retry.MaxAttempts+1)*cfg.HandlerTimeout
+	})
+	require.NoError(t, hold.Rollback(ctx))
+	e.waitCommitted(map[int]int64{0: 3}, 60*time.Second)
+	r.stop()
+	if ls := e.letters(); len(ls) > 0 {
+		for id, l := range ls {
+			t.Errorf("message %s set aside (class %s, %d attempts) while another session held a row it needs: %s", id, l.Class, l.Attempts, l.Error)
+		}
+		t.FailNow()
+	}
+	e.check(expectation{ids: ids})
 }

@@ -184,11 +184,10 @@ func TestTheGuardedTxRefusesAfterTheCall(t *testing.T) {
 	e.check(expectation{ids: ids})
 }
 
-// Adversary 2, finding 5 (minor). transaction_still_open looks at a
-// setting, not at the transaction: a handler statement that resets
-// settings without ending anything (RESET ALL) makes the consumer report
-// that the handler ended its transaction, and stops the partition.
-func TestAdv2AHandlerResettingItsSettingsDidNotEndTheTransaction(t *testing.T) {
+// The transaction's open mark is a setting: a handler statement that
+// resets settings without ending anything (RESET ALL) must not be taken
+// for one that ended its transaction.
+func TestAHandlerResettingItsSettingsDoesNotEndTheTransaction(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
 	ids := e.produceIDs("r", 3)

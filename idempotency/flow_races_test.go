@@ -1,8 +1,7 @@
 package idempotency_test
 
 // Races of phased requests (Server.Phased, Flow, Recover) between
-// servers, sweeps and retries, written by attacking the code. The first
-// four failed before the fixes they name: each says which promise broke and
+// servers, sweeps and retries: each test says which promise it checks and
 // by what interleaving.
 
 import (
@@ -62,7 +61,7 @@ func retryAfter(t *testing.T, resp *http.Response) int {
 	return n
 }
 
-// Regression: broke promise 1 (an Atomic phase commits exactly once per
+// Covers promise 1 (an Atomic phase commits exactly once per
 // run) and 2 (a run is resumed from its LAST committed recovery point).
 //
 // Interleaving: Recover lists the stalled runs in one query, then takes
@@ -88,7 +87,7 @@ func TestTheSweepResumesFromThePointItTakesOverNotTheOneItListed(t *testing.T) {
 	var aCalls, bCalls counter
 	inSweep, gate := make(chan struct{}, 1), make(chan struct{})
 	f := idempotency.Flow{
-		Name:  "adv",
+		Name:  "races",
 		Lease: lease,
 		Start: func(r *http.Request, tx pgx.Tx, run *idempotency.Run) (idempotency.Step, error) {
 			return idempotency.Continue("a", []byte("from start")), nil
@@ -152,7 +151,7 @@ func TestTheSweepResumesFromThePointItTakesOverNotTheOneItListed(t *testing.T) {
 		"the Atomic phase a of k-2 committed its writes more than once: the sweep resumed k-2 from the stale point it listed")
 }
 
-// Regression: broke promise 3 (and Run.DerivedKey's doc: "the same on
+// Covers promise 3 (and Run.DerivedKey's doc: "the same on
 // every attempt and every resume of the run, different for every other
 // request").
 //
@@ -180,7 +179,7 @@ func TestAKeyUsedAgainAfterItExpiredDerivesNewProviderKeys(t *testing.T) {
 		"the second payment reused the first one's derived key: the provider answered the old charge (payments %v)", pp.payments(t))
 }
 
-// Regression: broke promise 4 (a retry during a live lease gets 409 with a
+// Covers promise 4 (a retry during a live lease gets 409 with a
 // Retry-After covering the lease).
 //
 // Interleaving: server X is in an Atomic phase past its lease, holding the
@@ -197,7 +196,7 @@ func TestARetryThatFindsTheRunRenewedWaitsForTheNewLease(t *testing.T) {
 	var aCalls atomic.Int64
 	inB, gate := make(chan struct{}, 1), make(chan struct{})
 	f := idempotency.Flow{
-		Name:  "adv",
+		Name:  "races",
 		Lease: lease,
 		Start: func(*http.Request, pgx.Tx, *idempotency.Run) (idempotency.Step, error) {
 			return idempotency.Continue("a", nil), nil
@@ -245,7 +244,7 @@ func TestARetryThatFindsTheRunRenewedWaitsForTheNewLease(t *testing.T) {
 		"409 during a live lease (%v left) told the client to come back after %ds", left.Round(100*time.Millisecond), got)
 }
 
-// Regression: broke promise 4 (409 with a Retry-After covering the lease),
+// Covers promise 4 (409 with a Retry-After covering the lease),
 // for the server that lost its lease.
 //
 // Interleaving: server X's External phase outlives its lease; a retry takes
@@ -260,7 +259,7 @@ func TestAServerThatLostItsLeaseTellsItsClientToWaitForTheNewOne(t *testing.T) {
 	var calls atomic.Int64
 	thawX, inY, gateY := make(chan struct{}), make(chan struct{}, 1), make(chan struct{})
 	f := idempotency.Flow{
-		Name:  "adv",
+		Name:  "races",
 		Lease: lease,
 		Start: func(*http.Request, pgx.Tx, *idempotency.Run) (idempotency.Step, error) {
 			return idempotency.Continue("charge", nil), nil
@@ -454,7 +453,7 @@ func TestNilHeaderAndBodyResponsesAreStoredAndReplayed(t *testing.T) {
 	db := testenv.NewDB(t)
 	var starts atomic.Int64
 	f := idempotency.Flow{
-		Name: "adv",
+		Name: "races",
 		Start: func(r *http.Request, tx pgx.Tx, run *idempotency.Run) (idempotency.Step, error) {
 			starts.Add(1)
 			if string(run.Body) == "refuse" {

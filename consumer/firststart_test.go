@@ -18,7 +18,7 @@ import (
 // that keeps the first Start of each partition, as consumertest's does,
 // would otherwise wait for offsets never processed.) A trigger plays the
 // other member: it turns this member's first start, 0, into 4.
-func TestAdversaryFirstStartRedecidedFiresTheAssignedHookOnce(t *testing.T) {
+func TestFirstStartRedecidedFiresTheAssignedHookOnce(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
 	e.produceIDs("a", 10)
@@ -49,7 +49,7 @@ END $$`)
 // before it, as it would not once a batch had committed. The messages
 // before the first start are processed only when an operator moves the
 // stored position (offsets.Store.Reset), and then once.
-func TestAdversaryAGroupRewindDoesNotReachBeforeTheFirstStart(t *testing.T) {
+func TestAGroupRewindDoesNotReachBeforeTheFirstStart(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
 	ids := e.produceIDs("old", 3)

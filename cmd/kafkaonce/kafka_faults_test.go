@@ -1,7 +1,7 @@
 package main
 
-// Interleavings of operator commands with Kafka found by attacking them;
-// those marked Regression failed before the fix they describe.
+// Operator commands whose Kafka side fails midway: each test names the
+// promise it checks and the interleaving it drives.
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
-// Regression: broke P5 ("a failed replay changes nothing, or says exactly
+// Covers P5 ("a failed replay changes nothing, or says exactly
 // what it changed") and docs/operations.md's "What a failed command changes".
 //
 // Interleaving: a forward replay of a two-partition topic. Kafka answers the

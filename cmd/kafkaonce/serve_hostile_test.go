@@ -1,9 +1,8 @@
 package main
 
-// kafkaonce serve attacked: hostile hosts, ids, texts and sizes, and a
-// database or broker that stops answering. Those marked Regression failed
-// before the fix that followed them (the "Observed" was the code before);
-// the others cover cases the first tests did not.
+// kafkaonce serve against hostile hosts, ids, texts and sizes, and a
+// database or broker that stops answering: each test names the promise it
+// checks, its input and what the page must do.
 
 import (
 	"context"
@@ -38,7 +37,7 @@ func advDo(t *testing.T, srv *httptest.Server, req *http.Request) (*http.Respons
 	return res, string(b)
 }
 
-// Regression: Promise S3 (Host header checked: DNS rebinding).
+// Promise S3 (Host header checked: DNS rebinding).
 //
 // Input: kafkaonce serve --allow-remote --listen 0.0.0.0:8080 --allow-actions
 // (the documented way to put it behind an authenticating proxy; the socket
@@ -49,8 +48,7 @@ func advDo(t *testing.T, srv *httptest.Server, req *http.Request) (*http.Respons
 // attacker's script reads the confirmation page (its token is in the form,
 // the cookie is set for rebound.example), and POSTs with
 // Origin: http://rebound.example:8080, which equals the Host, so checkPost
-// passes too. Observed: 200 on the read, and the letter is settled.
-// Expected: a Host the page is not known by is refused (421), as it is on
+// passes too, unless the Host is checked. Expected: a Host the page is not known by is refused (421), as it is on
 // loopback; with --allow-remote on every interface the operator has to name
 // the host(s) the page is served as.
 func TestServeRemoteOnEveryInterfaceAnswersARebindingHost(t *testing.T) {
@@ -84,17 +82,17 @@ func TestServeRemoteOnEveryInterfaceAnswersARebindingHost(t *testing.T) {
 	}
 }
 
-// Regression: Promise S5 (output escaped in URLs).
+// Promise S5 (output escaped in URLs).
 //
 // Input: a parked outbox row whose id holds a "/" (outbox.Message.ID is the
 // user's, and its doc suggests ids like "email:" + an event id; here
 // "email:order/42"), and one crafted as "x/../../letters/<id>/settle?".
 // The overview's un-park link is href="/outbox/{{.ID}}/unpark": html/template
 // only normalizes a URL's path, it does not escape "/", "?" or "#" in it.
-// Observed: the first link is /outbox/email:order/42/unpark, which no route
-// matches (404): the row cannot be un-parked from the page; the second
-// link resolves to /letters/<id>/settle — the un-park link of one row opens
-// another action's page. Expected: the id is path-escaped
+// Unescaped, the first link would be /outbox/email:order/42/unpark, which
+// no route matches (404), and the second would resolve to
+// /letters/<id>/settle: the un-park link of one row would open another
+// action's page. Expected: the id is path-escaped
 // (/outbox/email:order%2F42/unpark), and the link opens that row's
 // confirmation.
 func TestServeUnparkLinkOfAnOutboxIDWithASlash(t *testing.T) {
@@ -208,7 +206,7 @@ func TestServePageAnswersWhileKafkaHangs(t *testing.T) {
 	require.Less(t, took, 20*time.Second, "the page answered, but only after %v", took)
 }
 
-// Regression: Promise S8 (the page does not hang when Postgres
+// Promise S8 (the page does not hang when Postgres
 // is down). Input: the
 // database stops answering (the connection stays open; nothing comes
 // back) after the page started. Every read of the page runs with the
@@ -244,7 +242,7 @@ func TestServePageAnswersWhilePostgresStalls(t *testing.T) {
 	require.NoError(t, err, "the page did not answer within 20s while Postgres stalled")
 }
 
-// Regression: Promise S8 (large tables are bounded). Input: 24
+// Promise S8 (large tables are bounded). Input: 24
 // open letters whose
 // values are 1 MiB each (Kafka's default message.max.bytes) and 24 parked
 // outbox rows of 1 MiB. The overview shows no value and no payload, only

@@ -33,7 +33,7 @@ import (
 // Here a member joining and leaving the group (any rebalance does) moves
 // the partition once the first half of 20 messages is applied; the run is
 // reported settled with the rest unprocessed.
-func TestAdversary2SettledCountsReportsOfAnEarlierAssignment(t *testing.T) {
+func TestSettledCountsReportsOfAnEarlierAssignment(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewEmptyDB(t)
 	ctx := context.Background()

@@ -1,8 +1,7 @@
 package outbox_test
 
-// Interleavings of relays, receivers and writers found by attacking the
-// relay. Each test names the promise it checks and the interleaving it
-// drives; those marked Regression failed before the fix they describe.
+// Interleavings of relays, receivers and writers. Each test names the
+// promise it checks and the interleaving it drives.
 
 import (
 	"context"
@@ -29,7 +28,7 @@ func newRelay(t *testing.T, db *testenv.DB, cfg outbox.RelayConfig) *outbox.Rela
 	return r
 }
 
-// Regression: broke per-key order on the Deliver path. A NULL key and an
+// Covers per-key order on the Deliver path. A NULL key and an
 // empty one are the same key to the relay, but Write put them in
 // different buckets (nil in bucket 0, []byte{} in fnv("")%64 = 5), so two
 // relays could take them at once: relay 1 delivering A (NULL key), relay
@@ -82,7 +81,7 @@ func TestANullAndAnEmptyKeyAreOneKeyAcrossTwoRelays(t *testing.T) {
 	require.Empty(t, deliveredOrder, "B (empty key, the same key as A's NULL key) was delivered while A, written before it, failed")
 }
 
-// Regression: broke P1 ("rows written for a waiting key after it began
+// Covers P1 ("rows written for a waiting key after it began
 // waiting never overtake it") and P2 (per-key order), where a row is written when the
 // transaction writing it commits (Write: "They are delivered once tx
 // commits").
@@ -138,7 +137,7 @@ func TestARowCommittedAfterItsKeyBeganWaitingWaitsToo(t *testing.T) {
 	require.Empty(t, delivered, "X, committed after key k's W began waiting, overtook W")
 }
 
-// Regression: broke P1 (a failing key holds back only its own rows) and P4
+// Covers P1 (a failing key holds back only its own rows) and P4
 // ("never marked parked without the reason": the reason recorded must be
 // the row's own).
 //

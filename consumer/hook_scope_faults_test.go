@@ -1,17 +1,14 @@
 package consumer_test
 
-// Adversarial tests of the scope hooks (HookBatchScope, HookHandlerScope:
-// commit 10d2041) and of otelhooks's use of them (c866a3c), against the
-// promises of docs/guarantee.md:
+// The scope hooks (HookBatchScope, HookHandlerScope) under faults, against
+// the promises of docs/guarantee.md:
 //
 //	P1 applied once; P2 Kafka offset never ahead of the database, what
 //	committed handed on once; P3 every scope begun ends exactly once; P4 a
 //	misbehaving hook breaks neither P1/P2 nor shutdown; P5 hook payloads
 //	once per committed fact, matching what happened.
 //
-// Tests marked Regression failed on the code as of 91072bc (their
-// "Observed" is that code) and name the promise and the interleaving; the
-// others cover interleavings the other tests do not.
+// Each test names the promise and the interleaving it drives.
 
 import (
 	"context"
@@ -202,7 +199,7 @@ func (l *scopeLedger) requireOneFactPerID(t *testing.T, want []string) {
 // scope of the transaction whose commit was seen (never in the unknown
 // one's), each id is reported once, and the Kafka offset lands at the
 // stored position.
-func TestScopeAdversaryLostCommitReplyEndsEveryScopeOnce(t *testing.T) {
+func TestScopeLostCommitReplyEndsEveryScopeOnce(t *testing.T) {
 	t.Parallel()
 	bothWays(t, handlerKinds, func(t *testing.T, batched bool) {
 		e := setup(t, 1)
@@ -251,7 +248,7 @@ func TestScopeAdversaryLostCommitReplyEndsEveryScopeOnce(t *testing.T) {
 // at m3 and COMMITs m0, m1 (dead letter), m2 -> OnBatchEnd(Err: m3's
 // error, Committed: 3), then OnMessageApplied(m0, m2) and
 // OnMessageDeadLettered(m1) in the same scope.
-func TestScopeAdversaryCutTransactionSaysWhatCommitted(t *testing.T) {
+func TestScopeCutTransactionSaysWhatCommitted(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
 	ids := []string{"m0", "m1", "m2", "m3", "m4"}
@@ -296,7 +293,7 @@ func TestScopeAdversaryCutTransactionSaysWhatCommitted(t *testing.T) {
 	assert.Empty(t, contradictions, "OnBatchEnd's Committed disagrees with the messages reported committed")
 }
 
-// Regression (P3). A handler that hangs past HandlerTimeout, ignoring its
+// P3: A handler that hangs past HandlerTimeout, ignoring its
 // context, is abandoned after the grace; its message is retried and
 // applied, the worker goes on, Run even returns. The handler scope of the
 // abandoned call is never ended: end is only called when the call
@@ -309,7 +306,7 @@ func TestScopeAdversaryCutTransactionSaysWhatCommitted(t *testing.T) {
 // its batch scope ends; h-2 runs alone, is applied; offsets commit; Run is
 // stopped. Expected: handler scopes begun == ended once the attempt is
 // abandoned (end called with the abandonment error).
-func TestScopeAdversaryAbandonedHandlerScopeEndsAtAbandonment(t *testing.T) {
+func TestScopeAbandonedHandlerScopeEndsAtAbandonment(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
 	ids := e.produceIDs("h", 5)
@@ -349,7 +346,7 @@ func TestScopeAdversaryAbandonedHandlerScopeEndsAtAbandonment(t *testing.T) {
 	assert.Zero(t, l.lateEnds.Load(), "scope ends called after Run returned")
 }
 
-// Regression (P4). A batch scope whose context does not carry the worker's
+// P4: A batch scope whose context does not carry the worker's
 // cancellation (context.WithoutCancel: a hook that wants its span's
 // context to outlive the batch) hangs shutdown: the engine runs the
 // attempt, the handler watchdog included, on the hook's context, so
@@ -362,8 +359,8 @@ func TestScopeAdversaryAbandonedHandlerScopeEndsAtAbandonment(t *testing.T) {
 // context is cancelled; ShutdownTimeout (1s) passes; work is cancelled, but
 // the attempt's contexts derive from the hook's detached one. Expected:
 // Run returns within ShutdownTimeout + 2s grace (+ slack), as it does
-// without the hook (the control subtest). Observed: ~HandlerTimeout (20s).
-func TestScopeAdversaryDetachedBatchContextDoesNotHoldShutdown(t *testing.T) {
+// without the hook (the control subtest), not after HandlerTimeout (20s).
+func TestScopeDetachedBatchContextDoesNotHoldShutdown(t *testing.T) {
 	t.Parallel()
 	for _, detach := range []bool{false, true} {
 		t.Run(fmt.Sprintf("detached=%v", detach), func(t *testing.T) {
@@ -417,7 +414,7 @@ func TestScopeAdversaryDetachedBatchContextDoesNotHoldShutdown(t *testing.T) {
 // its values: the engine's context decides cancellation, so the batch runs
 // and every message is applied once. (Before, every BEGIN failed on the
 // hook's context and the partition retried for ever.)
-func TestScopeAdversaryCancelledBatchContextStopsNothing(t *testing.T) {
+func TestScopeCancelledBatchContextStopsNothing(t *testing.T) {
 	t.Parallel()
 	bothWays(t, handlerKinds, func(t *testing.T, batched bool) {
 		e := setup(t, 1)
@@ -447,14 +444,14 @@ func TestScopeAdversaryCancelledBatchContextStopsNothing(t *testing.T) {
 	})
 }
 
-// Regression (P4, P1 in spirit). A handler scope that returns a nil context (a
+// P4, P1 in spirit: A handler scope that returns a nil context (a
 // hook bug) makes every handler call panic inside pgx (tx.Exec(nil, ...)):
 // the panic is recovered as the handler's, classed permanent (ClassPanic)
 // and every message is set aside in dead_letters, none applied. A hook's
 // misbehaviour is blamed on the messages: expected, the messages applied
 // (the engine keeps its own context when a hook returns nil) or at least
 // not set aside for it.
-func TestScopeAdversaryNilHandlerContextSetsNothingAside(t *testing.T) {
+func TestScopeNilHandlerContextSetsNothingAside(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
 	ids := e.produceIDs("n", 5)
@@ -482,7 +479,7 @@ func TestScopeAdversaryNilHandlerContextSetsNothingAside(t *testing.T) {
 // begun ends before Run returns, nothing is reported for the rolled-back
 // attempt, the Kafka offset is not ahead of the stored position, and the
 // next run applies the rest once.
-func TestScopeAdversaryShutdownMidTransactionEndsScopes(t *testing.T) {
+func TestScopeShutdownMidTransactionEndsScopes(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
 	first := e.produceIDs("s", 3)
@@ -535,7 +532,7 @@ func TestScopeAdversaryShutdownMidTransactionEndsScopes(t *testing.T) {
 	l2.requireOneFactPerID(t, second)
 }
 
-// Regression (P4/P3). A ScopeHandler that panics is not recovered: it runs on
+// P4/P3: A ScopeHandler that panics is not recovered: it runs on
 // the attempt's goroutine outside the handler's panic guard, so the whole
 // process dies (every partition, every in-flight transaction), where the
 // same panic one line further, in the handler, is a dead letter. With
@@ -546,18 +543,18 @@ func TestScopeAdversaryShutdownMidTransactionEndsScopes(t *testing.T) {
 // Interleaving: batch [p-0 p-1 p-2]; ScopeHandler panics for p-1 after
 // ScopeBatch (and a first hook's ScopeHandler) began their scopes.
 // Expected: the process goes on (the message is retried or set aside like
-// a handler panic; begun scopes end). Observed: "panic: scope hook" and
-// exit status 2.
-func TestScopeAdversaryPanickingScopeHandlerIsIgnored(t *testing.T) {
-	if os.Getenv("KAFKAONCE_ADV_SCOPE_CHILD") == "1" {
+// a handler panic; begun scopes end), instead of dying with "panic: scope
+// hook".
+func TestScopePanickingScopeHandlerIsIgnored(t *testing.T) {
+	if os.Getenv("KAFKAONCE_SCOPE_PANIC_CHILD") == "1" {
 		panickingScopeChild(t)
 		return
 	}
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestScopeAdversaryPanickingScopeHandlerIsIgnored$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), "KAFKAONCE_ADV_SCOPE_CHILD=1")
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestScopePanickingScopeHandlerIsIgnored$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "KAFKAONCE_SCOPE_PANIC_CHILD=1")
 	out, err := cmd.CombinedOutput()
 	tail := string(out)
 	if i := strings.Index(tail, "panic:"); i >= 0 {

@@ -39,6 +39,17 @@ func newTracing(t *testing.T) *tracing {
 	return &tracing{tp: tp, exp: exp}
 }
 
+// newSetup is what a test of the hooks runs on: a schema with an effects
+// table, a topic of one partition, and a tracer provider that keeps every
+// span.
+func newSetup(t *testing.T) (db *testenv.DB, k *testenv.Kafka, topic string, tr *tracing) {
+	t.Helper()
+	db = testenv.NewDB(t)
+	db.Exec(t, `CREATE TABLE `+db.Table("effects")+` (message_id text NOT NULL)`)
+	k = testenv.NewKafka(t)
+	return db, k, k.Topic(t, 1), newTracing(t)
+}
+
 func (tr *tracing) spans() tracetest.SpanStubs { return tr.exp.GetSpans() }
 
 // named returns the ended spans called name.

@@ -19,7 +19,6 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/idempotency"
-	"github.com/kafkaonce/kafkaonce/internal/testenv"
 	"github.com/kafkaonce/kafkaonce/otelhooks"
 	"github.com/kafkaonce/kafkaonce/outbox"
 )
@@ -31,11 +30,7 @@ import (
 // the consumer's handler span is its child: one trace.
 func TestOneTraceFromTheHTTPRequestToTheHandler(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	db.Exec(t, `CREATE TABLE `+db.Table("effects")+` (message_id text NOT NULL)`)
-	k := testenv.NewKafka(t)
-	topic := k.Topic(t, 1)
-	tr := newTracing(t)
+	db, k, topic, tr := newSetup(t)
 
 	// The front door: POST /orders writes the order's event to the outbox.
 	ob, err := outbox.New(db.Schema)
@@ -133,11 +128,7 @@ func plain(id, value string, headers ...kafka.Header) kafka.Message {
 
 func TestABatchOfTwoTracesLinksToBoth(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	db.Exec(t, `CREATE TABLE `+db.Table("effects")+` (message_id text NOT NULL)`)
-	k := testenv.NewKafka(t)
-	topic := k.Topic(t, 1)
-	tr := newTracing(t)
+	db, k, topic, tr := newSetup(t)
 	a, aCtx := traced(t, tr, "a")
 	b, bCtx := traced(t, tr, "b")
 	a2 := a // the same trace twice: one link
@@ -164,11 +155,7 @@ func TestABatchOfTwoTracesLinksToBoth(t *testing.T) {
 
 func TestDuplicatesConflictsAndDeadLettersAreEventsOfTheBatch(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	db.Exec(t, `CREATE TABLE `+db.Table("effects")+` (message_id text NOT NULL)`)
-	k := testenv.NewKafka(t)
-	topic := k.Topic(t, 1)
-	tr := newTracing(t)
+	db, k, topic, tr := newSetup(t)
 	// a, a again (skipped), poison (set aside), a with other content (a
 	// conflict, set aside), c.
 	k.Produce(t, topic, plain("a", "1"), plain("a", "1"), plain("poison", "2"), plain("a", "other"), plain("c", "3"))
@@ -213,11 +200,7 @@ func TestDuplicatesConflictsAndDeadLettersAreEventsOfTheBatch(t *testing.T) {
 
 func TestAMessageWithoutOrWithABadTraceparentGetsTheBatchForParent(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	db.Exec(t, `CREATE TABLE `+db.Table("effects")+` (message_id text NOT NULL)`)
-	k := testenv.NewKafka(t)
-	topic := k.Topic(t, 1)
-	tr := newTracing(t)
+	db, k, topic, tr := newSetup(t)
 	k.Produce(t, topic, plain("none", "1"),
 		plain("garbage", "2", kafka.Header{Key: "traceparent", Value: []byte("00-not-a-trace-01")}),
 		plain("zeros", "3", kafka.Header{Key: "traceparent", Value: []byte("00-00000000000000000000000000000000-0000000000000000-01")}))
@@ -245,11 +228,7 @@ func TestAMessageWithoutOrWithABadTraceparentGetsTheBatchForParent(t *testing.T)
 // a redrive's handler span continues the trace the message was written in.
 func TestARedriveContinuesTheMessagesTrace(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	db.Exec(t, `CREATE TABLE `+db.Table("effects")+` (message_id text NOT NULL)`)
-	k := testenv.NewKafka(t)
-	topic := k.Topic(t, 1)
-	tr := newTracing(t)
+	db, k, topic, tr := newSetup(t)
 	m, producer := traced(t, tr, "r")
 	k.Produce(t, topic, m)
 	h, err := otelhooks.New("ledger", otelhooks.WithTracerProvider(tr.tp))
@@ -283,11 +262,7 @@ func TestARedriveContinuesTheMessagesTrace(t *testing.T) {
 // it: its span records the cut as an event, not as an error.
 func TestACutTransactionIsNotAnError(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	db.Exec(t, `CREATE TABLE `+db.Table("effects")+` (message_id text NOT NULL)`)
-	k := testenv.NewKafka(t)
-	topic := k.Topic(t, 1)
-	tr := newTracing(t)
+	db, k, topic, tr := newSetup(t)
 	// m1 is set aside, so the batch runs again with m2 onwards in
 	// savepoints; m3 then fails once, cutting the transaction after m2.
 	k.Produce(t, topic, plain("m0", "0"), plain("m1", "1"), plain("m2", "2"), plain("m3", "3"), plain("m4", "4"))

@@ -31,6 +31,7 @@ import (
 	"os/signal"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -83,7 +84,7 @@ func main() {
 	applyEnv()
 	log.SetFlags(0)
 	log.SetPrefix("[ledger] ")
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	s, err := run(ctx, *transfers, *accounts, *partitions, *dupEvery, *resendEvery)
 	if err != nil {

@@ -106,7 +106,7 @@ func main() {
 	flag.Parse()
 	applyEnv()
 	log.SetPrefix("[payments] ")
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	s, err := run(ctx, *n, *workers, *kills, *lease)
 	if err != nil {

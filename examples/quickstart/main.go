@@ -26,6 +26,7 @@ import (
 	"os/signal"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -55,7 +56,7 @@ func main() {
 	flag.Parse()
 	applyEnv()
 	log.SetFlags(0)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, *n, *resend); err != nil {
 		log.Fatalf("quickstart: %v", err)

@@ -54,7 +54,7 @@ func TestAPostgresContainerIsRunReachedAndRemoved(t *testing.T) {
 	if !probeDocker(ctx) {
 		t.Fatal("probeDocker: false, want true with a docker command that answers")
 	}
-	pg, err := postgresContainer(ctx)
+	pg, err := postgresContainerOn(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestAContainerThatNeverGetsReadyIsRemoved(t *testing.T) {
 	calls := fakeDocker(t, "127.0.0.1:1") // nothing listens on port 1
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	if _, err := postgresContainer(ctx); err == nil {
+	if _, err := postgresContainerOn(ctx, 0); err == nil {
 		t.Fatal("postgresContainer succeeded with nothing listening")
 	} else if !strings.Contains(err.Error(), "Postgres container not ready") {
 		t.Errorf("error %q does not say what was not ready", err)
@@ -148,7 +148,7 @@ esac
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if _, err := postgresContainer(ctx); err == nil {
+	if _, err := postgresContainerOn(ctx, 0); err == nil {
 		t.Fatal("postgresContainer succeeded although its context ended during docker run")
 	}
 	log, _ := os.ReadFile(calls)

@@ -61,17 +61,41 @@ func StartFakeKafka(opts ...kfake.Opt) (*Kafka, error) {
 	return &Kafka{Brokers: c.ListenAddrs(), Source: "in-process", Fake: c, close: func() error { c.Close(); return nil }}, nil
 }
 
-func kafkaDocker(ctx context.Context) (*Kafka, error) {
+// StartKafkaOn starts a broker of its own listening on 127.0.0.1:port,
+// whatever KAFKA_BROKERS says: Apache Kafka in a container when container
+// is set (it fails without Docker), else the in-process broker. It is for
+// brokers that outlive the processes using them (kafkaonce dev).
+func StartKafkaOn(ctx context.Context, port int, container bool) (*Kafka, error) {
+	if container {
+		if !DockerAvailable() {
+			return nil, fmt.Errorf("devenv: no Kafka container on port %d: %w", port, errNoDocker)
+		}
+		return kafkaDockerOn(ctx, port)
+	}
+	k, err := StartFakeKafka(kfake.Ports(port))
+	if err != nil {
+		return nil, fmt.Errorf("devenv: in-process Kafka on port %d: %w", port, err)
+	}
+	return k, nil
+}
+
+func kafkaDocker(ctx context.Context) (*Kafka, error) { return kafkaDockerOn(ctx, 0) }
+
+// kafkaDockerOn runs Apache Kafka with its listener published on loopback
+// at port (0: a free one).
+func kafkaDockerOn(ctx context.Context, port int) (*Kafka, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	// The advertised listener must name the address clients dial, so the host
 	// port is chosen before the container starts and published one to one.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
+	if port == 0 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		port = l.Addr().(*net.TCPAddr).Port
+		l.Close()
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
 	flags := []string{"--publish", fmt.Sprintf("127.0.0.1:%d:9092", port)}
 	for _, kv := range [][2]string{
 		{"KAFKA_NODE_ID", "1"},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -68,8 +69,30 @@ func StartPostgres(ctx context.Context, order PostgresOrder) (*Postgres, error) 
 
 var errNoDocker = errors.New("devenv: Docker is not available")
 
-func postgresLocal(ctx context.Context) (*Postgres, error) {
-	c, err := pgcluster.Start(ctx, nil)
+// StartPostgresOn starts a server of its own listening on 127.0.0.1:port,
+// whatever DATABASE_URL says: from the local binaries, else in a
+// container. It is for servers that outlive the processes using them
+// (kafkaonce dev).
+func StartPostgresOn(ctx context.Context, port int) (*Postgres, error) {
+	p, err := postgresLocalOn(ctx, port)
+	if err == nil {
+		return p, nil
+	}
+	if !DockerAvailable() {
+		return nil, fmt.Errorf("devenv: no Postgres on port %d: install PostgreSQL server binaries (initdb, pg_ctl), or start Docker: %w", port, errors.Join(err, errNoDocker))
+	}
+	return postgresContainerOn(ctx, port)
+}
+
+func postgresLocal(ctx context.Context) (*Postgres, error) { return postgresLocalOn(ctx, 0) }
+
+// postgresLocalOn starts a throwaway cluster at port (0: a free one).
+func postgresLocalOn(ctx context.Context, port int) (*Postgres, error) {
+	var settings map[string]string
+	if port > 0 {
+		settings = map[string]string{"port": strconv.Itoa(port)}
+	}
+	c, err := pgcluster.Start(ctx, settings)
 	if err != nil {
 		return nil, err
 	}
@@ -80,16 +103,21 @@ func postgresDocker(ctx context.Context) (*Postgres, error) {
 	if !DockerAvailable() {
 		return nil, errNoDocker
 	}
-	return postgresContainer(ctx)
+	return postgresContainerOn(ctx, 0)
 }
 
-// postgresContainer runs postgres:15-alpine with its port published on
-// loopback, and waits until it accepts connections.
-func postgresContainer(ctx context.Context) (*Postgres, error) {
+// postgresContainerOn runs postgres:15-alpine with its port published on
+// loopback at port (0: a free one), and waits until it accepts
+// connections.
+func postgresContainerOn(ctx context.Context, port int) (*Postgres, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
+	publish := "127.0.0.1::5432"
+	if port > 0 {
+		publish = fmt.Sprintf("127.0.0.1:%d:5432", port)
+	}
 	c, err := runContainer(ctx,
-		[]string{"--publish", "127.0.0.1::5432", "--env", "POSTGRES_HOST_AUTH_METHOD=trust"},
+		[]string{"--publish", publish, "--env", "POSTGRES_HOST_AUTH_METHOD=trust"},
 		"postgres:15-alpine", "postgres", "-c", "fsync=off", "-c", "max_connections=300")
 	if err != nil {
 		return nil, fmt.Errorf("devenv: start Postgres container: %w", err)

@@ -42,7 +42,8 @@ var ErrNoBinaries = errors.New("pgcluster: PostgreSQL server binaries (initdb, p
 const ownerFile = "owner.pid"
 
 // Start initialises a fresh data directory under the system temp dir and
-// starts a server listening on 127.0.0.1 at a free port. Clusters left
+// starts a server listening on 127.0.0.1 at a free port (or at the port
+// settings name, "port"). Clusters left
 // running by processes that died without stopping them (a test binary that
 // panicked, say) are stopped first. settings are extra
 // server settings (name → value) added to the defaults, which favour speed
@@ -77,6 +78,12 @@ func Start(ctx context.Context, settings map[string]string) (*Cluster, error) {
 		return nil, err
 	}
 	port, err := freePort()
+	if p, ok := settings["port"]; ok {
+		port, err = strconv.Atoi(p)
+		if err != nil || port <= 0 || port > 65535 {
+			err = fmt.Errorf("pgcluster: port %q is not a TCP port", p)
+		}
+	}
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err

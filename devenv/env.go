@@ -20,10 +20,10 @@ type Env struct {
 	// Brokers are the Kafka bootstrap addresses.
 	Brokers []string
 	// PostgresSource says where the database came from: "DATABASE_URL",
-	// "local binaries" or "docker".
+	// "local binaries" or "container".
 	PostgresSource string
-	// KafkaSource says where the broker came from: "KAFKA_BROKERS" or
-	// "in-process".
+	// KafkaSource says where the broker came from: "KAFKA_BROKERS",
+	// "container" or "in-process".
 	KafkaSource string
 
 	pg *devenv.Postgres
@@ -33,12 +33,14 @@ type Env struct {
 // Start finds or starts Postgres and Kafka (see the package doc for where
 // each comes from) and opens a pool. The error of a machine that offers no
 // Postgres says what to install or set. Close stops what Start started.
-func Start(ctx context.Context) (*Env, error) {
-	pg, err := devenv.StartPostgres(ctx, devenv.LocalFirst)
+func Start(ctx context.Context, opts ...Option) (*Env, error) {
+	// A nil ContainerRuntime converts to a nil devenv.Containers: none.
+	var containers devenv.Containers = newOptions(opts).checkedContainers(ctx)
+	pg, err := devenv.StartPostgres(ctx, containers)
 	if err != nil {
 		return nil, err
 	}
-	kf, err := devenv.StartKafka(ctx, false)
+	kf, err := devenv.StartKafka(ctx, containers)
 	if err != nil {
 		_ = pg.Close()
 		return nil, err

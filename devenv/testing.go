@@ -17,21 +17,23 @@ import (
 var shared struct {
 	sync.Mutex
 	inMain bool
+	opts   []Option
 	env    *Env
 	err    error
 }
 
-// Main runs a test binary's tests with one Env for all of them, started by
-// the first ForTest and stopped once the tests are done. Call it from
-// TestMain:
+// Main runs a test binary's tests with one Env for all of them, started
+// with opts by the first ForTest and stopped once the tests are done. Call
+// it from TestMain:
 //
 //	func TestMain(m *testing.M) { devenv.Main(m) }
 //
 // Without it, ForTest starts an Env for each test, which with a throwaway
 // cluster costs a second or two per test.
-func Main(m *testing.M) {
+func Main(m *testing.M, opts ...Option) {
 	shared.Lock()
 	shared.inMain = true
+	shared.opts = opts
 	shared.Unlock()
 	code := m.Run()
 	shared.Lock()
@@ -81,7 +83,7 @@ func envForTest(tb testing.TB) *Env {
 	defer shared.Unlock()
 	if shared.inMain {
 		if shared.env == nil && shared.err == nil {
-			shared.env, shared.err = startForTest()
+			shared.env, shared.err = startForTest(shared.opts...)
 		}
 		if shared.err != nil {
 			tb.Fatalf("%v", shared.err)
@@ -100,10 +102,10 @@ func envForTest(tb testing.TB) *Env {
 	return env
 }
 
-func startForTest() (*Env, error) {
+func startForTest(opts ...Option) (*Env, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	return Start(ctx)
+	return Start(ctx, opts...)
 }
 
 // Topic creates a topic with the given number of partitions, named after

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -27,8 +28,10 @@ func checkout(t *testing.T) string {
 }
 
 // newModule writes a module named module in a temp dir with the given Go
-// files, requiring kafkaonce from the checkout, and tidies it.
-func newModule(t *testing.T, module string, files map[string][]byte) string {
+// files, requiring kafkaonce from the checkout, and tidies it. nested are
+// kafkaonce's nested modules the files import (as "devenv/containers"),
+// also taken from the checkout.
+func newModule(t *testing.T, module string, files map[string][]byte, nested ...string) string {
 	t.Helper()
 	dir := t.TempDir()
 	for name, src := range files {
@@ -39,6 +42,9 @@ func newModule(t *testing.T, module string, files map[string][]byte) string {
 	gomod := "module " + module + "\n\ngo " + strings.TrimPrefix(runtime.Version(), "go") + "\n\n" +
 		"require github.com/kafkaonce/kafkaonce v0.0.0\n\n" +
 		"replace github.com/kafkaonce/kafkaonce => " + checkout(t) + "\n"
+	for _, n := range nested {
+		gomod += "\nreplace github.com/kafkaonce/kafkaonce/" + n + " => " + filepath.Join(checkout(t), n) + "\n"
+	}
 	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gomod), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -124,6 +130,43 @@ func TestTheQuickstartRunsCopiedAsItIs(t *testing.T) {
 	}
 	if !s.OK || s.Applied != 200 {
 		t.Fatalf("the copied quickstart did not apply its 200 credits once each:\n%s", out)
+	}
+}
+
+// TestContainersAreOptIn measures the go.mod of a copied quickstart and of
+// a module that runs its tests in containers: testcontainers and the
+// Docker client reach the second alone.
+func TestContainersAreOptIn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("tidies two modules: skipped with -short")
+	}
+	quickstart := newModule(t, "example.com/copied/quickstart", exampleFiles(t, "quickstart"))
+	src := `package withcontainers
+
+import (
+	"testing"
+
+	"github.com/kafkaonce/kafkaonce/devenv"
+	"github.com/kafkaonce/kafkaonce/devenv/containers"
+)
+
+func TestMain(m *testing.M) { devenv.Main(m, devenv.WithContainers(containers.Docker{})) }
+`
+	withContainers := newModule(t, "example.com/withcontainers", map[string][]byte{"main_test.go": []byte(src)}, "devenv/containers")
+	for _, m := range []struct {
+		name, dir  string
+		containers bool
+	}{{"a copied quickstart", quickstart, false}, {"a module testing in containers", withContainers, true}} {
+		gomod, err := os.ReadFile(filepath.Join(m.dir, "go.mod"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		all := strings.Fields(goCmd(t, m.dir, "list", "-m", "-f", "{{.Path}}", "all"))
+		holds := slices.ContainsFunc(all, func(p string) bool { return strings.HasPrefix(p, "github.com/testcontainers/") })
+		if holds != m.containers {
+			t.Errorf("%s: testcontainers in its module graph: %v, want %v", m.name, holds, m.containers)
+		}
+		t.Logf("%s: go.mod of %d lines; go list -m all: %d modules", m.name, strings.Count(string(gomod), "\n"), len(all))
 	}
 }
 

@@ -28,7 +28,7 @@ func main() {
 	markdown := flag.String("markdown", "", "write the results into this BENCHMARKS.md (between its http markers)")
 	flag.Parse()
 	ctx := context.Background()
-	pg, err := devenv.StartPostgres(ctx, devenv.LocalFirst)
+	pg, err := devenv.StartPostgres(ctx, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/devenv/containers"
 )
 
 // lockedBuffer is a bytes.Buffer a command writes while the test reads it.
@@ -183,4 +184,98 @@ func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() boo
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// devCommandEnv, set in a child process of the test binary, makes
+// TestDevCommand run as the command kafkaonce dev runs.
+const devCommandEnv = "KAFKAONCE_DEV_COMMAND"
+
+// TestDevCommand is the command TestDevRunsACommand gives dev: it reaches
+// both servers through the variables dev set, and exits with status 7.
+func TestDevCommand(t *testing.T) {
+	if os.Getenv(devCommandEnv) != "1" {
+		t.Skip("run by TestDevRunsACommand as its command")
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, os.Getenv("DATABASE_URL"))
+	require.NoError(t, err)
+	var migrated bool
+	require.NoError(t, conn.QueryRow(ctx, `SELECT to_regclass('kafkaonce.processed_messages') IS NOT NULL`).Scan(&migrated))
+	conn.Close(ctx)
+	require.True(t, migrated, "dev migrated the schema before running the command")
+	kc, err := kafka.DialContext(ctx, "tcp", os.Getenv("KAFKA_BROKERS"))
+	require.NoError(t, err)
+	_, err = kc.Brokers()
+	kc.Close()
+	require.NoError(t, err)
+	os.Exit(7)
+}
+
+// kafkaonce dev -- command: the command runs against dev's servers, its
+// exit status is dev's, and the servers stop after it.
+func TestDevRunsACommand(t *testing.T) {
+	t.Parallel()
+	const pgPort, kafkaPort = 25753, 25754
+	devArgs := []string{"dev", "--pg-port", strconv.Itoa(pgPort), "--kafka-port", strconv.Itoa(kafkaPort)}
+	dev := func(ctx context.Context, args ...string) (error, string) {
+		var out, errb lockedBuffer
+		st := streams{in: strings.NewReader(""), out: &out, err: &errb, terminal: func() bool { return false }, getenv: func(string) string { return "" }}
+		root, _ := newRootSettings(st)
+		root.SetArgs(append(append([]string(nil), devArgs...), args...))
+		root.SetOut(&out)
+		root.SetErr(&errb)
+		return root.ExecuteContext(ctx), out.String() + errb.String()
+	}
+	stopped := func(t *testing.T) {
+		t.Helper()
+		url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=2", pgPort)
+		if probe, err := pgx.Connect(context.Background(), url); err == nil {
+			probe.Close(context.Background())
+			t.Fatal("Postgres still answers after dev returned")
+		}
+	}
+
+	t.Run("its exit status is dev's", func(t *testing.T) {
+		err, out := dev(context.Background(), "--", "env", devCommandEnv+"=1", os.Args[0], "-test.run", "^TestDevCommand$", "-test.count=1")
+		var status exitStatus
+		require.ErrorAs(t, err, &status, out)
+		require.Equal(t, exitStatus(7), status, out)
+		require.Contains(t, out, "running env "+devCommandEnv)
+		stopped(t)
+	})
+
+	t.Run("Ctrl-C reaches the command, and dev waits for it", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		marker := t.TempDir() + "/started"
+		done := make(chan struct{})
+		var err error
+		var out string
+		go func() {
+			defer close(done)
+			err, out = dev(ctx, "--", "sh", "-c", `trap 'exit 5' TERM; touch `+marker+`; while :; do sleep 0.05; done`)
+		}()
+		waitUntil(t, 2*time.Minute, "the command started", func() bool { _, err := os.Stat(marker); return err == nil })
+		cancel()
+		<-done
+		var status exitStatus
+		require.ErrorAs(t, err, &status, out)
+		require.Equal(t, exitStatus(5), status, "the command's own status on SIGTERM")
+		stopped(t)
+	})
+
+	t.Run("a container asked for without an engine says why", func(t *testing.T) {
+		if (containers.Docker{}).Check(context.Background()) == nil {
+			t.Skip("a container engine answers on this machine")
+		}
+		err, _ := dev(context.Background(), "--kafka-container", "--", "true")
+		require.ErrorContains(t, err, "dev: Kafka on port 25754")
+		require.ErrorContains(t, err, "containers skipped: ")
+		stopped(t)
+	})
+
+	t.Run("arguments before -- are refused", func(t *testing.T) {
+		err, _ := dev(context.Background(), "go", "test")
+		require.ErrorContains(t, err, "put the command to run after --")
+	})
 }

@@ -76,11 +76,14 @@ func run(args []string, st streams) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := root.ExecuteContext(ctx)
+	var status exitStatus
 	switch {
 	case err == nil:
 		return 0
 	case errors.Is(err, errFindings):
 		return 1
+	case errors.As(err, &status):
+		return int(status) // the command kafkaonce dev ran
 	default:
 		fmt.Fprintln(st.err, "kafkaonce:", redact(err.Error(), st.getenv("DATABASE_URL"), st.getenv("KAFKA_PASSWORD")))
 		return 2

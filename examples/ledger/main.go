@@ -4,8 +4,8 @@
 //	go run ./examples/ledger
 //
 // With no setup it uses an in-process Kafka broker and Postgres from
-// DATABASE_URL, else a throwaway cluster from the local PostgreSQL binaries,
-// else a Docker container. It migrates, produces transfers (with producer
+// DATABASE_URL, else a throwaway cluster from the local PostgreSQL binaries
+// (or run it under kafkaonce dev). It migrates, produces transfers (with producer
 // duplicates and later re-sends of the same ids), runs two workers in one
 // consumer group, forces a rebalance mid-run (one worker leaves, another
 // joins), then rewinds the group and replays the whole topic — with the

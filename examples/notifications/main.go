@@ -13,7 +13,7 @@
 // key, and the provider sends nothing twice.
 //
 // With no setup it uses an in-process Kafka broker and Postgres from
-// DATABASE_URL, else local binaries, else Docker. The last line on stdout is
+// DATABASE_URL, else local binaries. The last line on stdout is
 // a JSON summary; the exit code is 0 only when every order got exactly one
 // e-mail.
 package main

@@ -5,7 +5,7 @@
 //
 // With no setup it uses an in-process Kafka broker and Postgres from
 // DATABASE_URL, else a throwaway cluster from the local PostgreSQL
-// binaries, else a Docker container.
+// binaries.
 //
 //   - A payments API (a process of its own) serves POST /v1/payments with
 //     an Idempotency-Key, as a phased request of package idempotency: the

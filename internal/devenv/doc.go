@@ -1,13 +1,15 @@
 // Package devenv finds or starts the Postgres server and Kafka broker that
-// tests and example programs run against, so that both work on a fresh
-// machine with no setup:
+// tests, example programs and kafkaonce dev run against, so that all of
+// them work on a fresh machine with no setup:
 //
-//   - Postgres: DATABASE_URL when set; else a container when Docker answers;
-//     else a throwaway cluster from the local PostgreSQL binaries.
-//   - Kafka: KAFKA_BROKERS when set; else a container when Docker answers;
-//     else an in-process Kafka-protocol broker (kfake) listening on loopback.
+//   - Postgres: DATABASE_URL when set; else a throwaway cluster from the
+//     local PostgreSQL binaries; else a container, when the caller passes
+//     a Containers whose check passes.
+//   - Kafka: KAFKA_BROKERS when set; else a container, when the caller
+//     passes a Containers whose check passes; else an in-process
+//     Kafka-protocol broker (kfake) listening on loopback.
 //
-// Docker is only asked when its socket exists and answers a health check
-// within a few seconds, so machines without Docker never wait on it. Set
-// KAFKAONCE_DOCKER=off to skip Docker even where it runs.
+// The package runs no container itself: the module
+// github.com/kafkaonce/kafkaonce/devenv/containers does, through
+// testcontainers-go, so that only what imports it needs a Docker client.
 package devenv

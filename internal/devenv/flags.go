@@ -9,7 +9,7 @@ import (
 // environment (DATABASE_URL, KAFKA_BROKERS); Apply copies what was given back
 // into the environment, where StartPostgres and StartKafka look.
 func RegisterFlags(fs *flag.FlagSet) (apply func()) {
-	db := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres to use (default $DATABASE_URL; else a throwaway local cluster, else Docker)")
+	db := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres to use (default $DATABASE_URL; else a throwaway local cluster)")
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "Kafka brokers to use, comma-separated (default $KAFKA_BROKERS; else an in-process broker)")
 	return func() {
 		if *db != "" {

@@ -3,12 +3,10 @@ package devenv
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"strings"
 	"time"
 
-	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
@@ -16,8 +14,8 @@ import (
 type Kafka struct {
 	// Brokers are the bootstrap addresses.
 	Brokers []string
-	// Source says where the broker came from: "KAFKA_BROKERS", "docker" or
-	// "in-process".
+	// Source says where the broker came from: "KAFKA_BROKERS",
+	// SourceContainer or "in-process".
 	Source string
 	// Fake is the in-process cluster when Source is "in-process", so tests
 	// can intercept requests.
@@ -33,14 +31,15 @@ func (k *Kafka) Close() error {
 	return k.close()
 }
 
-// StartKafka returns KAFKA_BROKERS's brokers, or starts one: a container when
-// useDocker is true and Docker answers, else the in-process broker.
-func StartKafka(ctx context.Context, useDocker bool) (*Kafka, error) {
+// StartKafka returns KAFKA_BROKERS's brokers, or starts one: in a
+// container of rt when rt is not nil and its check passes, else the
+// in-process broker.
+func StartKafka(ctx context.Context, rt Containers) (*Kafka, error) {
 	if env := os.Getenv("KAFKA_BROKERS"); env != "" {
 		return &Kafka{Brokers: SplitBrokers(env), Source: "KAFKA_BROKERS"}, nil
 	}
-	if useDocker && DockerAvailable() {
-		return kafkaDocker(ctx)
+	if rt != nil && rt.Check(ctx) == nil {
+		return kafkaContainer(ctx, rt, 0)
 	}
 	return StartFakeKafka()
 }
@@ -62,15 +61,18 @@ func StartFakeKafka(opts ...kfake.Opt) (*Kafka, error) {
 }
 
 // StartKafkaOn starts a broker of its own listening on 127.0.0.1:port,
-// whatever KAFKA_BROKERS says: Apache Kafka in a container when container
-// is set (it fails without Docker), else the in-process broker. It is for
+// whatever KAFKA_BROKERS says: in a container of rt when container is set
+// (it fails when rt's check does), else the in-process broker. It is for
 // brokers that outlive the processes using them (kafkaonce dev).
-func StartKafkaOn(ctx context.Context, port int, container bool) (*Kafka, error) {
+func StartKafkaOn(ctx context.Context, port int, rt Containers, container bool) (*Kafka, error) {
 	if container {
-		if !DockerAvailable() {
-			return nil, fmt.Errorf("devenv: no Kafka container on port %d: %w", port, errNoDocker)
+		if rt == nil {
+			return nil, fmt.Errorf("devenv: no Kafka container on port %d: no container runtime", port)
 		}
-		return kafkaDockerOn(ctx, port)
+		if err := rt.Check(ctx); err != nil {
+			return nil, fmt.Errorf("devenv: no Kafka container on port %d: %w", port, err)
+		}
+		return kafkaContainer(ctx, rt, port)
 	}
 	k, err := StartFakeKafka(kfake.Ports(port))
 	if err != nil {
@@ -79,60 +81,14 @@ func StartKafkaOn(ctx context.Context, port int, container bool) (*Kafka, error)
 	return k, nil
 }
 
-func kafkaDocker(ctx context.Context) (*Kafka, error) { return kafkaDockerOn(ctx, 0) }
-
-// kafkaDockerOn runs Apache Kafka with its listener published on loopback
-// at port (0: a free one).
-func kafkaDockerOn(ctx context.Context, port int) (*Kafka, error) {
+func kafkaContainer(ctx context.Context, rt Containers, port int) (*Kafka, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	// The advertised listener must name the address clients dial, so the host
-	// port is chosen before the container starts and published one to one.
-	if port == 0 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		port = l.Addr().(*net.TCPAddr).Port
-		l.Close()
-	}
-	flags := []string{"--publish", fmt.Sprintf("127.0.0.1:%d:9092", port)}
-	for _, kv := range [][2]string{
-		{"KAFKA_NODE_ID", "1"},
-		{"KAFKA_PROCESS_ROLES", "broker,controller"},
-		{"KAFKA_LISTENERS", "PLAINTEXT://:9092,CONTROLLER://:9093"},
-		{"KAFKA_ADVERTISED_LISTENERS", fmt.Sprintf("PLAINTEXT://127.0.0.1:%d", port)},
-		{"KAFKA_CONTROLLER_LISTENER_NAMES", "CONTROLLER"},
-		{"KAFKA_LISTENER_SECURITY_PROTOCOL_MAP", "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"},
-		{"KAFKA_CONTROLLER_QUORUM_VOTERS", "1@localhost:9093"},
-		{"KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1"},
-		{"KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1"},
-		{"KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1"},
-		{"KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0"},
-	} {
-		flags = append(flags, "--env", kv[0]+"="+kv[1])
-	}
-	// apache/kafka 3.9 runs KRaft by default and accepts the JoinGroup v1
-	// that kafka-go's consumer group sends (4.0.0 does not).
-	c, err := runContainer(ctx, flags, "apache/kafka:3.9.1")
+	brokers, remove, err := rt.StartKafka(ctx, port)
 	if err != nil {
-		return nil, fmt.Errorf("devenv: start Kafka container: %w", err)
+		return nil, err
 	}
-	brokers := []string{fmt.Sprintf("127.0.0.1:%d", port)}
-	err = waitReady(ctx, 2*time.Minute, "Kafka container", func(ctx context.Context) error {
-		conn, err := kafka.DialContext(ctx, "tcp", brokers[0])
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		_, err = conn.Brokers()
-		return err
-	})
-	if err != nil {
-		_ = c.remove()
-		return nil, fmt.Errorf("devenv: %w", err)
-	}
-	return &Kafka{Brokers: brokers, Source: "docker", close: c.remove}, nil
+	return &Kafka{Brokers: brokers, Source: SourceContainer, close: remove}, nil
 }
 
 // SplitBrokers parses a comma-separated broker list, ignoring blanks.

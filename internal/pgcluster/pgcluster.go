@@ -1,6 +1,6 @@
 // Package pgcluster starts a throwaway PostgreSQL server from the binaries
 // installed on the machine (initdb, pg_ctl). Tests and the examples use it
-// when neither DATABASE_URL nor Docker is available.
+// when DATABASE_URL is not set.
 //
 // Postgres refuses to run as root, so when the process is root the server is
 // initialised and started as the "postgres" OS user, with the data directory

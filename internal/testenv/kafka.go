@@ -35,7 +35,7 @@ func NewKafka(tb testing.TB) *Kafka {
 	kafkaShared.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		kafkaShared.k, kafkaShared.err = devenv.StartKafka(ctx, true)
+		kafkaShared.k, kafkaShared.err = devenv.StartKafka(ctx, nil)
 		if kafkaShared.err == nil {
 			atExit(func() { _ = kafkaShared.k.Close() })
 		}

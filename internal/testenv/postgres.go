@@ -30,7 +30,7 @@ func PostgresServer(tb testing.TB) *devenv.Postgres {
 	pg.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		pg.server, pg.err = devenv.StartPostgres(ctx, devenv.DockerFirst)
+		pg.server, pg.err = devenv.StartPostgres(ctx, nil)
 		if pg.err != nil {
 			return
 		}

@@ -1,7 +1,16 @@
 // Package testenv is the test harness of kafkaonce's own tests: one Postgres
-// server and one Kafka broker per test binary (see internal/devenv for where
-// they come from), and for each test its own schema, topics and consumer
-// group, so tests run in parallel without seeing each other.
+// server and one Kafka broker per test binary, and for each test its own
+// schema, topics and consumer group, so tests run in parallel without
+// seeing each other.
+//
+// The servers are DATABASE_URL's and KAFKA_BROKERS's when set, else a
+// throwaway cluster from the local binaries and the in-process broker.
+// testenv runs no container: the library's module would need a Docker
+// client for it. To run the same tests against containers (a real Apache
+// Kafka), start them with kafkaonce dev, which sets both variables for the
+// command it runs:
+//
+//	go run ./cmd/kafkaonce dev --postgres-container --kafka-container -- go test github.com/kafkaonce/kafkaonce/...
 //
 // Every package that uses it has
 //

@@ -45,6 +45,19 @@ type HookPartitionHeld interface {
 // PartitionHeld describes a partition held back by an open transaction.
 type PartitionHeld = kafkaoncetype.PartitionHeld
 
+// HookPartitionPaused is called when a pause comes to cover a partition
+// of this member, and again (Resumed set) when it fetches again (see
+// Consumer.Pause). It is called once the batch in progress, if any, has
+// finished: from then on the partition fetches nothing and holds no
+// transaction. A partition assigned while paused is reported at its
+// assignment.
+type HookPartitionPaused interface {
+	OnPartitionPaused(ctx context.Context, p PartitionPaused)
+}
+
+// PartitionPaused describes a partition paused or resumed.
+type PartitionPaused = kafkaoncetype.PartitionPaused
+
 // HookPartitionStopped is called when a partition stops because of a
 // message that cannot be processed (err wraps a *MessageError or another
 // cause; see PartitionError).
@@ -234,6 +247,9 @@ func sortHooks(hs []Hook) (engine.Hooks, error) {
 		}
 		if v, ok := h.(HookPartitionHeld); ok {
 			out.Held = append(out.Held, v.OnPartitionHeld)
+		}
+		if v, ok := h.(HookPartitionPaused); ok {
+			out.Paused = append(out.Paused, v.OnPartitionPaused)
 		}
 		if v, ok := h.(HookBatchScope); ok {
 			out.BatchScope = append(out.BatchScope, v.ScopeBatch)

@@ -37,6 +37,20 @@ type PartitionHeld struct {
 	Released bool
 }
 
+// PartitionPaused describes a partition of this member that a pause came
+// to cover, or (Resumed) that no pause covers any more.
+type PartitionPaused struct {
+	Topic     string
+	Partition int
+	// Scope is what the covering pause names ("every topic", "topic
+	// payments", "payments/3"); By, Reason and Since are as it was given.
+	// All are unset when Resumed.
+	Scope, By, Reason string
+	Since             time.Time
+	// Resumed is set when the partition fetches again.
+	Resumed bool
+}
+
 // BatchInfo describes the messages of one batch transaction.
 type BatchInfo struct {
 	Topic     string

@@ -20,12 +20,12 @@ import (
 // kafkaonce.outcome, and the two of offset commits one counter, failures
 // told by error.type. docs/metrics.md has the mapping.
 type metrics struct {
-	consumed, conflicts, failures, retries, suspects metric.Int64Counter
-	commits, contention                              metric.Int64Counter
-	batchSize                                        metric.Int64Histogram
-	txDuration, handlerDuration                      metric.Float64Histogram
-	lag, stopped, held, batchLimit, serialized       metric.Int64Gauge
-	lastCommit                                       metric.Float64Gauge
+	consumed, conflicts, failures, retries, suspects   metric.Int64Counter
+	commits, contention                                metric.Int64Counter
+	batchSize                                          metric.Int64Histogram
+	txDuration, handlerDuration                        metric.Float64Histogram
+	lag, stopped, held, paused, batchLimit, serialized metric.Int64Gauge
+	lastCommit                                         metric.Float64Gauge
 
 	base attribute.KeyValue // kafkaonce.consumer
 	// sets caches the attribute sets recorded per message, by topic: most
@@ -71,6 +71,7 @@ func (m *metrics) init(meter metric.Meter, consumerAttr attribute.KeyValue) erro
 	m.lag = gauge("kafkaonce.partition.lag", "{message}", "Messages between the last committed batch and the log end, as of its fetch.")
 	m.stopped = gauge("kafkaonce.partition.stopped", "1", "1 while the partition is stopped at a message it cannot process.")
 	m.held = gauge("kafkaonce.partition.held", "1", "1 while a producer's open transaction holds the partition back (reported after OpenTransactionAfter).")
+	m.paused = gauge("kafkaonce.partition.paused", "1", "1 while a pause holds the partition: it fetches nothing until resumed.")
 	m.batchLimit = gauge("kafkaonce.partition.batch_limit", "{message}", "Most messages the partition's next transaction covers: MaxBatch, or less under contention.")
 	m.serialized = gauge("kafkaonce.partition.serialized", "1", "1 while the partition's transactions wait their turn at the consumer's gate because of contention.")
 	m.lastCommit, e = meter.Float64Gauge("kafkaonce.partition.last_commit.timestamp", metric.WithUnit("s"), metric.WithDescription("When a batch of the partition last committed, in seconds since the Unix epoch."))
@@ -208,12 +209,17 @@ func (h *Hooks) OnPartitionHeld(ctx context.Context, p consumer.PartitionHeld) {
 	h.held.Record(ctx, boolInt(!p.Released), h.with(partitionAttrs(p.Topic, p.Partition)...))
 }
 
+func (h *Hooks) OnPartitionPaused(ctx context.Context, p consumer.PartitionPaused) {
+	h.paused.Record(ctx, boolInt(!p.Resumed), h.with(partitionAttrs(p.Topic, p.Partition)...))
+}
+
 // OnPartitionAssigned clears the stopped and held flags: a new assignment
 // starts again.
 func (h *Hooks) OnPartitionAssigned(ctx context.Context, a consumer.PartitionAssignment) {
 	p := h.with(partitionAttrs(a.Topic, a.Partition)...)
 	h.stopped.Record(ctx, 0, p)
 	h.held.Record(ctx, 0, p)
+	h.paused.Record(ctx, 0, p)
 	h.lastCommit.Record(ctx, float64(time.Now().UnixNano())/1e9, p)
 }
 

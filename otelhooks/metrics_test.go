@@ -144,6 +144,7 @@ func TestMetricsAfterAKnownRun(t *testing.T) {
 	require.Positive(t, c.series["kafkaonce.partition.last_commit.timestamp"][part])
 	require.Equal(t, 0.0, c.series["kafkaonce.partition.stopped"][part])
 	require.Equal(t, 0.0, c.series["kafkaonce.partition.held"][part])
+	require.Equal(t, 0.0, c.series["kafkaonce.partition.paused"][part])
 	require.Equal(t, 0.0, c.series["kafkaonce.partition.serialized"][part])
 	require.Positive(t, c.series["kafkaonce.partition.batch_limit"][part])
 	require.Positive(t, c.series["kafkaonce.offset.commits"]["messaging.operation.type=settle,messaging.system=kafka"])
@@ -156,7 +157,7 @@ func TestMetricsAfterAKnownRun(t *testing.T) {
 	require.Subset(t, names, []string{"messaging.client.consumed.messages", "kafkaonce.message.failures", "kafkaonce.message.retries",
 		"messaging.process.duration", "kafkaonce.transaction.duration", "kafkaonce.batch.size", "kafkaonce.offset.commits",
 		"kafkaonce.partition.lag", "kafkaonce.partition.last_commit.timestamp", "kafkaonce.partition.stopped",
-		"kafkaonce.partition.held", "kafkaonce.partition.batch_limit", "kafkaonce.partition.serialized"})
+		"kafkaonce.partition.held", "kafkaonce.partition.paused", "kafkaonce.partition.batch_limit", "kafkaonce.partition.serialized"})
 }
 
 func TestConflictAndSuspectMetrics(t *testing.T) {

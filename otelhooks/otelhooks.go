@@ -78,6 +78,7 @@ var (
 	_ consumer.HookOffsetsCommitted    = (*Hooks)(nil)
 	_ consumer.HookPartitionStopped    = (*Hooks)(nil)
 	_ consumer.HookPartitionHeld       = (*Hooks)(nil)
+	_ consumer.HookPartitionPaused     = (*Hooks)(nil)
 	_ consumer.HookPartitionAssigned   = (*Hooks)(nil)
 	_ consumer.HookContention          = (*Hooks)(nil)
 )

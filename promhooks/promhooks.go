@@ -26,6 +26,7 @@
 //	kafkaonce_partition_last_commit_timestamp_seconds{topic,partition}
 //	kafkaonce_partition_stopped{topic,partition} 1 while a partition is stopped
 //	kafkaonce_partition_held{topic,partition}    1 while a producer's open transaction holds a partition back
+//	kafkaonce_partition_paused{topic,partition}  1 while a pause holds a partition (kafkaonce pause, Consumer.Pause)
 //	kafkaonce_contention_retries_total{topic,partition}  transactions that lost a race for rows and ran again
 //	kafkaonce_partition_batch_limit{topic,partition}     most messages the partition's next transaction covers
 //	kafkaonce_partition_serialized{topic,partition}      1 while its transactions wait their turn at the consumer's gate
@@ -48,15 +49,15 @@ import (
 // Hooks records a consumer's activity in Prometheus metrics. Pass it in
 // consumer.Config.Hooks.
 type Hooks struct {
-	applied, conflicts, retries, suspects *prometheus.CounterVec
-	skipped, dead, failures               *prometheus.CounterVec
-	batchSize                             prometheus.Observer
-	txDuration                            *prometheus.HistogramVec
-	handlerDuration                       *prometheus.HistogramVec
-	commits, commitErrors                 prometheus.Counter
-	lag, lastCommit, stopped, held        *prometheus.GaugeVec
-	contention                            *prometheus.CounterVec
-	batchLimit, serialized                *prometheus.GaugeVec
+	applied, conflicts, retries, suspects  *prometheus.CounterVec
+	skipped, dead, failures                *prometheus.CounterVec
+	batchSize                              prometheus.Observer
+	txDuration                             *prometheus.HistogramVec
+	handlerDuration                        *prometheus.HistogramVec
+	commits, commitErrors                  prometheus.Counter
+	lag, lastCommit, stopped, held, paused *prometheus.GaugeVec
+	contention                             *prometheus.CounterVec
+	batchLimit, serialized                 *prometheus.GaugeVec
 }
 
 // New creates the metrics for one consumer (its Config.Name) and registers
@@ -88,6 +89,7 @@ func New(reg prometheus.Registerer, consumerName string) (*Hooks, error) {
 		lastCommit: gauge("partition_last_commit_timestamp_seconds", "When a batch of the partition last committed."),
 		stopped:    gauge("partition_stopped", "1 while the partition is stopped at a message it cannot process."),
 		held:       gauge("partition_held", "1 while a producer's open transaction holds the partition back (reported after OpenTransactionAfter)."),
+		paused:     gauge("partition_paused", "1 while a pause holds the partition: it fetches nothing until resumed."),
 		contention: counter("contention_retries_total", "Batch transactions that lost a race for rows (deadlock, serialization failure, lock timeout) and ran again.", "topic", "partition"),
 		batchLimit: gauge("partition_batch_limit", "Most messages the partition's next transaction covers: MaxBatch, or less under contention."),
 		serialized: gauge("partition_serialized", "1 while the partition's transactions wait their turn at the consumer's gate because of contention."),
@@ -98,7 +100,7 @@ func New(reg prometheus.Registerer, consumerName string) (*Hooks, error) {
 	commitErrors := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kafkaonce", Name: "offset_commit_errors_total", Help: "Offset commits to Kafka that failed.", ConstLabels: labels})
 	h.batchSize, h.commits, h.commitErrors = batchSize, commits, commitErrors
 	for _, c := range []prometheus.Collector{h.applied, h.skipped, h.conflicts, h.dead, h.failures, h.retries, h.suspects,
-		batchSize, h.txDuration, h.handlerDuration, commits, commitErrors, h.lag, h.lastCommit, h.stopped, h.held,
+		batchSize, h.txDuration, h.handlerDuration, commits, commitErrors, h.lag, h.lastCommit, h.stopped, h.held, h.paused,
 		h.contention, h.batchLimit, h.serialized} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("promhooks: register: %w", err)
@@ -122,6 +124,7 @@ var (
 	_ consumer.HookBatchStart          = (*Hooks)(nil)
 	_ consumer.HookContention          = (*Hooks)(nil)
 	_ consumer.HookPartitionHeld       = (*Hooks)(nil)
+	_ consumer.HookPartitionPaused     = (*Hooks)(nil)
 )
 
 func (h *Hooks) OnMessageApplied(_ context.Context, m *consumer.Message) {
@@ -207,10 +210,19 @@ func (h *Hooks) OnPartitionHeld(_ context.Context, p consumer.PartitionHeld) {
 	h.held.WithLabelValues(p.Topic, strconv.Itoa(p.Partition)).Set(v)
 }
 
-// OnPartitionAssigned clears the stopped and held flags: a new assignment
-// starts again.
+func (h *Hooks) OnPartitionPaused(_ context.Context, p consumer.PartitionPaused) {
+	v := 1.0
+	if p.Resumed {
+		v = 0
+	}
+	h.paused.WithLabelValues(p.Topic, strconv.Itoa(p.Partition)).Set(v)
+}
+
+// OnPartitionAssigned clears the stopped, held and paused flags: a new
+// assignment starts again (and reports a pause that still holds).
 func (h *Hooks) OnPartitionAssigned(_ context.Context, a consumer.PartitionAssignment) {
 	h.stopped.WithLabelValues(a.Topic, strconv.Itoa(a.Partition)).Set(0)
 	h.held.WithLabelValues(a.Topic, strconv.Itoa(a.Partition)).Set(0)
+	h.paused.WithLabelValues(a.Topic, strconv.Itoa(a.Partition)).Set(0)
 	h.lastCommit.WithLabelValues(a.Topic, strconv.Itoa(a.Partition)).Set(float64(time.Now().UnixNano()) / 1e9)
 }

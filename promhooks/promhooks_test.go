@@ -19,6 +19,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
+	"github.com/kafkaonce/kafkaonce/pauses"
 	"github.com/kafkaonce/kafkaonce/promhooks"
 )
 
@@ -179,19 +180,10 @@ func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 
 	return n
 }
 
-// kafkaonce_partition_held is 1 while a producer's open transaction holds
-// the partition back, and 0 once it ended.
-func TestHeldMetric(t *testing.T) {
-	t.Parallel()
-	db := testenv.NewDB(t)
-	k := testenv.NewKafka(t)
-	topic := k.Topic(t, 1)
-	tx, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...), kgo.TransactionalID(testenv.Name(t, "tx")), kgo.DefaultProduceTopic(topic))
-	require.NoError(t, err)
-	defer tx.Close()
-	require.NoError(t, tx.BeginTransaction())
-	require.NoError(t, tx.ProduceSync(context.Background(), &kgo.Record{Value: []byte("v"), Headers: []kgo.RecordHeader{{Key: "message-id", Value: []byte("m")}}}).FirstErr())
-
+// gaugeConsumer runs a consumer of topic, whose handler does nothing,
+// with promhooks on reg, until the test ends.
+func gaugeConsumer(t *testing.T, db *testenv.DB, k *testenv.Kafka, topic string) (*prometheus.Registry, *consumer.Consumer) {
+	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
 	hooks, err := promhooks.New(reg, "ledger")
 	require.NoError(t, err)
@@ -206,16 +198,50 @@ func TestHeldMetric(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	defer func() { cancel(); require.NoError(t, <-done) }()
-	held := func() float64 { return testutil.ToFloat64(counterWith(t, reg, "kafkaonce_partition_held")) }
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	return reg, c
+}
+
+// waitGauge waits until the gauge name reads want.
+func waitGauge(t *testing.T, reg *prometheus.Registry, name string, want float64, what string) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
-	for held() != 1 {
-		require.True(t, time.Now().Before(deadline), "the partition never showed as held")
+	for testutil.ToFloat64(counterWith(t, reg, name)) != want {
+		require.True(t, time.Now().Before(deadline), what)
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// kafkaonce_partition_held is 1 while a producer's open transaction holds
+// the partition back, and 0 once it ended.
+func TestHeldMetric(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	k := testenv.NewKafka(t)
+	topic := k.Topic(t, 1)
+	tx, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...), kgo.TransactionalID(testenv.Name(t, "tx")), kgo.DefaultProduceTopic(topic))
+	require.NoError(t, err)
+	defer tx.Close()
+	require.NoError(t, tx.BeginTransaction())
+	require.NoError(t, tx.ProduceSync(context.Background(), &kgo.Record{Value: []byte("v"), Headers: []kgo.RecordHeader{{Key: "message-id", Value: []byte("m")}}}).FirstErr())
+
+	reg, _ := gaugeConsumer(t, db, k, topic)
+	waitGauge(t, reg, "kafkaonce_partition_held", 1, "the partition never showed as held")
 	require.NoError(t, tx.EndTransaction(context.Background(), kgo.TryCommit))
-	for held() != 0 {
-		require.True(t, time.Now().Before(deadline), "the partition still showed as held after the transaction ended")
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitGauge(t, reg, "kafkaonce_partition_held", 0, "the partition still showed as held after the transaction ended")
+}
+
+// kafkaonce_partition_paused is 1 while a pause holds the partition, and
+// 0 once it is resumed.
+func TestPausedMetric(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	k := testenv.NewKafka(t)
+	topic := k.Topic(t, 1)
+	reg, c := gaugeConsumer(t, db, k, topic)
+	ctx := context.Background()
+	require.NoError(t, c.Pause(ctx, pauses.Topic(topic), "maintenance"))
+	waitGauge(t, reg, "kafkaonce_partition_paused", 1, "the partition never showed as paused")
+	require.NoError(t, c.Resume(ctx, pauses.Topic(topic)))
+	waitGauge(t, reg, "kafkaonce_partition_paused", 0, "the partition still showed as paused after resume")
 }

@@ -64,17 +64,22 @@ func (w *world) consumeInOwnGroup(want int64) (group string) {
 	return group
 }
 
-// consumeWith runs a consumer set up by adjust until every partition's
-// stored position reaches want, then stops it.
-func (w *world) consumeWith(adjust func(*consumer.Config), want int64) {
-	w.t.Helper()
-	cfg := &consumer.Config{Name: w.name, Brokers: w.kafka.Brokers, Topics: []string{w.topic}, Schema: w.db.Schema,
+// consumerConfig is w's consumer: one effect row per message.
+func (w *world) consumerConfig() *consumer.Config {
+	return &consumer.Config{Name: w.name, Brokers: w.kafka.Brokers, Topics: []string{w.topic}, Schema: w.db.Schema,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+w.db.Table("effects")+` VALUES ($1)`, m.ID)
 			return err
 		}),
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
 		Retry: consumer.RetryPolicy{InitialInterval: time.Millisecond}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+}
+
+// consumeWith runs a consumer set up by adjust until every partition's
+// stored position reaches want, then stops it.
+func (w *world) consumeWith(adjust func(*consumer.Config), want int64) {
+	w.t.Helper()
+	cfg := w.consumerConfig()
 	adjust(cfg)
 	c, err := consumer.New(w.db.Pool, cfg)
 	require.NoError(w.t, err)

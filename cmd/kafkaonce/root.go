@@ -134,7 +134,7 @@ failed redrive); 2 the command could not run.`,
 	f.StringVar(&s.saslMech, "kafka-sasl", "", "SASL mechanism: "+strings.Join(saslFlagValues, ", ")+" (password from $KAFKA_PASSWORD, token from $KAFKA_OAUTH_TOKEN, AWS credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; default: as --consumer records, when its brokers are used)")
 	f.StringVar(&s.saslUser, "kafka-user", "", "SASL user name (plain, scram-sha-256, scram-sha-512)")
 	f.BoolVar(&s.json, "json", false, "print JSON instead of text")
-	root.AddCommand(migrateCmd(s), statusCmd(s), auditCmd(s), replayCmd(s), deadLettersCmd(s), pruneCmd(s), keysCmd(s), outboxCmd(s), serveCmd(s), topicRecreatedCmd(s), devCmd(s))
+	root.AddCommand(migrateCmd(s), statusCmd(s), auditCmd(s), replayCmd(s), deadLettersCmd(s), pauseCmd(s), resumeCmd(s), pruneCmd(s), keysCmd(s), outboxCmd(s), serveCmd(s), topicRecreatedCmd(s), devCmd(s))
 	return root, s
 }
 

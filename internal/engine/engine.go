@@ -20,6 +20,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/store/letters"
 	"github.com/kafkaonce/kafkaonce/internal/store/positions"
 	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
+	"github.com/kafkaonce/kafkaonce/pauses"
 )
 
 // DB is where the engine runs its transactions (see consumer.DB).
@@ -57,7 +58,10 @@ type deps struct {
 	attempts *attempts.Store
 	// recorded is where the consumer records its settings at start-up.
 	recorded *recorded.Store
-	retry    retry.Policy
+	// pauses are the consumer's pauses as last read from pauseStore.
+	pauses     *pauseSet
+	pauseStore *pauses.Store
+	retry      retry.Policy
 	// batchUsesTx is set once the BatchHandler used Batch.Tx during a
 	// one-trip attempt: batches then always open their transaction first.
 	batchUsesTx atomic.Bool
@@ -100,19 +104,25 @@ func New(db DB, c Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
+	paused, err := pauses.NewStore(c.Schema)
+	if err != nil {
+		return nil, err
+	}
 	out := &deps{
-		db:       db,
-		cfg:      c,
-		log:      c.Logger.With(slog.String("consumer", c.Name)),
-		hooks:    c.Hooks,
-		claims:   claims,
-		offsets:  positions,
-		letters:  letters,
-		attempts: tries,
-		recorded: settings,
-		retry:    retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
-		gate:     pace.NewGate(),
-		gateKey:  gateKey(c.Schema, c.Name),
+		db:         db,
+		cfg:        c,
+		log:        c.Logger.With(slog.String("consumer", c.Name)),
+		hooks:      c.Hooks,
+		claims:     claims,
+		offsets:    positions,
+		letters:    letters,
+		attempts:   tries,
+		recorded:   settings,
+		pauses:     newPauseSet(),
+		pauseStore: paused,
+		retry:      retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
+		gate:       pace.NewGate(),
+		gateKey:    gateKey(c.Schema, c.Name),
 	}
 	out.user = newUserCode(&c, out.log)
 	out.setSession(&c, false)
@@ -155,7 +165,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	maintCtx, stopMaint := context.WithCancel(ctx)
 	maintDone := make(chan struct{})
 	go func() { defer close(maintDone); c.runMaintenance(maintCtx) }()
-	defer func() { stopMaint(); <-maintDone }()
+	pausesDone := make(chan struct{})
+	go func() { defer close(pausesDone); c.pollPauses(maintCtx) }()
+	defer func() { stopMaint(); <-maintDone; <-pausesDone }()
 
 	m := newMembership(ctx, c.deps)
 	commitCtx, stopCommits := context.WithCancel(context.WithoutCancel(ctx))

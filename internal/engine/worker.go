@@ -177,7 +177,19 @@ func (w *worker) consume(stop, work context.Context) error {
 	}
 	backoff := w.retry.New()
 	for stop.Err() == nil {
-		err := w.fetchAndProcess(stop, work)
+		w.waitWhilePaused(stop)
+		if stop.Err() != nil {
+			return nil
+		}
+		// A pause ends the run of fetches as a revocation would: the batch
+		// in progress finishes, its retries stop waiting, and the messages
+		// from w.next on are fetched again once the partition is resumed.
+		run, endRun := w.untilPaused(stop)
+		err := w.fetchAndProcess(run, work)
+		endRun()
+		if stop.Err() == nil && run.Err() != nil && (err == nil || errors.Is(err, errInterrupted) || errors.Is(err, context.Canceled)) {
+			continue
+		}
 		if err == nil || stop.Err() != nil {
 			if errors.Is(err, errInterrupted) {
 				return nil

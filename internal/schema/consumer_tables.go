@@ -7,4 +7,4 @@ package schema
 // (consumertest's cleanup) deletes from these and nothing else: a table of
 // the application's in the same schema may well have a consumer column
 // too. TestConsumerTablesAreAllThatNameAConsumer keeps the list whole.
-var ConsumerTables = []string{"consumer_offsets", "dead_letters", "message_attempts", "open_batches", "partition_runs", "suspect_duplicates"}
+var ConsumerTables = []string{"consumer_offsets", "dead_letters", "message_attempts", "open_batches", "partition_runs", "pauses", "suspect_duplicates"}

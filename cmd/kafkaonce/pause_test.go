@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+)
+
+// runConsumer runs w's consumer (one effect row per message) until the
+// test ends.
+func (w *world) runConsumer() {
+	w.t.Helper()
+	cfg := w.consumerConfig()
+	c, err := consumer.New(w.db.Pool, cfg)
+	require.NoError(w.t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	w.t.Cleanup(func() {
+		cancel()
+		require.NoError(w.t, <-done)
+	})
+}
+
+func (w *world) position(partition int) int64 {
+	return w.db.Int(w.t, `SELECT coalesce(max(next_offset), -1) FROM `+w.db.Table("consumer_offsets")+` WHERE consumer = $1 AND partition = $2`, w.name, partition)
+}
+
+func TestPauseAndResume(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 2)
+	w.produce(40, "m")
+
+	t.Run("a pause from the CLI holds a running consumer's partition until resume", func(t *testing.T) {
+		out, errOut, code := w.cli("pause", "--consumer", w.name, "--topic", w.topic, "--partition", "1", "--reason", "inspecting")
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, out, "paused "+w.topic+"/1 of consumer "+w.name)
+		w.runConsumer()
+		waitUntil(t, time.Minute, "partition 0 processed", func() bool { return w.position(0) == 20 })
+		for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			require.LessOrEqual(t, w.position(1), int64(0), "the paused partition moved")
+		}
+		out, errOut, code = w.cli("resume", "--consumer", w.name, "--topic", w.topic, "--partition", "1")
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, out, "resumed "+w.topic+"/1 of consumer "+w.name)
+		waitUntil(t, time.Minute, "partition 1 processed after resume", func() bool { return w.position(1) == 20 })
+		w.requireEffectsOnce(40)
+	})
+
+	t.Run("pausing twice keeps the first pause, and says so", func(t *testing.T) {
+		_, errOut, code := w.cli("pause", "--consumer", w.name, "--reason", "first", "--by", "alice")
+		require.Equal(t, 0, code, errOut)
+		out, errOut, code := w.cli("pause", "--consumer", w.name, "--reason", "second")
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, out, "every topic of consumer "+w.name+" was paused already")
+		require.Contains(t, out, "by alice: first; nothing changed")
+		out, errOut, code = w.cli("--json", "pause", "--consumer", w.name)
+		require.Equal(t, 0, code, errOut)
+		var r pauseResult
+		require.NoError(t, json.Unmarshal([]byte(out), &r))
+		require.False(t, r.Changed)
+		require.Equal(t, "alice", r.By)
+		require.Equal(t, "first", r.Reason)
+		_, errOut, code = w.cli("resume", "--consumer", w.name)
+		require.Equal(t, 0, code, errOut)
+	})
+
+	t.Run("resume says when a wider pause still holds the scope", func(t *testing.T) {
+		_, errOut, code := w.cli("pause", "--consumer", w.name, "--topic", w.topic)
+		require.Equal(t, 0, code, errOut)
+		out, errOut, code := w.cli("resume", "--consumer", w.name, "--topic", w.topic, "--partition", "0")
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, out, "had no pause of its own; nothing changed; the pause of topic "+w.topic+" still holds it: kafkaonce resume --consumer "+w.name+" --topic "+w.topic)
+		out, errOut, code = w.cli("resume", "--consumer", w.name, "--topic", w.topic)
+		require.Equal(t, 0, code, errOut)
+		require.NotContains(t, out, "still holds")
+	})
+
+	t.Run("a scope that cannot be right is refused, saying why", func(t *testing.T) {
+		for _, c := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"pause"}, "--consumer is required"},
+			{[]string{"pause", "--consumer", w.name, "--partition", "1"}, "--partition needs --topic"},
+			{[]string{"resume", "--consumer", w.name, "--topic", w.topic, "--partition", "-2"}, "--partition -2 is negative"},
+			{[]string{"pause", "--consumer", w.name, "--topic", "no-such-topic"}, `not "no-such-topic": check --topic`},
+			{[]string{"pause", "--consumer", w.name, "--topic", w.topic, "--reason", "x", "extra"}, "unknown command"},
+		} {
+			_, errOut, code := w.cli(c.args...)
+			require.Equal(t, 2, code, strings.Join(c.args, " "))
+			require.Contains(t, errOut, c.want, strings.Join(c.args, " "))
+		}
+	})
+}

@@ -1,0 +1,203 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
+	"github.com/kafkaonce/kafkaonce/pauses"
+)
+
+// pausePollInterval is how often a running consumer reads its pauses, so
+// that one written by another process (kafkaonce pause, the page) takes
+// effect on the member that owns the partition.
+const pausePollInterval = time.Second
+
+// pauseSet is the consumer's pauses as last read, shared by its workers.
+// Until the first read succeeds no partition fetches: a pause an operator
+// put on for an incident must hold across a restart even when Postgres
+// answers slowly at first.
+type pauseSet struct {
+	mu     sync.Mutex
+	list   []pauses.Pause
+	loaded bool
+	// changed is closed, and replaced, whenever list changes or is first
+	// loaded: the workers waiting on it look again.
+	changed chan struct{}
+}
+
+func newPauseSet() *pauseSet { return &pauseSet{changed: make(chan struct{})} }
+
+// set replaces the pauses with list (in pauses.Store.List's order).
+func (s *pauseSet) set(list []pauses.Pause) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.loaded && slices.EqualFunc(s.list, list, samePause) {
+		return
+	}
+	s.list, s.loaded = list, true
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+func samePause(a, b pauses.Pause) bool {
+	return a.Scope == b.Scope && a.At.Equal(b.At) && a.By == b.By && a.Reason == b.Reason
+}
+
+// state says whether a pause covers the partition (and which), whether the
+// pauses were read at all, and the channel closed at the next change.
+func (s *pauseSet) state(topic string, partition int) (p pauses.Pause, paused, loaded bool, changed <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, paused = pauses.Covering(s.list, topic, partition)
+	return p, paused, s.loaded, s.changed
+}
+
+// refreshPauses reads the consumer's pauses into its set. A failure leaves
+// the set as it was, logged: the next poll tries again.
+func (c *deps) refreshPauses(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var list []pauses.Pause
+	err := c.readOnly(ctx, func(q querier) (err error) {
+		list, err = c.pauseStore.List(ctx, q, c.cfg.Name)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	c.pauses.set(list)
+	return nil
+}
+
+// pollPauses refreshes the pauses now and then every pausePollInterval
+// until ctx ends.
+func (c *Consumer) pollPauses(ctx context.Context) {
+	t := time.NewTicker(pausePollInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		err := c.refreshPauses(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil && !failing:
+			c.log.Warn("cannot read the consumer's pauses; a partition that has not read them yet waits until they can be read", slog.String("error", err.Error()))
+			failing = true
+		case err == nil && failing:
+			c.log.Info("the consumer's pauses can be read again")
+			failing = false
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Pause stores a pause of scope and applies it in this process at once;
+// other processes' members apply it at their next poll.
+func (c *Consumer) Pause(ctx context.Context, scope pauses.Scope, reason string) error {
+	if err := c.knownTopic(scope); err != nil {
+		return err
+	}
+	err := c.inTx(ctx, func(q querier) error {
+		_, err := c.pauseStore.Pause(ctx, q, c.cfg.Name, scope, pausedBy(), reason)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
+	return c.refreshPauses(ctx)
+}
+
+// Resume lifts the pause of scope and applies that in this process at once.
+func (c *Consumer) Resume(ctx context.Context, scope pauses.Scope) error {
+	if err := c.knownTopic(scope); err != nil {
+		return err
+	}
+	err := c.inTx(ctx, func(q querier) error {
+		_, err := c.pauseStore.Resume(ctx, q, c.cfg.Name, scope)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
+	return c.refreshPauses(ctx)
+}
+
+// knownTopic refuses a scope naming a topic the consumer does not read: a
+// typo would otherwise pause nothing, silently.
+func (c *deps) knownTopic(scope pauses.Scope) error {
+	if t := scope.Topic(); t != "" && !slices.Contains(c.cfg.Topics, t) {
+		return fmt.Errorf("consumer: pause or resume %s: topic %q is not one of the consumer's Topics %q", scope, t, c.cfg.Topics)
+	}
+	return nil
+}
+
+// pausedBy names this process, for the pause's record.
+func pausedBy() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("Consumer.Pause on %s (pid %d)", host, os.Getpid())
+}
+
+// waitWhilePaused returns once the pauses are read and none covers the
+// partition, or stop is done. It reports the partition paused when a
+// pause covers it, and resumed when it fetches again after that.
+func (w *worker) waitWhilePaused(stop context.Context) {
+	var reported *pauses.Pause
+	for {
+		p, paused, loaded, changed := w.pauses.state(w.topic, w.partition)
+		if loaded && !paused {
+			if reported != nil {
+				w.log.Info("partition resumed", w.logAttrs()...)
+				w.reportPause(stop, kafkaoncetype.PartitionPaused{Topic: w.topic, Partition: w.partition, Resumed: true})
+			}
+			return
+		}
+		if paused && (reported == nil || !samePause(*reported, p)) {
+			w.log.Info("partition paused: it fetches nothing until resumed", w.logAttrs(slog.String("scope", p.Scope.String()),
+				slog.String("paused_by", p.By), slog.String("reason", p.Reason), slog.Time("since", p.At))...)
+			w.reportPause(stop, kafkaoncetype.PartitionPaused{Topic: w.topic, Partition: w.partition, Scope: p.Scope.String(), By: p.By, Reason: p.Reason, Since: p.At})
+			reported = &p
+		}
+		select {
+		case <-stop.Done():
+			return
+		case <-changed:
+		}
+	}
+}
+
+func (w *worker) reportPause(ctx context.Context, p kafkaoncetype.PartitionPaused) {
+	for _, hook := range w.hooks.Paused {
+		hook(ctx, p)
+	}
+}
+
+// untilPaused returns a context that ends with stop, or when a pause comes
+// to cover the partition: what runs on it (fetching, and the batch's
+// retries) treats a pause as it treats a revocation, and leaves the
+// messages from w.next on for later.
+func (w *worker) untilPaused(stop context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(stop)
+	go func() {
+		for {
+			_, paused, _, changed := w.pauses.state(w.topic, w.partition)
+			if paused {
+				cancel()
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			}
+		}
+	}()
+	return ctx, cancel
+}

@@ -44,6 +44,7 @@ const (
 	DefaultPruneBatch               = dedupe.DefaultPruneBatch
 	DefaultMetadataMaxAge           = 30 * time.Second
 	DefaultOpenTransactionAfter     = time.Minute
+	DefaultStallAfter               = 5 * time.Minute
 
 	// SuspectWindowMessages bounds the suspect-duplicate memory: the last
 	// this many messages of each partition.
@@ -209,6 +210,16 @@ type Config struct {
 	// record. Defaults to DefaultOpenTransactionAfter.
 	OpenTransactionAfter time.Duration
 
+	// StallAfter is how long a partition with messages waiting may make no
+	// progress (no fetch returned, no transaction tried, no handler called)
+	// before Health calls the consumer not live, so that a liveness probe
+	// restarts a process whose loops are wedged. Waits that are no stall
+	// never count: a partition at the log's end, paused, or stopped. Set it
+	// above your longest handler call and retry wait (HandlerTimeout,
+	// Retry.MaxInterval). A Kafka broker unreachable for that long counts
+	// too, where a restart is harmless. Defaults to DefaultStallAfter.
+	StallAfter time.Duration
+
 	// StartOffset is where a partition with no committed offset and no
 	// stored position starts. It is resolved once, at the partition's first
 	// start, and the offset it gives is stored as the position before any
@@ -363,6 +374,7 @@ func (c *Config) withDefaults() Config {
 	setDefault(&out.SuspectDuplicateWindow, DefaultSuspectDuplicateWindow)
 	setDefault(&out.MetadataMaxAge, DefaultMetadataMaxAge)
 	setDefault(&out.OpenTransactionAfter, DefaultOpenTransactionAfter)
+	setDefault(&out.StallAfter, DefaultStallAfter)
 	setDefault(&out.Prune.Retention, dedupe.DefaultRetention)
 	setDefault(&out.Prune.Batch, DefaultPruneBatch)
 	return out
@@ -461,6 +473,9 @@ func (c *Config) validate() error {
 	}
 	if c.OpenTransactionAfter < 100*time.Millisecond {
 		bad("OpenTransactionAfter must be at least 100ms (got %v)", c.OpenTransactionAfter)
+	}
+	if c.StallAfter < time.Second {
+		bad("StallAfter must be at least 1s (got %v): it is how long a partition may make no progress before the consumer is reported not live", c.StallAfter)
 	}
 	if c.StartOffset != StartEarliest && c.StartOffset != StartLatest {
 		bad("StartOffset must be StartEarliest or StartLatest (got %d)", c.StartOffset)
@@ -600,6 +615,7 @@ func (c *Config) engineConfig(hooks engine.Hooks) engine.Config {
 		InstanceID:               c.InstanceID,
 		MetadataMaxAge:           c.MetadataMaxAge,
 		OpenTransactionAfter:     c.OpenTransactionAfter,
+		StallAfter:               c.StallAfter,
 		StartOffset:              c.StartOffset,
 		FetchMaxBytes:            c.FetchMaxBytes,
 		Schema:                   c.Schema,

@@ -95,6 +95,7 @@ func TestNewRejectsBadConfigNamingTheField(t *testing.T) {
 		{"SASL of an unknown mechanism", func(c *consumer.Config) { c.SASL = &kafkaconn.SASL{Mechanism: "GSSAPI"} }, []string{`SASL.Mechanism "GSSAPI" is not one kafkaonce speaks`}},
 		{"metadata too old", func(c *consumer.Config) { c.MetadataMaxAge = 2 * time.Hour }, []string{"MetadataMaxAge must be between 1s and 1h (got 2h0m0s)"}},
 		{"open transactions reported too soon", func(c *consumer.Config) { c.OpenTransactionAfter = time.Millisecond }, []string{"OpenTransactionAfter must be at least 100ms (got 1ms)"}},
+		{"a stall bound shorter than a fetch", func(c *consumer.Config) { c.StallAfter = time.Millisecond }, []string{"StallAfter must be at least 1s (got 1ms)"}},
 		{"idle timeout within the handler's", func(c *consumer.Config) { c.IdleInTransactionTimeout = 20 * time.Second }, []string{"IdleInTransactionTimeout must be longer than HandlerTimeout (got 20s and 30s)"}},
 	}
 	for _, tc := range cases {

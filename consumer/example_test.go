@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"net/http"
 	"os"
 	"os/signal"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/pauses"
 )
 
 type Transfer struct {
@@ -136,6 +138,37 @@ WHERE a.id = d.id`, accounts, amounts)
 		log.Fatal(err)
 	}
 	if err := c.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Liveness and readiness probes for Kubernetes, on a port of their own:
+//
+//	livenessProbe:
+//	  httpGet: {path: /health/livez, port: 8081}
+//	  periodSeconds: 10
+//	  failureThreshold: 3
+//	readinessProbe:
+//	  httpGet: {path: /health/readyz, port: 8081}
+//	  periodSeconds: 5
+func ExampleHealthHandler() {
+	var payments, refunds *consumer.Consumer // from consumer.New, each Run in its own goroutine
+	mux := http.NewServeMux()
+	mux.Handle("/health/", consumer.HealthHandler(payments, refunds))
+	go func() { log.Fatal(http.ListenAndServe(":8081", mux)) }()
+}
+
+// A pause for an incident: the e-mail partner is down, so the topic's
+// partitions stop fetching (and stop retrying) until it is back, in every
+// process of the group, across restarts.
+func ExampleConsumer_Pause() {
+	var c *consumer.Consumer // the notification worker's
+	ctx := context.Background()
+	if err := c.Pause(ctx, pauses.Topic("emails"), "mail partner down (INC-4711)"); err != nil {
+		log.Fatal(err)
+	}
+	// ... once the partner answers again:
+	if err := c.Resume(ctx, pauses.Topic("emails")); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -31,7 +31,10 @@ type txAttempt struct {
 	// openCall ends the scope of the handler call in progress, if any: the
 	// worker ends it when it abandons the attempt, since the call may
 	// never return.
-	openCall  atomic.Pointer[func(error)]
+	openCall atomic.Pointer[func(error)]
+	// progress is the worker's: each handler call is a step (nil in the
+	// engine's table tests).
+	progress  *progress
 	topic     string
 	partition int
 	items     []item
@@ -117,7 +120,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 		h(work, info)
 	}
 	began := time.Now()
-	a := &txAttempt{deps: w.deps, topic: w.topic, partition: w.partition, items: items, p: p.clone(),
+	a := &txAttempt{deps: w.deps, progress: w.progress, topic: w.topic, partition: w.partition, items: items, p: p.clone(),
 		next: w.next, positionKnown: w.positionKnown, origin: w.origin, sawDuplicates: w.sawDuplicates,
 		st: w.scratch, serialized: info.Serialized, racing: !serialized && len(items) > 1, paceRow: paceRow}
 	if a.st == nil {

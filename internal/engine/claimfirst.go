@@ -280,6 +280,7 @@ func (a *txAttempt) handle(hctx, ctx context.Context, tx pgx.Tx) (h handled, out
 		began := time.Now()
 		cctx, endCall := a.hooks.enterHandler(hctx, &items[i].msg)
 		a.openCall.Store(&endCall) // ended by runTx if the call is abandoned
+		a.progress.step()
 		err := a.user.call(cctx, a.uc, i, tx, &items[i].msg)
 		a.openCall.Store(nil)
 		endCall(err)
@@ -343,6 +344,7 @@ func (a *txAttempt) handleBatch(hctx, ctx context.Context, tx pgx.Tx) (*Batch, t
 	}
 	b := a.user.newBatch(msgs, index)
 	began := time.Now()
+	a.progress.step()
 	err := a.user.callBatch(hctx, a.uc, tx, b)
 	if errors.Is(err, usercall.ErrAbandoned) {
 		return nil, infra(err) // nobody reads it: the worker has moved on

@@ -15,6 +15,8 @@ import (
 
 // mark hands next to the committer, with the worker's mark.
 func (w *worker) mark(next int64) {
+	w.progress.step()
+	w.health.committed.Store(time.Now().UnixNano())
 	w.committer.mark(w.hold, next, w.meta)
 }
 

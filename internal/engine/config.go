@@ -45,10 +45,13 @@ type Config struct {
 	InstanceID           string
 	MetadataMaxAge       time.Duration
 	OpenTransactionAfter time.Duration
-	StartOffset          kafkaoncetype.StartOffset
-	FetchMaxBytes        int
-	Schema               string
-	Logger               *slog.Logger
+	// StallAfter is how long a partition with messages waiting may make no
+	// progress before Health calls the consumer not live.
+	StallAfter    time.Duration
+	StartOffset   kafkaoncetype.StartOffset
+	FetchMaxBytes int
+	Schema        string
+	Logger        *slog.Logger
 
 	ShutdownTimeout          time.Duration
 	StatementTimeout         time.Duration

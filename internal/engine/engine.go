@@ -35,7 +35,8 @@ type DB interface {
 // kafkaclient.Client (see client.go).
 type Consumer struct {
 	*deps
-	running atomic.Bool
+	// running is set when Run is called, finished when it returns.
+	running, finished atomic.Bool
 }
 
 // deps are what the engine's parts are given, the same for all of them:
@@ -61,7 +62,9 @@ type deps struct {
 	// pauses are the consumer's pauses as last read from pauseStore.
 	pauses     *pauseSet
 	pauseStore *pauses.Store
-	retry      retry.Policy
+	// health is what Health reads (see health.go).
+	health *health
+	retry  retry.Policy
 	// batchUsesTx is set once the BatchHandler used Batch.Tx during a
 	// one-trip attempt: batches then always open their transaction first.
 	batchUsesTx atomic.Bool
@@ -119,6 +122,7 @@ func New(db DB, c Config) (*Consumer, error) {
 		attempts:   tries,
 		recorded:   settings,
 		pauses:     newPauseSet(),
+		health:     &health{},
 		pauseStore: paused,
 		retry:      retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
 		gate:       pace.NewGate(),
@@ -139,6 +143,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("consumer: Run was already called on this Consumer; create a new one with New")
 	}
+	defer c.finished.Store(true)
 	if err := c.waitForSchema(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil // cancelled before it started: nothing to drain
@@ -170,6 +175,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer func() { stopMaint(); <-maintDone; <-pausesDone }()
 
 	m := newMembership(ctx, c.deps)
+	c.health.member.Store(m)
+	defer func() {
+		c.health.member.Store(nil)
+		c.health.inGroup.Store(false)
+	}()
 	commitCtx, stopCommits := context.WithCancel(context.WithoutCancel(ctx))
 	commitsDone := make(chan struct{})
 	go func() { defer close(commitsDone); m.committer.run(commitCtx) }()

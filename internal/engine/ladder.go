@@ -97,6 +97,7 @@ func (l *ladder) pause(stop context.Context, b *retry.Backoff) error {
 	if retry.Sleep(stop, b.Next()) != nil {
 		return errInterrupted
 	}
+	l.w.progress.step()
 	return nil
 }
 
@@ -118,5 +119,6 @@ func (w *worker) retryUntil(stop context.Context, what string, fn func() error) 
 		if retry.Sleep(stop, backoff.Next()) != nil {
 			return errInterrupted
 		}
+		w.progress.step()
 	}
 }

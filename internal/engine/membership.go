@@ -36,6 +36,8 @@ type partitionRun struct {
 	tp   kafkaclient.TopicPartition
 	stop context.CancelFunc
 	done chan struct{}
+	// progress is the worker's, for Health.
+	progress *progress
 }
 
 func newMembership(runCtx context.Context, d *deps) *membership {
@@ -44,6 +46,7 @@ func newMembership(runCtx context.Context, d *deps) *membership {
 
 // Assigned starts a worker for each partition.
 func (m *membership) Assigned(_ context.Context, parts []kafkaclient.TopicPartition) {
+	m.health.inGroup.Store(true)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, tp := range parts {
@@ -54,10 +57,10 @@ func (m *membership) Assigned(_ context.Context, parts []kafkaclient.TopicPartit
 			continue
 		}
 		stop, work, cancelStop, release := partitionContexts(m.runCtx, m.cfg.ShutdownTimeout)
-		r := &partitionRun{tp: tp, stop: cancelStop, done: make(chan struct{})}
+		r := &partitionRun{tp: tp, stop: cancelStop, done: make(chan struct{}), progress: newProgress()}
 		m.runs[tp] = r
 		m.committer.own(r)
-		w := &worker{deps: m.deps, committer: m.committer, hold: r, topic: tp.Topic, partition: tp.Partition}
+		w := &worker{deps: m.deps, committer: m.committer, hold: r, topic: tp.Topic, partition: tp.Partition, progress: r.progress}
 		m.all.Add(1)
 		go func() {
 			defer m.all.Done()
@@ -90,6 +93,7 @@ func (m *membership) Revoked(ctx context.Context, parts []kafkaclient.TopicParti
 // committed: the member is out of the generation that owned them, and
 // their new owners start from the stored positions.
 func (m *membership) Lost(ctx context.Context, parts []kafkaclient.TopicPartition) {
+	m.health.inGroup.Store(false)
 	runs := m.take(parts)
 	m.committer.release(ctx, runs, false)
 	for _, r := range runs {

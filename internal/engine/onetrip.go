@@ -80,6 +80,7 @@ func (a *txAttempt) oneTrip(hctx, ctx context.Context) (out txOutcome, ok bool) 
 		b = a.user.newBatch(msgs, st.claimItem)
 		ahead := &notx.Tx{}
 		began := time.Now()
+		a.progress.step()
 		err := a.user.callBatch(hctx, a.uc, ahead, b)
 		took = time.Since(began)
 		if errors.Is(err, usercall.ErrAbandoned) {

@@ -150,6 +150,10 @@ func pausedBy() string {
 // pause covers it, and resumed when it fetches again after that.
 func (w *worker) waitWhilePaused(stop context.Context) {
 	var reported *pauses.Pause
+	defer func() {
+		w.progress.paused.Store(false)
+		w.progress.wait(false)
+	}()
 	for {
 		p, paused, loaded, changed := w.pauses.state(w.topic, w.partition)
 		if loaded && !paused {
@@ -164,6 +168,8 @@ func (w *worker) waitWhilePaused(stop context.Context) {
 				slog.String("paused_by", p.By), slog.String("reason", p.Reason), slog.Time("since", p.At))...)
 			w.reportPause(stop, kafkaoncetype.PartitionPaused{Topic: w.topic, Partition: w.partition, Scope: p.Scope.String(), By: p.By, Reason: p.Reason, Since: p.At})
 			reported = &p
+			w.progress.paused.Store(true)
+			w.progress.wait(true)
 		}
 		select {
 		case <-stop.Done():

@@ -50,6 +50,8 @@ type worker struct {
 	recent *recent.Window
 	// hwm is the log end offset as of the last fetch.
 	hwm int64
+	// progress is when the worker last moved, for Health.
+	progress *progress
 	// started is set once the run recorded its start, as run number runID.
 	started bool
 	runID   int64
@@ -111,6 +113,7 @@ func (w *worker) run(stop, work context.Context) {
 		perr = &kafkaoncetype.PartitionError{Topic: w.topic, Partition: w.partition, Err: err}
 	}
 	w.report(stop, perr)
+	w.progress.wait(true) // parked: no stall
 	<-stop.Done()
 }
 
@@ -249,7 +252,11 @@ func (w *worker) fetchAndProcess(stop, work context.Context) error {
 	}
 	defer f.Close()
 	for {
+		// Waiting at the log's end is no stall; waiting with messages
+		// ahead is, once it lasts (see Health).
+		w.progress.wait(w.next >= w.hwm)
 		w.raw, err = f.Next(stop, w.raw)
+		w.progress.wait(false)
 		if stop.Err() != nil {
 			// Revoked or shutting down: start no new batch. Messages
 			// fetched but not processed are fetched again by the next owner.
@@ -335,6 +342,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 		return 0, err
 	}
 	pos, hasPos, logStart, logEnd := v.pos, v.hasPos, v.logStart, v.logEnd
+	w.hwm = logEnd // until the first fetch says more
 
 	w.kafkaOffset = v.committed
 	a := kafkaoncetype.PartitionAssignment{Topic: w.topic, Partition: w.partition, KafkaOffset: w.kafkaOffset, StoredPosition: -1, LogStart: logStart, LogEnd: logEnd}

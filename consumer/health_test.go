@@ -1,0 +1,161 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+	"github.com/kafkaonce/kafkaonce/pauses"
+)
+
+// probe is one GET of h at path: its status and body.
+func probe(t *testing.T, h http.Handler, method, path string) (int, map[string]any) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
+	var body map[string]any
+	if rec.Code != http.StatusMethodNotAllowed {
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body), rec.Body.String())
+	}
+	return rec.Code, body
+}
+
+func TestHealth(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("ready while running in the group, and not before or after", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, 2)
+		e.produceIDs("h", 20)
+		c, err := consumer.New(e.db.Pool, e.config(e.applyHandler()))
+		require.NoError(t, err)
+		h := c.Health(ctx)
+		require.True(t, h.Live, h.Problems)
+		require.False(t, h.Ready)
+		require.Contains(t, strings.Join(h.Problems, "\n"), "not running")
+		probes := consumer.HealthHandler(c)
+		code, _ := probe(t, probes, http.MethodGet, "/health/livez")
+		require.Equal(t, http.StatusOK, code)
+		code, body := probe(t, probes, http.MethodGet, "/health/readyz")
+		require.Equal(t, http.StatusServiceUnavailable, code)
+		require.Equal(t, false, body["ready"])
+		code, _ = probe(t, probes, http.MethodPost, "/health/readyz")
+		require.Equal(t, http.StatusMethodNotAllowed, code)
+
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(runCtx) }()
+		waitFor(t, 30*time.Second, "ready", func() bool { return c.Health(ctx).Ready })
+		h = c.Health(ctx)
+		require.True(t, h.InGroup && h.Running && h.Live, h)
+		require.Equal(t, 2, h.Partitions)
+		code, body = probe(t, probes, http.MethodGet, "/health/readyz")
+		require.Equal(t, http.StatusOK, code, body)
+		require.Equal(t, e.name, body["consumers"].([]any)[0].(map[string]any)["name"])
+		cancel()
+		require.NoError(t, <-done)
+		h = c.Health(ctx)
+		require.False(t, h.Ready || h.Running || h.InGroup, h)
+	})
+
+	t.Run("fetches that hand out nothing while messages wait make the consumer not live, until they flow", func(t *testing.T) {
+		t.Parallel()
+		fake, err := devenv.StartFakeKafka()
+		require.NoError(t, err)
+		t.Cleanup(func() { fake.Close() })
+		e := setupOn(t, 1, &testenv.Kafka{Kafka: fake})
+		ids := e.produceIDs("s", 50)
+		var starve atomic.Bool
+		starve.Store(true)
+		fake.Fake.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			fake.Fake.KeepControl()
+			if !starve.Load() {
+				return nil, nil, false
+			}
+			time.Sleep(50 * time.Millisecond) // an empty answer, as a broker that has nothing would give
+			return req.ResponseKind(), nil, true
+		})
+		cfg := e.config(e.applyHandler())
+		cfg.StallAfter = time.Second
+		c, err := consumer.New(e.db.Pool, cfg)
+		require.NoError(t, err)
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(runCtx) }()
+		defer func() { cancel(); require.NoError(t, <-done) }()
+		var h consumer.Health
+		waitFor(t, 30*time.Second, "not live", func() bool { h = c.Health(ctx); return !h.Live })
+		require.False(t, h.Ready)
+		require.Contains(t, strings.Join(h.Problems, "\n"), "partition "+e.topic+"/0: no progress for")
+		code, _ := probe(t, consumer.HealthHandler(c), http.MethodGet, "/livez")
+		require.Equal(t, http.StatusServiceUnavailable, code)
+
+		starve.Store(false)
+		e.waitCommitted(map[int]int64{0: 50}, 60*time.Second)
+		waitFor(t, 10*time.Second, "live again", func() bool { return c.Health(ctx).Live })
+		e.check(expectation{ids: ids})
+	})
+
+	t.Run("a paused partition and one at the log's end are no stall", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, 2)
+		ids := e.produceIDs("i", 20)
+		cfg := e.config(e.applyHandler())
+		cfg.StallAfter = time.Second
+		c, err := consumer.New(e.db.Pool, cfg)
+		require.NoError(t, err)
+		require.NoError(t, c.Pause(ctx, pauses.Partition(e.topic, 1), "held for the test"))
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(runCtx) }()
+		defer func() { cancel(); require.NoError(t, <-done) }()
+		e.waitCommitted(map[int]int64{0: 10}, 30*time.Second)
+		waitFor(t, 10*time.Second, "the pause counted", func() bool { return c.Health(ctx).Paused == 1 })
+		stillFor(t, 2500*time.Millisecond, "a partition paused or at the log's end made the consumer not live", func() bool { return c.Health(ctx).Live })
+		require.NoError(t, c.Resume(ctx, pauses.Partition(e.topic, 1)))
+		e.waitCommitted(map[int]int64{0: 10, 1: 10}, 30*time.Second)
+		e.check(expectation{ids: ids})
+	})
+
+	t.Run("a database that does not answer costs a probe a second, no more", func(t *testing.T) {
+		t.Parallel()
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		t.Cleanup(func() { l.Close() })
+		go func() { // accepts, never answers
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				t.Cleanup(func() { c.Close() })
+			}
+		}()
+		pool, err := pgxpool.New(ctx, "postgres://postgres@"+l.Addr().String()+"/postgres?sslmode=disable&connect_timeout=30")
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		e := setup(t, 1)
+		c, err := consumer.New(pool, e.config(e.applyHandler()))
+		require.NoError(t, err)
+		start := time.Now()
+		h := c.Health(ctx)
+		require.Less(t, time.Since(start), 3*time.Second, "the probe waited on the database past its bound")
+		require.Contains(t, h.DatabaseError, "no answer within 1s")
+		require.False(t, h.Ready)
+		require.True(t, h.Live, "a database down is no reason to restart the consumer")
+	})
+}

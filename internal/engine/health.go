@@ -1,0 +1,151 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
+)
+
+// healthDBTimeout bounds Health's own question to Postgres, and
+// healthDBFresh is how long an answer (or a batch committed) stands for
+// one: a probe never waits on a slow database for longer, and probes
+// coming often ask it at most once a second.
+const (
+	healthDBTimeout = time.Second
+	healthDBFresh   = time.Second
+)
+
+// progress is when a worker last moved, for the liveness check: the worker
+// writes it, Health reads it from another goroutine.
+type progress struct {
+	at atomic.Int64 // unix nanoseconds of the last step
+	// waiting is set in a wait that is no stall: at the log's end with
+	// nothing to fetch, paused, or parked after a stop.
+	waiting, paused atomic.Bool
+}
+
+func newProgress() *progress {
+	p := &progress{}
+	p.step()
+	return p
+}
+
+// step records that the worker moved. It does nothing on nil, so code
+// that runs without a worker (the engine's table tests) need not set one.
+func (p *progress) step() {
+	if p != nil {
+		p.at.Store(time.Now().UnixNano())
+	}
+}
+
+// wait records the start (on) or the end of a wait that is no stall.
+func (p *progress) wait(on bool) {
+	if p != nil {
+		p.waiting.Store(on)
+		p.step()
+	}
+}
+
+// stalledFor is how long the worker has not moved while it had work, 0
+// when it is in a wait that is no stall.
+func (p *progress) stalledFor(now time.Time) time.Duration {
+	if p.waiting.Load() {
+		return 0
+	}
+	return now.Sub(time.Unix(0, p.at.Load()))
+}
+
+// health is what Health reads besides the workers.
+type health struct {
+	member atomic.Pointer[membership]
+	// inGroup is set by each generation the member joins, and cleared when
+	// it loses its partitions or Run ends.
+	inGroup atomic.Bool
+	// committed is when a batch last committed (unix nanoseconds): a
+	// database that just committed answers, and needs no question.
+	committed atomic.Int64
+
+	mu      sync.Mutex
+	dbAt    time.Time
+	dbError string
+}
+
+// Health reports whether the consumer is live and ready (see
+// kafkaoncetype.Health). It asks Postgres at most once a second, and never
+// for longer than healthDBTimeout.
+func (c *Consumer) Health(ctx context.Context) kafkaoncetype.Health {
+	now := time.Now()
+	h := kafkaoncetype.Health{CheckedAt: now, Running: c.running.Load() && !c.finished.Load(), InGroup: c.health.inGroup.Load(), Problems: []string{}}
+	if m := c.health.member.Load(); m != nil {
+		for _, s := range m.stalls(now, c.cfg.StallAfter, &h) {
+			h.Problems = append(h.Problems, s)
+		}
+	}
+	h.Live = len(h.Problems) == 0
+	switch {
+	case !h.Running:
+		h.Problems = append(h.Problems, "not running: Run has not started, or has returned")
+	case !h.InGroup:
+		h.Problems = append(h.Problems, fmt.Sprintf("not in consumer group %s: joining, or rejoining after losing its partitions", c.cfg.GroupID))
+	}
+	if h.DatabaseError = c.checkDatabase(ctx, now); h.DatabaseError != "" {
+		h.Problems = append(h.Problems, "postgres: "+h.DatabaseError)
+	}
+	h.Ready = h.Live && h.Running && h.InGroup && h.DatabaseError == ""
+	return h
+}
+
+// checkDatabase is "" when Postgres answered within the last second (a
+// batch committed, or a ping), else asks it, within healthDBTimeout, and
+// returns the failure.
+func (c *Consumer) checkDatabase(ctx context.Context, now time.Time) string {
+	if now.Sub(time.Unix(0, c.health.committed.Load())) < healthDBFresh {
+		return ""
+	}
+	c.health.mu.Lock()
+	defer c.health.mu.Unlock()
+	if now.Sub(c.health.dbAt) < healthDBFresh {
+		return c.health.dbError
+	}
+	ctx, cancel := context.WithTimeout(ctx, healthDBTimeout)
+	defer cancel()
+	c.health.dbError = ""
+	conn, err := c.db.Acquire(ctx)
+	if err == nil {
+		err = conn.Ping(ctx)
+		conn.Release()
+	}
+	if err != nil {
+		c.health.dbError = fmt.Sprintf("no answer within %v: %v", healthDBTimeout, err)
+	}
+	c.health.dbAt = time.Now()
+	return c.health.dbError
+}
+
+// stalls names the partitions whose workers have not moved for bound
+// while they had work, and counts the partitions into h.
+func (m *membership) stalls(now time.Time, bound time.Duration, h *kafkaoncetype.Health) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for tp, r := range m.runs {
+		h.Partitions++
+		if r.progress.paused.Load() {
+			h.Paused++
+		}
+		if d := r.progress.stalledFor(now); d > bound {
+			out = append(out, fmt.Sprintf("partition %s/%d: no progress for %v with messages waiting (no fetch returned, no transaction tried; Config.StallAfter is %v)",
+				tp.Topic, tp.Partition, d.Round(time.Second), bound))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Name is the consumer's Config.Name.
+func (c *Consumer) Name() string { return c.cfg.Name }

@@ -1,0 +1,31 @@
+package kafkaoncetype
+
+import "time"
+
+// Health is what a consumer's probes report (consumer.Consumer.Health).
+type Health struct {
+	// Live is false when a loop of the consumer is wedged: a partition
+	// with messages waiting has made no progress (no fetch returned, no
+	// transaction tried, no handler called) for Config.StallAfter. A
+	// restart is the cure; Kubernetes' liveness probe does it.
+	Live bool `json:"live"`
+	// Ready is false while Run is not running, the member is not in its
+	// consumer group, or Postgres does not answer.
+	Ready bool `json:"ready"`
+	// Problems say what makes the consumer not live or not ready, one
+	// line each, naming the partition or the part.
+	Problems []string `json:"problems"`
+	// Running is set between Run's start and its return; InGroup once the
+	// member has joined its group, until it leaves or loses it.
+	Running bool `json:"running"`
+	InGroup bool `json:"in_group"`
+	// Partitions counts the partitions this member processes; Paused how
+	// many of them a pause holds.
+	Partitions int `json:"partitions"`
+	Paused     int `json:"paused"`
+	// DatabaseError is the last Postgres check's failure, "" when it
+	// answered.
+	DatabaseError string `json:"database_error,omitempty"`
+	// CheckedAt is when the report was made.
+	CheckedAt time.Time `json:"checked_at"`
+}

@@ -94,6 +94,7 @@ func (p *page) handler() http.Handler {
 		http.ServeFileFS(w, r, webFiles, "web/style.css")
 	})
 	p.actions(mux)
+	p.probes(mux)
 	return p.guard(mux)
 }
 

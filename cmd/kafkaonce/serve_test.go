@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -377,6 +378,17 @@ func TestServeShowsAStoppedPartitionAndWhy(t *testing.T) {
 	require.Contains(t, body, w.topic+"/1 stopped", "s3 is in partition 1")
 	require.Contains(t, body, "partner said &lt;b&gt;no&lt;/b&gt;")
 	require.Contains(t, body, `<tr class="stopped">`)
+	resp, body := get(t, srv, "/readyz")
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	var ready struct {
+		Ready     bool            `json:"ready"`
+		Consumers []consumerProbe `json:"consumers"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &ready))
+	require.True(t, ready.Ready)
+	require.Contains(t, ready.Consumers, consumerProbe{Name: w.name, Stopped: 1}, "the readiness probe counts the stopped partition")
+	resp, _ = get(t, srv, "/livez")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 	out, errOut, code := w.cli("status", "--consumer", w.name)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "STOPPED "+w.topic+"/1 since ")

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -98,4 +99,50 @@ func TestPauseAndResume(t *testing.T) {
 			require.Contains(t, errOut, c.want, strings.Join(c.args, " "))
 		}
 	})
+}
+
+// The page's pause and resume: a link on each partition and consumer, a
+// confirmation that asks why, and the pause shown with who, when and why.
+func TestServePausesAndResumes(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 2)
+	w.produce(4, "m")
+	w.consume(nil, 2)
+	srv := w.servePage(w.env(), serveOptions{allowActions: true})
+	pausePath := "/consumers/" + w.name + "/pause?topic=" + w.topic + "&partition=1"
+
+	_, body := get(t, srv, "/")
+	require.Contains(t, body, `href="/consumers/`+w.name+`/pause?topic=`+w.topic+`&amp;partition=1"`)
+	res, body := get(t, srv, pausePath)
+	require.Equal(t, http.StatusOK, res.StatusCode, body)
+	require.Contains(t, body, "kafkaonce pause --consumer "+w.name+" --topic "+w.topic+" --partition 1")
+	require.Contains(t, body, `name="reason"`)
+	token := tokenOf(t, res, body)
+	res, _ = post(t, srv, pausePath, srv.URL, token, token, "reason", "checking <offset> 3")
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+	require.Equal(t, "/?done=paused", res.Header.Get("Location"))
+
+	_, body = get(t, srv, "/")
+	require.Contains(t, body, "<strong>"+w.topic+"/1 paused</strong>")
+	require.Contains(t, body, "checking &lt;offset&gt; 3", "the reason is shown as text")
+	require.Contains(t, body, "by kafkaonce serve, from 127.0.0.1:")
+	require.Contains(t, body, `<tr class="paused">`)
+	out, errOut, code := w.cli("status", "--consumer", w.name)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "PAUSED "+w.topic+"/1 since ")
+	require.Contains(t, out, "(kafkaonce resume --consumer "+w.name+" --topic "+w.topic+" --partition 1)")
+
+	resumePath := "/consumers/" + w.name + "/resume?topic=" + w.topic + "&partition=1"
+	require.Contains(t, body, `href="`+strings.ReplaceAll(resumePath, "&", "&amp;")+`"`)
+	res, _ = post(t, srv, resumePath, srv.URL, token, token)
+	require.Equal(t, "/?done=resumed", res.Header.Get("Location"))
+	res, _ = post(t, srv, resumePath, srv.URL, token, token)
+	require.Equal(t, "/?done=unpaused", res.Header.Get("Location"), "resuming again changes nothing, and says so")
+	_, body = get(t, srv, "/")
+	require.NotContains(t, body, "paused</strong>")
+
+	res, _ = get(t, srv, "/consumers/"+w.name+"/pause?partition=1")
+	require.Equal(t, http.StatusBadRequest, res.StatusCode, "a partition without its topic")
+	res, _ = post(t, srv, pausePath, "http://evil.example", token, token)
+	require.Equal(t, http.StatusForbidden, res.StatusCode, "a pause from another origin")
 }

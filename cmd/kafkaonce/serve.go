@@ -67,7 +67,7 @@ the consumers record, when they all record the same.`,
 			if err != nil {
 				return fmt.Errorf("--listen %s: %w", o.listen, err)
 			}
-			mode := "read-only: start with --allow-actions to redrive, settle and un-park"
+			mode := "read-only: start with --allow-actions to redrive, settle, un-park, pause and resume"
 			if o.allowActions {
 				mode = "actions allowed"
 			}
@@ -88,7 +88,7 @@ the consumers record, when they all record the same.`,
 	cmd.Flags().StringVar(&o.listen, "listen", "127.0.0.1:8080", "the address to listen on (loopback only, unless --allow-remote)")
 	cmd.Flags().BoolVar(&o.allowRemote, "allow-remote", false, "allow a --listen address other hosts can reach (the page has no login: put it behind one)")
 	cmd.Flags().StringSliceVar(&o.hosts, "host", nil, "with --allow-remote, a name the page is served as, with its port if not 80 (the Host header is checked; repeatable)")
-	cmd.Flags().BoolVar(&o.allowActions, "allow-actions", false, "offer redrive, settle and un-park (default: read-only)")
+	cmd.Flags().BoolVar(&o.allowActions, "allow-actions", false, "offer redrive, settle, un-park, pause and resume (default: read-only)")
 	cmd.Flags().StringToStringVar(&o.groups, "group", nil, "a consumer's group when it is neither recorded nor the consumer's name: name=group (repeatable)")
 	return cmd
 }

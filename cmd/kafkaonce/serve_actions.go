@@ -31,9 +31,11 @@ type action struct {
 // page links to them.
 func (p *page) actions(mux *http.ServeMux) {
 	for path, a := range map[string]action{
-		"/letters/{id}/redrive": p.redrive(),
-		"/letters/{id}/settle":  p.settle(),
-		"/outbox/{id}/unpark":   p.unpark(),
+		"/letters/{id}/redrive":    p.redrive(),
+		"/letters/{id}/settle":     p.settle(),
+		"/outbox/{id}/unpark":      p.unpark(),
+		"/consumers/{name}/pause":  p.pause(),
+		"/consumers/{name}/resume": p.resume(),
 	} {
 		mux.HandleFunc("GET "+path, func(w http.ResponseWriter, r *http.Request) {
 			if !p.o.allowActions {
@@ -67,7 +69,7 @@ func (p *page) actions(mux *http.ServeMux) {
 	}
 }
 
-const readOnly = "the page is read-only: start kafkaonce serve with --allow-actions to redrive, settle and un-park"
+const readOnly = "the page is read-only: start kafkaonce serve with --allow-actions to redrive, settle, un-park, pause and resume"
 
 // checkPost refuses a POST that did not come from a form of this page: it
 // must come from this origin, and carry the process's token both in the
@@ -98,6 +100,9 @@ var notices = map[string]string{
 	"settled":   "Letter settled: it will not be redriven.",
 	"unparked":  "Row un-parked: the relay delivers it again, with fresh attempts.",
 	"unchanged": "Nothing changed: it was redriven, settled or un-parked meanwhile.",
+	"paused":    "Paused: the consumer's running members stop fetching it within a second or so.",
+	"resumed":   "Resumed: the partitions no other pause holds fetch again within a second or so.",
+	"unpaused":  "Nothing changed: it was paused or resumed meanwhile.",
 }
 
 // confirmData is the confirmation page of an action.
@@ -109,6 +114,8 @@ type confirmData struct {
 	Back   string
 	// Letter is shown when the action is on a dead letter.
 	Letter *deadletter.Letter
+	// Reason asks for the action's reason (a pause's).
+	Reason bool
 }
 
 func (p *page) letterBack(r *http.Request) string { return "/letters/" + r.PathValue("id") }

@@ -191,9 +191,13 @@ func (w *world) park() string {
 
 // post sends a form to the page as a browser would: from origin, with
 // cookie (if any) and the form's token.
-func post(t *testing.T, srv *httptest.Server, path, origin, cookie, token string) (*http.Response, string) {
+func post(t *testing.T, srv *httptest.Server, path, origin, cookie, token string, fields ...string) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(url.Values{"csrf": {token}}.Encode()))
+	form := url.Values{"csrf": {token}}
+	for i := 0; i+1 < len(fields); i += 2 {
+		form.Set(fields[i], fields[i+1])
+	}
+	req, err := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(form.Encode()))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	if origin != "" {
@@ -235,9 +239,12 @@ func TestServeWithoutAllowActionsRefusesEveryAction(t *testing.T) {
 		require.NotContains(t, body, "<form", path)
 		require.NotContains(t, body, "/redrive", path)
 		require.NotContains(t, body, "/unpark", path)
+		require.NotContains(t, body, "/pause", path)
+		require.NotContains(t, body, "/resume", path)
 		require.Empty(t, res.Cookies(), "no token is handed out")
 	}
-	for _, path := range []string{"/letters/" + bad1 + "/redrive", "/letters/" + bad1 + "/settle", "/outbox/" + parked + "/unpark"} {
+	for _, path := range []string{"/letters/" + bad1 + "/redrive", "/letters/" + bad1 + "/settle", "/outbox/" + parked + "/unpark",
+		"/consumers/" + w.name + "/pause", "/consumers/" + w.name + "/resume?topic=t"} {
 		res, body := get(t, srv, path)
 		require.Equal(t, http.StatusForbidden, res.StatusCode, path)
 		require.Contains(t, body, "--allow-actions")

@@ -61,6 +61,8 @@ type partitionStatus struct {
 	// SerializedUntil is until when the consumer's transactions take turns
 	// at its gate, as this partition last saw it.
 	SerializedUntil *time.Time `json:"serialized_until,omitempty"`
+	// Paused is the pause that holds the partition, if one does.
+	Paused *pauseView `json:"paused,omitempty"`
 }
 
 type statusReport struct {
@@ -75,6 +77,8 @@ type statusReport struct {
 	Keys          keyCounts         `json:"idempotency_keys"`
 	Recent        []dedupe.Suspect  `json:"recent_suspect_duplicates,omitempty"`
 	Partitions    []partitionStatus `json:"partitions"`
+	// Pauses are the consumer's pauses (kafkaonce pause).
+	Pauses []pauseView `json:"pauses"`
 	// Recorded are the settings the consumer recorded when it last
 	// started; absent when it recorded none.
 	Recorded *recordedView `json:"recorded_settings,omitempty"`
@@ -266,7 +270,7 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 			r.Partitions = append(r.Partitions, ps)
 		}
 	}
-	return r, nil
+	return r, addPauses(ctx, pool, schemaName, &r)
 }
 
 func showPace(ps *partitionStatus, pc attempts.PartitionPace) {
@@ -306,6 +310,7 @@ func printStatus(w io.Writer, r statusReport) {
 	fmt.Fprintf(w, "idempotency keys (HTTP, whole schema): %d (%d expired, %d phased runs in progress, %d of them stalled, %d given up)\n",
 		r.Keys.Total, r.Keys.Expired, r.Keys.Running, r.Keys.Stalled, r.Keys.GivenUp)
 	printRecorded(w, r)
+	printPauses(w, r)
 	for _, sp := range r.Recent {
 		fmt.Fprintf(w, "  %s/%d/%d %q looks like %q at offset %d\n", sp.Topic, sp.Partition, sp.Offset, sp.MessageID, sp.FirstMessageID, sp.FirstOffset)
 	}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkaonce/kafkaonce/pauses"
+)
+
+// pauseView is a pause, as status and the page show it.
+type pauseView struct {
+	Scope string `json:"scope"`
+	// Topic and Partition name the scope for the page's actions: Topic ""
+	// for every topic, Partition -1 for every partition of Topic.
+	Topic     string    `json:"topic,omitempty"`
+	Partition int       `json:"partition"`
+	By        string    `json:"paused_by"`
+	Reason    string    `json:"reason"`
+	Since     time.Time `json:"since"`
+}
+
+func viewOfPause(p pauses.Pause) pauseView {
+	v := pauseView{Scope: p.Scope.String(), Topic: p.Scope.Topic(), Partition: -1, By: p.By, Reason: p.Reason, Since: p.At}
+	if n, ok := p.Scope.Partition(); ok {
+		v.Partition = n
+	}
+	return v
+}
+
+// addPauses puts the consumer's pauses on r, and on each partition the
+// pause that holds it (the widest).
+func addPauses(ctx context.Context, pool *pgxpool.Pool, schemaName string, r *statusReport) error {
+	store, err := pauses.NewStore(schemaName)
+	if err != nil {
+		return err
+	}
+	list, err := store.List(ctx, pool, r.Consumer)
+	if err != nil {
+		return err
+	}
+	r.Pauses = []pauseView{}
+	for _, p := range list {
+		r.Pauses = append(r.Pauses, viewOfPause(p))
+	}
+	for i := range r.Partitions {
+		ps := &r.Partitions[i]
+		if p, ok := pauses.Covering(list, ps.Topic, ps.Partition); ok {
+			v := viewOfPause(p)
+			ps.Paused = &v
+		}
+	}
+	return nil
+}
+
+// printPauses shows the consumer's pauses.
+func printPauses(w io.Writer, r statusReport) {
+	for _, p := range r.Pauses {
+		fmt.Fprintf(w, "PAUSED %s since %s by %s", p.Scope, p.Since.UTC().Format(time.RFC3339), orDash(p.By))
+		if p.Reason != "" {
+			fmt.Fprintf(w, ": %s", firstLine(p.Reason))
+		}
+		fmt.Fprintf(w, " (kafkaonce resume --consumer %s%s)\n", r.Consumer, scopeFlags(scopeOfView(p)))
+	}
+}
+
+func scopeOfView(p pauseView) pauses.Scope {
+	switch {
+	case p.Topic == "":
+		return pauses.All()
+	case p.Partition < 0:
+		return pauses.Topic(p.Topic)
+	}
+	return pauses.Partition(p.Topic, p.Partition)
+}

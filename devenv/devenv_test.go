@@ -2,6 +2,7 @@ package devenv_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 	"github.com/kafkaonce/kafkaonce/offsets"
+	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -212,4 +214,33 @@ func TestRewindCommitsZeroNotTheLogStart(t *testing.T) {
 	if n := h.applied.Load(); n != 5 {
 		t.Errorf("the group's next member applied %d of the 5 messages the log holds", n)
 	}
+}
+
+// failedTB is a test that has failed: its cleanups run when the test says,
+// and what it logs is kept.
+type failedTB struct {
+	testing.TB
+	cleanups []func()
+	logs     []string
+}
+
+func (f *failedTB) Failed() bool            { return true }
+func (f *failedTB) Cleanup(fn func())       { f.cleanups = append(f.cleanups, fn) }
+func (f *failedTB) Logf(s string, a ...any) { f.logs = append(f.logs, fmt.Sprintf(s, a...)) }
+
+// A failed test keeps its schema, and says so and how to drop it.
+func TestAFailedTestKeepsItsSchema(t *testing.T) {
+	failed := &failedTB{TB: t}
+	env := devenv.ForTest(failed)
+	for i := len(failed.cleanups) - 1; i >= 0; i-- {
+		failed.cleanups[i]()
+	}
+	var exists bool
+	require.NoError(t, env.Pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, env.Schema).Scan(&exists))
+	require.True(t, exists, "the failed test's schema was dropped")
+	require.Len(t, failed.logs, 1)
+	require.Contains(t, failed.logs[0], "schema "+env.Schema+" is kept for you to look at")
+	require.Contains(t, failed.logs[0], "DROP SCHEMA")
+	_, err := env.Pool.Exec(context.Background(), `DROP SCHEMA `+env.Schema+` CASCADE`)
+	require.NoError(t, err)
 }

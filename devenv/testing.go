@@ -49,7 +49,8 @@ type TestEnv struct {
 	*Env
 	// Schema is a schema of the test's own, with kafkaonce's tables
 	// migrated in it: set it as the consumer's Config.Schema. It is
-	// dropped, with anything the test created in it, when the test ends.
+	// dropped, with anything the test created in it, when the test passes;
+	// a test that failed keeps it, and logs its name, for you to look at.
 	Schema string
 
 	tb testing.TB
@@ -68,6 +69,10 @@ func ForTest(tb testing.TB) *TestEnv {
 		tb.Fatalf("devenv: migrate schema %s: %v", name, err)
 	}
 	tb.Cleanup(func() {
+		if tb.Failed() {
+			tb.Logf("devenv: the test failed, so schema %s is kept for you to look at (%s); drop it with DROP SCHEMA %s CASCADE", name, keptUntil(env), pgx.Identifier{name}.Sanitize())
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if _, err := env.Pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`); err != nil {
@@ -75,6 +80,15 @@ func ForTest(tb testing.TB) *TestEnv {
 		}
 	})
 	return &TestEnv{Env: env, Schema: name, tb: tb}
+}
+
+// keptUntil says how long a kept schema lasts: a server devenv started goes
+// with the test binary (or the test), one named by DATABASE_URL stays.
+func keptUntil(env *Env) string {
+	if env.PostgresSource == "DATABASE_URL" {
+		return "in DATABASE_URL's database"
+	}
+	return "until the tests end, since the server is devenv's own: set DATABASE_URL to keep it longer"
 }
 
 func envForTest(tb testing.TB) *Env {

@@ -39,6 +39,7 @@ package consumertest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -89,6 +90,40 @@ func NewMessage(value []byte, opts ...Option) *consumer.Message {
 	if m.ID == "" {
 		WithID(DefaultID)(m)
 	}
+	return m
+}
+
+// NewMessageFor is NewMessage with the id cfg.MessageID derives from the
+// message, as the consumer does (the default header when MessageID is
+// unset), so that a test of a handler sees the id it sees in production:
+// an IDFromJSONField consumer's id comes from the value, not from DefaultID.
+// The test fails when the rule derives no valid id: the consumer would set
+// such a message aside (as invalid_id) without calling the handler.
+func NewMessageFor(tb testing.TB, cfg *consumer.Config, value []byte, opts ...Option) *consumer.Message {
+	tb.Helper()
+	if cfg == nil {
+		tb.Fatalf("consumertest: NewMessageFor needs the consumer's *consumer.Config (got nil)")
+	}
+	m := &consumer.Message{Topic: DefaultTopic, Value: value, Time: time.Now()}
+	for _, o := range opts {
+		o(m)
+	}
+	src := idSource(cfg)
+	id, err := func() (id string, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("the MessageID function panicked: %v", r)
+			}
+		}()
+		if id, err = src.MessageID(m); err == nil {
+			err = consumer.ValidateMessageID(id)
+		}
+		return id, err
+	}()
+	if err != nil {
+		tb.Fatalf("consumertest: cfg.MessageID derives no valid id for the message at %s: %v; the consumer would set it aside as invalid_id without calling the handler", m.Position(), err)
+	}
+	m.ID = id
 	return m
 }
 

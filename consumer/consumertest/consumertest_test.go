@@ -127,3 +127,26 @@ func TestNewMessageDefaultsAndOptions(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, "t", string(v))
 }
+
+// NewMessageFor derives the id as the consumer configured by cfg would, and
+// fails the test where the consumer would set the message aside.
+func TestNewMessageForDerivesTheConsumersID(t *testing.T) {
+	t.Parallel()
+	cfg := &consumer.Config{MessageID: consumer.IDFromJSONField("event_id")}
+	m := consumertest.NewMessageFor(t, cfg, []byte(`{"event_id":"e-42"}`), consumertest.WithKey([]byte("k")))
+	require.Equal(t, "e-42", m.ID, "the id from the value, not DefaultID")
+
+	m = consumertest.NewMessageFor(t, &consumer.Config{}, nil, consumertest.WithID("from-header"))
+	require.Equal(t, "from-header", m.ID, "no MessageID: the default header, as consumer.New sets it")
+
+	got := &captured{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		consumertest.NewMessageFor(capturingTB{TB: t, got: got}, cfg, []byte(`{"other":1}`))
+	}()
+	<-done
+	require.Len(t, got.failures(), 1)
+	require.Contains(t, got.failures()[0], "derives no valid id")
+	require.Contains(t, got.failures()[0], "invalid_id")
+}

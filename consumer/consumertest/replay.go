@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/engine"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
@@ -175,9 +176,9 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*co
 	first := runUntilSettled(tb, db, run, perPartition, o.Timeout, "first run")
 	result := ReplayResult{Consumer: run.Name, Applied: int(first.applied.Load()), Skipped: int(first.skipped.Load()), DeadLettered: int(first.deadLettered.Load())}
 	if result.Applied == 0 {
-		tb.Fatalf("consumertest: the first run applied none of the %d messages (%d dead-lettered, %d skipped as duplicates), so the replay would compare nothing: "+
-			"see why in %s.dead_letters WHERE consumer = '%s' (the handler's error, or invalid_id when cfg.MessageID could not derive an id), or give msgs distinct ids",
-			len(msgs), result.DeadLettered, result.Skipped, run.Schema, run.Name)
+		tb.Fatalf("consumertest: the first run applied none of the %d messages (%d dead-lettered, %d skipped as duplicates), so the replay would compare nothing%s; "+
+			"fix the handler (invalid_id: cfg.MessageID derives no id), or give msgs distinct ids",
+			len(msgs), result.DeadLettered, result.Skipped, whySetAside(db, run.Schema, run.Name))
 	}
 	before := contents(tb, db, idents)
 
@@ -212,6 +213,38 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*co
 		}
 	}
 	return result
+}
+
+// whySetAside says why the consumer's first dead letters were set aside:
+// their class and error, for a failure text that stands on its own (the
+// schema may be gone by the time anyone reads it).
+func whySetAside(db consumer.DB, schemaName, name string) string {
+	const shown = 3
+	letters, err := deadletter.NewStore(schemaName)
+	if err != nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var ls []deadletter.Letter
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) (err error) {
+		ls, err = letters.List(ctx, tx, deadletter.Filter{Consumer: name, Limit: shown + 1})
+		return err
+	})
+	if err != nil || len(ls) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString(": the dead letters say why:")
+	for i, l := range ls {
+		if i == shown {
+			fmt.Fprintf(&b, "; and more (consumer %q in %s.dead_letters, while the schema lasts)", name, schemaName)
+			break
+		}
+		why, _, _ := strings.Cut(l.Error, "\n")
+		fmt.Fprintf(&b, " %s: %s;", l.Class, why)
+	}
+	return strings.TrimSuffix(b.String(), ";")
 }
 
 // ReplayResult says what ReplayTwice's consumer did in its first run.
@@ -314,12 +347,7 @@ func rollBackOnce(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*c
 	if (handle == nil) == (handleBatch == nil) {
 		return // neither or both: consumer.New says what to set
 	}
-	// The default as New applies it: an unset MessageID, or a nil
-	// MessageIDFunc, reads the default header.
-	id := cfg.MessageID
-	if f, ok := id.(consumer.MessageIDFunc); id == nil || ok && f == nil {
-		id = consumer.IDFromHeader(consumer.DefaultMessageIDHeader)
-	}
+	id := idSource(cfg)
 	timeout := cmp.Or(cfg.HandlerTimeout, consumer.DefaultHandlerTimeout)
 	ctx := context.Background()
 
@@ -381,6 +409,16 @@ func handleFunc(h consumer.Handler) func(context.Context, pgx.Tx, *consumer.Mess
 
 // validID derives m's id as the consumer does; ok is false when the
 // consumer would set m aside for its id.
+// idSource is the rule cfg derives ids by, with the default New applies:
+// an unset MessageID, or a nil MessageIDFunc, reads the default header.
+func idSource(cfg *consumer.Config) consumer.MessageIDSource {
+	id := cfg.MessageID
+	if f, ok := id.(consumer.MessageIDFunc); id == nil || ok && f == nil {
+		id = consumer.IDFromHeader(consumer.DefaultMessageIDHeader)
+	}
+	return id
+}
+
 func validID(src consumer.MessageIDSource, m *consumer.Message) (id string, ok bool) {
 	defer func() {
 		if recover() != nil {

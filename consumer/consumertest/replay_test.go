@@ -200,6 +200,8 @@ func TestReplayTwiceFailsWhenNothingWasApplied(t *testing.T) {
 	require.Len(t, got.failures(), 1)
 	require.Contains(t, got.failures()[0], "applied none of the 20 messages")
 	require.Contains(t, got.failures()[0], "20 dead-lettered")
+	require.Contains(t, got.failures()[0], "the dead letters say why:")
+	require.Contains(t, got.failures()[0], "permanent: no such account", "the class and the error, in the failure itself")
 	require.Contains(t, got.failures()[0], db.Schema+".dead_letters")
 }
 

@@ -289,6 +289,13 @@ type Config struct {
 	// aside (see RetryPolicy). Zero fields take their defaults.
 	Retry RetryPolicy
 
+	// RetryLater sets failing messages aside to be retried later by the
+	// consumer, instead of holding their partition (see RetryLaterPolicy):
+	// those whose handler returned an error marked by RetryLater, and with
+	// RetryLater.After set every message whose handler failed with an
+	// error that could pass. Zero fields take their defaults.
+	RetryLater RetryLaterPolicy
+
 	// HandlerTimeout bounds one handler call. When it passes, the handler's
 	// context is cancelled (pgx then interrupts a running statement); a
 	// handler that still has not returned 2 seconds later is abandoned with
@@ -371,6 +378,8 @@ func (c *Config) withDefaults() Config {
 	setDefault(&out.Retry.MaxInterval, DefaultRetryMaxInterval)
 	setDefault(&out.Retry.MaxAttempts, DefaultMaxAttempts)
 	setDefault(&out.Retry.MaxElapsed, DefaultRetryMaxElapsed)
+	setDefault(&out.RetryLater.MaxRetries, DefaultRetryLaterMaxRetries)
+	setDefault(&out.RetryLater.MaxDelay, DefaultRetryLaterMaxDelay)
 	setDefault(&out.SuspectDuplicateWindow, DefaultSuspectDuplicateWindow)
 	setDefault(&out.MetadataMaxAge, DefaultMetadataMaxAge)
 	setDefault(&out.OpenTransactionAfter, DefaultOpenTransactionAfter)
@@ -515,6 +524,15 @@ func (c *Config) validate() error {
 	if c.Retry.MaxElapsed < 0 {
 		bad("Retry.MaxElapsed must not be negative (got %v)", c.Retry.MaxElapsed)
 	}
+	if c.RetryLater.After < 0 || c.RetryLater.After > c.RetryLater.MaxDelay {
+		bad("RetryLater.After must be between 0 and RetryLater.MaxDelay (got %v and %v)", c.RetryLater.After, c.RetryLater.MaxDelay)
+	}
+	if c.RetryLater.MaxRetries < 1 || c.RetryLater.MaxRetries > 1000 {
+		bad("RetryLater.MaxRetries must be between 1 and 1000 (got %d)", c.RetryLater.MaxRetries)
+	}
+	if c.RetryLater.After > 0 && c.OnPermanentFailure == StopPartition {
+		bad("RetryLater.After sets failing messages aside, and OnPermanentFailure StopPartition stops the partition instead: a consumer that must not skip a message cannot retry it later; leave RetryLater.After zero, or use DeadLetter")
+	}
 	if c.HandlerTimeout < 10*time.Millisecond {
 		bad("HandlerTimeout must be at least 10ms (got %v)", c.HandlerTimeout)
 	}
@@ -631,6 +649,9 @@ func (c *Config) engineConfig(hooks engine.Hooks) engine.Config {
 		RetryInitialInterval:     c.Retry.InitialInterval,
 		RetryMaxInterval:         c.Retry.MaxInterval,
 		RetryMaxElapsed:          c.Retry.MaxElapsed,
+		RetryLaterAfter:          c.RetryLater.After,
+		RetryLaterMaxRetries:     c.RetryLater.MaxRetries,
+		RetryLaterMaxDelay:       c.RetryLater.MaxDelay,
 		HandlerTimeout:           c.HandlerTimeout,
 		OnPermanentFailure:       c.OnPermanentFailure,
 		DeadLetterTopic:          c.DeadLetterTopic,

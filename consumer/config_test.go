@@ -96,6 +96,8 @@ func TestNewRejectsBadConfigNamingTheField(t *testing.T) {
 		{"metadata too old", func(c *consumer.Config) { c.MetadataMaxAge = 2 * time.Hour }, []string{"MetadataMaxAge must be between 1s and 1h (got 2h0m0s)"}},
 		{"open transactions reported too soon", func(c *consumer.Config) { c.OpenTransactionAfter = time.Millisecond }, []string{"OpenTransactionAfter must be at least 100ms (got 1ms)"}},
 		{"a stall bound shorter than a fetch", func(c *consumer.Config) { c.StallAfter = time.Millisecond }, []string{"StallAfter must be at least 1s (got 1ms)"}},
+		{"retries later without end", func(c *consumer.Config) { c.RetryLater.MaxRetries = 5000 }, []string{"RetryLater.MaxRetries must be between 1 and 1000 (got 5000)"}},
+		{"a first retry later than any", func(c *consumer.Config) { c.RetryLater.After = 2 * time.Hour }, []string{"RetryLater.After must be between 0 and RetryLater.MaxDelay (got 2h0m0s and 1h0m0s)"}},
 		{"idle timeout within the handler's", func(c *consumer.Config) { c.IdleInTransactionTimeout = 20 * time.Second }, []string{"IdleInTransactionTimeout must be longer than HandlerTimeout (got 20s and 30s)"}},
 	}
 	for _, tc := range cases {

@@ -1,6 +1,10 @@
 package consumer
 
-import "time"
+import (
+	"time"
+
+	"github.com/kafkaonce/kafkaonce/internal/later"
+)
 
 // RetryPolicy says how a message whose handler failed with an error that
 // could pass (a timeout, a partner that is down) is tried again. Failures
@@ -32,3 +36,51 @@ type RetryPolicy struct {
 	// retrying for hours by accident. Defaults to DefaultRetryMaxElapsed.
 	MaxElapsed time.Duration
 }
+
+// RetryLaterPolicy sets a failing message aside, to be tried again later by
+// the consumer itself, instead of retrying it in place while its partition
+// waits (see RetryLater and docs/failures.md). The message is set aside as
+// a dead letter of class retry_later, in the transaction that moves the
+// partition past it, so the messages after it go on; the consumer's
+// maintenance redrives it once due (its id claimed again, so it is applied
+// once), backing off between retries, and after MaxRetries failed retries
+// leaves it an ordinary dead letter (class retries_exhausted) for an
+// operator.
+//
+// It gives up order: a message retried later is applied after messages
+// that came after it, on its partition and for its key. A ledger, or any
+// handler whose effects depend on the order of a key's messages, must not
+// use it; a notification or a call to a partner whose requests stand alone
+// may. It needs OnPermanentFailure DeadLetter: a consumer that stops its
+// partition instead sets nothing aside.
+type RetryLaterPolicy struct {
+	// After, when set, sets aside every message whose handler fails with
+	// an error that could pass (one the consumer would retry in place), to
+	// be retried this long after. Zero leaves such failures to Retry, and
+	// only errors marked by RetryLater are set aside for later.
+	After time.Duration
+	// MaxRetries bounds the retries of a message set aside for later.
+	// Defaults to DefaultRetryLaterMaxRetries.
+	MaxRetries int
+	// MaxDelay caps the wait between retries, which doubles after each
+	// failed one (with jitter). Defaults to DefaultRetryLaterMaxDelay.
+	MaxDelay time.Duration
+}
+
+// Defaults of RetryLaterPolicy.
+const (
+	DefaultRetryLaterMaxRetries = 8
+	DefaultRetryLaterMaxDelay   = time.Hour
+)
+
+// RetryLater marks err as a failure to retry after d, without holding the
+// partition meanwhile: the message is set aside (a dead letter of class
+// retry_later) in the transaction that moves the partition past it, and
+// the consumer's maintenance redrives it when it is due, as
+// Config.RetryLater says. Order is given up for that message: see
+// RetryLaterPolicy for who must not. RetryLater(nil, d) is nil.
+//
+//	if resp.StatusCode == http.StatusServiceUnavailable {
+//		return consumer.RetryLater(errors.New("mail partner unavailable"), time.Minute)
+//	}
+func RetryLater(err error, d time.Duration) error { return later.Mark(err, d) }

@@ -23,6 +23,7 @@ const (
 	ClassConflict         = kafkaoncetype.ClassConflict
 	ClassRetriesExhausted = kafkaoncetype.ClassRetriesExhausted
 	ClassCrashed          = kafkaoncetype.ClassCrashed
+	ClassRetryLater       = kafkaoncetype.ClassRetryLater
 )
 
 // Header is a message header as stored with a letter.
@@ -98,6 +99,11 @@ type Letter struct {
 	// redriving it (its effect was made by other means, or is not
 	// wanted): it is then never redriven.
 	SettledAt *time.Time
+	// RetryAt is when the consumer tries a letter of class ClassRetryLater
+	// again by itself (nil for any other letter, and once its retries ran
+	// out); Retries counts the retries that failed.
+	RetryAt *time.Time
+	Retries int
 }
 
 // MaxErrorLen bounds the stored error text; longer texts are cut, keeping

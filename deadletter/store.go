@@ -38,14 +38,14 @@ const withoutPayload = `id, consumer, topic, partition, kafka_offset, coalesce(m
 	` + metaColumns
 
 const metaColumns = `coalesce(message_time, 'epoch'), error_class, error, attempts, first_failed_at, last_failed_at, dead_lettered_at, published_at, redriven_at,
-	redrive_requested_at, coalesce(redrive_error, ''), settled_at`
+	redrive_requested_at, coalesce(redrive_error, ''), settled_at, retry_at, retries`
 
 func scan(row pgx.Row) (Letter, error) {
 	var l Letter
 	var headers []byte
 	err := row.Scan(&l.ID, &l.Consumer, &l.Topic, &l.Partition, &l.Offset, &l.MessageID, &l.Key, &l.Value, &headers,
 		&l.MessageTime, &l.Class, &l.Error, &l.Attempts, &l.FirstFailedAt, &l.LastFailedAt, &l.DeadLetteredAt, &l.PublishedAt, &l.RedrivenAt,
-		&l.RedriveRequestedAt, &l.RedriveError, &l.SettledAt)
+		&l.RedriveRequestedAt, &l.RedriveError, &l.SettledAt, &l.RetryAt, &l.Retries)
 	if err != nil {
 		return Letter{}, err
 	}
@@ -82,11 +82,16 @@ type Filter struct {
 	IDs []int64
 	// Pending selects the open letters: neither redriven nor settled.
 	Pending bool
-	// Unpublished selects letters not published to a dead-letter topic yet.
+	// Unpublished selects letters not published to a dead-letter topic
+	// yet, less those of class ClassRetryLater: a message the consumer
+	// retries by itself reaches the topic only once its retries run out
+	// (its class is then ClassRetriesExhausted).
 	Unpublished bool
 	// RedriveRequested selects letters an operator asked to redrive that
 	// are not redriven yet.
 	RedriveRequested bool
+	// RetryDue selects open letters whose RetryAt has come.
+	RetryDue bool
 	// AfterID pages through results: letters with a larger id.
 	AfterID int64
 	// Limit bounds the result (default 100, at most 10000).
@@ -124,10 +129,13 @@ func (s *Store) List(ctx context.Context, q Querier, f Filter) ([]Letter, error)
 		where = append(where, "redriven_at IS NULL AND settled_at IS NULL")
 	}
 	if f.Unpublished {
-		where = append(where, "published_at IS NULL")
+		where = append(where, "published_at IS NULL AND error_class <> 'retry_later'")
 	}
 	if f.RedriveRequested {
 		where = append(where, "redrive_requested_at IS NOT NULL AND redriven_at IS NULL AND settled_at IS NULL")
+	}
+	if f.RetryDue {
+		where = append(where, "retry_at <= now() AND redriven_at IS NULL AND settled_at IS NULL")
 	}
 	if f.AfterID > 0 {
 		add("id > $%d", f.AfterID)

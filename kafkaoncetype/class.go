@@ -26,6 +26,11 @@ const (
 	// have been transient until its attempts (or their time) ran out; the
 	// letter's error holds the last one.
 	ClassRetriesExhausted Class = "retries_exhausted"
+	// ClassRetryLater means the message was set aside to be tried again
+	// later, automatically (consumer.RetryLater, Config.RetryLater): the
+	// letter's RetryAt says when. A letter whose retries run out becomes
+	// ClassRetriesExhausted.
+	ClassRetryLater Class = "retry_later"
 	// ClassCrashed means attempts of this message kept ending without a result
 	// (the process died, or its connection did, while the handler ran).
 	ClassCrashed Class = "crashed"

@@ -124,6 +124,8 @@ func letterState(l *deadletter.Letter) string {
 		return "redrive requested"
 	case l.RedriveError != "":
 		return "redrive failed"
+	case l.RetryAt != nil:
+		return fmt.Sprintf("retry at %s (%d failed)", l.RetryAt.UTC().Format(time.RFC3339), l.Retries)
 	default:
 		return "pending"
 	}

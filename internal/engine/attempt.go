@@ -268,7 +268,9 @@ func (a *txAttempt) messageFailure(msg *kafkaoncetype.Message, err error) (*kafk
 
 // classify sorts err, what a handler's call (or its statements) in the
 // attempt's transaction came to.
-func (a *txAttempt) classify(err error) *failure { return classifyHandlerError(err, a.connLost()) }
+func (a *txAttempt) classify(err error) *failure {
+	return a.retryLater(classifyHandlerError(err, a.connLost()))
+}
 
 // connLost reports whether the connection of the attempt's transaction
 // broke. pgx marks a connection closed when its network I/O fails (a

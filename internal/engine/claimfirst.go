@@ -431,6 +431,10 @@ func letterFor(it *item, f *failure) deadletter.Letter {
 	for _, h := range it.msg.Headers {
 		l.Headers = append(l.Headers, deadletter.Header{Key: h.Key, Value: h.Value})
 	}
+	if f.kind == deadletter.ClassRetryLater {
+		at := f.last.Add(f.retryAfter)
+		l.RetryAt = &at
+	}
 	return l
 }
 

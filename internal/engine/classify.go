@@ -56,6 +56,9 @@ type failure struct {
 	// alone, outside the race, before any failure of it counts (see
 	// raceMayHaveFailed).
 	uncounted bool
+	// retryAfter is how long after the failure a message set aside with
+	// kind ClassRetryLater is due again (see retryLater).
+	retryAfter time.Duration
 }
 
 func newFailure(class errClass, kind deadletter.Class, err error) *failure {

@@ -65,6 +65,11 @@ type Config struct {
 	RetryInitialInterval time.Duration
 	RetryMaxInterval     time.Duration
 	RetryMaxElapsed      time.Duration
+	// RetryLaterAfter (0: only for marked errors), RetryLaterMaxRetries and
+	// RetryLaterMaxDelay are Config.RetryLater (see retrylater.go).
+	RetryLaterAfter      time.Duration
+	RetryLaterMaxRetries int
+	RetryLaterMaxDelay   time.Duration
 	HandlerTimeout       time.Duration
 
 	OnPermanentFailure     kafkaoncetype.FailurePolicy

@@ -39,6 +39,13 @@ func (c *Consumer) runMaintenance(ctx context.Context) {
 			if res.Applied+res.AlreadyApplied+len(res.Failed) > 0 {
 				c.log.Info("requested redrives done", slog.Int("applied", res.Applied), slog.Int("already_applied", res.AlreadyApplied), slog.Int("failed", len(res.Failed)))
 			}
+			res, err = c.Redrive(ctx, deadletter.Filter{RetryDue: true})
+			if err != nil && ctx.Err() == nil {
+				c.log.Warn("retries due: cannot read dead letters", slog.String("error", err.Error()))
+			}
+			if res.Applied+res.AlreadyApplied+len(res.Failed) > 0 {
+				c.log.Info("retries of messages set aside for later done", slog.Int("applied", res.Applied), slog.Int("already_applied", res.AlreadyApplied), slog.Int("failed", len(res.Failed)))
+			}
 		case <-prune:
 			c.prune(ctx)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -37,6 +38,9 @@ func (c *Consumer) Redrive(ctx context.Context, f deadletter.Filter) (kafkaoncet
 		case err != nil:
 			res.Failed = append(res.Failed, kafkaoncetype.RedriveError{LetterID: l.ID, Err: err})
 			c.log.Warn("redrive failed; the letter stays", slog.Int64("dead_letter", l.ID), slog.String("error", err.Error()))
+			if l.Class == deadletter.ClassRetryLater && l.RetryAt != nil {
+				c.retryFailed(ctx, &l, err)
+			}
 			if l.RedriveRequestedAt != nil {
 				// The failure answers the request read above; a request
 				// made since waits for an attempt of its own.
@@ -55,6 +59,35 @@ func (c *Consumer) Redrive(ctx context.Context, f deadletter.Filter) (kafkaoncet
 	}
 	return res, nil
 }
+
+// retryFailed counts the failed retry of a letter set aside for later, and
+// schedules the next or, once they ran out, makes it an ordinary dead
+// letter.
+func (c *Consumer) retryFailed(ctx context.Context, l *deadletter.Letter, cause error) {
+	if !errors.Is(cause, errHandlerFailed) {
+		return // the database failed, not the message: the next poll tries again
+	}
+	final := deadletter.ClassRetriesExhausted
+	next := c.nextRetry(l, l.Retries+1, time.Now())
+	if f := classifyHandlerError(cause, false); f.class == classPermanent {
+		final, next = f.kind, nil // failed for good: no retry helps
+	}
+	err := c.inTx(ctx, func(q querier) error { return c.letters.RetryFailed(ctx, q, l.ID, next, final, cause.Error()) })
+	switch {
+	case err != nil:
+		c.log.Warn("could not record a failed retry; it is tried again at the next poll", slog.Int64("dead_letter", l.ID), slog.String("error", err.Error()))
+	case next == nil:
+		c.log.Warn("a message set aside for later is an ordinary dead letter now: its retries ran out, or it failed for good",
+			slog.Int64("dead_letter", l.ID), slog.String("message_id", l.MessageID), slog.Int("retries", l.Retries+1), slog.String("class", string(final)))
+	default:
+		c.log.Info("retry of a message set aside for later failed; tried again later", slog.Int64("dead_letter", l.ID),
+			slog.String("message_id", l.MessageID), slog.Int("retries", l.Retries+1), slog.Time("retry_at", *next))
+	}
+}
+
+// errHandlerFailed wraps the handler's error in a redrive's: its message
+// failed, not the database.
+var errHandlerFailed = errors.New("handler")
 
 // errAlreadyApplied ends a redrive transaction that found nothing to do.
 var errAlreadyApplied = errors.New("already applied")
@@ -115,7 +148,7 @@ func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool
 			err = c.user.call(cctx, uc, 0, tx, m)
 			endCall(err)
 			if err != nil {
-				return fmt.Errorf("handler: %w", err)
+				return fmt.Errorf("%w: %w", errHandlerFailed, err)
 			}
 			msg = m
 			return c.letters.MarkRedriven(ctx, tx, l.ID)
@@ -126,7 +159,7 @@ func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool
 		return bt.commitWith(ctx, &pgx.Batch{})
 	})
 	if abandoned != nil {
-		return false, fmt.Errorf("handler: %w", abandoned.Err())
+		return false, fmt.Errorf("%w: %w", errHandlerFailed, abandoned.Err())
 	}
 	switch {
 	case errors.Is(err, errAlreadyApplied):

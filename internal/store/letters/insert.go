@@ -11,8 +11,8 @@ import (
 )
 
 // QueueInsert adds to b the insert of letters, all of one consumer, topic
-// and partition. The letters' ID, DeadLetteredAt, PublishedAt and RedrivenAt
-// are ignored.
+// and partition. The letters' ID, DeadLetteredAt, PublishedAt, RedrivenAt
+// and Retries are ignored.
 func (s *Store) QueueInsert(b *pgx.Batch, consumer, topic string, partition int, letters []deadletter.Letter) error {
 	n := len(letters)
 	offsets := make([]int64, n)
@@ -26,6 +26,7 @@ func (s *Store) QueueInsert(b *pgx.Batch, consumer, topic string, partition int,
 	attempts := make([]int32, n)
 	firsts := make([]time.Time, n)
 	lasts := make([]time.Time, n)
+	retryAt := make([]*time.Time, n)
 	for i := range letters {
 		l := &letters[i]
 		offsets[i] = l.Offset
@@ -49,8 +50,9 @@ func (s *Store) QueueInsert(b *pgx.Batch, consumer, topic string, partition int,
 		errs[i] = truncateError(l.Error)
 		attempts[i] = int32(l.Attempts)
 		firsts[i], lasts[i] = l.FirstFailedAt, l.LastFailedAt
+		retryAt[i] = l.RetryAt
 	}
-	b.Queue(s.insertSQL, consumer, topic, partition, offsets, ids, keys, values, headers, times, classes, errs, attempts, firsts, lasts)
+	b.Queue(s.insertSQL, consumer, topic, partition, offsets, ids, keys, values, headers, times, classes, errs, attempts, firsts, lasts, retryAt)
 	return nil
 }
 

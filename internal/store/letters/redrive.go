@@ -27,10 +27,26 @@ func (s *Store) GetForUpdate(ctx context.Context, tx pgx.Tx, consumer string, id
 	return s.Get(ctx, tx, id)
 }
 
-// MarkRedriven records that a redrive applied the letter's message.
+// MarkRedriven records that a redrive applied the letter's message; a
+// retry it was due for is done.
 func (s *Store) MarkRedriven(ctx context.Context, q schema.Querier, id int64) error {
-	if _, err := q.Exec(ctx, `UPDATE `+s.table+` SET redriven_at = now() WHERE id = $1`, id); err != nil {
+	if _, err := q.Exec(ctx, `UPDATE `+s.table+` SET redriven_at = now(), retry_at = NULL WHERE id = $1`, id); err != nil {
 		return fmt.Errorf("deadletter: mark %d redriven: %w", id, err)
+	}
+	return nil
+}
+
+// RetryFailed records the failure of a retry of a letter of class
+// retry_later: one more retry counted, the error, and the next retry_at,
+// or, with next nil (its retries ran out, or it failed for good), no next
+// retry and class final: an ordinary dead letter from then on. A letter
+// redriven or settled meanwhile is left as it is.
+func (s *Store) RetryFailed(ctx context.Context, q schema.Querier, id int64, next *time.Time, final deadletter.Class, reason string) error {
+	_, err := q.Exec(ctx, `UPDATE `+s.table+` SET retries = retries + 1, last_failed_at = now(), error = $3, retry_at = $2,
+	error_class = CASE WHEN $2::timestamptz IS NULL THEN $4 ELSE error_class END
+WHERE id = $1 AND redriven_at IS NULL AND settled_at IS NULL`, id, next, truncateError(reason), string(final))
+	if err != nil {
+		return fmt.Errorf("deadletter: record the failed retry of %d: %w", id, err)
 	}
 	return nil
 }

@@ -32,12 +32,12 @@ func NewStore(schemaName string) (*Store, error) {
 		// positions reset, another message at the offset of an old letter
 		// gets a letter of its own.
 		insertSQL: `INSERT INTO ` + t + ` (consumer, topic, partition, kafka_offset, message_id, message_key, message_value,
-	headers, message_time, error_class, error, attempts, first_failed_at, last_failed_at)
+	headers, message_time, error_class, error, attempts, first_failed_at, last_failed_at, retry_at)
 SELECT $1, $2, $3, l.kafka_offset, l.message_id, l.message_key, l.message_value, l.headers, l.message_time,
-	l.error_class, l.error, l.attempts, l.first_failed_at, l.last_failed_at
+	l.error_class, l.error, l.attempts, l.first_failed_at, l.last_failed_at, l.retry_at
 FROM unnest($4::bigint[], $5::text[], $6::bytea[], $7::bytea[], $8::jsonb[], $9::timestamptz[], $10::text[], $11::text[],
-	$12::int[], $13::timestamptz[], $14::timestamptz[])
-	AS l(kafka_offset, message_id, message_key, message_value, headers, message_time, error_class, error, attempts, first_failed_at, last_failed_at)
+	$12::int[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[])
+	AS l(kafka_offset, message_id, message_key, message_value, headers, message_time, error_class, error, attempts, first_failed_at, last_failed_at, retry_at)
 ON CONFLICT (consumer, topic, partition, kafka_offset, fingerprint, (coalesce(message_id, '')), (coalesce(message_time, '-infinity'::timestamptz)))
 DO NOTHING`,
 	}, nil

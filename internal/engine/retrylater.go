@@ -1,0 +1,57 @@
+package engine
+
+import (
+	"math/rand/v2"
+	"time"
+
+	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/internal/later"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
+)
+
+// retryLater turns f, the failure of a handler call, into the failure
+// that sets its message aside to be retried later, when the handler asked
+// for it (consumer.RetryLater) or the policy does (RetryLaterAfter, for a
+// failure that could pass); otherwise it returns f. Neither applies to a
+// failure of the database (the transaction runs again), to one that is
+// permanent (it is set aside for good), to a consumer that stops its
+// partition rather than set a message aside (a marked error is then
+// retried in place as any error that could pass), and, by the policy
+// alone, to an uncounted failure (it may be a lost race's; the message
+// gets a try alone first).
+func (c *deps) retryLater(f *failure) *failure {
+	if f.class != classTransient || c.cfg.OnPermanentFailure != kafkaoncetype.DeadLetter {
+		return f
+	}
+	d, marked := later.After(f.err)
+	switch {
+	case marked:
+	case c.cfg.RetryLaterAfter > 0 && !f.uncounted:
+		d = c.cfg.RetryLaterAfter
+	default:
+		return f
+	}
+	g := *f
+	g.class, g.kind, g.uncounted = classPermanent, deadletter.ClassRetryLater, false
+	g.retryAfter = min(max(d, 0), c.cfg.RetryLaterMaxDelay)
+	return &g
+}
+
+// nextRetry is when a letter whose retry failed (its retries-th) is due
+// again, nil once it has had its retries: the wait doubles from the last
+// one, capped by RetryLaterMaxDelay, with jitter (between half and all of
+// it) so that letters set aside together by one outage do not all come
+// back at once.
+func (c *deps) nextRetry(l *deadletter.Letter, retries int, now time.Time) *time.Time {
+	if retries >= c.cfg.RetryLaterMaxRetries {
+		return nil
+	}
+	last := time.Second
+	if l.RetryAt != nil {
+		last = max(l.RetryAt.Sub(l.LastFailedAt), time.Second)
+	}
+	d := min(2*last, c.cfg.RetryLaterMaxDelay)
+	d = d/2 + rand.N(d/2+1)
+	at := now.Add(d)
+	return &at
+}

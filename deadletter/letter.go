@@ -65,45 +65,45 @@ func (h *Header) UnmarshalJSON(b []byte) error {
 
 // Letter is one dead-lettered message.
 type Letter struct {
-	ID        int64
-	Consumer  string
-	Topic     string
-	Partition int
-	Offset    int64
+	ID        int64  `json:"id"`
+	Consumer  string `json:"consumer"`
+	Topic     string `json:"topic"`
+	Partition int    `json:"partition"`
+	Offset    int64  `json:"offset"`
 	// MessageID is empty when no valid id could be derived.
-	MessageID string
-	Key       []byte
-	Value     []byte
-	Headers   []Header
+	MessageID string   `json:"message_id"`
+	Key       []byte   `json:"key"`
+	Value     []byte   `json:"value"`
+	Headers   []Header `json:"headers"`
 	// MessageTime is the timestamp Kafka stored with the message.
-	MessageTime time.Time
+	MessageTime time.Time `json:"message_time"`
 
-	Class    Class
-	Error    string
-	Attempts int
+	Class    Class  `json:"class"`
+	Error    string `json:"error"`
+	Attempts int    `json:"attempts"`
 
-	FirstFailedAt  time.Time
-	LastFailedAt   time.Time
-	DeadLetteredAt time.Time
+	FirstFailedAt  time.Time `json:"first_failed_at"`
+	LastFailedAt   time.Time `json:"last_failed_at"`
+	DeadLetteredAt time.Time `json:"dead_lettered_at"`
 	// PublishedAt is set once the letter was published to the consumer's
 	// dead-letter topic (if it has one).
-	PublishedAt *time.Time
+	PublishedAt *time.Time `json:"published_at"`
 	// RedrivenAt is set once a redrive applied the message.
-	RedrivenAt *time.Time
+	RedrivenAt *time.Time `json:"redriven_at"`
 	// RedriveRequestedAt is set while an operator's redrive request waits
 	// for the consumer; RedriveError says why the last requested redrive
 	// failed.
-	RedriveRequestedAt *time.Time
-	RedriveError       string
+	RedriveRequestedAt *time.Time `json:"redrive_requested_at"`
+	RedriveError       string     `json:"redrive_error"`
 	// SettledAt is set when an operator settled the letter instead of
 	// redriving it (its effect was made by other means, or is not
 	// wanted): it is then never redriven.
-	SettledAt *time.Time
+	SettledAt *time.Time `json:"settled_at"`
 	// RetryAt is when the consumer tries a letter of class ClassRetryLater
 	// again by itself (nil for any other letter, and once its retries ran
 	// out); Retries counts the retries that failed.
-	RetryAt *time.Time
-	Retries int
+	RetryAt *time.Time `json:"retry_at"`
+	Retries int        `json:"retries"`
 }
 
 // MaxErrorLen bounds the stored error text; longer texts are cut, keeping

@@ -53,8 +53,12 @@ func (s *Store) CountBefore(ctx context.Context, q Querier, consumer string, bef
 
 // Stats summarises a consumer's claims.
 type Stats struct {
-	Total, Applied, DeadLettered, SuspectDuplicates int64
-	Oldest, Newest                                  *time.Time
+	Total             int64      `json:"total"`
+	Applied           int64      `json:"applied"`
+	DeadLettered      int64      `json:"dead_lettered"`
+	SuspectDuplicates int64      `json:"suspect_duplicates"`
+	Oldest            *time.Time `json:"oldest"`
+	Newest            *time.Time `json:"newest"`
 }
 
 // Stats returns a consumer's claim counts.

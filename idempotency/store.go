@@ -41,54 +41,56 @@ func NewStore(schemaName string) (*Store, error) {
 // Key is a stored key: the request it is for and, once completed, its
 // response.
 type Key struct {
-	Scope, Key    string
-	Method, Route string
+	Scope  string `json:"scope"`
+	Key    string `json:"key"`
+	Method string `json:"method"`
+	Route  string `json:"route"`
 	// Fingerprint is the SHA-256 a retry must match.
-	Fingerprint []byte
+	Fingerprint []byte `json:"fingerprint"`
 	// Status, Header and Body are the response, as replayed; Status is 0
 	// while a phased request's run is in progress.
-	Status    int
-	Header    map[string][]string
-	Body      []byte
-	CreatedAt time.Time
-	ExpiresAt time.Time
+	Status    int                 `json:"status"`
+	Header    map[string][]string `json:"header"`
+	Body      []byte              `json:"body"`
+	CreatedAt time.Time           `json:"created_at"`
+	ExpiresAt time.Time           `json:"expires_at"`
 	// Run is where a phased request's run stands while it is in
 	// progress, else nil.
-	Run *RunInProgress
+	Run *RunInProgress `json:"run"`
 	// Phased is the history of a phased request's run, in progress or
 	// complete; nil for a key of a plain handler.
-	Phased *RunHistory
+	Phased *RunHistory `json:"phased"`
 }
 
 // RunInProgress is where a phased request's run stands (see Flow).
 type RunInProgress struct {
 	// RecoveryPoint is the phase a resume continues from.
-	RecoveryPoint string
+	RecoveryPoint string `json:"recovery_point"`
 	// LeaseUntil is when a retry or the sweep may take the run over.
-	LeaseUntil time.Time
+	LeaseUntil time.Time `json:"lease_until"`
 	// SweepAfter is when the recovery sweep may take it over, after a
 	// failed phase (zero: as soon as the lease runs out).
-	SweepAfter time.Time
+	SweepAfter time.Time `json:"sweep_after"`
 }
 
 // RunHistory is what a phased request's run went through.
 type RunHistory struct {
 	// Flow names the Flow.
-	Flow string
+	Flow string `json:"flow"`
 	// RunID is the run's own id, from which Run.DerivedKey derives
 	// (DerivedKey below gives the same keys).
-	RunID string
+	RunID string `json:"run_id"`
 	// Taken counts the times the run was taken: 1 by its first request,
 	// one more at each resume.
-	Taken int
+	Taken int `json:"taken"`
 	// LastError is the last failure of one of its phases, if any, and
 	// LastErrorAt when it was recorded.
-	LastError   string
-	LastErrorAt time.Time
+	LastError   string    `json:"last_error"`
+	LastErrorAt time.Time `json:"last_error_at"`
 	// GivenUpAt is when the run was given up, and GiveUpReason why; zero
 	// for a run that completed or is in progress.
-	GivenUpAt    time.Time
-	GiveUpReason string
+	GivenUpAt    time.Time `json:"given_up_at"`
+	GiveUpReason string    `json:"give_up_reason"`
 
 	scope, key string
 }

@@ -13,17 +13,17 @@ const PreviewBytes = 4096
 
 // Parked is a row that could not be delivered.
 type Parked struct {
-	ID          string
-	Destination string
-	Key         []byte
+	ID          string `json:"id"`
+	Destination string `json:"destination"`
+	Key         []byte `json:"key"`
 	// Value is the message's first PreviewBytes at most, so that a listing
 	// of large rows stays small; Size is its whole length.
-	Value     []byte
-	Size      int
-	Attempts  int
-	LastError string
-	CreatedAt time.Time
-	FailedAt  time.Time
+	Value     []byte    `json:"value"`
+	Size      int       `json:"size"`
+	Attempts  int       `json:"attempts"`
+	LastError string    `json:"last_error"`
+	CreatedAt time.Time `json:"created_at"`
+	FailedAt  time.Time `json:"failed_at"`
 }
 
 // Parked lists rows that could not be delivered, oldest first.

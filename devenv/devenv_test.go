@@ -244,3 +244,37 @@ func TestAFailedTestKeepsItsSchema(t *testing.T) {
 	_, err := env.Pool.Exec(context.Background(), `DROP SCHEMA `+env.Schema+` CASCADE`)
 	require.NoError(t, err)
 }
+
+// Close drops the schemas the program owns, unless told to keep them.
+func TestCloseDropsWhatTheProgramOwns(t *testing.T) {
+	ctx := context.Background()
+	exists := func(env *devenv.Env, name string) bool {
+		var ok bool
+		require.NoError(t, env.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, name).Scan(&ok))
+		return ok
+	}
+	for _, keep := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keep=%v", keep), func(t *testing.T) {
+			if keep {
+				t.Setenv("KAFKAONCE_KEEP", "1")
+			} else {
+				t.Setenv("KAFKAONCE_KEEP", "")
+			}
+			env, err := devenv.Start(ctx)
+			require.NoError(t, err)
+			name := strings.ToLower(strings.NewReplacer("/", "_", "=", "_").Replace(t.Name()))
+			_, err = env.Pool.Exec(ctx, `CREATE SCHEMA `+name)
+			require.NoError(t, err)
+			env.Own(name)
+			probe, err := devenv.Start(ctx) // the same server when DATABASE_URL names it
+			require.NoError(t, err)
+			defer probe.Close()
+			require.NoError(t, env.Close())
+			if env.PostgresSource != "DATABASE_URL" {
+				return // a throwaway server: gone with what it held
+			}
+			require.Equal(t, keep, exists(probe, name))
+			_, _ = probe.Pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+name+` CASCADE`)
+		})
+	}
+}

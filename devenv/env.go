@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -28,7 +32,17 @@ type Env struct {
 
 	pg *devenv.Postgres
 	kf *devenv.Kafka
+	// owned are the schemas Close drops (see Own).
+	owned []string
 }
+
+// Own makes Close drop schemaName, with everything in it, unless the
+// program was told to keep it (-keep of RegisterFlags, or
+// KAFKAONCE_KEEP=1): for the schema an example or a tool makes for itself,
+// so that a database it was pointed at (DATABASE_URL, kafkaonce dev) does
+// not collect them, and tools that find kafkaonce's schema by themselves
+// are not left to choose between several.
+func (e *Env) Own(schemaName string) { e.owned = append(e.owned, schemaName) }
 
 // Start finds or starts Postgres and Kafka (see the package doc for where
 // each comes from) and opens a pool. The error of a machine that offers no
@@ -58,12 +72,22 @@ func Start(ctx context.Context, opts ...Option) (*Env, error) {
 	return &Env{DatabaseURL: pg.URL, Pool: pool, Brokers: kf.Brokers, PostgresSource: pg.Source, KafkaSource: kf.Source, pg: pg, kf: kf}, nil
 }
 
-// Close closes the pool and stops the servers Start started; servers named
-// by DATABASE_URL and KAFKA_BROKERS keep running. A throwaway cluster's
-// data is deleted.
+// Close drops the schemas the program owns (see Own), closes the pool and
+// stops the servers Start started; servers named by DATABASE_URL and
+// KAFKA_BROKERS keep running. A throwaway cluster's data is deleted.
 func (e *Env) Close() error {
+	var errs []error
+	if os.Getenv(devenv.KeepEnv) != "1" {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, name := range e.owned {
+			if _, err := e.Pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`); err != nil {
+				errs = append(errs, fmt.Errorf("devenv: drop schema %s (run with -keep to keep it): %w", name, err))
+			}
+		}
+	}
 	e.Pool.Close()
-	return errors.Join(e.kf.Close(), e.pg.Close())
+	return errors.Join(append(errs, e.kf.Close(), e.pg.Close())...)
 }
 
 // String says where the database and the broker came from, for a log line.

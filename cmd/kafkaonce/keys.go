@@ -14,9 +14,39 @@ import (
 	"github.com/kafkaonce/kafkaonce/idempotency"
 )
 
-// keys opens the database and the store of its idempotency keys.
-func (s *settings) keys(ctx context.Context) (*pgxpool.Pool, *idempotency.Store, error) {
-	return openStore(ctx, s, "", idempotency.NewStore)
+// keys opens the database and the store of its idempotency keys, in the
+// schema --schema names, else the one of consumer (when given), else the
+// one holding key in scope (when given), else the only one.
+func (s *settings) keys(ctx context.Context, consumer, scope, key string) (*pgxpool.Pool, *idempotency.Store, error) {
+	pool, err := s.pool(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	switch {
+	case consumer != "":
+		err = s.settleSchema(ctx, pool, consumer)
+	case key != "":
+		err = s.settleSchemaWith(ctx, pool, fmt.Sprintf("key %q in scope %q", key, scope), func(ctx context.Context, name string) (bool, error) {
+			store, _ := idempotency.NewStore(name) // Find checked the name
+			_, err := store.Get(ctx, pool, scope, key)
+			if errors.Is(err, idempotency.ErrNotFound) {
+				return false, nil
+			}
+			return err == nil, err
+		})
+	default:
+		err = s.settleSchemaWith(ctx, pool, "", nil)
+	}
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	store, err := idempotency.NewStore(s.schema)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, store, nil
 }
 
 func keysCmd(s *settings) *cobra.Command {
@@ -29,7 +59,7 @@ func keysCmd(s *settings) *cobra.Command {
 }
 
 func keysGetCmd(s *settings) *cobra.Command {
-	var scope string
+	var scope, consumer string
 	var derive []string
 	cmd := &cobra.Command{
 		Use:   "get KEY",
@@ -37,7 +67,7 @@ func keysGetCmd(s *settings) *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			pool, store, err := s.keys(ctx)
+			pool, store, err := s.keys(ctx, consumer, scope, args[0])
 			if err != nil {
 				return err
 			}
@@ -102,6 +132,7 @@ func keysGetCmd(s *settings) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&scope, "scope", "", "the key's scope (what Config.Scope gave: a client, an account)")
+	cmd.Flags().StringVar(&consumer, "consumer", "", "find the schema by a consumer in it (default: the schema holding the key)")
 	cmd.Flags().StringSliceVar(&derive, "derive", nil, "for a phased run, print Run.DerivedKey of these purposes (say charge): the keys its calls sent to a provider")
 	return cmd
 }
@@ -145,6 +176,7 @@ func pruneKeys(ctx context.Context, pool *pgxpool.Pool, store *idempotency.Store
 
 func keysPruneCmd(s *settings) *cobra.Command {
 	var batch int
+	var consumer string
 	var dryRun bool
 	cmd := &cobra.Command{
 		Use:   "prune",
@@ -159,7 +191,7 @@ does the same in the background.`,
 				return errors.New("--batch must be between 1 and 100000")
 			}
 			ctx := cmd.Context()
-			pool, store, err := s.keys(ctx)
+			pool, store, err := s.keys(ctx, consumer, "", "")
 			if err != nil {
 				return err
 			}
@@ -172,6 +204,7 @@ does the same in the background.`,
 		},
 	}
 	cmd.Flags().IntVar(&batch, "batch", 1000, "rows per transaction")
+	cmd.Flags().StringVar(&consumer, "consumer", "", "find the schema by a consumer in it (default: the only schema)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "only count what would be deleted")
 	return cmd
 }

@@ -49,6 +49,17 @@ func (s *settings) open(ctx context.Context, consumerName string) (*pgxpool.Pool
 // error listing the schemas found: a tool reading the wrong schema would
 // report another consumer's state as this one's.
 func (s *settings) settleSchema(ctx context.Context, pool *pgxpool.Pool, consumerName string) error {
+	if consumerName == "" {
+		return s.settleSchemaWith(ctx, pool, "", nil)
+	}
+	return s.settleSchemaWith(ctx, pool, "consumer "+consumerName, func(ctx context.Context, name string) (bool, error) {
+		return consumerKnown(ctx, pool, name, consumerName)
+	})
+}
+
+// settleSchemaWith is settleSchema for what knows says a schema knows (who
+// names it for the error; nil knows: nothing narrows the choice).
+func (s *settings) settleSchemaWith(ctx context.Context, pool *pgxpool.Pool, who string, knows func(ctx context.Context, schemaName string) (bool, error)) error {
 	if s.given("schema") {
 		return nil
 	}
@@ -62,29 +73,14 @@ func (s *settings) settleSchema(ctx context.Context, pool *pgxpool.Pool, consume
 	case len(found) == 1:
 		s.schema = found[0]
 		return nil
-	case consumerName == "":
+	case knows == nil:
 		return fmt.Errorf("%d schemas hold kafkaonce's tables (%s): pass --schema to say which", len(found), strings.Join(found, ", "))
 	}
 	var knowing []string
 	for _, name := range found {
-		store, _ := recorded.NewStore(name) // Find checked the name
-		known, err := store.Known(ctx, pool, consumerName)
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-			known, err = false, nil // a schema older than 007: it holds no consumers table, but may hold the consumer's positions
-		}
+		known, err := knows(ctx, name)
 		if err != nil {
 			return err
-		}
-		if !known {
-			// A consumer that ran before 007, or whose row is gone, still
-			// has its positions (every batch stores one).
-			positions, _ := offsets.NewStore(name)
-			ps, err := positions.List(ctx, pool, consumerName)
-			if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42P01") { // dropped since Find
-				return err
-			}
-			known = len(ps) > 0
 		}
 		if known {
 			knowing = append(knowing, name)
@@ -98,8 +94,30 @@ func (s *settings) settleSchema(ctx context.Context, pool *pgxpool.Pool, consume
 	if len(knowing) > 1 {
 		where = "in " + strings.Join(knowing, " and ")
 	}
-	return fmt.Errorf("%d schemas hold kafkaonce's tables (%s), and consumer %s is known %s: pass --schema to say which",
-		len(found), strings.Join(found, ", "), consumerName, where)
+	return fmt.Errorf("%d schemas hold kafkaonce's tables (%s), and %s is known %s: pass --schema to say which",
+		len(found), strings.Join(found, ", "), who, where)
+}
+
+// consumerKnown reports whether consumerName ran, claimed or stored a
+// position in the schema.
+func consumerKnown(ctx context.Context, pool *pgxpool.Pool, schemaName, consumerName string) (bool, error) {
+	store, _ := recorded.NewStore(schemaName) // Find checked the name
+	known, err := store.Known(ctx, pool, consumerName)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		known, err = false, nil // a schema older than 007: it holds no consumers table, but may hold the consumer's positions
+	}
+	if err != nil || known {
+		return known, err
+	}
+	// A consumer that ran before 007, or whose row is gone, still has its
+	// positions (every batch stores one).
+	positions, _ := offsets.NewStore(schemaName)
+	ps, err := positions.List(ctx, pool, consumerName)
+	if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42P01") { // dropped since Find
+		return false, err
+	}
+	return len(ps) > 0, nil
 }
 
 // settleMigrateSchema is settleSchema for migrate, which makes the tables:

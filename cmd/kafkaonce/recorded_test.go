@@ -278,6 +278,25 @@ func TestSchemaIsFoundInADatabaseOfItsOwn(t *testing.T) {
 		require.Equal(t, 2, code, args)
 		require.Contains(t, errOut, "2 schemas hold kafkaonce's tables (kafkaonce, ledger_v2): pass --schema", args)
 	}
+
+	// A key, or a consumer, in one of them names it.
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `INSERT INTO ledger_v2.idempotency_keys (scope, idem_key, method, route, fingerprint, expires_at, status, headers, body)
+VALUES ('acct-1', 'k-1', 'POST', '/v1/payments', '\x00', now() + interval '1 day', 201, '{}', '')`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `SELECT ledger_v2.consumer_id('payments')`)
+	require.NoError(t, err)
+	out, errOut, code = cliAt(dbURL, "", "keys", "get", "k-1", "--scope", "acct-1")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "key k-1 in scope acct-1")
+	_, errOut, code = cliAt(dbURL, "", "keys", "get", "k-2", "--scope", "acct-1")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, `key "k-2" in scope "acct-1" is known in none of them: pass --schema`)
+	out, errOut, code = cliAt(dbURL, "", "keys", "prune", "--dry-run", "--consumer", "payments")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "0 expired idempotency keys would be deleted")
 }
 
 // A consumer that has recorded nothing (it last ran before kafkaonce

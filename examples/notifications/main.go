@@ -100,6 +100,7 @@ func run(ctx context.Context, nOrders, dupEvery, busyEvery, loseEvery int) (summ
 		return s, err
 	}
 	defer env.Close()
+	env.Own(schemaName) // dropped when the example ends, unless -keep
 	log.Print(env)
 	pool := env.Pool
 	s.Postgres, s.Kafka = env.PostgresSource, env.KafkaSource

@@ -126,6 +126,7 @@ func run(ctx context.Context, n, workers, kills int, lease time.Duration) (summa
 		return s, err
 	}
 	defer env.Close()
+	env.Own(schemaName) // dropped when the example ends, unless -keep
 	log.Print(env)
 	pool := env.Pool
 	s.Postgres, s.Kafka = env.PostgresSource, env.KafkaSource

@@ -73,8 +73,10 @@ func run(ctx context.Context, n, resend int) error {
 	defer env.Close()
 	log.Print(env)
 	pool := env.Pool
-	// kafkaonce's own tables, then the example's effect table next to them.
+	// kafkaonce's own tables, then the example's effect table next to them,
+	// in a schema of the example's: dropped when it ends, unless -keep.
 	const schema = "kafkaonce_quickstart"
+	env.Own(schema)
 	if _, err := consumer.Migrate(ctx, pool, schema); err != nil {
 		return err
 	}

@@ -46,8 +46,9 @@ type HookPartitionHeld interface {
 type PartitionHeld = kafkaoncetype.PartitionHeld
 
 // HookPartitionPaused is called when a pause comes to cover a partition
-// of this member, and again (Resumed set) when it fetches again (see
-// Consumer.Pause). It is called once the batch in progress, if any, has
+// of this member, and again (Resumed set) when it fetches again or this
+// member stops processing it (revoked, or Run ending), so that a gauge fed
+// by it falls back (see Consumer.Pause). It is called once the batch in progress, if any, has
 // finished: from then on the partition fetches nothing and holds no
 // transaction. A partition assigned while paused is reported at its
 // assignment.

@@ -47,7 +47,8 @@ type PartitionPaused struct {
 	// All are unset when Resumed.
 	Scope, By, Reason string
 	Since             time.Time
-	// Resumed is set when the partition fetches again.
+	// Resumed is set when the partition fetches again, or this member
+	// stops processing it while it is paused.
 	Resumed bool
 }
 

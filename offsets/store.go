@@ -75,7 +75,9 @@ WHERE consumer = $1 ORDER BY topic, partition`, consumer)
 // Messages from next on will be processed again, guarded only by their
 // processed_messages claims: this is for an operator who wants them
 // reprocessed, not for normal operation. It must not run while a consumer
-// is processing the partition.
+// is processing the partition; a paused one (package pauses) is not, and
+// reads its position again when it resumes, so a Reset forward while it
+// is paused skips the messages between.
 func (s *Store) Reset(ctx context.Context, q Querier, consumer, topic string, partition int, next int64) error {
 	if next < 0 {
 		return fmt.Errorf("offsets: reset %s/%d to %d: offsets are not negative", topic, partition, next)

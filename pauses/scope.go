@@ -3,6 +3,7 @@ package pauses
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 
 	"github.com/kafkaonce/kafkaonce/internal/pgtext"
@@ -59,13 +60,16 @@ func (s Scope) String() string {
 	}
 }
 
-// validate names what is wrong with the scope, and how to fix it.
-func (s Scope) validate() error {
+// Validate names what is wrong with the scope, and how to fix it; Pause
+// and Resume call it.
+func (s Scope) Validate() error {
 	switch {
 	case s.one && s.topic == "":
 		return errors.New("pauses: a partition needs its topic: use pauses.Partition(topic, partition), or pauses.All() for the whole consumer")
 	case s.one && s.partition < 0:
 		return fmt.Errorf("pauses: partition %d is negative: partitions are numbered from 0; use pauses.Topic(%q) for every partition", s.partition, s.topic)
+	case s.one && s.partition > math.MaxInt32:
+		return fmt.Errorf("pauses: partition %d is past the largest partition number Kafka has (%d)", s.partition, math.MaxInt32)
 	case !pgtext.Storable(s.topic):
 		return fmt.Errorf("pauses: topic %q is not valid UTF-8 or holds a NUL byte: no Kafka topic is named so", s.topic)
 	}

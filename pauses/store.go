@@ -50,7 +50,7 @@ func (s *Store) Pause(ctx context.Context, q Querier, consumer string, scope Sco
 	if err := validConsumer(consumer); err != nil {
 		return false, err
 	}
-	if err := scope.validate(); err != nil {
+	if err := scope.Validate(); err != nil {
 		return false, err
 	}
 	topic, partition := scope.row()
@@ -69,7 +69,7 @@ func (s *Store) Resume(ctx context.Context, q Querier, consumer string, scope Sc
 	if err := validConsumer(consumer); err != nil {
 		return false, err
 	}
-	if err := scope.validate(); err != nil {
+	if err := scope.Validate(); err != nil {
 		return false, err
 	}
 	topic, partition := scope.row()

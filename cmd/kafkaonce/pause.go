@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/user"
 	"slices"
@@ -21,6 +22,9 @@ import (
 type pauseScopeFlags struct {
 	consumer, topic string
 	partition       int
+	// unrecorded allows a pause of a consumer that has recorded no
+	// settings (it has not started against the schema yet).
+	unrecorded bool
 }
 
 func (f *pauseScopeFlags) register(cmd *cobra.Command) {
@@ -45,13 +49,21 @@ func (f *pauseScopeFlags) scope(cmd *cobra.Command) (pauses.Scope, error) {
 		return pauses.Topic(f.topic), nil
 	case f.partition < 0:
 		return pauses.Scope{}, fmt.Errorf("--partition %d is negative: partitions are numbered from 0; leave --partition out for every partition of the topic", f.partition)
+	case f.partition > math.MaxInt32:
+		return pauses.Scope{}, fmt.Errorf("--partition %d is past the largest partition number Kafka has (%d)", f.partition, math.MaxInt32)
 	}
 	return pauses.Partition(f.topic, f.partition), nil
 }
 
 // openPauses opens the database on the schema that knows consumerName, and
-// its pauses, refusing a schema without the table.
-func (s *settings) openPauses(ctx context.Context, f *pauseScopeFlags, scope pauses.Scope) (*pgxpool.Pool, *pauses.Store, error) {
+// its pauses, refusing a schema without the table. With check, it refuses
+// a pause no member would obey: of a consumer that has recorded no
+// settings (a mistyped name, one that never started here: unless
+// --unrecorded), or of a topic the consumer does not record reading.
+func (s *settings) openPauses(ctx context.Context, f *pauseScopeFlags, scope pauses.Scope, check bool) (*pgxpool.Pool, *pauses.Store, error) {
+	if err := scope.Validate(); err != nil {
+		return nil, nil, err
+	}
 	pool, store, err := openStore(ctx, s, f.consumer, pauses.NewStore)
 	if err != nil {
 		return nil, nil, err
@@ -65,7 +77,12 @@ func (s *settings) openPauses(ctx context.Context, f *pauseScopeFlags, scope pau
 		pool.Close()
 		return nil, nil, err
 	}
-	if t := scope.Topic(); t != "" && rec != nil && !slices.Contains(rec.Topics, t) {
+	switch t := scope.Topic(); {
+	case !check:
+	case rec == nil && !f.unrecorded:
+		pool.Close()
+		return nil, nil, fmt.Errorf("consumer %q has recorded no settings in schema %s (is the name mistyped, or has it never started here?): a pause of %s it never reads would hold nothing; check --consumer, or pass --unrecorded to pause a consumer before its first start", f.consumer, s.schema, scope)
+	case rec != nil && t != "" && !slices.Contains(rec.Topics, t):
 		pool.Close()
 		return nil, nil, fmt.Errorf("consumer %s records that it reads %q, not %q: check --topic (a pause of a topic it does not read would pause nothing)", f.consumer, rec.Topics, t)
 	}
@@ -75,13 +92,13 @@ func (s *settings) openPauses(ctx context.Context, f *pauseScopeFlags, scope pau
 // changePause runs change (a pause or a resume) on the scope the flags
 // name, and returns whether it changed anything and the consumer's pauses
 // after it.
-func (s *settings) changePause(cmd *cobra.Command, f *pauseScopeFlags, change func(context.Context, pauses.Querier, *pauses.Store, pauses.Scope) (bool, error)) (pauses.Scope, bool, []pauses.Pause, error) {
+func (s *settings) changePause(cmd *cobra.Command, f *pauseScopeFlags, check bool, change func(context.Context, pauses.Querier, *pauses.Store, pauses.Scope) (bool, error)) (pauses.Scope, bool, []pauses.Pause, error) {
 	scope, err := f.scope(cmd)
 	if err != nil {
 		return scope, false, nil, err
 	}
 	ctx := cmd.Context()
-	pool, store, err := s.openPauses(ctx, f, scope)
+	pool, store, err := s.openPauses(ctx, f, scope, check)
 	if err != nil {
 		return scope, false, nil, err
 	}
@@ -126,7 +143,7 @@ status and the page show it, with who paused it, when and why.
 			if by == "" {
 				by = whoAmI()
 			}
-			scope, changed, list, err := s.changePause(cmd, &f, func(ctx context.Context, q pauses.Querier, store *pauses.Store, scope pauses.Scope) (bool, error) {
+			scope, changed, list, err := s.changePause(cmd, &f, true, func(ctx context.Context, q pauses.Querier, store *pauses.Store, scope pauses.Scope) (bool, error) {
 				return store.Pause(ctx, q, f.consumer, scope, by, reason)
 			})
 			if err != nil {
@@ -151,6 +168,7 @@ status and the page show it, with who paused it, when and why.
 	}
 	f.register(cmd)
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for status and the page")
+	cmd.Flags().BoolVar(&f.unrecorded, "unrecorded", false, "pause a consumer that has recorded no settings yet (before its first start)")
 	cmd.Flags().StringVar(&by, "by", "", `who pauses (default "kafkaonce pause by USER@HOST")`)
 	return cmd
 }
@@ -167,7 +185,8 @@ pause covers it (its own, its topic's, the consumer's), so resume says when a
 wider pause still holds the scope.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			scope, changed, list, err := s.changePause(cmd, &f, func(ctx context.Context, q pauses.Querier, store *pauses.Store, scope pauses.Scope) (bool, error) {
+			// A resume lifts whatever was stored, checked or not.
+			scope, changed, list, err := s.changePause(cmd, &f, false, func(ctx context.Context, q pauses.Querier, store *pauses.Store, scope pauses.Scope) (bool, error) {
 				return store.Resume(ctx, q, f.consumer, scope)
 			})
 			if err != nil {

@@ -39,7 +39,10 @@ func TestPauseAndResume(t *testing.T) {
 	w.produce(40, "m")
 
 	t.Run("a pause from the CLI holds a running consumer's partition until resume", func(t *testing.T) {
-		out, errOut, code := w.cli("pause", "--consumer", w.name, "--topic", w.topic, "--partition", "1", "--reason", "inspecting")
+		_, errOut, code := w.cli("pause", "--consumer", w.name, "--topic", w.topic, "--partition", "1", "--reason", "inspecting")
+		require.Equal(t, 2, code, "a consumer that never started: a mistyped name?")
+		require.Contains(t, errOut, "pass --unrecorded to pause a consumer before its first start")
+		out, errOut, code := w.cli("pause", "--consumer", w.name, "--unrecorded", "--topic", w.topic, "--partition", "1", "--reason", "inspecting")
 		require.Equal(t, 0, code, errOut)
 		require.Contains(t, out, "paused "+w.topic+"/1 of consumer "+w.name)
 		w.runConsumer()

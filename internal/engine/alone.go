@@ -32,12 +32,26 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 	key := attempts.Key{Consumer: w.cfg.Name, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset}
 	l := w.newLadder()
 	last := prior
-	initial := 1
-	if prior != nil {
-		initial = 2 // the failed batch was the first attempt, and it was not recorded
-	}
 	count := true
 	var rec attempts.Record
+	if prior != nil {
+		// The failed batch was an attempt of the message: it is recorded,
+		// with how it failed, before the wait for the next one, so that a
+		// wait cut short (a pause, a revocation) loses no count, and a
+		// message whose every retry is cut short still runs out of them.
+		var err error
+		if rec, err = w.recordAttempt(stop, work, key, it.msg.ID, 1); err != nil {
+			return err
+		}
+		if err := w.attempts.Fail(work, w.db, key, string(prior.kind), prior.err.Error()); err != nil {
+			w.log.Warn("could not record the failure of an attempt", w.logAttrs(slog.Int64("offset", it.msg.Offset), slog.String("error", err.Error()))...)
+		}
+		if rec.Attempts >= w.cfg.MaxAttempts || w.elapsedOut(rec) {
+			f := exhausted(prior)
+			f.attempts, f.first = rec.Attempts, rec.FirstAttemptAt
+			return w.setAside(stop, work, one, f)
+		}
+	}
 	for {
 		if count {
 			if last != nil {
@@ -46,10 +60,9 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 				}
 			}
 			var err error
-			if rec, err = w.recordAttempt(stop, work, key, it.msg.ID, initial); err != nil {
+			if rec, err = w.recordAttempt(stop, work, key, it.msg.ID, 1); err != nil {
 				return err
 			}
-			initial = 1
 			if w.exhausted(rec) {
 				return w.setAside(stop, work, one, exhaustedFrom(rec, last, w.cfg.MaxAttempts))
 			}

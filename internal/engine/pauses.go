@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+
 	"os"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 	"github.com/kafkaonce/kafkaonce/pauses"
@@ -26,6 +29,12 @@ type pauseSet struct {
 	mu     sync.Mutex
 	list   []pauses.Pause
 	loaded bool
+	// reads numbers the reads of the table as they start, and applied is
+	// the number of the read list comes from: a read that started before
+	// another but finishes after it (a slow poll, overtaken by the read
+	// Consumer.Pause makes after its write) must not put back the older
+	// state.
+	reads, applied uint64
 	// changed is closed, and replaced, whenever list changes or is first
 	// loaded: the workers waiting on it look again.
 	changed chan struct{}
@@ -33,10 +42,23 @@ type pauseSet struct {
 
 func newPauseSet() *pauseSet { return &pauseSet{changed: make(chan struct{})} }
 
-// set replaces the pauses with list (in pauses.Store.List's order).
-func (s *pauseSet) set(list []pauses.Pause) {
+// startRead numbers a read of the table about to start.
+func (s *pauseSet) startRead() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.reads++
+	return s.reads
+}
+
+// set replaces the pauses with list (in pauses.Store.List's order), what
+// read number read found, unless a read that started later was applied.
+func (s *pauseSet) set(read uint64, list []pauses.Pause) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if read < s.applied {
+		return
+	}
+	s.applied = read
 	if s.loaded && slices.EqualFunc(s.list, list, samePause) {
 		return
 	}
@@ -63,6 +85,7 @@ func (s *pauseSet) state(topic string, partition int) (p pauses.Pause, paused, l
 func (c *deps) refreshPauses(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	read := c.pauses.startRead()
 	var list []pauses.Pause
 	err := c.readOnly(ctx, func(q querier) (err error) {
 		list, err = c.pauseStore.List(ctx, q, c.cfg.Name)
@@ -71,7 +94,7 @@ func (c *deps) refreshPauses(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c.pauses.set(list)
+	c.pauses.set(read, list)
 	return nil
 }
 
@@ -147,12 +170,18 @@ func pausedBy() string {
 
 // waitWhilePaused returns once the pauses are read and none covers the
 // partition, or stop is done. It reports the partition paused when a
-// pause covers it, and resumed when it fetches again after that.
-func (w *worker) waitWhilePaused(stop context.Context) {
+// pause covers it, and resumed when it fetches again after that or this
+// member stops processing it (so that a gauge fed by the hook does not
+// stay up on a member that gave the partition away); paused says whether
+// it waited on a pause.
+func (w *worker) waitWhilePaused(stop context.Context) (paused bool) {
 	var reported *pauses.Pause
 	defer func() {
 		w.progress.paused.Store(false)
 		w.progress.wait(false)
+		if reported != nil && stop.Err() != nil {
+			w.reportPause(context.WithoutCancel(stop), kafkaoncetype.PartitionPaused{Topic: w.topic, Partition: w.partition, Resumed: true})
+		}
 	}()
 	for {
 		p, paused, loaded, changed := w.pauses.state(w.topic, w.partition)
@@ -161,7 +190,7 @@ func (w *worker) waitWhilePaused(stop context.Context) {
 				w.log.Info("partition resumed", w.logAttrs()...)
 				w.reportPause(stop, kafkaoncetype.PartitionPaused{Topic: w.topic, Partition: w.partition, Resumed: true})
 			}
-			return
+			return reported != nil
 		}
 		if paused && (reported == nil || !samePause(*reported, p)) {
 			w.log.Info("partition paused: it fetches nothing until resumed", w.logAttrs(slog.String("scope", p.Scope.String()),
@@ -173,10 +202,36 @@ func (w *worker) waitWhilePaused(stop context.Context) {
 		}
 		select {
 		case <-stop.Done():
-			return
+			return reported != nil
 		case <-changed:
 		}
 	}
+}
+
+// afterPause reads the partition's stored position again once a pause is
+// lifted: an operator may have moved it meanwhile (offsets.Store.Reset on
+// a paused partition), and processing resumes from the stored position.
+// A position moved forward is taken as it is; one moved back, or gone, is
+// left to the next batch, whose check of the position finds it (see
+// positionLostError) and restarts from it.
+func (w *worker) afterPause(stop, work context.Context) error {
+	var stored int64
+	var ok bool
+	return w.retryUntil(stop, "partition resumed: cannot read its stored position", func() error {
+		b := &pgx.Batch{}
+		w.offsets.QueueLoad(b, w.cfg.Name, w.topic, w.partition, &stored, &ok)
+		if err := w.inOneTrip(work, b); err != nil {
+			return err
+		}
+		if ok && stored > w.next {
+			w.positionKnown = true
+			w.log.Warn("the stored position moved forward while the partition was paused: processing resumes there, and the messages between are not processed",
+				w.logAttrs(slog.Int64("from", w.next), slog.Int64("stored_position", stored))...)
+			w.next = stored
+			w.mark(stored)
+		}
+		return nil
+	})
 }
 
 func (w *worker) reportPause(ctx context.Context, p kafkaoncetype.PartitionPaused) {

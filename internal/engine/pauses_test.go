@@ -17,7 +17,7 @@ func TestPauseSet(t *testing.T) {
 		if paused || loaded {
 			t.Fatalf("before any read: paused %v, loaded %v; want neither", paused, loaded)
 		}
-		s.set(nil)
+		s.set(s.startRead(), nil)
 		select {
 		case <-changed:
 		default:
@@ -30,15 +30,15 @@ func TestPauseSet(t *testing.T) {
 
 	t.Run("a change wakes the waiters, and the same list again does not", func(t *testing.T) {
 		s := newPauseSet()
-		s.set(nil)
+		s.set(s.startRead(), nil)
 		_, _, _, changed := s.state("t", 0)
-		s.set(nil)
+		s.set(s.startRead(), nil)
 		select {
 		case <-changed:
 			t.Fatal("an unchanged list woke the waiters")
 		default:
 		}
-		s.set([]pauses.Pause{topicPause})
+		s.set(s.startRead(), []pauses.Pause{topicPause})
 		select {
 		case <-changed:
 		default:
@@ -53,11 +53,22 @@ func TestPauseSet(t *testing.T) {
 		}
 		again := topicPause
 		again.Reason = "now with a reason"
-		s.set([]pauses.Pause{again})
+		s.set(s.startRead(), []pauses.Pause{again})
 		select {
 		case <-changed:
 		default:
 			t.Fatal("a pause whose reason changed did not wake the waiters")
+		}
+	})
+
+	t.Run("a read that started first and ends last does not put back what it found", func(t *testing.T) {
+		s := newPauseSet()
+		slow := s.startRead()  // a poll, before the pause was written
+		fresh := s.startRead() // Consumer.Pause's read, after it
+		s.set(fresh, []pauses.Pause{topicPause})
+		s.set(slow, nil)
+		if _, paused, _, _ := s.state("t", 0); !paused {
+			t.Fatal("a stale read lifted a pause")
 		}
 	})
 }

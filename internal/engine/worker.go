@@ -180,9 +180,14 @@ func (w *worker) consume(stop, work context.Context) error {
 	}
 	backoff := w.retry.New()
 	for stop.Err() == nil {
-		w.waitWhilePaused(stop)
+		paused := w.waitWhilePaused(stop)
 		if stop.Err() != nil {
 			return nil
+		}
+		if paused {
+			if err := w.afterPause(stop, work); err != nil {
+				return nil // interrupted: stop is done
+			}
 		}
 		// A pause ends the run of fetches as a revocation would: the batch
 		// in progress finishes, its retries stop waiting, and the messages

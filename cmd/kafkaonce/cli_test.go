@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/deadletter"
@@ -166,6 +167,90 @@ func TestStatusShowsEachPartition(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "TOPIC")
 	require.Contains(t, out, "total lag: 3")
+}
+
+// status reads Postgres and Kafka. What Kafka cannot give (a topic it does
+// not have, a cluster that does not answer) is named with why, the rest is
+// shown as Postgres holds it, and the exit code is 1.
+func TestStatusWithoutKafkaShowsWhatPostgresHolds(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 2)
+	w.produce(20, "s")
+	w.consume(nil, 10)
+	status := func(t *testing.T, env map[string]string, args ...string) (statusReport, string) {
+		t.Helper()
+		args = append([]string{"status", "--consumer", w.name}, args...)
+		out, errOut, code := w.cliWith(env, append(args, "--json")...)
+		require.Equal(t, 1, code, out+errOut)
+		var r statusReport
+		require.NoError(t, json.Unmarshal([]byte(out), &r))
+		require.EqualValues(t, 20, r.Claims.Total, "the claims, from Postgres")
+		require.Zero(t, r.DeadLetters)
+		text, errOut, code := w.cliWith(env, args...)
+		require.Equal(t, 1, code, text+errOut)
+		require.NotContains(t, errOut, "kafkaonce: kafka:", "said on stdout, with the rest")
+		require.Contains(t, text, "claims: 20 (applied 20")
+		require.Contains(t, text, "dead letters: 0")
+		require.Contains(t, text, "idempotency keys (HTTP, whole schema): 0")
+		return r, text
+	}
+	requireStoredOnly := func(t *testing.T, r statusReport) {
+		t.Helper()
+		require.Len(t, r.Partitions, 2, "the partitions with stored positions")
+		for _, p := range r.Partitions {
+			require.Equal(t, w.topic, p.Topic)
+			require.EqualValues(t, 10, p.Stored)
+			require.NotNil(t, p.LastCommit)
+			require.EqualValues(t, -1, p.LogStart, "not read")
+			require.EqualValues(t, -1, p.LogEnd, "not read")
+			require.EqualValues(t, -1, p.Committed, "not read")
+			require.EqualValues(t, -1, p.Lag, "unknown without the log end")
+		}
+	}
+	env := map[string]string{"DATABASE_URL": w.db.URL, "KAFKA_BROKERS": strings.Join(w.kafka.Brokers, ",")}
+
+	t.Run("a topic Kafka does not have is named, the others are read", func(t *testing.T) {
+		gone := testenv.Name(t, "gone")
+		r, text := status(t, env, "--topic", gone)
+		require.Equal(t, []kafkaUnread{{Topic: gone, NotRead: []string{"partitions", "log_bounds", "committed_offsets"},
+			Error: "kafka: topic " + gone + " does not exist"}}, r.KafkaUnread)
+		require.Len(t, r.Partitions, 2, "the consumer's own topic, read in full")
+		for _, p := range r.Partitions {
+			require.Equal(t, w.topic, p.Topic)
+			require.EqualValues(t, 10, p.Stored)
+			require.EqualValues(t, 10, p.LogEnd)
+			require.Zero(t, p.Lag)
+		}
+		require.Contains(t, text, "total lag: 0\n")
+		require.Contains(t, text, "KAFKA NOT READ for topic "+gone+": its partitions, log bounds and the committed offsets of group "+w.name+
+			" (kafka: topic "+gone+" does not exist)")
+	})
+
+	t.Run("a Kafka that does not answer", func(t *testing.T) {
+		down := map[string]string{"DATABASE_URL": w.db.URL, "KAFKA_BROKERS": blackhole(t)}
+		r, text := status(t, down)
+		requireStoredOnly(t, r)
+		require.Len(t, r.KafkaUnread, 1)
+		require.Equal(t, w.topic, r.KafkaUnread[0].Topic)
+		require.Equal(t, []string{"partitions", "log_bounds", "committed_offsets"}, r.KafkaUnread[0].NotRead)
+		require.Contains(t, r.KafkaUnread[0].Error, "kafka: metadata of "+w.topic)
+		require.Contains(t, r.KafkaUnread[0].Error, "the brokers did not answer in time")
+		require.Contains(t, text, "KAFKA NOT READ for topic "+w.topic+": its partitions, log bounds and the committed offsets of group "+w.name+" (kafka: metadata of "+w.topic)
+		require.Contains(t, text, "total lag: unknown")
+		require.Regexp(t, `(?m)^`+w.topic+` +0 +- +- +- +10 +- `, text, "the stored position, and - for what Kafka did not give")
+	})
+
+	t.Run("the consumer's topic deleted", func(t *testing.T) {
+		res, err := kadm.NewClient(w.kafka.Client(t)).DeleteTopics(context.Background(), w.topic)
+		require.NoError(t, err)
+		require.NoError(t, res.Error())
+		r, text := status(t, env)
+		requireStoredOnly(t, r)
+		require.Equal(t, []kafkaUnread{{Topic: w.topic, NotRead: []string{"partitions", "log_bounds", "committed_offsets"},
+			Error: "kafka: topic " + w.topic + " does not exist"}}, r.KafkaUnread)
+		require.Contains(t, text, "KAFKA NOT READ for topic "+w.topic+": its partitions, log bounds and the committed offsets of group "+w.name+
+			" (kafka: topic "+w.topic+" does not exist)")
+	})
 }
 
 // A transaction that lost a race for rows shows in its partition's row:

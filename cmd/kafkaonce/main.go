@@ -9,8 +9,8 @@
 // and KAFKA_PASSWORD for SASL. Passwords are never printed.
 //
 // Exit codes: 0 success; 1 the command ran and found a problem (an audit
-// finding, a failed redrive); 2 the command could not run (bad flags, no
-// database, no broker).
+// finding, a failed redrive, a status that could not read Kafka); 2 the
+// command could not run (bad flags, no database, no broker).
 package main
 
 import "os"

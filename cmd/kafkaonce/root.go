@@ -117,7 +117,8 @@ wins. A consumer that derives ids with a function of its own must be told
 --id.
 
 Exit codes: 0 success; 1 the command found a problem (an audit finding, a
-failed redrive); 2 the command could not run.`,
+failed redrive, a status that could not read Kafka); 2 the command could not
+run.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -332,6 +333,17 @@ func redact(text, connURL, secret string) string {
 		text = strings.ReplaceAll(text, secret, "xxxxx")
 	}
 	return text
+}
+
+// redact removes the database password and the Kafka password from a text
+// the command prints that came from elsewhere, such as an error it reports
+// and goes on.
+func (s *settings) redact(text string) string {
+	u := s.databaseURL
+	if u == "" {
+		u = s.st.getenv("DATABASE_URL")
+	}
+	return redact(text, u, s.st.getenv("KAFKA_PASSWORD"))
 }
 
 // safeHost names the server of a connection URL without credentials.

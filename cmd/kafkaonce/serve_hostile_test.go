@@ -203,6 +203,8 @@ func TestServePageAnswersWhileKafkaHangs(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, w.name)
 	require.Contains(t, body, `class="error"`)
+	require.Contains(t, body, "KAFKA NOT READ for topic "+w.topic+": its partitions")
+	require.Regexp(t, `<td class="n">-</td><td class="n">5</td><td class="n">-</td>`, body, "the stored position, with Kafka's columns unknown")
 	require.Less(t, took, 20*time.Second, "the page answered, but only after %v", took)
 }
 

@@ -195,13 +195,7 @@ func (p *page) redact(err error) string { return p.redactText(err.Error()) }
 
 // redactText removes them from a text the page shows that came from
 // elsewhere, such as a stopped partition's reason.
-func (p *page) redactText(text string) string {
-	u := p.s.databaseURL
-	if u == "" {
-		u = p.s.st.getenv("DATABASE_URL")
-	}
-	return redact(text, u, p.s.st.getenv("KAFKA_PASSWORD"))
-}
+func (p *page) redactText(text string) string { return p.s.redact(text) }
 
 type consumerView struct {
 	Name   string
@@ -261,10 +255,12 @@ func (p *page) overview(w http.ResponseWriter, r *http.Request) {
 		rep, err := status(ctx, pool, p.c.admin, p.s.schema, name, groupOf(p.o.groups[name], rec, name), rec, nil)
 		if err != nil {
 			cv.Err = p.redact(err)
+		} else if lines := rep.kafkaProblems(); len(lines) > 0 {
+			cv.Err = p.redactText(strings.Join(lines, "; "))
 		}
 		for i := range rep.Partitions {
 			ps := &rep.Partitions[i]
-			cv.Lag += ps.Lag
+			cv.Lag += max(ps.Lag, 0) // -1: unknown
 			if ps.StoppedAt != nil {
 				ps.StopReason = p.redactText(ps.StopReason)
 				cv.Stopped = append(cv.Stopped, *ps)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -27,13 +28,17 @@ import (
 type partitionStatus struct {
 	Topic     string `json:"topic"`
 	Partition int    `json:"partition"`
-	LogStart  int64  `json:"log_start"`
-	LogEnd    int64  `json:"log_end"`
-	// Committed is the group's committed offset, -1 when none.
+	// LogStart and LogEnd are the log's bounds, -1 when Kafka did not give
+	// them (see statusReport.KafkaUnread).
+	LogStart int64 `json:"log_start"`
+	LogEnd   int64 `json:"log_end"`
+	// Committed is the group's committed offset, -1 when none or when
+	// Kafka did not give it.
 	Committed int64 `json:"kafka_committed"`
 	// Stored is the processed position in Postgres, -1 when none.
 	Stored int64 `json:"stored_position"`
-	// Lag is how many messages are not processed yet.
+	// Lag is how many messages are not processed yet, -1 when unknown
+	// (Kafka did not give the log's bounds).
 	Lag int64 `json:"lag"`
 	// StoppedAt is set while the partition is stopped at a message it
 	// must not skip (its run recorded it; the next assignment clears it),
@@ -82,6 +87,41 @@ type statusReport struct {
 	// Recorded are the settings the consumer recorded when it last
 	// started; absent when it recorded none.
 	Recorded *recordedView `json:"recorded_settings,omitempty"`
+	// KafkaUnread names, topic by topic, what Kafka did not give and why;
+	// the partitions of such a topic show what Postgres holds. Absent when
+	// Kafka gave everything.
+	KafkaUnread []kafkaUnread `json:"kafka_not_read,omitempty"`
+}
+
+// kafkaUnread is what status could not read from Kafka for a topic.
+type kafkaUnread struct {
+	Topic string `json:"topic"`
+	// NotRead lists what is missing: "partitions", "log_bounds",
+	// "committed_offsets" (of the report's group).
+	NotRead []string `json:"not_read"`
+	Error   string   `json:"error"`
+}
+
+// Kafka's side of a topic, in the order status reads it: a failure leaves
+// the rest unread.
+var kafkaReads = []string{"partitions", "log_bounds", "committed_offsets"}
+
+// kafkaProblems says, a line per topic, what Kafka did not give and why.
+func (r statusReport) kafkaProblems() []string {
+	names := map[string]string{"partitions": "its partitions", "log_bounds": "log bounds", "committed_offsets": "the committed offsets of group " + r.Group}
+	var lines []string
+	for _, u := range r.KafkaUnread {
+		var what []string
+		for _, n := range u.NotRead {
+			what = append(what, names[n])
+		}
+		list := strings.Join(what, ", ")
+		if i := strings.LastIndex(list, ", "); i >= 0 {
+			list = list[:i] + " and " + list[i+2:]
+		}
+		lines = append(lines, fmt.Sprintf("KAFKA NOT READ for topic %s: %s (%s)", u.Topic, list, u.Error))
+	}
+	return lines
 }
 
 // recordedView shows a consumer's recorded settings.
@@ -119,7 +159,11 @@ settings it recorded when it last started (id rule, group, topics, brokers).
 
 Topics are those the consumer has stored positions for or records, plus any
 --topic. The group is --group, else the recorded one, else the consumer's
-name.`,
+name.
+
+What Kafka does not give (a topic it does not have, a cluster that does not
+answer) is named with why, and the partitions show what Postgres holds; the
+exit code is then 1.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if consumerName == "" {
@@ -135,7 +179,16 @@ name.`,
 			if err != nil {
 				return err
 			}
-			return s.emit(r, func(w io.Writer) { printStatus(w, r) })
+			for i := range r.KafkaUnread {
+				r.KafkaUnread[i].Error = s.redact(r.KafkaUnread[i].Error)
+			}
+			if err := s.emit(r, func(w io.Writer) { printStatus(w, r) }); err != nil {
+				return err
+			}
+			if len(r.KafkaUnread) > 0 {
+				return errFindings
+			}
+			return nil
 		},
 	}
 	cmd.Flags().StringVar(&consumerName, "consumer", "", "the consumer's name (Config.Name)")
@@ -234,21 +287,53 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 		topics = append(topics, t)
 	}
 	sort.Strings(topics)
+	// down names the topic Kafka failed for other than by not having it:
+	// each request to a cluster that does not answer waits for its
+	// timeout, so the topics after it are not asked.
+	down := ""
 	for _, topic := range topics {
-		parts, err := admin.Partitions(ctx, topic)
-		if err != nil {
-			return r, err
+		var k topicKafka
+		if down == "" {
+			k = readTopicKafka(ctx, admin, group, topic)
+		} else {
+			k.unread = &kafkaUnread{Topic: topic, NotRead: slices.Clone(kafkaReads), Error: "not asked after Kafka failed for topic " + down}
 		}
-		bounds, err := admin.LogBounds(ctx, topic, parts)
-		if err != nil {
-			return r, err
+		if k.unread != nil {
+			r.KafkaUnread = append(r.KafkaUnread, *k.unread)
+			var gone *kafkaadmin.NoTopicError
+			if down == "" && !errors.As(k.err, &gone) {
+				down = topic
+			}
 		}
-		committed, err := admin.Committed(ctx, group, topic, parts)
-		if err != nil {
-			return r, err
+		parts := k.parts
+		if parts == nil {
+			// The partitions Postgres knows of.
+			known := map[int]bool{}
+			for p := range storedAt[topic] {
+				known[p] = true
+			}
+			for p := range paceOf[topic] {
+				known[p] = true
+			}
+			for p := range stopOf[topic] {
+				known[p] = true
+			}
+			for p := range holdOf[topic] {
+				known[p] = true
+			}
+			for p := range known {
+				parts = append(parts, p)
+			}
+			sort.Ints(parts)
 		}
 		for _, p := range parts {
-			ps := partitionStatus{Topic: topic, Partition: p, LogStart: bounds[p].Start, LogEnd: bounds[p].End, Committed: committed[p], Stored: -1}
+			ps := partitionStatus{Topic: topic, Partition: p, LogStart: -1, LogEnd: -1, Committed: -1, Stored: -1, Lag: -1}
+			if b, ok := k.bounds[p]; ok {
+				ps.LogStart, ps.LogEnd = b.Start, b.End
+			}
+			if c, ok := k.committed[p]; ok {
+				ps.Committed = c
+			}
 			if v, ok := storedAt[topic][p]; ok {
 				ps.Stored = v.Next
 				at := v.UpdatedAt
@@ -265,12 +350,51 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 				at, since := h.At, h.Since
 				ps.HeldAt, ps.HeldSince = &at, &since
 			}
-			done := max(ps.Committed, ps.Stored, ps.LogStart)
-			ps.Lag = max(ps.LogEnd-done, 0)
+			if k.bounds != nil {
+				done := max(ps.Committed, ps.Stored, ps.LogStart)
+				ps.Lag = max(ps.LogEnd-done, 0)
+			}
 			r.Partitions = append(r.Partitions, ps)
 		}
 	}
 	return r, addPauses(ctx, pool, schemaName, &r)
+}
+
+// topicKafka is Kafka's side of a topic, as far as it was read: a nil map
+// was not read, and unread says what was not, and err why.
+type topicKafka struct {
+	parts     []int
+	bounds    map[int]kafkaadmin.Bounds
+	committed map[int]int64
+	unread    *kafkaUnread
+	err       error
+}
+
+// readTopicKafka reads a topic's partitions, their log bounds and group's
+// committed offsets, stopping at the first failure.
+func readTopicKafka(ctx context.Context, admin *kafkaadmin.Admin, group, topic string) topicKafka {
+	var k topicKafka
+	fail := func(read int, err error) topicKafka {
+		k.err = err
+		why := err.Error()
+		if errors.Is(err, context.DeadlineExceeded) {
+			why += ": the brokers did not answer in time"
+		}
+		k.unread = &kafkaUnread{Topic: topic, NotRead: slices.Clone(kafkaReads[read:]), Error: why}
+		return k
+	}
+	parts, err := admin.Partitions(ctx, topic)
+	if err != nil {
+		return fail(0, err)
+	}
+	k.parts = parts
+	if k.bounds, err = admin.LogBounds(ctx, topic, parts); err != nil {
+		return fail(1, err)
+	}
+	if k.committed, err = admin.Committed(ctx, group, topic, parts); err != nil {
+		return fail(2, err)
+	}
+	return k
 }
 
 func showPace(ps *partitionStatus, pc attempts.PartitionPace) {
@@ -315,15 +439,23 @@ func printStatus(w io.Writer, r statusReport) {
 		fmt.Fprintf(w, "  %s/%d/%d %q looks like %q at offset %d\n", sp.Topic, sp.Partition, sp.Offset, sp.MessageID, sp.FirstMessageID, sp.FirstOffset)
 	}
 	if len(r.Partitions) == 0 {
-		fmt.Fprintln(w, "no partitions: the consumer has no stored positions and records no topics yet; pass --topic to show a topic")
+		if len(r.KafkaUnread) == 0 {
+			fmt.Fprintln(w, "no partitions: the consumer has no stored positions and records no topics yet; pass --topic to show a topic")
+		}
+		printKafkaProblems(w, r)
 		return
 	}
 	var rows [][]string
 	var lag int64
+	unknownLag := 0
 	var contended bool
 	now := time.Now()
 	for _, p := range r.Partitions {
-		lag += p.Lag
+		if p.Lag < 0 {
+			unknownLag++
+		} else {
+			lag += p.Lag
+		}
 		batch := "max"
 		if p.BatchLimit != nil {
 			batch = strconv.Itoa(*p.BatchLimit)
@@ -336,12 +468,19 @@ func printStatus(w io.Writer, r statusReport) {
 			contention += ", taking turns until " + p.SerializedUntil.UTC().Format(time.RFC3339)
 		}
 		contended = contended || p.ContentionRetries > 0
-		rows = append(rows, []string{p.Topic, strconv.Itoa(p.Partition), strconv.FormatInt(p.LogStart, 10), strconv.FormatInt(p.LogEnd, 10),
-			optional(p.Committed), optional(p.Stored), strconv.FormatInt(p.Lag, 10), batch, contention})
+		rows = append(rows, []string{p.Topic, strconv.Itoa(p.Partition), optional(p.LogStart), optional(p.LogEnd),
+			optional(p.Committed), optional(p.Stored), optional(p.Lag), batch, contention})
 	}
 	fmt.Fprintln(w)
 	table(w, "TOPIC\tPARTITION\tLOG START\tLOG END\tCOMMITTED\tSTORED\tLAG\tBATCH\tCONTENTION RETRIES", rows)
-	fmt.Fprintf(w, "total lag: %d\n", lag)
+	switch {
+	case unknownLag == len(r.Partitions):
+		fmt.Fprintln(w, "total lag: unknown (Kafka gave no log end)")
+	case unknownLag > 0:
+		fmt.Fprintf(w, "total lag: %d, and unknown for %d partitions (Kafka gave no log end)\n", lag, unknownLag)
+	default:
+		fmt.Fprintf(w, "total lag: %d\n", lag)
+	}
 	for _, p := range r.Partitions {
 		if p.StoppedAt != nil {
 			fmt.Fprintf(w, "STOPPED %s/%d since %s: %s\n", p.Topic, p.Partition, p.StoppedAt.UTC().Format(time.RFC3339), firstLine(p.StopReason))
@@ -353,6 +492,19 @@ func printStatus(w io.Writer, r statusReport) {
 	}
 	if contended {
 		fmt.Fprintln(w, "contention: transactions lost races for rows and ran again with smaller batches; see \"Hot rows\" in docs/design.md")
+	}
+	printKafkaProblems(w, r)
+}
+
+// printKafkaProblems says what Kafka did not give, and that what is shown
+// of those topics comes from Postgres.
+func printKafkaProblems(w io.Writer, r statusReport) {
+	lines := r.kafkaProblems()
+	for _, l := range lines {
+		fmt.Fprintln(w, l)
+	}
+	if len(lines) > 0 {
+		fmt.Fprintln(w, "what Kafka did not give shows as -; the stored positions, claims and dead letters are read from Postgres")
 	}
 }
 

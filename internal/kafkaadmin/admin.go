@@ -53,7 +53,7 @@ func (a *Admin) Partitions(ctx context.Context, topic string) ([]int, error) {
 	}
 	td, ok := tds[topic]
 	if !ok || errors.Is(td.Err, kerr.UnknownTopicOrPartition) {
-		return nil, fmt.Errorf("kafka: topic %s does not exist", topic)
+		return nil, &NoTopicError{Topic: topic}
 	}
 	if td.Err != nil {
 		return nil, fmt.Errorf("kafka: topic %s: %w", topic, td.Err)
@@ -65,6 +65,12 @@ func (a *Admin) Partitions(ctx context.Context, topic string) ([]int, error) {
 	slices.Sort(ps)
 	return ps, nil
 }
+
+// NoTopicError is Partitions' answer for a topic the cluster does not
+// have: Kafka answered, so other requests to it may succeed.
+type NoTopicError struct{ Topic string }
+
+func (e *NoTopicError) Error() string { return fmt.Sprintf("kafka: topic %s does not exist", e.Topic) }
 
 // Bounds are a partition's first offset still in the log, its end (the
 // offset the next message will get), and its last stable offset (the end,

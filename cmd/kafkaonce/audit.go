@@ -94,8 +94,12 @@ type auditReport struct {
 	// "default" (the consumer recorded nothing).
 	MessageIDRule     string `json:"message_id_rule"`
 	MessageIDRuleFrom string `json:"message_id_rule_from"`
-	// Hint says what missing ids more likely mean, when there are some.
-	Hint       string           `json:"hint,omitempty"`
+	// RecordedMessageIDRule is the rule the consumer records ("custom" for
+	// a function of its own); absent when it recorded none.
+	RecordedMessageIDRule string `json:"recorded_message_id_rule,omitempty"`
+	// Hints say, for each kind of problem found, what it more likely means
+	// and what to do.
+	Hints      []auditHint      `json:"hints,omitempty"`
 	Partitions []auditPartition `json:"partitions"`
 	Total      auditCounts      `json:"total"`
 	// Findings lists the first problems and suspects found.
@@ -104,6 +108,13 @@ type auditReport struct {
 	// Unread); OK is then false too.
 	Complete bool `json:"complete"`
 	OK       bool `json:"ok"`
+}
+
+// auditHint is what a kind of problem ("would_reapply", "conflict",
+// "missing") more likely means.
+type auditHint struct {
+	Kind string `json:"kind"`
+	Text string `json:"text"`
 }
 
 const maxFindings = 50
@@ -144,8 +155,10 @@ prune uses.
 --id must derive ids the way the consumer's Config.MessageID does. Without
 it, the audit uses the rule the consumer recorded when it last started; a
 consumer that derives ids with a function of its own (a MessageIDFunc) must
-be given --id. --topic defaults to the consumer's topic when it records
-exactly one.
+be given --id. An --id other than the recorded rule is named in the report
+with the rule to pass instead, and each kind of problem found gets a HINT
+line: the rule first, then the likelier causes. --topic defaults to the
+consumer's topic when it records exactly one.
 
 The exit code is 1 when anything would be applied again, conflicts, or is
 missing; it is 2, with the partial report, when offsets of the range could
@@ -193,9 +206,10 @@ the audit read them): an audit that did not read everything is no verdict.`,
 				return err
 			}
 			r.Schema, r.MessageIDRule, r.MessageIDRuleFrom = s.schema, ids.rule.String(), ids.from
-			if r.Total.Missing > 0 {
-				r.Hint = missingHint(r.Total.Missing, ids, c.record, consumerName)
+			if c.record != nil {
+				r.RecordedMessageIDRule = c.record.MessageIDRule
 			}
+			r.Hints = problemHints(r.Total, ids, c.record, consumerName, retentionText)
 			if err := s.emit(r, func(w io.Writer) { printAudit(w, r) }); err != nil {
 				return err
 			}
@@ -512,34 +526,79 @@ func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, letters *d
 	return nil
 }
 
-// missingHint says what n messages without a valid id below the stored
-// position more likely mean. A consumer sets a message whose id it cannot
-// derive aside as a dead letter, so such messages are rarely skipped
-// without a trace: far more often the audit derived ids by another rule
-// than the consumer did.
-func missingHint(n int64, ids idChoice, rec *recorded.Settings, consumerName string) string {
+// problemHints says, for each kind of problem found, what it more likely
+// means. Each starts with the id rule, since an audit by another rule than
+// the consumer's finds all three kinds: no id (missing), ids never claimed
+// (would reapply), or ids claimed by other messages (conflicts).
+func problemHints(t auditCounts, ids idChoice, rec *recorded.Settings, consumerName, retention string) []auditHint {
+	var hints []auditHint
+	hint := func(kind string, n int64, what, cause string) {
+		if n > 0 {
+			hints = append(hints, auditHint{Kind: kind, Text: ruleHint(fmt.Sprintf(what, n, ruleSubject(ids, consumerName)), ids, rec, consumerName, cause)})
+		}
+	}
+	hint("would_reapply", t.WouldReapply, "%d messages below the stored position have no claim by %s",
+		fmt.Sprintf("their claims were deleted, by a prune with a shorter --older-than than --retention %s (audit again with that as --retention) or by other means (by hand, a restore of processed_messages), and a reset of the stored position or a re-send would apply them again", retention))
+	hint("conflict", t.Conflicts, "%d messages have an id claimed for other content (ids by %s)",
+		"another message was applied under the same id: a producer that reuses ids for other content, or a topic re-created without kafkaonce topic-recreated (ids by position); the consumer sets such a message aside as a conflict letter when it meets it")
+	hint("missing", t.Missing, "%d messages have no id by %s",
+		"they were skipped without a trace (the consumer sets messages without an id aside as dead letters)")
+	return hints
+}
+
+// ruleSubject names the rule the audit derived ids by, and why.
+func ruleSubject(ids idChoice, consumerName string) string {
+	switch ids.from {
+	case "--id":
+		return "--id " + ids.rule.String()
+	case "default":
+		return ids.rule.String() + ", the default"
+	}
+	return ids.rule.String() + ", the rule consumer " + consumerName + " records"
+}
+
+// ruleHint completes a hint whose subject is what was found: an audit by
+// a rule that may not be the consumer's points at the rule first, and at
+// cause only when the rule is not the explanation.
+func ruleHint(subject string, ids idChoice, rec *recorded.Settings, consumerName, cause string) string {
 	rule := ids.rule.String()
 	switch {
 	case ids.from == "--id" && rec != nil && rec.MessageIDRule == recorded.Custom:
-		return fmt.Sprintf("%d messages have no id by --id %s, and consumer %s derives its ids with a function of its own: pass as --id the rule that function follows (%s)",
-			n, rule, consumerName, consumer.MessageIDRuleForms)
+		return fmt.Sprintf("%s, and consumer %s derives its ids with a function of its own: pass as --id the rule that function follows (%s)",
+			subject, consumerName, consumer.MessageIDRuleForms)
 	case ids.from == "--id" && rec != nil && rec.MessageIDRule != rule:
-		return fmt.Sprintf("%d messages have no id by --id %s, but consumer %s records its ids as %s: run the audit again without --id (or with --id %s)",
-			n, rule, consumerName, rec.MessageIDRule, rec.MessageIDRule)
+		return fmt.Sprintf("%s, but consumer %s records its ids as %s: run the audit again without --id (or with --id %s)",
+			subject, consumerName, rec.MessageIDRule, rec.MessageIDRule)
 	case ids.from == "--id" && rec == nil:
-		return fmt.Sprintf("%d messages have no id by --id %s, and %s: if it derives ids by another rule, audit with that one; if not, they were skipped without a trace (the consumer sets messages without an id aside as dead letters)",
-			n, rule, noRecord(consumerName))
+		return fmt.Sprintf("%s, and %s: if it derives ids by another rule, audit with that one; if not, %s", subject, noRecord(consumerName), cause)
 	case ids.from == "default":
-		return fmt.Sprintf("%d messages have no id by %s, the default: %s, so the audit cannot know its Config.MessageID. If it derives ids otherwise, pass that rule as --id (%s); a start of the consumer with this kafkaonce records it",
-			n, rule, noRecord(consumerName), consumer.MessageIDRuleForms)
+		return fmt.Sprintf("%s: %s, so the audit cannot know its Config.MessageID. If it derives ids otherwise, pass that rule as --id (%s), and a start of the consumer with this kafkaonce records it; if not, %s",
+			subject, noRecord(consumerName), consumer.MessageIDRuleForms, cause)
 	}
-	return fmt.Sprintf("%d messages have no id by %s, the rule consumer %s uses, yet it sets such messages aside as dead letters: if it derived ids by another rule when it processed them, audit with that one (--id %s); if not, they were skipped without a trace",
-		n, rule, consumerName, consumer.MessageIDRuleForms)
+	return fmt.Sprintf("%s: if it derived ids by another rule when it processed them, audit with that one (--id %s); if not, %s",
+		subject, consumer.MessageIDRuleForms, cause)
+}
+
+// recordedRuleNote says that --id is not the rule the consumer records,
+// and what to pass instead; "" when it is, or when no --id was given.
+func recordedRuleNote(r auditReport) string {
+	if r.MessageIDRuleFrom != "--id" || r.RecordedMessageIDRule == "" || r.RecordedMessageIDRule == r.MessageIDRule {
+		return ""
+	}
+	if r.RecordedMessageIDRule == recorded.Custom {
+		return fmt.Sprintf("consumer %s derives its ids with a function of its own: --id %s must be the rule that function follows", r.Consumer, r.MessageIDRule)
+	}
+	return fmt.Sprintf("consumer %s records its ids as %s, and you asked for --id %s: to audit as the consumer derives its ids, leave --id out (or pass --id %s)",
+		r.Consumer, r.RecordedMessageIDRule, r.MessageIDRule, r.RecordedMessageIDRule)
 }
 
 func printAudit(w io.Writer, r auditReport) {
 	fmt.Fprintf(w, "audit of consumer %s on %s (schema %s)\n", r.Consumer, r.Topic, r.Schema)
-	fmt.Fprintf(w, "ids: %s\n\n", describeRule(r))
+	fmt.Fprintf(w, "ids: %s\n", describeRule(r))
+	if note := recordedRuleNote(r); note != "" {
+		fmt.Fprintf(w, "NOTE: %s\n", note)
+	}
+	fmt.Fprintln(w)
 	var rows [][]string
 	n := func(v int64) string { return strconv.FormatInt(v, 10) }
 	for _, p := range r.Partitions {
@@ -564,8 +623,8 @@ func printAudit(w io.Writer, r auditReport) {
 	case t.problems() > 0:
 		fmt.Fprintf(w, "PROBLEMS: %d would be applied again, %d conflict, %d missing\n", t.WouldReapply, t.Conflicts, t.Missing)
 	}
-	if r.Hint != "" {
-		fmt.Fprintf(w, "HINT: %s\n", r.Hint)
+	for _, h := range r.Hints {
+		fmt.Fprintf(w, "HINT: %s\n", h.Text)
 	}
 	if !r.Complete {
 		fmt.Fprintf(w, "INCOMPLETE: %d offsets of the range were not read, and the audit says nothing about them (%s)\n", t.Unread, incompleteReasons(r))

@@ -126,24 +126,81 @@ func TestAuditOfAJSONFieldConsumerNeedsOnlyItsName(t *testing.T) {
 	require.Empty(t, r.Findings)
 }
 
-// A flag wins over the record, and when the flag's rule finds no ids, the
-// hint points at the rule the consumer records rather than at the
-// producer.
+// A flag wins over the record. Whenever it names another rule than the
+// recorded one, the report says so and what to pass, and each kind of
+// problem it finds gets a hint that points at the rule before the
+// producer or the tables.
 func TestAuditWithAnotherIDRuleThanRecordedSaysWhichToUse(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, 1)
 	w.produceEvents(6, "e")
 	w.consumeWith(func(c *consumer.Config) { c.MessageID = consumer.IDFromJSONField("event_id") }, 6)
+	recordedLine := func(asked string) string {
+		return "NOTE: consumer " + w.name + " records its ids as json:event_id, and you asked for --id " + asked +
+			": to audit as the consumer derives its ids, leave --id out (or pass --id json:event_id)"
+	}
 
-	out, errOut, code := w.cliBare("audit", "--consumer", w.name, "--id", "header:message-id")
-	require.Equal(t, 1, code, errOut+out)
-	require.Contains(t, out, "ids: header:message-id (--id)")
-	require.Contains(t, out, "PROBLEMS: 0 would be applied again, 0 conflict, 6 missing")
-	require.Contains(t, out, "HINT: 6 messages have no id by --id header:message-id, but consumer "+w.name+" records its ids as json:event_id: run the audit again without --id (or with --id json:event_id)")
+	t.Run("no ids by --id: missing", func(t *testing.T) {
+		out, errOut, code := w.cliBare("audit", "--consumer", w.name, "--id", "header:message-id")
+		require.Equal(t, 1, code, errOut+out)
+		require.Contains(t, out, "ids: header:message-id (--id)\n"+recordedLine("header:message-id")+"\n")
+		require.Contains(t, out, "PROBLEMS: 0 would be applied again, 0 conflict, 6 missing")
+		require.Contains(t, out, "HINT: 6 messages have no id by --id header:message-id, but consumer "+w.name+" records its ids as json:event_id: run the audit again without --id (or with --id json:event_id)")
+	})
 
-	_, errOut, code = w.cliBare("audit", "--consumer", w.name, "--id", "uuid")
-	require.Equal(t, 2, code)
-	require.Contains(t, errOut, `--id: message id rule "uuid" is not one of header:<name>, json:<field.path>, hash, position`)
+	t.Run("other ids by --id: would be applied again", func(t *testing.T) {
+		out, errOut, code := w.cliBare("audit", "--consumer", w.name, "--id", "hash")
+		require.Equal(t, 1, code, errOut+out)
+		require.Contains(t, out, "ids: hash (--id)\n"+recordedLine("hash")+"\n")
+		require.Contains(t, out, "PROBLEMS: 6 would be applied again, 0 conflict, 0 missing")
+		require.Contains(t, out, "HINT: 6 messages below the stored position have no claim by --id hash, but consumer "+w.name+" records its ids as json:event_id: run the audit again without --id (or with --id json:event_id)")
+
+		out, errOut, code = w.cliBare("audit", "--consumer", w.name, "--id", "hash", "--json")
+		require.Equal(t, 1, code, errOut+out)
+		var r auditReport
+		require.NoError(t, json.Unmarshal([]byte(out), &r))
+		require.Equal(t, "hash", r.MessageIDRule)
+		require.Equal(t, "json:event_id", r.RecordedMessageIDRule)
+		require.Len(t, r.Hints, 1)
+		require.Equal(t, "would_reapply", r.Hints[0].Kind)
+		require.Contains(t, r.Hints[0].Text, "records its ids as json:event_id")
+	})
+
+	t.Run("the recorded rule given as --id: no note", func(t *testing.T) {
+		out, errOut, code := w.cliBare("audit", "--consumer", w.name, "--id", "json:event_id")
+		require.Equal(t, 0, code, errOut+out)
+		require.NotContains(t, out, "NOTE:")
+		require.NotContains(t, out, "HINT:")
+	})
+
+	t.Run("an id claimed for other content: conflicts", func(t *testing.T) {
+		v, err := json.Marshal(map[string]any{"event_id": "e1", "points": 100})
+		require.NoError(t, err)
+		w.kafka.Produce(t, w.topic, kafka.Message{Key: []byte("e1"), Value: v})
+		out, errOut, code := w.cliBare("audit", "--consumer", w.name, "--id", "json:event_id")
+		require.Equal(t, 1, code, errOut+out)
+		require.Contains(t, out, "PROBLEMS: 0 would be applied again, 1 conflict, 0 missing")
+		require.Contains(t, out, "HINT: 1 messages have an id claimed for other content (ids by --id json:event_id): ")
+		require.NotContains(t, out, "NOTE:", "the recorded rule")
+		require.Contains(t, out, "kafkaonce topic-recreated")
+	})
+
+	t.Run("a claim deleted as well: a hint for each kind", func(t *testing.T) {
+		w.db.Exec(t, `DELETE FROM `+w.db.Table("processed_messages")+` WHERE message_id = 'e2'`)
+		out, errOut, code := w.cliBare("audit", "--consumer", w.name)
+		require.Equal(t, 1, code, errOut+out)
+		require.NotContains(t, out, "NOTE:")
+		require.Contains(t, out, "PROBLEMS: 1 would be applied again, 1 conflict, 0 missing")
+		require.Contains(t, out, "HINT: 1 messages below the stored position have no claim by json:event_id, the rule consumer "+w.name+" records")
+		require.Contains(t, out, "their claims were deleted, by a prune with a shorter --older-than than --retention 7d (audit again with that as --retention)")
+		require.Contains(t, out, "HINT: 1 messages have an id claimed for other content (ids by json:event_id, the rule consumer "+w.name+" records): ")
+	})
+
+	t.Run("an id rule of no form", func(t *testing.T) {
+		_, errOut, code := w.cliBare("audit", "--consumer", w.name, "--id", "uuid")
+		require.Equal(t, 2, code)
+		require.Contains(t, errOut, `--id: message id rule "uuid" is not one of header:<name>, json:<field.path>, hash, position`)
+	})
 }
 
 // A consumer with an id function of its own cannot be audited by a rule

@@ -25,6 +25,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
+	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -460,6 +461,70 @@ func TestReplayForwardSkipsForGood(t *testing.T) {
 	w.consume(nil, 20)
 	w.requireEffectsOnce(15) // g0..g4 skipped on purpose
 	require.Zero(t, w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("effects")+` WHERE message_id IN ('g0','g1','g2','g3','g4')`))
+}
+
+// The replay plan counts claims, as the audit does: a message past the
+// stored position whose id is claimed is read again and skipped, not new.
+// After offsets.Store.Forget there is no position, and only the claims
+// tell what is new.
+func TestReplayPlanCountsClaimsPastTheStoredPosition(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 2)
+	w.produce(20, "p") // p0, p2, ... on partition 0; p1, p3, ... on 1
+	w.consume(nil, 10)
+	w.produce(4, "q") // offsets 10 and 11 of each partition: new
+	msg := func(partition int, id, value string) kafka.Message {
+		return kafka.Message{Partition: partition, Key: []byte(id), Value: []byte(value), Headers: []kafka.Header{{Key: "message-id", Value: []byte(id)}}}
+	}
+	// Offset 12 of each partition: a producer's re-send of p0, and another
+	// message under p1's id.
+	w.kafka.Produce(t, w.topic, msg(0, "p0", "vp0"), msg(1, "p1", "other"))
+	plan := func(t *testing.T) (replayPlan, string) {
+		t.Helper()
+		out, errOut, code := w.cli("replay", "--consumer", w.name, "--to", "earliest", "--dry-run", "--json")
+		require.Equal(t, 0, code, out+errOut)
+		var p replayPlan
+		require.NoError(t, json.Unmarshal([]byte(out), &p))
+		require.Equal(t, "header:message-id, as the consumer records", p.ClaimsCountedBy)
+		require.Empty(t, p.ClaimsNotCounted)
+		text, errOut, code := w.cli("replay", "--consumer", w.name, "--to", "earliest", "--dry-run")
+		require.Equal(t, 0, code, text+errOut)
+		require.Contains(t, text, "WARNING: 1 messages have an id claimed for other content")
+		return p, text
+	}
+	type counts struct{ position, claim, conflicts, fresh int64 }
+	countsOf := func(p replayPlan) []counts {
+		var cs []counts
+		for _, rp := range p.Partitions {
+			cs = append(cs, counts{rp.Skipped, rp.SkippedByClaim, rp.Conflicts, rp.New})
+		}
+		return cs
+	}
+
+	t.Run("with stored positions, a re-send past them is skipped by its claim", func(t *testing.T) {
+		p, text := plan(t)
+		require.Equal(t, []counts{{10, 1, 0, 2}, {10, 0, 1, 2}}, countsOf(p))
+		require.Contains(t, text, "21 messages will be read again and skipped without calling the handler: 20 below the stored positions, 1 already claimed (applied, or set aside); 4 are new")
+	})
+
+	positions, err := offsets.NewStore(w.db.Schema)
+	require.NoError(t, err)
+	_, err = positions.Forget(context.Background(), w.db.Pool, w.name, w.topic)
+	require.NoError(t, err)
+
+	t.Run("after Forget, the claims tell what is new", func(t *testing.T) {
+		p, text := plan(t)
+		require.Equal(t, []counts{{0, 11, 0, 2}, {0, 10, 1, 2}}, countsOf(p))
+		require.Contains(t, text, "21 messages will be read again and skipped without calling the handler: 0 below the stored positions, 21 already claimed (applied, or set aside); 4 are new")
+	})
+
+	t.Run("the replay applies what the plan called new, and nothing twice", func(t *testing.T) {
+		out, errOut, code := w.cli("replay", "--consumer", w.name, "--to", "earliest", "--yes")
+		require.Equal(t, 0, code, out+errOut)
+		w.consume(nil, 13)
+		w.requireEffectsOnce(24)
+		require.EqualValues(t, 1, w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("dead_letters")+` WHERE error_class = 'conflict'`))
+	})
 }
 
 // A letter only accounts for the message it holds: after a topic is

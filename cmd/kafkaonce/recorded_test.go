@@ -226,6 +226,16 @@ func TestAuditOfACustomIDConsumerAsksForID(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &plan))
 	require.Equal(t, w.topic, plan.Topic)
 	require.Equal(t, w.db.Schema, plan.Schema)
+	require.Contains(t, plan.ClaimsNotCounted, "consumer "+w.name+" derives message ids with a function of its own")
+	require.Empty(t, plan.ClaimsCountedBy)
+
+	out, errOut, code = w.cliBare("replay", "--consumer", w.name, "--dry-run")
+	require.Equal(t, 0, code, errOut+out)
+	require.Contains(t, out, "claims not counted, so the new messages may include some already claimed, which the consumer will skip: consumer "+w.name+" derives message ids")
+
+	_, errOut, code = w.cliBare("replay", "--consumer", w.name, "--dry-run", "--id", "uuid")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, `--id: message id rule "uuid" is not one of`)
 }
 
 // status shows what the consumer records, and reads the group it

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/cleanup"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/offsets"
@@ -27,8 +28,19 @@ type replayPartition struct {
 	// Skipped counts the messages the replay reads again that are below the stored
 	// position, so the consumer skips them without calling the handler.
 	Skipped int64 `json:"skipped_by_position"`
-	// New counts the messages past the stored position, processed for the first time.
+	// SkippedByClaim counts the messages past the stored position whose
+	// ids are claimed already, for the same content (applied, here or at
+	// another offset, or set aside): the consumer skips them too.
+	SkippedByClaim int64 `json:"skipped_by_claim"`
+	// Conflicts counts the messages past the stored position whose ids are
+	// claimed for other content: the consumer sets them aside.
+	Conflicts int64 `json:"conflicts"`
+	// New counts the messages past the stored position that are not
+	// claimed: processed for the first time.
 	New int64 `json:"new"`
+	// Unchecked counts the offsets of New whose claims could not be looked
+	// up: the log could not be read there (Unread of the audit).
+	Unchecked int64 `json:"claims_unchecked,omitempty"`
 	// Skipped: messages between the stored position and a target ahead of
 	// it, never processed: the stored position moves to the target too.
 	SkippedForGood int64 `json:"skipped_for_good"`
@@ -42,10 +54,15 @@ type replayPlan struct {
 	Members    int               `json:"active_members"`
 	Partitions []replayPartition `json:"partitions"`
 	Executed   bool              `json:"executed"`
+	// ClaimsCountedBy is the id rule the claims were looked up by, and
+	// where it came from; ClaimsNotCounted says why they were not, and New
+	// then counts every message past the stored positions.
+	ClaimsCountedBy  string `json:"claims_counted_by,omitempty"`
+	ClaimsNotCounted string `json:"claims_not_counted,omitempty"`
 }
 
 func replayCmd(s *settings) *cobra.Command {
-	var consumerName, group, topic, to string
+	var consumerName, group, topic, to, idSpec string
 	var yes, force, dryRun bool
 	cmd := &cobra.Command{
 		Use:   "replay",
@@ -54,7 +71,9 @@ func replayCmd(s *settings) *cobra.Command {
 read the topic again from there. It first shows what will happen: the
 messages below each partition's stored position are skipped by kafkaonce
 without calling the handler (they were processed, or came before the
-partition's first start), the rest are processed
+partition's first start); of the rest, those whose ids are claimed already
+are skipped too (their claims are looked up as kafkaonce audit does, with
+the id rule the consumer records, or --id), and the others are processed
 for the first time. A replay therefore applies nothing twice; kafkaonce audit
 checks that in advance.
 
@@ -83,6 +102,12 @@ its name; --topic to its topic, when it records exactly one.`,
 			group = groupOf(group, c.record, consumerName)
 			if topic, err = topicOf(topic, c.record, consumerName); err != nil {
 				return err
+			}
+			// The plan needs ids only to count claims: without a rule it
+			// can derive, it counts none and says so.
+			ids, idErr := idRuleOf(idSpec, c.record, consumerName)
+			if idErr != nil && idSpec != "" {
+				return idErr
 			}
 			if err := s.connectKafka(c, consumerName); err != nil {
 				return err
@@ -128,6 +153,16 @@ its name; --topic to its topic, when it records exactly one.`,
 				}
 				plan.Partitions = append(plan.Partitions, rp)
 			}
+			if idErr != nil {
+				plan.ClaimsNotCounted = idErr.Error()
+			} else {
+				a := &auditor{pool: pool, admin: admin, schema: s.schema, consumer: consumerName, topic: topic, id: ids.rule,
+					progress: newProgress(s.st, "counting claims")}
+				if err := countClaims(ctx, a, &plan, bounds); err != nil {
+					return err
+				}
+				plan.ClaimsCountedBy = describeRule(auditReport{Consumer: consumerName, MessageIDRule: ids.rule.String(), MessageIDRuleFrom: ids.from})
+			}
 			if !s.json {
 				printReplayPlan(s.st.out, plan)
 			}
@@ -156,10 +191,38 @@ its name; --topic to its topic, when it records exactly one.`,
 	f.StringVar(&group, "group", "", "the consumer group (default: the recorded one, else the consumer's name)")
 	f.StringVar(&topic, "topic", "", "the topic to replay (default: the consumer's, when it records one)")
 	f.StringVar(&to, "to", "earliest", "where to rewind to: earliest, an offset, an RFC 3339 time, or a duration ago (24h)")
+	f.StringVar(&idSpec, "id", "", "how ids are derived, to count the claims of the messages past the stored positions: "+consumer.MessageIDRuleForms+" (default: the rule the consumer records, else header:"+consumer.DefaultMessageIDHeader+")")
 	f.BoolVar(&yes, "yes", false, "do not ask for confirmation")
 	f.BoolVar(&force, "force", false, "try even while the group has active members")
 	f.BoolVar(&dryRun, "dry-run", false, "only show what would happen")
 	return cmd
+}
+
+// countClaims looks up, as the audit does, the claims of the messages each
+// partition of the plan reads past its stored position, and moves those
+// claimed already from New to SkippedByClaim or Conflicts.
+func countClaims(ctx context.Context, a *auditor, plan *replayPlan, bounds map[int]kafkaadmin.Bounds) error {
+	var total int64
+	for _, rp := range plan.Partitions {
+		total += rp.New
+	}
+	a.progress.start(total)
+	defer a.progress.done()
+	for i := range plan.Partitions {
+		rp := &plan.Partitions[i]
+		if rp.New == 0 {
+			continue
+		}
+		ap := auditPartition{Partition: rp.Partition, From: max(rp.Target, rp.Stored), To: bounds[rp.Partition].End, Stored: rp.Stored}
+		if err := a.partition(ctx, &ap, &auditReport{}); err != nil {
+			return fmt.Errorf("count the claims of %s/%d: %w", plan.Topic, rp.Partition, err)
+		}
+		rp.SkippedByClaim = ap.Applied + ap.Duplicates + ap.DeadLettered
+		rp.Conflicts = ap.Conflicts
+		rp.New -= rp.SkippedByClaim + rp.Conflicts
+		rp.Unchecked = ap.Unread
+	}
+	return nil
 }
 
 // executeReplay moves the stored positions the plan moves forward and
@@ -230,16 +293,33 @@ func (s *settings) emitJSONOnly(v any) error {
 func printReplayPlan(w io.Writer, p replayPlan) {
 	fmt.Fprintf(w, "replay of %s for consumer %s (schema %s, group %s, %d active members)\n\n", p.Topic, p.Consumer, p.Schema, p.Group, p.Members)
 	var rows [][]string
-	var skipped, fresh, lost int64
+	var skipped, claimed, conflicts, fresh, unchecked, lost int64
+	n := func(v int64) string { return strconv.FormatInt(v, 10) }
 	for _, rp := range p.Partitions {
 		skipped += rp.Skipped
+		claimed += rp.SkippedByClaim
+		conflicts += rp.Conflicts
 		fresh += rp.New
+		unchecked += rp.Unchecked
 		lost += rp.SkippedForGood
-		rows = append(rows, []string{strconv.Itoa(rp.Partition), optional(rp.Committed), strconv.FormatInt(rp.Target, 10), optional(rp.Stored),
-			strconv.FormatInt(rp.Skipped, 10), strconv.FormatInt(rp.New, 10), strconv.FormatInt(rp.SkippedForGood, 10)})
+		rows = append(rows, []string{strconv.Itoa(rp.Partition), optional(rp.Committed), n(rp.Target), optional(rp.Stored),
+			n(rp.Skipped), n(rp.SkippedByClaim), n(rp.Conflicts), n(rp.New), n(rp.SkippedForGood)})
 	}
-	table(w, "PARTITION\tCOMMITTED\tREWIND TO\tSTORED\tSKIPPED BY POSITION\tNEW\tNEVER PROCESSED", rows)
-	fmt.Fprintf(w, "\n%d messages will be read again and skipped without calling the handler; %d are new\n", skipped, fresh)
+	table(w, "PARTITION\tCOMMITTED\tREWIND TO\tSTORED\tSKIPPED BY POSITION\tSKIPPED BY CLAIM\tCONFLICTS\tNEW\tNEVER PROCESSED", rows)
+	fmt.Fprintf(w, "\n%d messages will be read again and skipped without calling the handler: %d below the stored positions, %d already claimed (applied, or set aside); %d are new\n",
+		skipped+claimed, skipped, claimed, fresh)
+	if p.ClaimsCountedBy != "" {
+		fmt.Fprintf(w, "claims looked up by ids %s\n", p.ClaimsCountedBy)
+	}
+	if p.ClaimsNotCounted != "" {
+		fmt.Fprintf(w, "claims not counted, so the new messages may include some already claimed, which the consumer will skip: %s\n", p.ClaimsNotCounted)
+	}
+	if unchecked > 0 {
+		fmt.Fprintf(w, "claims not counted for %d of the new messages: the log could not be read there; some of them may be claimed already, and the consumer will skip those\n", unchecked)
+	}
+	if conflicts > 0 {
+		fmt.Fprintf(w, "WARNING: %d messages have an id claimed for other content: the consumer sets them aside as conflict letters (or stops at them, with StopPartition); kafkaonce audit lists them\n", conflicts)
+	}
 	if lost > 0 {
 		fmt.Fprintf(w, "WARNING: %d messages between the stored positions and the target will never be processed: the stored positions move forward too\n", lost)
 	}

@@ -244,6 +244,12 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 	if err != nil {
 		return r, err
 	}
+	// Read with the rest of Postgres, before Kafka, which may use up the
+	// time a page's request has.
+	paused, err := readPauses(ctx, pool, schemaName, consumerName)
+	if err != nil {
+		return r, err
+	}
 	holdOf := map[string]map[int]attempts.HeldPartition{}
 	for _, h := range holds {
 		if holdOf[h.Topic] == nil {
@@ -357,7 +363,8 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 			r.Partitions = append(r.Partitions, ps)
 		}
 	}
-	return r, addPauses(ctx, pool, schemaName, &r)
+	addPauses(&r, paused)
+	return r, nil
 }
 
 // topicKafka is Kafka's side of a topic, as far as it was read: a nil map

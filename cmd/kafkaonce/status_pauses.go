@@ -31,17 +31,18 @@ func viewOfPause(p pauses.Pause) pauseView {
 	return v
 }
 
-// addPauses puts the consumer's pauses on r, and on each partition the
-// pause that holds it (the widest).
-func addPauses(ctx context.Context, pool *pgxpool.Pool, schemaName string, r *statusReport) error {
+// readPauses reads the consumer's pauses.
+func readPauses(ctx context.Context, pool *pgxpool.Pool, schemaName, consumerName string) ([]pauses.Pause, error) {
 	store, err := pauses.NewStore(schemaName)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	list, err := store.List(ctx, pool, r.Consumer)
-	if err != nil {
-		return err
-	}
+	return store.List(ctx, pool, consumerName)
+}
+
+// addPauses puts the consumer's pauses on r, and on each partition the
+// pause that holds it (the widest).
+func addPauses(r *statusReport, list []pauses.Pause) {
 	r.Pauses = []pauseView{}
 	for _, p := range list {
 		r.Pauses = append(r.Pauses, viewOfPause(p))
@@ -53,7 +54,6 @@ func addPauses(ctx context.Context, pool *pgxpool.Pool, schemaName string, r *st
 			ps.Paused = &v
 		}
 	}
-	return nil
 }
 
 // printPauses shows the consumer's pauses.

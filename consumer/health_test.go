@@ -93,10 +93,7 @@ func TestHealth(t *testing.T) {
 		cfg.StallAfter = time.Second
 		c, err := consumer.New(e.db.Pool, cfg)
 		require.NoError(t, err)
-		runCtx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- c.Run(runCtx) }()
-		defer func() { cancel(); require.NoError(t, <-done) }()
+		defer e.run(c).stop()
 		var h consumer.Health
 		waitFor(t, 30*time.Second, "not live", func() bool { h = c.Health(ctx); return !h.Live })
 		require.False(t, h.Ready)
@@ -119,10 +116,7 @@ func TestHealth(t *testing.T) {
 		c, err := consumer.New(e.db.Pool, cfg)
 		require.NoError(t, err)
 		require.NoError(t, c.Pause(ctx, pauses.Partition(e.topic, 1), "held for the test"))
-		runCtx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- c.Run(runCtx) }()
-		defer func() { cancel(); require.NoError(t, <-done) }()
+		defer e.run(c).stop()
 		e.waitCommitted(map[int]int64{0: 10}, 30*time.Second)
 		waitFor(t, 10*time.Second, "the pause counted", func() bool { return c.Health(ctx).Paused == 1 })
 		stillFor(t, 2500*time.Millisecond, "a partition paused or at the log's end made the consumer not live", func() bool { return c.Health(ctx).Live })

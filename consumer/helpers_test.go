@@ -125,6 +125,11 @@ func (e *env) start(cfg *consumer.Config, db ...consumer.DB) *running {
 	}
 	c, err := consumer.New(pool, cfg)
 	require.NoError(e.t, err)
+	return e.run(c)
+}
+
+// run runs c in the background until stop, or the end of the test.
+func (e *env) run(c *consumer.Consumer) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{t: e.t, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- c.Run(ctx) }()

@@ -120,18 +120,7 @@ func TestAPauseOutlivesAStalePoll(t *testing.T) {
 	db := newPauseReadDB(e.db.Pool)
 	c, err := consumer.New(db, cfg)
 	require.NoError(t, err)
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(30 * time.Second):
-			t.Error("Run did not return within 30s")
-		}
-	})
+	e.run(c)
 	e.waitCommitted(map[int]int64{0: 20}, 60*time.Second)
 
 	// The next poll reads the table (no pause yet) and is held before it
@@ -293,18 +282,7 @@ func TestAPauseAtEveryPointOfABatch(t *testing.T) {
 			}
 			c, err := consumer.New(e.db.Pool, cfg)
 			require.NoError(t, err)
-			runCtx, cancel := context.WithCancel(ctx)
-			done := make(chan error, 1)
-			go func() { done <- c.Run(runCtx) }()
-			defer func() {
-				cancel()
-				select {
-				case err := <-done:
-					require.NoError(t, err)
-				case <-time.After(30 * time.Second):
-					t.Error("Run did not return within 30s")
-				}
-			}()
+			defer e.run(c).stop()
 			select {
 			case <-g.reached:
 			case <-time.After(60 * time.Second):
@@ -345,18 +323,7 @@ func TestPausesFlappingLoseNothing(t *testing.T) {
 	cfg.MaxBatch = 20
 	c, err := consumer.New(e.db.Pool, cfg)
 	require.NoError(t, err)
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(30 * time.Second):
-			t.Error("Run did not return within 30s")
-		}
-	}()
+	defer e.run(c).stop()
 	store, err := pauses.NewStore(e.db.Schema)
 	require.NoError(t, err)
 
@@ -481,18 +448,7 @@ func TestAResumeStartsFromTheStoredPosition(t *testing.T) {
 	cfg.Hooks = append(cfg.Hooks, watch)
 	c, err := consumer.New(e.db.Pool, cfg)
 	require.NoError(t, err)
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(30 * time.Second):
-			t.Error("Run did not return within 30s")
-		}
-	}()
+	defer e.run(c).stop()
 	e.waitCommitted(map[int]int64{0: 20}, 60*time.Second)
 	require.NoError(t, c.Pause(ctx, pauses.Partition(e.topic, 0), "inspecting"))
 	waitFor(t, 10*time.Second, "paused", func() bool { return watch.paused(0) })

@@ -80,13 +80,7 @@ func newPauseSetup(t *testing.T, partitions, messages int, h consumer.Handler) *
 }
 
 // run runs s.c until the test ends (or the returned stop).
-func (s *pauseSetup) run() *running {
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{t: s.t, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- s.c.Run(ctx) }()
-	s.t.Cleanup(func() { r.stop() })
-	return r
-}
+func (s *pauseSetup) run() *running { return s.env.run(s.c) }
 
 func (s *pauseSetup) effectsOf(partition int) int64 {
 	return s.db.Int(s.t, `SELECT count(*) FROM `+s.db.Table("effects")+` WHERE partition = $1`, partition)
@@ -163,7 +157,7 @@ func TestPause(t *testing.T) {
 			return s.applyHandler().Handle(ctx, tx, m)
 		})
 		s = newPauseSetup(t, 1, 50, handler)
-		s.cfg.Retry = consumer.RetryPolicy{InitialInterval: 20 * time.Millisecond, MaxInterval: 100 * time.Millisecond, MaxElapsed: time.Hour}
+		s.cfg.Retry = consumer.RetryPolicy{InitialInterval: 20 * time.Millisecond, MaxInterval: 100 * time.Millisecond, MaxAttempts: 1000, MaxElapsed: time.Hour}
 		r := s.run()
 		waitFor(t, 30*time.Second, "the handler to fail a few times", func() bool { return calls.Load() >= 3 })
 		require.NoError(t, s.c.Pause(ctx, pauses.All(), "partner down"))

@@ -128,6 +128,14 @@ func TestServeInABrowserRedrivesALetterOnce(t *testing.T) {
 	}
 	require.NoError(t, os.WriteFile(path, shot, 0o644))
 	t.Logf("screenshot: %s", path)
+	// The page uses the window's width, and no cell's content runs out of
+	// its cell.
+	wide, err := chromedp.Run(ctx, chromedp.Evaluate[float64](`document.querySelector("main").getBoundingClientRect().width / window.innerWidth`))
+	require.NoError(t, err)
+	require.Greater(t, wide, 0.95, "the page's content leaves the window's width unused")
+	overflowing, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("td, th")].filter(c => c.scrollWidth > c.clientWidth + 1).map(c => c.textContent.slice(0, 40))`))
+	require.NoError(t, err)
+	require.Empty(t, overflowing, "cells whose content overflows them")
 	body := text("body")
 	require.Contains(t, body, w.name)
 	require.Contains(t, body, "lag 0")

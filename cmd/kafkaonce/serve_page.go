@@ -45,6 +45,8 @@ type page struct {
 	// form, and a POST must carry both.
 	token string
 	log   *slog.Logger
+	// history is what the page's own sampling saw (see serve_history.go).
+	history history
 }
 
 // Limits of what one page shows; the CLI lists the rest.
@@ -201,6 +203,8 @@ type consumerView struct {
 	Name   string
 	Report statusReport
 	Lag    int64
+	// Chart is the consumer's lag and commits over the last hour.
+	Chart template.HTML
 	// Stopped are the partitions stopped at a message, with why; Held
 	// those an open transaction holds back.
 	Stopped []partitionStatus
@@ -270,6 +274,7 @@ func (p *page) overview(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		cv.Report = rep
+		cv.Chart = chart(p.history.of(name))
 		d.Consumers = append(d.Consumers, cv)
 		suspects, err := p.claims.Suspects(ctx, pool, name, pageSuspects)
 		if err != nil {

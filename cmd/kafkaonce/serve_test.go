@@ -62,6 +62,13 @@ func (w *world) letterID(messageID string) int64 {
 // environment and args as the global flags.
 func (w *world) servePage(env map[string]string, o serveOptions, args ...string) *httptest.Server {
 	w.t.Helper()
+	_, srv := w.servePageOf(env, o, args...)
+	return srv
+}
+
+// servePageOf is servePage, with the page itself.
+func (w *world) servePageOf(env map[string]string, o serveOptions, args ...string) (*page, *httptest.Server) {
+	w.t.Helper()
 	st := streams{in: strings.NewReader(""), out: io.Discard, err: io.Discard, terminal: func() bool { return false }, getenv: func(k string) string { return env[k] }}
 	root, s := newRootSettings(st)
 	require.NoError(w.t, root.PersistentFlags().Parse(append([]string{"--schema", w.db.Schema}, args...)))
@@ -75,7 +82,7 @@ func (w *world) servePage(env map[string]string, o serveOptions, args ...string)
 	require.NoError(w.t, err)
 	srv := httptest.NewServer(p.handler())
 	w.t.Cleanup(srv.Close)
-	return srv
+	return p, srv
 }
 
 func (w *world) env() map[string]string {

@@ -151,6 +151,7 @@ WHERE a.id = d.id`, accounts, amounts)
 //	readinessProbe:
 //	  httpGet: {path: /health/readyz, port: 8081}
 //	  periodSeconds: 5
+//	  timeoutSeconds: 2
 func ExampleHealthHandler() {
 	var payments, refunds *consumer.Consumer // from consumer.New, each Run in its own goroutine
 	mux := http.NewServeMux()

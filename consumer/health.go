@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
@@ -20,13 +21,15 @@ type Health = kafkaoncetype.Health
 // question it asks is a ping of Postgres, at most once a second and for at
 // most a second, and none when a batch committed within the last second.
 // Any number of goroutines may call it while Run runs.
-func (c *Consumer) Health(ctx context.Context) Health { return c.engine.Health(ctx) }
+func (c *Consumer) Health(ctx context.Context) Health { return c.engine.Health(ctx, true) }
 
 // HealthHandler serves the liveness and readiness probes of consumers, for
 // Kubernetes or any supervisor that speaks HTTP: a path ending in /livez
 // answers 200 while every consumer is live, and a path ending in /readyz
 // while every one is ready; any other path answers for both. Either way
-// the body is the consumers' Health as JSON, and 503 says one is not:
+// the body is the consumers' Health as JSON, and 503 says one is not. A
+// liveness probe asks Postgres nothing, and answers at once; the others
+// ask it for all the consumers together, within a second:
 //
 //	mux.Handle("/health/", consumer.HealthHandler(payments, refunds))
 //	// livenessProbe:  httpGet: {path: /health/livez, port: 8081}
@@ -42,12 +45,17 @@ func HealthHandler(consumers ...*Consumer) http.Handler {
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
+		askDB := !strings.HasSuffix(r.URL.Path, "/livez")
 		reports := make([]Health, len(consumers))
-		live, ready := true, true
+		var wg sync.WaitGroup
 		for i, c := range consumers {
-			reports[i] = c.Health(ctx)
-			live = live && reports[i].Live
-			ready = ready && reports[i].Ready
+			wg.Go(func() { reports[i] = c.engine.Health(ctx, askDB) })
+		}
+		wg.Wait()
+		live, ready := true, true
+		for _, h := range reports {
+			live = live && h.Live
+			ready = ready && h.Ready
 		}
 		ok := live && ready
 		switch {

@@ -77,8 +77,10 @@ type health struct {
 
 // Health reports whether the consumer is live and ready (see
 // kafkaoncetype.Health). It asks Postgres at most once a second, and never
-// for longer than healthDBTimeout.
-func (c *Consumer) Health(ctx context.Context) kafkaoncetype.Health {
+// for longer than healthDBTimeout; with askDB false it does not ask it at
+// all (a liveness probe: a database that is down is no reason to restart),
+// and Ready then leaves the database out.
+func (c *Consumer) Health(ctx context.Context, askDB bool) kafkaoncetype.Health {
 	now := time.Now()
 	h := kafkaoncetype.Health{CheckedAt: now, Running: c.running.Load() && !c.finished.Load(), InGroup: c.health.inGroup.Load(), Problems: []string{}}
 	if m := c.health.member.Load(); m != nil {
@@ -93,8 +95,10 @@ func (c *Consumer) Health(ctx context.Context) kafkaoncetype.Health {
 	case !h.InGroup:
 		h.Problems = append(h.Problems, fmt.Sprintf("not in consumer group %s: joining, or rejoining after losing its partitions", c.cfg.GroupID))
 	}
-	if h.DatabaseError = c.checkDatabase(ctx, now); h.DatabaseError != "" {
-		h.Problems = append(h.Problems, "postgres: "+h.DatabaseError)
+	if askDB {
+		if h.DatabaseError = c.checkDatabase(ctx, now); h.DatabaseError != "" {
+			h.Problems = append(h.Problems, "postgres: "+h.DatabaseError)
+		}
 	}
 	h.Ready = h.Live && h.Running && h.InGroup && h.DatabaseError == ""
 	return h

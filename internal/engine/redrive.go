@@ -31,14 +31,18 @@ func (c *Consumer) Redrive(ctx context.Context, f deadletter.Filter) (kafkaoncet
 	}
 	var res kafkaoncetype.RedriveResult
 	for _, l := range letters {
-		applied, err := c.redriveOne(ctx, l.ID)
+		applied, err := c.redriveOne(ctx, l.ID, f.RetryDue)
 		switch {
+		case errors.Is(err, errNotDue):
+			// Retried by another member meanwhile, and due later (or out
+			// of retries): nothing to do now.
+			continue
 		case ctx.Err() != nil:
 			return res, ctx.Err()
 		case err != nil:
 			res.Failed = append(res.Failed, kafkaoncetype.RedriveError{LetterID: l.ID, Err: err})
 			c.log.Warn("redrive failed; the letter stays", slog.Int64("dead_letter", l.ID), slog.String("error", err.Error()))
-			if l.Class == deadletter.ClassRetryLater && l.RetryAt != nil {
+			if l.Class == deadletter.ClassRetryLater && l.RetryAt != nil && !errors.Is(err, errRetryRecorded) {
 				c.retryFailed(ctx, &l, err)
 			}
 			if l.RedriveRequestedAt != nil {
@@ -60,30 +64,61 @@ func (c *Consumer) Redrive(ctx context.Context, f deadletter.Filter) (kafkaoncet
 	return res, nil
 }
 
-// retryFailed counts the failed retry of a letter set aside for later, and
-// schedules the next or, once they ran out, makes it an ordinary dead
-// letter.
-func (c *Consumer) retryFailed(ctx context.Context, l *deadletter.Letter, cause error) {
-	if !errors.Is(cause, errHandlerFailed) {
-		return // the database failed, not the message: the next poll tries again
-	}
-	final := deadletter.ClassRetriesExhausted
-	next := c.nextRetry(l, l.Retries+1, time.Now())
-	if f := classifyHandlerError(cause, false); f.class == classPermanent {
-		final, next = f.kind, nil // failed for good: no retry helps
-	}
-	err := c.inTx(ctx, func(q querier) error { return c.letters.RetryFailed(ctx, q, l.ID, next, final, cause.Error()) })
+// retryOutcome is what a failed retry of a letter set aside for later
+// leads to: the next retry_at (nil: none, the letter becomes an ordinary
+// dead letter of class final), or count false for a failure of the
+// database, which counts nothing (the next poll tries again).
+func (c *deps) retryOutcome(l *deadletter.Letter, cause error, now time.Time) (next *time.Time, final deadletter.Class, count bool) {
+	var conflict *kafkaoncetype.FingerprintConflictError
+	f := classifyHandlerError(cause, false)
 	switch {
-	case err != nil:
+	case errors.As(cause, &conflict):
+		return nil, deadletter.ClassConflict, true
+	case f.class == classInfra:
+		return nil, "", false
+	case f.class == classPermanent:
+		return nil, f.kind, true // failed for good: no retry helps
+	}
+	return c.nextRetry(l, l.Retries+1, now), deadletter.ClassRetriesExhausted, true
+}
+
+// retryFailed records a failed retry that its own transaction could not
+// (the failure was its COMMIT's, or came before the handler ran), in a
+// transaction of its own, unless another retry recorded one since l was
+// read.
+func (c *Consumer) retryFailed(ctx context.Context, l *deadletter.Letter, cause error) {
+	next, final, count := c.retryOutcome(l, cause, time.Now())
+	if !count {
+		return
+	}
+	err := c.inTx(ctx, func(q querier) error {
+		_, err := c.letters.RetryFailed(ctx, q, l.ID, l.Retries, next, final, cause.Error())
+		return err
+	})
+	if err != nil {
 		c.log.Warn("could not record a failed retry; it is tried again at the next poll", slog.Int64("dead_letter", l.ID), slog.String("error", err.Error()))
-	case next == nil:
+		return
+	}
+	c.logRetryFailed(l, next, final)
+}
+
+func (c *deps) logRetryFailed(l *deadletter.Letter, next *time.Time, final deadletter.Class) {
+	if next == nil {
 		c.log.Warn("a message set aside for later is an ordinary dead letter now: its retries ran out, or it failed for good",
 			slog.Int64("dead_letter", l.ID), slog.String("message_id", l.MessageID), slog.Int("retries", l.Retries+1), slog.String("class", string(final)))
-	default:
-		c.log.Info("retry of a message set aside for later failed; tried again later", slog.Int64("dead_letter", l.ID),
-			slog.String("message_id", l.MessageID), slog.Int("retries", l.Retries+1), slog.Time("retry_at", *next))
+		return
 	}
+	c.log.Info("retry of a message set aside for later failed; tried again later", slog.Int64("dead_letter", l.ID),
+		slog.String("message_id", l.MessageID), slog.Int("retries", l.Retries+1), slog.Time("retry_at", *next))
 }
+
+// errRetryRecorded wraps the handler's error of a retry whose failure was
+// recorded in its own transaction, under the letter's lock.
+var errRetryRecorded = errors.New("retry failed")
+
+// errNotDue ends a retry whose letter, once locked, is not due any more:
+// another member retried it meanwhile.
+var errNotDue = errors.New("not due")
 
 // errHandlerFailed wraps the handler's error in a redrive's: its message
 // failed, not the database.
@@ -97,7 +132,14 @@ var errAlreadyApplied = errors.New("already applied")
 // watchdog, as a worker's batch does: a handler that hangs is abandoned
 // after HandlerTimeout (or, once ctx ends, after a short grace), so neither
 // Redrive nor the consumer's shutdown waits on it.
-func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool, err error) {
+//
+// A letter set aside for later (class retry_later) is retried with its
+// failure recorded in the same transaction, under the letter's lock: the
+// handler's writes and the claim are rolled back to a savepoint, and the
+// count and the next retry_at committed, so that another member, which
+// waits for the lock, finds the letter due later and leaves it. With due,
+// a letter found not due once locked is left (errNotDue).
+func (c *Consumer) redriveOne(ctx context.Context, letterID int64, due bool) (applied bool, err error) {
 	var msg *kafkaoncetype.Message
 	err, abandoned := usercall.Run(ctx, c.user.limits, func(hctx, ctx context.Context, uc *usercall.Attempt) error {
 		bt, err := c.beginWith(ctx, &pgx.Batch{})
@@ -116,6 +158,15 @@ func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool
 				// Redriven, or settled by an operator, since it was
 				// listed: there is nothing left to do.
 				return errAlreadyApplied
+			}
+			later := l.Class == deadletter.ClassRetryLater && l.RetryAt != nil
+			if due && (!later || l.RetryAt.After(time.Now())) {
+				return errNotDue
+			}
+			if later {
+				if _, err := tx.Exec(ctx, "SAVEPOINT kafkaonce_retry"); err != nil {
+					return err
+				}
 			}
 			m := messageOfLetter(&l)
 			id := l.MessageID
@@ -148,11 +199,23 @@ func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool
 			err = c.user.call(cctx, uc, 0, tx, m)
 			endCall(err)
 			if err != nil {
-				return fmt.Errorf("%w: %w", errHandlerFailed, err)
+				err = fmt.Errorf("%w: %w", errHandlerFailed, err)
+				if later {
+					return c.recordRetryFailed(ctx, tx, &l, err)
+				}
+				return err
 			}
 			msg = m
 			return c.letters.MarkRedriven(ctx, tx, l.ID)
 		}()
+		if errors.Is(err, errRetryRecorded) {
+			if cerr := bt.commitWith(ctx, &pgx.Batch{}); cerr != nil {
+				// Not recorded after all: the database failed, and the
+				// next poll tries again.
+				return fmt.Errorf("recording the failed retry: %w (the retry: %v)", cerr, err)
+			}
+			return err
+		}
 		if err != nil {
 			return err
 		}
@@ -175,6 +238,26 @@ func (c *Consumer) redriveOne(ctx context.Context, letterID int64) (applied bool
 	c.log.Info("dead letter redriven", slog.Int64("dead_letter", letterID), slog.String("topic", msg.Topic),
 		slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID))
 	return true, nil
+}
+
+// recordRetryFailed rolls the retry's transaction back to before its claim
+// and its handler, and records the failure there, so that its COMMIT
+// commits the count and the next retry_at. A failure of the database, or a
+// transaction that cannot be rolled back to the savepoint, is returned as
+// it is: nothing is counted.
+func (c *Consumer) recordRetryFailed(ctx context.Context, tx pgx.Tx, l *deadletter.Letter, cause error) error {
+	next, final, count := c.retryOutcome(l, cause, time.Now())
+	if !count {
+		return cause
+	}
+	if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT kafkaonce_retry"); err != nil {
+		return errors.Join(cause, err)
+	}
+	if _, err := c.letters.RetryFailed(ctx, tx, l.ID, l.Retries, next, final, cause.Error()); err != nil {
+		return errors.Join(cause, err)
+	}
+	c.logRetryFailed(l, next, final)
+	return fmt.Errorf("%w: %w", errRetryRecorded, cause)
 }
 
 // errAlreadySettled rolls back a redrive whose id turned out to be applied;

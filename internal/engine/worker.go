@@ -251,6 +251,10 @@ func (w *worker) fetchAndProcess(stop, work context.Context) error {
 		IdleCheck: idleCheck(w.cfg.OpenTransactionAfter),
 		HeldAfter: w.cfg.OpenTransactionAfter,
 		OnHeld:    func(h kafkaclient.Held) { w.reportHeld(stop, h) },
+		// Records the fetches have not handed out, below the last stable
+		// offset, make the wait a stall (see Health); an open
+		// transaction's, past it, do not.
+		OnIdleBounds: func(b kafkaclient.Bounds, next int64) { w.progress.waiting.Store(b.Stable <= next) },
 	})
 	if err != nil {
 		return err

@@ -37,6 +37,12 @@ type FetchConfig struct {
 	// back before OnHeld hears of it. OnHeld is called from Next.
 	HeldAfter time.Duration
 	OnHeld    func(Held)
+	// OnIdleBounds, if set, hears the bounds each idle check read, with
+	// the offset expected next: what a partition that fetches nothing
+	// could fetch (the consumer's liveness check tells an idle partition
+	// from one whose fetches hand out nothing while records wait). It is
+	// called from Next.
+	OnIdleBounds func(b Bounds, next int64)
 }
 
 // Held says that an open transaction holds a partition back: a reader of
@@ -232,6 +238,9 @@ func (f *Fetcher) idle(ctx context.Context) error {
 	b, err := f.bounds(ctx)
 	if err != nil {
 		return nil
+	}
+	if f.cfg.OnIdleBounds != nil {
+		f.cfg.OnIdleBounds(b, f.next)
 	}
 	if err := f.verdict(ctx, b, f.next); err != nil {
 		return err

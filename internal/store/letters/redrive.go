@@ -37,18 +37,20 @@ func (s *Store) MarkRedriven(ctx context.Context, q schema.Querier, id int64) er
 }
 
 // RetryFailed records the failure of a retry of a letter of class
-// retry_later: one more retry counted, the error, and the next retry_at,
-// or, with next nil (its retries ran out, or it failed for good), no next
-// retry and class final: an ordinary dead letter from then on. A letter
-// redriven or settled meanwhile is left as it is.
-func (s *Store) RetryFailed(ctx context.Context, q schema.Querier, id int64, next *time.Time, final deadletter.Class, reason string) error {
-	_, err := q.Exec(ctx, `UPDATE `+s.table+` SET retries = retries + 1, last_failed_at = now(), error = $3, retry_at = $2,
+// retry_later whose retries were counted retries when the retry read it:
+// one more retry counted, the error, and the next retry_at, or, with next
+// nil (its retries ran out, or it failed for good), no next retry and
+// class final: an ordinary dead letter from then on. A letter redriven or
+// settled meanwhile, or whose failure another retry recorded since, is
+// left as it is; recorded says whether this one was.
+func (s *Store) RetryFailed(ctx context.Context, q schema.Querier, id int64, retries int, next *time.Time, final deadletter.Class, reason string) (recorded bool, err error) {
+	tag, err := q.Exec(ctx, `UPDATE `+s.table+` SET retries = retries + 1, last_failed_at = now(), error = $3, retry_at = $2,
 	error_class = CASE WHEN $2::timestamptz IS NULL THEN $4 ELSE error_class END
-WHERE id = $1 AND redriven_at IS NULL AND settled_at IS NULL`, id, next, truncateError(reason), string(final))
+WHERE id = $1 AND retries = $5 AND redriven_at IS NULL AND settled_at IS NULL`, id, next, truncateError(reason), string(final), retries)
 	if err != nil {
-		return fmt.Errorf("deadletter: record the failed retry of %d: %w", id, err)
+		return false, fmt.Errorf("deadletter: record the failed retry of %d: %w", id, err)
 	}
-	return nil
+	return tag.RowsAffected() == 1, nil
 }
 
 // MarkRedriveFailed records why a requested redrive failed, and withdraws

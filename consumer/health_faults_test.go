@@ -1,0 +1,148 @@
+package consumer_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+)
+
+// TestHealthNotLiveWhenMessagesProducedAfterCatchingUpAreNeverFetched:
+// operations.md, Live means "no partition with messages waiting has gone
+// Config.StallAfter without progress". A partition that caught up with the
+// log and then gets new messages its fetches never hand out has messages
+// waiting: it must be reported, as one that never caught up is.
+func TestHealthNotLiveWhenMessagesProducedAfterCatchingUpAreNeverFetched(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fake, err := devenv.StartFakeKafka()
+	require.NoError(t, err)
+	t.Cleanup(func() { fake.Close() })
+	e := setupOn(t, 1, &testenv.Kafka{Kafka: fake})
+	ids := e.produceIDs("a", 10)
+	var starve atomic.Bool
+	var starved atomic.Int64
+	fake.Fake.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		fake.Fake.KeepControl()
+		if !starve.Load() {
+			return nil, nil, false
+		}
+		starved.Add(1)
+		time.Sleep(50 * time.Millisecond) // an empty answer
+		return req.ResponseKind(), nil, true
+	})
+	cfg := e.config(e.applyHandler())
+	cfg.StallAfter = time.Second
+	c, err := consumer.New(e.db.Pool, cfg)
+	require.NoError(t, err)
+	defer e.run(c).stop()
+	e.waitCommitted(map[int]int64{0: 10}, 30*time.Second)
+	starve.Store(true)
+	// A fetch that reached the broker before the starving began waits
+	// there for records, and would get the next ones: produce once the
+	// fetches that come after it are answered empty.
+	waitFor(t, 15*time.Second, "fetches answered empty", func() bool { return starved.Load() >= 2 })
+	more := e.produceIDs("b", 10)
+	waitFor(t, 20*time.Second, "not live while 10 messages wait unfetched", func() bool { return !c.Health(ctx).Live })
+	require.EqualValues(t, 10, e.effects(), "the messages produced while fetches were starved were fetched")
+	starve.Store(false)
+	e.waitCommitted(map[int]int64{0: 20}, 60*time.Second)
+	e.check(expectation{ids: append(ids, more...)})
+}
+
+// TestHealthProbesStayBoundedOnASaturatedPool: Health asks Postgres "at
+// most once a second, never for more than a second ... and never holds a
+// probe up". With the pool's every connection held, concurrent probes
+// each return within the bound, live and not ready.
+func TestHealthProbesStayBoundedOnASaturatedPool(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t, 1)
+	c, err := consumer.New(e.db.Pool, e.config(e.applyHandler()))
+	require.NoError(t, err)
+	var held []interface{ Release() }
+	for range int(e.db.Pool.Config().MaxConns) {
+		conn, err := e.db.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		held = append(held, conn)
+	}
+	defer func() {
+		for _, h := range held {
+			h.Release()
+		}
+	}()
+	probes := consumer.HealthHandler(c)
+	var wg sync.WaitGroup
+	var slowest atomic.Int64
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			code, body := probe(t, probes, http.MethodGet, "/livez")
+			if d := time.Since(start); int64(d) > slowest.Load() {
+				slowest.Store(int64(d))
+			}
+			if code != http.StatusOK || body["live"] != true {
+				t.Errorf("a saturated pool made the consumer not live: %d %v", code, body)
+			}
+		}()
+	}
+	wg.Wait()
+	require.Less(t, time.Duration(slowest.Load()), 2500*time.Millisecond, "a probe waited on the saturated pool past its bound")
+	h := c.Health(ctx)
+	require.False(t, h.Ready)
+	require.NotEmpty(t, h.DatabaseError)
+}
+
+// TestHealthLivenessProbeAnswersWithinItsTimeoutWhileTheDatabaseHangs:
+// operations.md gives the livenessProbe for HealthHandler(payments,
+// refunds) without timeoutSeconds (Kubernetes' default: 1s), and says a
+// database that is down is no stall and "never holds a probe up". So
+// /livez must answer 200 within that second while Postgres accepts
+// connections and never answers; a probe that takes longer fails, and
+// failureThreshold of them restart a consumer over a database outage.
+func TestHealthLivenessProbeAnswersWithinItsTimeoutWhileTheDatabaseHangs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	go func() { // accepts, never answers
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	pool, err := pgxpool.New(ctx, "postgres://postgres@"+l.Addr().String()+"/postgres?sslmode=disable&connect_timeout=30")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	e := setup(t, 1)
+	cfg := e.config(e.applyHandler())
+	payments, err := consumer.New(pool, cfg)
+	require.NoError(t, err)
+	cfg2 := *cfg
+	cfg2.Name = "refunds"
+	refunds, err := consumer.New(pool, &cfg2)
+	require.NoError(t, err)
+	probes := consumer.HealthHandler(payments, refunds)
+	start := time.Now()
+	code, body := probe(t, probes, http.MethodGet, "/health/livez")
+	took := time.Since(start)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Less(t, took, time.Second, "the liveness probe outlived Kubernetes' default timeoutSeconds (1s) on a database that hangs")
+}

@@ -33,7 +33,7 @@ func proxied(t *testing.T) (*testenv.DB, *faultproxy.Proxy, *pgxpool.Pool, strin
 func TestDropAfterCommitsIgnoresACommitBeingPrepared(t *testing.T) {
 	t.Parallel()
 	db, proxy, pool, table := proxied(t)
-	ctx := context.Background()
+	ctx := bounded(t)
 
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -66,7 +66,7 @@ func TestDropAfterCommitsIgnoresACommitBeingPrepared(t *testing.T) {
 func TestSwallowCommitsLeavesTheSessionInItsTransaction(t *testing.T) {
 	t.Parallel()
 	db, proxy, pool, table := proxied(t)
-	ctx := context.Background()
+	ctx := bounded(t)
 
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -102,7 +102,7 @@ FROM pg_stat_activity a WHERE a.client_port = $1`, proxy.SwallowedFrom(), table)
 func TestStallRollbacksLeavesTheRollbackUnanswered(t *testing.T) {
 	t.Parallel()
 	db, proxy, pool, table := proxied(t)
-	ctx := context.Background()
+	ctx := bounded(t)
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +138,7 @@ func TestCutAtRoundTripCutsBeforeOrAfterTheServerHasIt(t *testing.T) {
 	t.Parallel()
 	for _, after := range []bool{false, true} {
 		db, proxy, pool, table := proxied(t)
-		ctx := context.Background()
+		ctx := bounded(t)
 		conn, err := pool.Acquire(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -162,4 +162,14 @@ func TestCutAtRoundTripCutsBeforeOrAfterTheServerHasIt(t *testing.T) {
 			t.Fatalf("after=%v: %d rows, want %d", after, n, want)
 		}
 	}
+}
+
+// bounded is the context of a test's calls through the proxy: one the
+// proxy failed to cut or answer fails the test within half a minute,
+// naming where it waited, instead of holding the package's run until its
+// timeout.
+func bounded(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
 }

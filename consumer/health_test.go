@@ -153,3 +153,57 @@ func TestHealth(t *testing.T) {
 		require.True(t, h.Live, "a database down is no reason to restart the consumer")
 	})
 }
+
+// A member that cannot get into its group for StallAfter is not live: its
+// group loop is as wedged as a partition that cannot fetch.
+func TestHealthNotLiveOutOfTheGroup(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t, 1)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close()) // nothing listens there: no broker answers
+	cfg := e.config(e.applyHandler())
+	cfg.Brokers = []string{addr}
+	cfg.StallAfter = time.Second
+	c, err := consumer.New(e.db.Pool, cfg)
+	require.NoError(t, err)
+	defer e.run(c).stop()
+	var h consumer.Health
+	waitFor(t, 30*time.Second, "not live out of the group", func() bool { h = c.Health(ctx); return !h.Live })
+	require.False(t, h.InGroup)
+	require.Contains(t, strings.Join(h.Problems, "\n"), "not in consumer group "+e.group+" for ")
+}
+
+// A member the group assigns nothing (more members than partitions) is in
+// its group, live and ready: it must not be restarted for having no work.
+func TestHealthOfAMemberWithNothingToDo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t, 1)
+	e.produceIDs("n", 10)
+	var members []*consumer.Consumer
+	for range 2 {
+		cfg := e.config(e.applyHandler())
+		cfg.StallAfter = time.Second
+		c, err := consumer.New(e.db.Pool, cfg)
+		require.NoError(t, err)
+		defer e.run(c).stop()
+		members = append(members, c)
+	}
+	e.waitCommitted(map[int]int64{0: 10}, 60*time.Second)
+	waitFor(t, 30*time.Second, "one member with the partition, one with none", func() bool {
+		a, b := members[0].Health(ctx), members[1].Health(ctx)
+		return a.Partitions+b.Partitions == 1 && a.InGroup && b.InGroup
+	})
+	stillFor(t, 2500*time.Millisecond, "a member with nothing to do was not live or not ready", func() bool {
+		for _, c := range members {
+			if h := c.Health(ctx); !h.Live || !h.Ready {
+				t.Logf("%+v", h)
+				return false
+			}
+		}
+		return true
+	})
+}

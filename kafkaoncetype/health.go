@@ -6,8 +6,9 @@ import "time"
 type Health struct {
 	// Live is false when a loop of the consumer is wedged: a partition
 	// with messages waiting has made no progress (no fetch returned, no
-	// transaction tried, no handler called) for Config.StallAfter. A
-	// restart is the cure; Kubernetes' liveness probe does it.
+	// transaction tried, no handler called) for Config.StallAfter, or the
+	// member has been out of its group that long. A restart is the cure;
+	// Kubernetes' liveness probe does it.
 	Live bool `json:"live"`
 	// Ready is false while Run is not running, the member is not in its
 	// consumer group, or Postgres does not answer.

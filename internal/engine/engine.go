@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -175,6 +176,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer func() { stopMaint(); <-maintDone; <-pausesDone }()
 
 	m := newMembership(ctx, c.deps)
+	c.health.outSince.Store(time.Now().UnixNano())
 	c.health.member.Store(m)
 	defer func() {
 		c.health.member.Store(nil)

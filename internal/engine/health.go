@@ -64,8 +64,10 @@ func (p *progress) stalledFor(now time.Time) time.Duration {
 type health struct {
 	member atomic.Pointer[membership]
 	// inGroup is set by each generation the member joins, and cleared when
-	// it loses its partitions or Run ends.
-	inGroup atomic.Bool
+	// it loses its partitions or Run ends; outSince is when it was last
+	// cleared (or Run started), in unix nanoseconds.
+	inGroup  atomic.Bool
+	outSince atomic.Int64
 	// committed is when a batch last committed (unix nanoseconds): a
 	// database that just committed answers, and needs no question.
 	committed atomic.Int64
@@ -84,8 +86,11 @@ func (c *Consumer) Health(ctx context.Context, askDB bool) kafkaoncetype.Health 
 	now := time.Now()
 	h := kafkaoncetype.Health{CheckedAt: now, Running: c.running.Load() && !c.finished.Load(), InGroup: c.health.inGroup.Load(), Problems: []string{}}
 	if m := c.health.member.Load(); m != nil {
-		for _, s := range m.stalls(now, c.cfg.StallAfter, &h) {
-			h.Problems = append(h.Problems, s)
+		h.Problems = append(h.Problems, m.stalls(now, c.cfg.StallAfter, &h)...)
+		// The group loop: a member that cannot get into its group for
+		// StallAfter is as wedged as a partition that cannot fetch.
+		if out := now.Sub(time.Unix(0, c.health.outSince.Load())); !h.InGroup && out > c.cfg.StallAfter {
+			h.Problems = append(h.Problems, fmt.Sprintf("not in consumer group %s for %v (Config.StallAfter is %v): the group's coordinator does not answer, or the member cannot join", c.cfg.GroupID, out.Round(time.Second), c.cfg.StallAfter))
 		}
 	}
 	h.Live = len(h.Problems) == 0

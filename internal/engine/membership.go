@@ -93,6 +93,7 @@ func (m *membership) Revoked(ctx context.Context, parts []kafkaclient.TopicParti
 // committed: the member is out of the generation that owned them, and
 // their new owners start from the stored positions.
 func (m *membership) Lost(ctx context.Context, parts []kafkaclient.TopicPartition) {
+	m.health.outSince.Store(time.Now().UnixNano())
 	m.health.inGroup.Store(false)
 	runs := m.take(parts)
 	m.committer.release(ctx, runs, false)

@@ -165,12 +165,10 @@ func TestAPauseKeepsAttemptCounts(t *testing.T) {
 	s = newPauseSetup(t, 1, 1, consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		calls.Add(1)
 		return errors.New("partner down")
-	}))
-	// Waits long enough for the test to pause in each of them.
-	s.cfg.Retry = consumer.RetryPolicy{InitialInterval: 2 * time.Second, MaxInterval: 2 * time.Second, MaxAttempts: maxAttempts, MaxElapsed: time.Hour}
-	var err error
-	s.c, err = consumer.New(s.db.Pool, s.cfg)
-	require.NoError(t, err)
+	}), func(cfg *consumer.Config) {
+		// Waits long enough for the test to pause in each of them.
+		cfg.Retry = consumer.RetryPolicy{InitialInterval: 2 * time.Second, MaxInterval: 2 * time.Second, MaxAttempts: maxAttempts, MaxElapsed: time.Hour}
+	})
 	s.run()
 	letters := func() int64 {
 		return s.db.Int(t, `SELECT count(*) FROM `+s.db.Table("dead_letters")+` WHERE consumer = $1`, s.name)

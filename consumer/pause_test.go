@@ -64,7 +64,9 @@ type pauseSetup struct {
 	perPart int64
 }
 
-func newPauseSetup(t *testing.T, partitions, messages int, h consumer.Handler) *pauseSetup {
+// newPauseSetup builds the consumer from the env's config, with each
+// configure applied to it first.
+func newPauseSetup(t *testing.T, partitions, messages int, h consumer.Handler, configure ...func(*consumer.Config)) *pauseSetup {
 	e := setup(t, partitions)
 	s := &pauseSetup{env: e, watch: &pauseWatch{}, perPart: int64(messages / partitions)}
 	s.ids = e.produceIDs("p", messages)
@@ -73,6 +75,9 @@ func newPauseSetup(t *testing.T, partitions, messages int, h consumer.Handler) *
 	}
 	s.cfg = e.config(h)
 	s.cfg.Hooks = append(s.cfg.Hooks, s.watch)
+	for _, f := range configure {
+		f(s.cfg)
+	}
 	var err error
 	s.c, err = consumer.New(e.db.Pool, s.cfg)
 	require.NoError(t, err)
@@ -122,8 +127,7 @@ func TestPause(t *testing.T) {
 			applied.Add(1)
 			time.Sleep(time.Millisecond)
 			return s.applyHandler().Handle(ctx, tx, m)
-		}))
-		s.cfg.MaxBatch = 20
+		}), func(cfg *consumer.Config) { cfg.MaxBatch = 20 })
 		s.run()
 		waitFor(t, 60*time.Second, "some progress", func() bool { return s.effectsOf(0) >= 100 })
 		store, err := pauses.NewStore(s.db.Schema)
@@ -156,8 +160,10 @@ func TestPause(t *testing.T) {
 			}
 			return s.applyHandler().Handle(ctx, tx, m)
 		})
-		s = newPauseSetup(t, 1, 50, handler)
-		s.cfg.Retry = consumer.RetryPolicy{InitialInterval: 20 * time.Millisecond, MaxInterval: 100 * time.Millisecond, MaxAttempts: 1000, MaxElapsed: time.Hour}
+		retryLong := func(cfg *consumer.Config) {
+			cfg.Retry = consumer.RetryPolicy{InitialInterval: 20 * time.Millisecond, MaxInterval: 100 * time.Millisecond, MaxAttempts: 1000, MaxElapsed: time.Hour}
+		}
+		s = newPauseSetup(t, 1, 50, handler, retryLong)
 		r := s.run()
 		waitFor(t, 30*time.Second, "the handler to fail a few times", func() bool { return calls.Load() >= 3 })
 		require.NoError(t, s.c.Pause(ctx, pauses.All(), "partner down"))
@@ -169,6 +175,7 @@ func TestPause(t *testing.T) {
 
 		watch := &pauseWatch{}
 		cfg := s.config(handler)
+		retryLong(cfg)
 		cfg.Hooks = append(cfg.Hooks, watch)
 		again, err := consumer.New(s.db.Pool, cfg)
 		require.NoError(t, err)

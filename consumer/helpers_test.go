@@ -229,6 +229,15 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
+// stillFor requires cond to hold throughout d: a window in which something
+// must not happen.
+func stillFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		require.True(t, cond(), what)
+	}
+}
+
 // recorder is a hook that keeps what the consumer reported.
 type recorder struct {
 	mu sync.Mutex

@@ -44,15 +44,6 @@ func (p *pauseWatch) paused(partition int) bool {
 	return ok && !r.Resumed
 }
 
-// stillFor requires cond to hold throughout d: a window in which something
-// must not happen.
-func stillFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-		require.True(t, cond(), what)
-	}
-}
-
 // pauseSetup is a consumer over a topic with messages on every partition,
 // with its pause reports watched.
 type pauseSetup struct {

@@ -2,14 +2,12 @@ package consumer_test
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -115,22 +113,7 @@ func TestHealthProbesStayBoundedOnASaturatedPool(t *testing.T) {
 // failureThreshold of them restart a consumer over a database outage.
 func TestHealthLivenessProbeAnswersWithinItsTimeoutWhileTheDatabaseHangs(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { l.Close() })
-	go func() { // accepts, never answers
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			t.Cleanup(func() { c.Close() })
-		}
-	}()
-	pool, err := pgxpool.New(ctx, "postgres://postgres@"+l.Addr().String()+"/postgres?sslmode=disable&connect_timeout=30")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := hungDatabase(t)
 	e := setup(t, 1)
 	cfg := e.config(e.applyHandler())
 	payments, err := consumer.New(pool, cfg)

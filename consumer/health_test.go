@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -127,21 +126,7 @@ func TestHealth(t *testing.T) {
 
 	t.Run("a database that does not answer costs a probe a second, no more", func(t *testing.T) {
 		t.Parallel()
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		t.Cleanup(func() { l.Close() })
-		go func() { // accepts, never answers
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				t.Cleanup(func() { c.Close() })
-			}
-		}()
-		pool, err := pgxpool.New(ctx, "postgres://postgres@"+l.Addr().String()+"/postgres?sslmode=disable&connect_timeout=30")
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
+		pool := hungDatabase(t)
 		e := setup(t, 1)
 		c, err := consumer.New(pool, e.config(e.applyHandler()))
 		require.NoError(t, err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"runtime"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
@@ -405,4 +407,39 @@ func bothWays(t *testing.T, names [2]string, test func(t *testing.T, second bool
 			test(t, i == 1)
 		})
 	}
+}
+
+// hungDatabase is a pool over a listener that accepts connections and
+// never answers, as a Postgres that hangs does. The connections it holds
+// are closed when the test ends.
+func hungDatabase(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+l.Addr().String()+"/postgres?sslmode=disable&connect_timeout=30")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	// Runs before pool.Close: the pool's pending connects fail at once.
+	t.Cleanup(func() {
+		l.Close()
+		<-accepted
+	})
+	return pool
 }

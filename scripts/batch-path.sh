@@ -88,6 +88,5 @@ window = [f for g, n, f in calls[start:end + 1] if g in batch and 'kafkaLogger' 
 for label, files in (('all', window), ('engine spine', [f for f in window if f.startswith(('consumer/', 'internal/engine/'))])):
     seq, seen, back = count(files)
     print(f'{label}: {len(seq)} steps, {len(seen)} files in {len({os.path.dirname(f) for f in seen})} packages, {back} returns to a file already left')
-    if label == 'engine spine':
-        print('  ' + ' -> '.join(os.path.basename(f) for f in seq))
+    print('  ' + ' -> '.join(os.path.basename(f) for f in seq))
 PY

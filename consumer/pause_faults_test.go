@@ -291,7 +291,7 @@ func TestAPauseAtEveryPointOfABatch(t *testing.T) {
 			waitFor(t, 30*time.Second, "the partition reported paused", func() bool { return watch.paused(0) })
 			before := e.effects()
 			stillFor(t, 500*time.Millisecond, "applied or held a transaction while paused", func() bool {
-				return e.effects() == before && e.db.Sessions(t, "idle in transaction%") == 0
+				return e.effects() == before && e.db.SessionsStuck(t, "idle in transaction%", 250*time.Millisecond) == 0
 			})
 			require.NoError(t, c.Resume(ctx, pauses.All()))
 			e.waitCommitted(map[int]int64{0: total}, 60*time.Second)

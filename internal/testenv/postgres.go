@@ -128,6 +128,16 @@ func (d *DB) Sessions(tb testing.TB, state string) int64 {
 	return d.Int(tb, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE $2 AND pid <> pg_backend_pid()`, d.Schema, state)
 }
 
+// SessionsStuck counts the test's server sessions that have been in the
+// given state for longer than d, other than the one asking: a transaction
+// held open, or a statement waiting, as against the short reads a
+// consumer's background loops make each second.
+func (d *DB) SessionsStuck(tb testing.TB, state string, longer time.Duration) int64 {
+	tb.Helper()
+	return d.Int(tb, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE $2 AND pid <> pg_backend_pid()
+		AND state_change < clock_timestamp() - make_interval(secs => $3)`, d.Schema, state, longer.Seconds())
+}
+
 // ConsumerIs is the condition on processed_messages that selects the rows
 // of the consumer named by the SQL expression name (a parameter such as
 // "$1", or a literal): rows name their consumer by number.

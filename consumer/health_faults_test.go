@@ -1,19 +1,26 @@
 package consumer_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kmsg"
-
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // TestHealthNotLiveWhenMessagesProducedAfterCatchingUpAreNeverFetched:
@@ -128,4 +135,113 @@ func TestHealthLivenessProbeAnswersWithinItsTimeoutWhileTheDatabaseHangs(t *test
 	took := time.Since(start)
 	require.Equal(t, http.StatusOK, code, body)
 	require.Less(t, took, time.Second, "the liveness probe outlived Kubernetes' default timeoutSeconds (1s) on a database that hangs")
+}
+
+// TestHealthHandlerUnderHostileRequests: HealthHandler answers odd paths,
+// methods, query strings, huge headers and non-UTF-8 bytes in the path,
+// many at once, for a consumer never run, one running, and one whose Run
+// returned while probes came: never a panic, a hang or a goroutine left.
+func TestHealthHandlerUnderHostileRequests(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	c, err := consumer.New(e.db.Pool, e.config(e.applyHandler()))
+	require.NoError(t, err)
+	srv := httptest.NewServer(consumer.HealthHandler(c, c))
+	defer srv.Close()
+	before := runtime.NumGoroutine()
+
+	raw := func(line string, extra string) (int, string) {
+		conn, err := net.DialTimeout("tcp", srv.Listener.Addr().String(), 5*time.Second)
+		require.NoError(t, err)
+		defer conn.Close()
+		require.NoError(t, conn.SetDeadline(time.Now().Add(10*time.Second)))
+		_, err = fmt.Fprintf(conn, "%s\r\nHost: x\r\n%sConnection: close\r\n\r\n", line, extra)
+		require.NoError(t, err)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err, "an answer to %q", line)
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	probe := func(phase string) {
+		for _, line := range []string{
+			"GET /livez HTTP/1.1", "GET /readyz HTTP/1.1", "GET /health/livez?x=1&x=%ff HTTP/1.1",
+			"GET / HTTP/1.1", "HEAD /readyz HTTP/1.1", "GET /\xff\xfe/livez HTTP/1.1", "GET /%ff%00/readyz HTTP/1.1",
+			"GET /" + strings.Repeat("a", 6000) + " HTTP/1.1", "POST /livez HTTP/1.1", "OPTIONS * HTTP/1.1",
+			"DELETE /readyz HTTP/1.1", "GET /livez/../readyz HTTP/1.1", "GET http://evil/livez HTTP/1.1",
+		} {
+			code, body := raw(line, "")
+			require.NotEqualf(t, http.StatusInternalServerError, code, "%s: %q answered %d %s", phase, line, code, body)
+			if code == http.StatusOK || code == http.StatusServiceUnavailable {
+				if !strings.HasPrefix(line, "HEAD") && !strings.HasPrefix(line, "OPTIONS *") { // net/http answers OPTIONS * itself
+					var v map[string]any
+					require.NoErrorf(t, json.Unmarshal([]byte(body), &v), "%s: %q: body %q", phase, line, body)
+				}
+			}
+		}
+		code, _ := raw("GET /readyz HTTP/1.1", "X-Big: "+strings.Repeat("b", 900<<10)+"\r\n")
+		require.Contains(t, []int{http.StatusOK, http.StatusServiceUnavailable, http.StatusRequestHeaderFieldsTooLarge}, code)
+	}
+	concurrently := func(n int) {
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				path := []string{"/livez", "/readyz", "/"}[i%3]
+				resp, err := srv.Client().Get(srv.URL + path)
+				if err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				_ = c.Health(context.Background())
+			})
+		}
+		wg.Wait()
+	}
+
+	probe("never run")
+	code, _ := raw("GET /readyz HTTP/1.1", "")
+	require.Equal(t, http.StatusServiceUnavailable, code, "a consumer never run is not ready")
+	concurrently(50)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	waitFor(t, 30*time.Second, "ready", func() bool { return c.Health(context.Background()).Ready })
+	probe("running")
+	// Run returns while probes come.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_ = c.Health(context.Background())
+				resp, err := srv.Client().Get(srv.URL + "/readyz")
+				if err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}
+		})
+	}
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return within 30s of cancel while probes came")
+	}
+	close(stop)
+	wg.Wait()
+	probe("returned")
+	h := c.Health(context.Background())
+	require.False(t, h.Ready)
+	require.False(t, h.Running)
+
+	srv.Client().CloseIdleConnections()
+	waitFor(t, 20*time.Second, "the goroutines of the probes gone", func() bool { return runtime.NumGoroutine() <= before+2 })
 }

@@ -63,7 +63,9 @@ type RetryLaterPolicy struct {
 	// Defaults to DefaultRetryLaterMaxRetries.
 	MaxRetries int
 	// MaxDelay caps the wait between retries, which doubles after each
-	// failed one (with jitter). Defaults to DefaultRetryLaterMaxDelay.
+	// failed one (with jitter), unless the failed retry returned
+	// RetryLater(err, d): it then waits d. Defaults to
+	// DefaultRetryLaterMaxDelay.
 	MaxDelay time.Duration
 }
 

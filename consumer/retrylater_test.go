@@ -9,9 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/stretchr/testify/require"
-
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/stretchr/testify/require"
 )
 
 // callCounts counts handler calls per message id.
@@ -128,4 +127,147 @@ func without(ids []string, drop string) []string {
 		}
 	}
 	return out
+}
+
+// TestRetryLaterWithABatchHandler: a BatchHandler whose batch fails
+// because of one message that asks to be retried later (consumer.RetryLater,
+// or an error that could pass under Config.RetryLater.After) must have
+// that message set aside as retry_later, every other message of the batch
+// applied once, the partition committed past it, and the message applied
+// once by its retry when the partner is back: both when batches go in one
+// round trip and when they claim first.
+func TestRetryLaterWithABatchHandler(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []bool{false, true} {
+		name := "marked error"
+		if policy {
+			name = "policy"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			bothWays(t, batchPaths, func(t *testing.T, claimFirst bool) {
+				e := setup(t, 1)
+				ids := e.produceIDs("b", 30)
+				var partnerDown atomic.Bool
+				partnerDown.Store(true)
+				h := &batchEffects{e: e, before: func(msgs []*consumer.Message) error {
+					for _, m := range msgs {
+						if m.ID == "b-7" && partnerDown.Load() {
+							err := errors.New("mail partner unavailable")
+							if policy {
+								return err
+							}
+							return consumer.RetryLater(err, 200*time.Millisecond)
+						}
+					}
+					return nil
+				}}
+				cfg := batchConfig(e, h)
+				cfg.ClaimFirst = claimFirst
+				if policy {
+					cfg.RetryLater.After = 200 * time.Millisecond
+				}
+				r := e.start(cfg)
+				e.waitCommitted(map[int]int64{0: 30}, 30*time.Second)
+				class, retryAt, _, redriven := e.letterOf("b-7")
+				require.Equal(t, "retry_later", class)
+				require.NotNil(t, retryAt)
+				require.False(t, redriven)
+				e.requireExactlyOnce(without(ids, "b-7"))
+
+				partnerDown.Store(false)
+				waitFor(t, 30*time.Second, "b-7 applied by its retry", func() bool { _, _, _, redriven := e.letterOf("b-7"); return redriven })
+				stillFor(t, 2500*time.Millisecond, "b-7 applied more than once", func() bool { return e.effects() == 30 })
+				r.stop()
+				e.requireExactlyOnce(ids)
+				require.EqualValues(t, 30, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("processed_messages")+` WHERE `+e.db.ConsumerIs("$1")+` AND status = 'applied'`, e.name))
+				require.Equal(t, 30, e.events.snapshot().applied, "applied hooks: one per message")
+			})
+		})
+	}
+}
+
+// TestRetryLaterWithABatchHandlerWhoseQueuedStatementFails: under
+// Config.RetryLater.After, a BatchHandler whose queued statement fails for
+// one message with an error that could pass (a foreign-key parent that
+// has not arrived yet) must have that message set aside and retried, the
+// rest of the batch applied once, and the message applied once when its
+// parent is there.
+func TestRetryLaterWithABatchHandlerWhoseQueuedStatementFails(t *testing.T) {
+	t.Parallel()
+	bothWays(t, batchPaths, func(t *testing.T, claimFirst bool) {
+		e := setup(t, 1)
+		parents, children := e.db.Table("parents"), e.db.Table("children")
+		e.db.Exec(t, `CREATE TABLE `+parents+` (id text PRIMARY KEY)`)
+		e.db.Exec(t, `CREATE TABLE `+children+` (id text NOT NULL REFERENCES `+parents+`(id))`)
+		ids := e.produceIDs("q", 30)
+		for _, id := range ids {
+			if id != "q-7" {
+				e.db.Exec(t, `INSERT INTO `+parents+` VALUES ($1)`, id)
+			}
+		}
+		h := &batchEffects{e: e, extra: func(b *consumer.Batch) {
+			ids := make([]string, len(b.Messages))
+			for i, m := range b.Messages {
+				ids[i] = m.ID
+			}
+			b.Queue(`INSERT INTO `+children+` SELECT unnest($1::text[])`, ids)
+		}}
+		cfg := batchConfig(e, h)
+		cfg.ClaimFirst = claimFirst
+		cfg.RetryLater.After = 200 * time.Millisecond
+		r := e.start(cfg)
+		e.waitCommitted(map[int]int64{0: 30}, 30*time.Second)
+		class, retryAt, _, _ := e.letterOf("q-7")
+		require.Equal(t, "retry_later", class)
+		require.NotNil(t, retryAt)
+		e.requireExactlyOnce(without(ids, "q-7"))
+		require.EqualValues(t, 29, e.db.Int(t, `SELECT count(*) FROM `+children))
+
+		e.db.Exec(t, `INSERT INTO `+parents+` VALUES ('q-7')`)
+		waitFor(t, 30*time.Second, "q-7 applied by its retry", func() bool { _, _, _, redriven := e.letterOf("q-7"); return redriven })
+		r.stop()
+		e.requireExactlyOnce(ids)
+		require.EqualValues(t, 30, e.db.Int(t, `SELECT count(*) FROM `+children))
+		require.EqualValues(t, 30, e.db.Int(t, `SELECT count(DISTINCT id) FROM `+children))
+	})
+}
+
+// TestRetryLaterAskedForByARetryIsHonoured: consumer.RetryLater "marks
+// err as a failure to retry after d". A retry of a message set aside for
+// later whose handler again returns RetryLater(err, d) (the partner now
+// says: come back in half an hour) must not be retried before d, within
+// RetryLater.MaxDelay (here an hour).
+func TestRetryLaterAskedForByARetryIsHonoured(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ids := e.produceIDs("d", 4)
+	calls := &callCounts{}
+	const asked = 30 * time.Minute
+	var askedNanos atomic.Int64
+	cfg := e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		n := calls.add(m.ID)
+		if m.ID == "d-1" {
+			if n == 1 {
+				return consumer.RetryLater(errors.New("partner down"), 0)
+			}
+			if n == 2 {
+				askedNanos.Store(time.Now().UnixNano())
+			}
+			return consumer.RetryLater(errors.New("partner down: retry after 30 minutes"), asked)
+		}
+		return e.applyHandler().Handle(ctx, tx, m)
+	}))
+	cfg.RetryLater.MaxDelay = time.Hour
+	e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 4}, 30*time.Second)
+	waitFor(t, 30*time.Second, "the first retry of d-1 failed", func() bool { _, _, retries, _ := e.letterOf("d-1"); return retries >= 1 })
+	askedAt := time.Unix(0, askedNanos.Load())
+	class, retryAt, retries, _ := e.letterOf("d-1")
+	require.Equal(t, "retry_later", class)
+	require.NotNil(t, retryAt)
+	require.Falsef(t, retryAt.Before(askedAt.Add(asked-time.Minute)),
+		"the retry asked to be retried after %v, and is due at %v, %v after it asked (retries %d, %d handler calls)",
+		asked, retryAt.Format(time.RFC3339Nano), retryAt.Sub(askedAt).Round(time.Millisecond), retries, calls.of("d-1"))
+	e.requireExactlyOnce(without(ids, "d-1"))
 }

@@ -68,9 +68,15 @@ func (c *Consumer) Redrive(ctx context.Context, f deadletter.Filter) (kafkaoncet
 // leads to: the next retry_at (nil: none, the letter becomes an ordinary
 // dead letter of class final), or count false for a failure of the
 // database, which counts nothing (the next poll tries again).
+//
+// A network error is the database's when it is not the handler's (the
+// retry's own statements and its COMMIT), or when the handler's
+// transaction lost its connection (errConnLost), as classifyHandlerError
+// has it for a worker's batch.
 func (c *deps) retryOutcome(l *deadletter.Letter, cause error, now time.Time) (next *time.Time, final deadletter.Class, count bool) {
 	var conflict *kafkaoncetype.FingerprintConflictError
-	f := classifyHandlerError(cause, false)
+	connLost := errors.Is(cause, errConnLost) || !errors.Is(cause, errHandlerFailed)
+	f := classifyHandlerError(cause, connLost)
 	switch {
 	case errors.As(cause, &conflict):
 		return nil, deadletter.ClassConflict, true
@@ -79,7 +85,7 @@ func (c *deps) retryOutcome(l *deadletter.Letter, cause error, now time.Time) (n
 	case f.class == classPermanent:
 		return nil, f.kind, true // failed for good: no retry helps
 	}
-	return c.nextRetry(l, l.Retries+1, now), deadletter.ClassRetriesExhausted, true
+	return c.nextRetry(l, l.Retries+1, cause, now), deadletter.ClassRetriesExhausted, true
 }
 
 // retryFailed records a failed retry that its own transaction could not
@@ -123,6 +129,10 @@ var errNotDue = errors.New("not due")
 // errHandlerFailed wraps the handler's error in a redrive's: its message
 // failed, not the database.
 var errHandlerFailed = errors.New("handler")
+
+// errConnLost wraps a handler's error in a redrive whose transaction had
+// lost its connection by then: a network error in it is the database's.
+var errConnLost = errors.New("the connection to Postgres was lost")
 
 // errAlreadyApplied ends a redrive transaction that found nothing to do.
 var errAlreadyApplied = errors.New("already applied")
@@ -200,6 +210,9 @@ func (c *Consumer) redriveOne(ctx context.Context, letterID int64, due bool) (ap
 			endCall(err)
 			if err != nil {
 				err = fmt.Errorf("%w: %w", errHandlerFailed, err)
+				if tx.Conn().IsClosed() {
+					err = fmt.Errorf("%w: %w", errConnLost, err)
+				}
 				if later {
 					return c.recordRetryFailed(ctx, tx, &l, err)
 				}

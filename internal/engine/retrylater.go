@@ -37,14 +37,19 @@ func (c *deps) retryLater(f *failure) *failure {
 	return &g
 }
 
-// nextRetry is when a letter whose retry failed (its retries-th) is due
-// again, nil once it has had its retries: the wait doubles from the last
-// one, capped by RetryLaterMaxDelay, with jitter (between half and all of
-// it) so that letters set aside together by one outage do not all come
-// back at once.
-func (c *deps) nextRetry(l *deadletter.Letter, retries int, now time.Time) *time.Time {
+// nextRetry is when a letter whose retry failed (its retries-th) with
+// cause is due again, nil once it has had its retries. A cause marked by
+// consumer.RetryLater says when, within RetryLaterMaxDelay. Otherwise the
+// wait doubles from the last one, capped by RetryLaterMaxDelay, with
+// jitter (between half and all of it) so that letters set aside together
+// by one outage do not all come back at once.
+func (c *deps) nextRetry(l *deadletter.Letter, retries int, cause error, now time.Time) *time.Time {
 	if retries >= c.cfg.RetryLaterMaxRetries {
 		return nil
+	}
+	if d, marked := later.After(cause); marked {
+		at := now.Add(min(max(d, 0), c.cfg.RetryLaterMaxDelay))
+		return &at
 	}
 	last := time.Second
 	if l.RetryAt != nil {

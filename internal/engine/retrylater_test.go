@@ -2,11 +2,15 @@ package engine
 
 import (
 	"errors"
+	"fmt"
+	"net"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/later"
+	"github.com/kafkaonce/kafkaonce/internal/permanent"
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
@@ -48,13 +52,14 @@ func TestRetryLaterDecision(t *testing.T) {
 }
 
 func TestNextRetry(t *testing.T) {
+	partner := errors.New("partner down")
 	d := &deps{cfg: Config{RetryLaterMaxRetries: 3, RetryLaterMaxDelay: 10 * time.Minute}}
 	now := time.Now()
 	failed := now.Add(-time.Minute)
 	due := failed.Add(4 * time.Minute) // the last wait was 4m
 	l := &deadletter.Letter{LastFailedAt: failed, RetryAt: &due}
 	for range 100 {
-		next := d.nextRetry(l, 1, now)
+		next := d.nextRetry(l, 1, partner, now)
 		if next == nil {
 			t.Fatal("no next retry with retries left")
 		}
@@ -64,10 +69,55 @@ func TestNextRetry(t *testing.T) {
 	}
 	long := failed.Add(8 * time.Minute)
 	l.RetryAt = &long
-	if w := d.nextRetry(l, 2, now).Sub(now); w > 10*time.Minute {
+	if w := d.nextRetry(l, 2, partner, now).Sub(now); w > 10*time.Minute {
 		t.Fatalf("next wait %v past MaxDelay", w)
 	}
-	if d.nextRetry(l, 3, now) != nil {
+	if d.nextRetry(l, 3, partner, now) != nil {
 		t.Fatal("a next retry after MaxRetries")
+	}
+	t.Run("a retry that asks for a delay gets it, within MaxDelay", func(t *testing.T) {
+		for _, c := range []struct {
+			asked, want time.Duration
+		}{{30 * time.Second, 30 * time.Second}, {0, 0}, {-time.Minute, 0}, {time.Hour, 10 * time.Minute}} {
+			next := d.nextRetry(l, 1, fmt.Errorf("%w: %w", errHandlerFailed, later.Mark(partner, c.asked)), now)
+			if next == nil || next.Sub(now) != c.want {
+				t.Fatalf("RetryLater(err, %v) on a retry: next %v; want due in %v", c.asked, next, c.want)
+			}
+		}
+		if d.nextRetry(l, 3, later.Mark(partner, time.Second), now) != nil {
+			t.Fatal("a marked retry after MaxRetries")
+		}
+	})
+}
+
+// A failed retry counts unless the database failed it: a network error is
+// the database's outside the handler, and inside it once the transaction's
+// connection is lost.
+func TestRetryOutcome(t *testing.T) {
+	d := &deps{cfg: Config{RetryLaterMaxRetries: 3, RetryLaterMaxDelay: 10 * time.Minute}}
+	now := time.Now()
+	l := &deadletter.Letter{LastFailedAt: now.Add(-time.Minute)}
+	network := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+	handler := func(err error) error { return fmt.Errorf("%w: %w", errHandlerFailed, err) }
+	for _, c := range []struct {
+		name      string
+		cause     error
+		wantCount bool
+		wantFinal deadletter.Class
+		wantNext  bool
+	}{
+		{"the handler's own failure counts", handler(errors.New("partner down")), true, deadletter.ClassRetriesExhausted, true},
+		{"the handler's network call counts", handler(network), true, deadletter.ClassRetriesExhausted, true},
+		{"a network error once the connection is lost counts nothing", fmt.Errorf("%w: %w", errConnLost, handler(network)), false, "", false},
+		{"a network error of the retry's own statements counts nothing", network, false, "", false},
+		{"a failed handler whose savepoint could not be rolled back, the connection lost", errors.Join(fmt.Errorf("%w: %w", errConnLost, handler(network)), network), false, "", false},
+		{"a permanent failure ends the retries", handler(permanent.Mark(errors.New("no such account"))), true, deadletter.ClassPermanent, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			next, final, count := d.retryOutcome(l, c.cause, now)
+			if count != c.wantCount || final != c.wantFinal || (next != nil) != c.wantNext {
+				t.Fatalf("retryOutcome = next %v, final %q, count %v; want next %v, final %q, count %v", next, final, count, c.wantNext, c.wantFinal, c.wantCount)
+			}
+		})
 	}
 }

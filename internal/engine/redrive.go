@@ -97,15 +97,18 @@ func (c *Consumer) retryFailed(ctx context.Context, l *deadletter.Letter, cause 
 	if !count {
 		return
 	}
-	err := c.inTx(ctx, func(q querier) error {
-		_, err := c.letters.RetryFailed(ctx, q, l.ID, l.Retries, next, final, cause.Error())
+	var recorded bool
+	err := c.inTx(ctx, func(q querier) (err error) {
+		recorded, err = c.letters.RetryFailed(ctx, q, l.ID, l.Retries, next, final, cause.Error())
 		return err
 	})
 	if err != nil {
 		c.log.Warn("could not record a failed retry; it is tried again at the next poll", slog.Int64("dead_letter", l.ID), slog.String("error", err.Error()))
 		return
 	}
-	c.logRetryFailed(l, next, final)
+	if recorded { // else settled, redriven or retried by another member since
+		c.logRetryFailed(l, next, final)
+	}
 }
 
 func (c *deps) logRetryFailed(l *deadletter.Letter, next *time.Time, final deadletter.Class) {
@@ -266,10 +269,13 @@ func (c *Consumer) recordRetryFailed(ctx context.Context, tx pgx.Tx, l *deadlett
 	if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT kafkaonce_retry"); err != nil {
 		return errors.Join(cause, err)
 	}
-	if _, err := c.letters.RetryFailed(ctx, tx, l.ID, l.Retries, next, final, cause.Error()); err != nil {
+	recorded, err := c.letters.RetryFailed(ctx, tx, l.ID, l.Retries, next, final, cause.Error())
+	if err != nil {
 		return errors.Join(cause, err)
 	}
-	c.logRetryFailed(l, next, final)
+	if recorded {
+		c.logRetryFailed(l, next, final)
+	}
 	return fmt.Errorf("%w: %w", errRetryRecorded, cause)
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"runtime"
 	"strconv"
@@ -20,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/faultproxy"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
@@ -409,37 +409,15 @@ func bothWays(t *testing.T, names [2]string, test func(t *testing.T, second bool
 	}
 }
 
-// hungDatabase is a pool over a listener that accepts connections and
-// never answers, as a Postgres that hangs does. The connections it holds
-// are closed when the test ends.
+// hungDatabase is a pool over a server that accepts connections and
+// never answers, as a Postgres that hangs does.
 func hungDatabase(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	silent, err := faultproxy.StartSilent()
 	require.NoError(t, err)
-	accepted := make(chan struct{})
-	go func() {
-		defer close(accepted)
-		var held []net.Conn
-		defer func() {
-			for _, c := range held {
-				c.Close()
-			}
-		}()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			held = append(held, c)
-		}
-	}()
-	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+l.Addr().String()+"/postgres?sslmode=disable&connect_timeout=30")
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+silent.Addr()+"/postgres?sslmode=disable&connect_timeout=30")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	// Runs before pool.Close: the pool's pending connects fail at once.
-	t.Cleanup(func() {
-		l.Close()
-		<-accepted
-	})
+	t.Cleanup(func() { silent.Close() }) // first: the pool's pending connects fail at once
 	return pool
 }

@@ -7,7 +7,6 @@ package main
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -144,28 +143,10 @@ func templateEscape(s string) string {
 // hangs (a network partition, a stuck process).
 func blackhole(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	silent, err := faultproxy.StartSilent()
 	require.NoError(t, err)
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			conns = append(conns, c)
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		<-done
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return l.Addr().String()
+	t.Cleanup(func() { silent.Close() })
+	return silent.Addr()
 }
 
 // timedGet fetches path with a deadline, and reports how long it took and

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kafkaonce/kafkaonce/internal/faultproxy"
 )
 
 // checkChildEnv, set in a child process of the test binary, makes
@@ -80,31 +81,16 @@ func runCheck(t *testing.T, properties string, env ...string) checkResult {
 	return r
 }
 
-// hungEngine listens on loopback and accepts connections it never answers,
-// as an engine that hangs (or a DOCKER_HOST whose tunnel is stuck) does.
+// hungEngine is an engine that accepts connections and never answers, as
+// one that hangs (or a DOCKER_HOST whose tunnel is stuck) does.
 func hungEngine(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	silent, err := faultproxy.StartSilent()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		var held []net.Conn
-		defer func() {
-			for _, c := range held {
-				c.Close()
-			}
-		}()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			held = append(held, c)
-		}
-	}()
-	return l.Addr().String()
+	t.Cleanup(func() { silent.Close() })
+	return silent.Addr()
 }
 
 func TestCheck(t *testing.T) {

@@ -2,6 +2,9 @@ package faultproxy_test
 
 import (
 	"context"
+	"errors"
+	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -172,4 +175,32 @@ func bounded(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+func TestSilent(t *testing.T) {
+	s, err := faultproxy.StartSilent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	var buf [1]byte
+	if _, err := c.Read(buf[:]); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read from a silent server: %v; want no answer", err)
+	}
+	s.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(buf[:]); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read after Close: %v; want the connection closed", err)
+	}
+	if _, err := net.Dial("tcp", s.Addr()); err == nil {
+		t.Fatal("a closed silent server still accepts")
+	}
 }

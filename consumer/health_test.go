@@ -16,6 +16,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/internal/faultproxy"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 	"github.com/kafkaonce/kafkaonce/pauses"
 )
@@ -122,6 +123,40 @@ func TestHealth(t *testing.T) {
 		require.NoError(t, c.Resume(ctx, pauses.Partition(e.topic, 1)))
 		e.waitCommitted(map[int]int64{0: 10, 1: 10}, 30*time.Second)
 		e.check(expectation{ids: ids})
+	})
+
+	t.Run("Postgres gone makes a running consumer unready, and back ready again", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, 1)
+		ids := e.produceIDs("g", 20)
+		proxy, err := faultproxy.Start(e.db.ServerAddr(t))
+		require.NoError(t, err)
+		addr := proxy.Addr()
+		c, err := consumer.New(e.db.PoolVia(t, addr), e.config(e.applyHandler()))
+		require.NoError(t, err)
+		defer e.run(c).stop()
+		e.waitCommitted(map[int]int64{0: 20}, 30*time.Second)
+		waitFor(t, 30*time.Second, "ready", func() bool { return c.Health(ctx).Ready })
+
+		require.NoError(t, proxy.Close()) // every connection cut, new ones refused
+		var h consumer.Health
+		waitFor(t, 30*time.Second, "unready without Postgres", func() bool { h = c.Health(ctx); return !h.Ready })
+		require.NotEmpty(t, h.DatabaseError, h)
+		require.True(t, h.InGroup, "the consumer stays in its group while Postgres is away")
+		code, body := probe(t, consumer.HealthHandler(c), http.MethodGet, "/readyz")
+		require.Equal(t, http.StatusServiceUnavailable, code, body)
+		more := e.produceIDs("h", 10)
+
+		waitFor(t, 10*time.Second, "the proxy listening again", func() bool {
+			proxy, err = faultproxy.StartOn(addr, e.db.ServerAddr(t)) // Postgres is back
+			return err == nil
+		})
+		t.Cleanup(func() { proxy.Close() })
+		waitFor(t, 30*time.Second, "ready again", func() bool { return c.Health(ctx).Ready })
+		code, body = probe(t, consumer.HealthHandler(c), http.MethodGet, "/readyz")
+		require.Equal(t, http.StatusOK, code, body)
+		e.waitCommitted(map[int]int64{0: 30}, 60*time.Second)
+		e.check(expectation{ids: append(ids, more...)})
 	})
 
 	t.Run("a database that does not answer costs a probe a second, no more", func(t *testing.T) {

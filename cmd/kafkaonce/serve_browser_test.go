@@ -17,6 +17,7 @@ import (
 
 	cdppage "github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
@@ -72,8 +73,10 @@ func (w *world) serve(args ...string) string {
 // A real consumer set two messages aside; its handler is fixed. In a real
 // browser an operator opens the page, opens the letter (whose value holds
 // markup, shown as text), presses redrive and confirms, and sees the letter
-// settle, its effect applied once.
-func TestServeInABrowserRedrivesALetterOnce(t *testing.T) {
+// settle, its effect applied once. Then they pause the partition, with a
+// reason, and the running consumer takes nothing from it until they resume
+// it from the page.
+func TestServeInABrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a browser")
 	}
@@ -172,4 +175,36 @@ func TestServeInABrowserRedrivesALetterOnce(t *testing.T) {
 	require.EqualValues(t, 1, w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("effects")+` WHERE message_id = 'bad1'`), "applied once")
 	require.Zero(t, w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("effects")+` WHERE message_id = 'bad3'`), "the other letter waits")
 	w.requireEffectsOnce(5) // ok0 ok2 ok4 late5 bad1
+
+	// Pause the partition from the overview, with a reason: the running
+	// consumer takes nothing more from it, and the page says who paused
+	// it and why.
+	pauseLink := `a.action[href="/consumers/` + w.name + `/pause?topic=` + w.topic + `&partition=0"]`
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(base+"/"), chromedp.Click(chromedp.CSS(pauseLink)),
+		chromedp.WaitVisible(chromedp.CSS(`input[name="reason"]`))))
+	require.NoError(t, chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS(`input[name="reason"]`), "partner <down>"),
+		chromedp.Click(chromedp.CSS("button.confirm")), chromedp.WaitVisible(chromedp.CSS("p.notice"))))
+	require.Contains(t, text("p.notice"), "Paused")
+	paused := text("div.paused")
+	require.Contains(t, paused, w.topic+"/0 paused")
+	require.Contains(t, paused, "partner <down>", "the reason, as text")
+	require.Contains(t, paused, "by kafkaonce serve, from 127.0.0.1:")
+	waitUntil(t, 30*time.Second, "the running consumer paused", func() bool { return c.Health(context.Background()).Paused == 1 })
+	w.kafka.Produce(t, w.topic, kafka.Message{Key: []byte("paused6"), Value: []byte("fine"),
+		Headers: []kafka.Header{{Key: "message-id", Value: []byte("paused6")}}})
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		require.EqualValues(t, 6, w.position(0), "a paused partition moved")
+	}
+
+	// Resume it from the page: the message produced meanwhile is applied,
+	// once.
+	resumeLink := `a.action[href="/consumers/` + w.name + `/resume?topic=` + w.topic + `&partition=0"]`
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(resumeLink)), chromedp.WaitVisible(chromedp.CSS("button.confirm"))))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("button.confirm")), chromedp.WaitVisible(chromedp.CSS("p.notice"))))
+	require.Contains(t, text("p.notice"), "Resumed")
+	waitUntil(t, 30*time.Second, "the partition past paused6", func() bool { return w.position(0) == 7 })
+	w.requireEffectsOnce(6)
+	gone, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("div.paused").length`))
+	require.NoError(t, err)
+	require.Zero(t, gone, "the page still shows the pause")
 }

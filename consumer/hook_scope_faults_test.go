@@ -1,14 +1,11 @@
 package consumer_test
 
 // The scope hooks (HookBatchScope, HookHandlerScope) under faults, against
-// the promises of docs/guarantee.md:
-//
-//	P1 applied once; P2 Kafka offset never ahead of the database, what
-//	committed handed on once; P3 every scope begun ends exactly once; P4 a
-//	misbehaving hook breaks neither P1/P2 nor shutdown; P5 hook payloads
-//	once per committed fact, matching what happened.
-//
-// Each test names the promise and the interleaving it drives.
+// the promises of docs/guarantee.md: each message applied once; the Kafka
+// offset never ahead of the database, and what committed handed on once;
+// every scope begun ends exactly once; a misbehaving hook breaks none of
+// these, nor shutdown; hook payloads come once per committed fact and
+// match what happened. Each test says the interleaving it drives.
 
 import (
 	"context"
@@ -30,7 +27,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/faultproxy"
 )
 
-type advScopeKey struct{}
+type hookScopeKey struct{}
 
 // scopeLedger is a scope hook that books every scope begun and ended and every
 // hook called for what a transaction did, per scope and per message id.
@@ -73,7 +70,7 @@ func (l *scopeLedger) ScopeBatch(ctx context.Context, b consumer.BatchInfo, msgs
 		l.scopeMsgs[n] = append(l.scopeMsgs[n], m.ID)
 	}
 	l.mu.Unlock()
-	ctx = context.WithValue(ctx, advScopeKey{}, n)
+	ctx = context.WithValue(ctx, hookScopeKey{}, n)
 	if l.batchCtx != nil {
 		ctx = l.batchCtx(ctx)
 	}
@@ -109,7 +106,7 @@ func (l *scopeLedger) ScopeHandler(ctx context.Context, m *consumer.Message) (co
 // scope returns the open batch scope of ctx, booking hook as outside when
 // there is none.
 func (l *scopeLedger) scope(ctx context.Context, hook string) int {
-	n, ok := ctx.Value(advScopeKey{}).(int)
+	n, ok := ctx.Value(hookScopeKey{}).(int)
 	if !ok || !l.open[n] {
 		l.outside = append(l.outside, hook)
 	}
@@ -192,13 +189,12 @@ func (l *scopeLedger) requireOneFactPerID(t *testing.T, want []string) {
 	require.Empty(t, got, "reports of ids never produced")
 }
 
-// P2/P3/P5 with scope hooks installed, across a lost COMMIT reply:
-// the first batch's COMMIT commits on the server, its reply is dropped
-// (unknown outcome), the batch runs again in a new scope and finds every
-// claim taken. Every scope ends once, afterCommit's hooks run only in the
-// scope of the transaction whose commit was seen (never in the unknown
-// one's), each id is reported once, and the Kafka offset lands at the
-// stored position.
+// Scope hooks across a lost COMMIT reply: the first batch's COMMIT
+// commits on the server, its reply is dropped (unknown outcome), the batch
+// runs again in a new scope and finds every claim taken. Every scope ends
+// once, afterCommit's hooks run only in the scope of the transaction whose
+// commit was seen (never in the unknown one's), each id is reported once,
+// and the Kafka offset lands at the stored position.
 func TestScopeLostCommitReplyEndsEveryScopeOnce(t *testing.T) {
 	t.Parallel()
 	bothWays(t, handlerKinds, func(t *testing.T, batched bool) {
@@ -236,9 +232,9 @@ func TestScopeLostCommitReplyEndsEveryScopeOnce(t *testing.T) {
 	})
 }
 
-// P5: a savepoint transaction cut short by a transient failure commits
-// the messages before the failure, and OnBatchEnd says how many besides
-// the failure (BatchResult.Committed), so that a hook does not take a
+// A savepoint transaction cut short by a transient failure commits the
+// messages before the failure, and OnBatchEnd says how many besides the
+// failure (BatchResult.Committed), so that a hook does not take a
 // committed transaction for a failed one (otelhooks's own tests show its
 // span).
 //
@@ -293,19 +289,17 @@ func TestScopeCutTransactionSaysWhatCommitted(t *testing.T) {
 	assert.Empty(t, contradictions, "OnBatchEnd's Committed disagrees with the messages reported committed")
 }
 
-// P3: A handler that hangs past HandlerTimeout, ignoring its
-// context, is abandoned after the grace; its message is retried and
-// applied, the worker goes on, Run even returns. The handler scope of the
-// abandoned call is never ended: end is only called when the call
-// returns, which a hung call never does (otelhooks: a "process" span that
-// never ends, so is never exported). When the hung call does return, later,
-// its end is called from the abandoned goroutine, after Run returned.
+// A handler that hangs past HandlerTimeout, ignoring its context, is
+// abandoned after the grace, and its handler scope ends then, with the
+// abandonment error: a scope ended only when the call returns would never
+// end for a call that never does (otelhooks: a "process" span never
+// exported), or would end from the abandoned goroutine after Run returned.
 //
 // Interleaving: h-2's first call blocks on a channel; HandlerTimeout
 // (300ms) passes, hctx is cancelled, 2s later the attempt is abandoned,
 // its batch scope ends; h-2 runs alone, is applied; offsets commit; Run is
-// stopped. Expected: handler scopes begun == ended once the attempt is
-// abandoned (end called with the abandonment error).
+// stopped. Handler scopes begun equal those ended once the attempt is
+// abandoned.
 func TestScopeAbandonedHandlerScopeEndsAtAbandonment(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
@@ -346,20 +340,17 @@ func TestScopeAbandonedHandlerScopeEndsAtAbandonment(t *testing.T) {
 	assert.Zero(t, l.lateEnds.Load(), "scope ends called after Run returned")
 }
 
-// P4: A batch scope whose context does not carry the worker's
-// cancellation (context.WithoutCancel: a hook that wants its span's
-// context to outlive the batch) hangs shutdown: the engine runs the
-// attempt, the handler watchdog included, on the hook's context, so
-// neither the shutdown nor ShutdownTimeout reaches a handler that waits on
-// its context, and the "abandoned after two seconds on shutdown" rule
-// (guarantee.md, "A handler that is cut off stays cut off") never starts.
-// Run returns only when HandlerTimeout passes.
+// A batch scope whose context does not carry the worker's cancellation
+// (context.WithoutCancel: a hook that wants its span's context to outlive
+// the batch) lends only its values: shutdown and ShutdownTimeout still
+// reach a handler that waits on its context, and the rule that a cut-off
+// handler is abandoned after two seconds (guarantee.md, "A handler that
+// is cut off stays cut off") still applies.
 //
 // Interleaving: the handler blocks on <-ctx.Done() (well behaved); Run's
-// context is cancelled; ShutdownTimeout (1s) passes; work is cancelled, but
-// the attempt's contexts derive from the hook's detached one. Expected:
-// Run returns within ShutdownTimeout + 2s grace (+ slack), as it does
-// without the hook (the control subtest), not after HandlerTimeout (20s).
+// context is cancelled; ShutdownTimeout (1s) passes. Run returns within
+// ShutdownTimeout and the 2s grace (with slack), as it does without the
+// hook (the control subtest), not after HandlerTimeout (20s).
 func TestScopeDetachedBatchContextDoesNotHoldShutdown(t *testing.T) {
 	t.Parallel()
 	for _, detach := range []bool{false, true} {
@@ -410,10 +401,10 @@ func TestScopeDetachedBatchContextDoesNotHoldShutdown(t *testing.T) {
 	}
 }
 
-// P4: a batch scope that returns a context already cancelled lends only
-// its values: the engine's context decides cancellation, so the batch runs
-// and every message is applied once. (Before, every BEGIN failed on the
-// hook's context and the partition retried for ever.)
+// A batch scope that returns a context already cancelled lends only its
+// values: the engine's context decides cancellation, so the batch runs
+// and every message is applied once, instead of every BEGIN failing on the
+// hook's context and the partition retrying for ever.
 func TestScopeCancelledBatchContextStopsNothing(t *testing.T) {
 	t.Parallel()
 	bothWays(t, handlerKinds, func(t *testing.T, batched bool) {
@@ -444,13 +435,10 @@ func TestScopeCancelledBatchContextStopsNothing(t *testing.T) {
 	})
 }
 
-// P4, P1 in spirit: A handler scope that returns a nil context (a
-// hook bug) makes every handler call panic inside pgx (tx.Exec(nil, ...)):
-// the panic is recovered as the handler's, classed permanent (ClassPanic)
-// and every message is set aside in dead_letters, none applied. A hook's
-// misbehaviour is blamed on the messages: expected, the messages applied
-// (the engine keeps its own context when a hook returns nil) or at least
-// not set aside for it.
+// A handler scope that returns a nil context (a hook's bug) is not blamed
+// on the messages: the engine keeps its own context, and every message is
+// applied, where tx.Exec(nil, ...) would panic inside pgx and have each
+// message classed permanent (ClassPanic) and set aside.
 func TestScopeNilHandlerContextSetsNothingAside(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
@@ -473,12 +461,12 @@ func TestScopeNilHandlerContextSetsNothingAside(t *testing.T) {
 	e.requireExactlyOnce(ids)
 }
 
-// (P3/P5). Shutdown while a transaction is in flight with scope
-// hooks: the handler of the second batch waits on its context; Run is
-// cancelled; the transaction rolls back at ShutdownTimeout. Every scope
-// begun ends before Run returns, nothing is reported for the rolled-back
-// attempt, the Kafka offset is not ahead of the stored position, and the
-// next run applies the rest once.
+// Shutdown while a transaction is in flight with scope hooks: the
+// handler of the second batch waits on its context; Run is cancelled; the
+// transaction rolls back at ShutdownTimeout. Every scope begun ends before
+// Run returns, nothing is reported for the rolled-back attempt, the Kafka
+// offset is not ahead of the stored position, and the next run applies
+// the rest once.
 func TestScopeShutdownMidTransactionEndsScopes(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
@@ -532,19 +520,15 @@ func TestScopeShutdownMidTransactionEndsScopes(t *testing.T) {
 	l2.requireOneFactPerID(t, second)
 }
 
-// P4/P3: A ScopeHandler that panics is not recovered: it runs on
-// the attempt's goroutine outside the handler's panic guard, so the whole
-// process dies (every partition, every in-flight transaction), where the
-// same panic one line further, in the handler, is a dead letter. With
-// several scope hooks, the ends of the scopes already begun are never
-// called. The test runs a consumer in a child process and expects it to
-// survive.
+// A ScopeHandler that panics is recovered like a handler that panics: the
+// process goes on, the message is retried or set aside, and the scopes
+// already begun (a first hook's, the batch's) end. Unrecovered, it would
+// run on the attempt's goroutine outside the handler's panic guard and
+// kill the process, every partition and transaction with it. The test
+// runs a consumer in a child process and expects it to survive.
 //
 // Interleaving: batch [p-0 p-1 p-2]; ScopeHandler panics for p-1 after
 // ScopeBatch (and a first hook's ScopeHandler) began their scopes.
-// Expected: the process goes on (the message is retried or set aside like
-// a handler panic; begun scopes end), instead of dying with "panic: scope
-// hook".
 func TestScopePanickingScopeHandlerIsIgnored(t *testing.T) {
 	if os.Getenv("KAFKAONCE_SCOPE_PANIC_CHILD") == "1" {
 		panickingScopeChild(t)

@@ -97,13 +97,12 @@ func (t *pauseReadTx) Rollback(ctx context.Context) error {
 	return t.Tx.Rollback(ctx)
 }
 
-// TestAPauseOutlivesAStalePoll: Consumer.Pause "applies it in
-// this process at once", and a paused partition "fetches nothing ... until
-// Resume". A poll of the pauses that read the table just before Pause's
-// INSERT committed, and finishes after Pause's own refresh, puts the old
-// list (no pause) back in the set: the partition fetches and applies again
-// though Pause returned nil and the pause is in the table, until a later
-// poll succeeds (never, while the reads fail).
+// TestAPauseOutlivesAStalePoll: Consumer.Pause applies the pause in this
+// process at once, and a paused partition fetches nothing until Resume. A
+// poll of the pauses that read the table just before Pause's INSERT
+// committed, and finishes after Pause's own refresh, must not put the old
+// list (no pause) back: the partition stays paused, also while the later
+// polls fail.
 func TestAPauseOutlivesAStalePoll(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -1,7 +1,7 @@
 package outbox_test
 
-// Interleavings of relays, receivers and writers. Each test names the
-// promise it checks and the interleaving it drives.
+// Interleavings of relays, receivers and writers. Each test says what
+// it checks and the interleaving it drives.
 
 import (
 	"context"
@@ -174,7 +174,7 @@ func TestAMissingTopicFailsOnlyItsOwnRows(t *testing.T) {
 	require.Equal(t, "good-0", string(got[0].Value))
 }
 
-// P3/P4: a Deliver that returns success only after DeliveryTimeout
+// A Deliver that returns success only after DeliveryTimeout
 // and its grace, after the round recorded a failure and committed, changes
 // nothing: the row is not deleted by the late success, OnDelivered does not
 // fire for it, and it is retried (then delivered).
@@ -216,7 +216,7 @@ func TestALateSuccessAfterAbandonmentTouchesNothing(t *testing.T) {
 	require.Len(t, onDelivered, 1)
 }
 
-// P1: a key whose head row is parked while a later row of it waits:
+// A key whose head row is parked while a later row of it waits:
 // the parked head does not hold the key, the waiting row holds the rows
 // after it, and once it is due the rest flow in order.
 func TestParkedHeadThenWaitingRow(t *testing.T) {

@@ -23,8 +23,8 @@ import (
 	"github.com/kafkaonce/kafkaonce/outbox"
 )
 
-// do sends req to srv without following redirects.
-func advDo(t *testing.T, srv *httptest.Server, req *http.Request) (*http.Response, string) {
+// sendNoRedirect sends req to srv without following redirects.
+func sendNoRedirect(t *testing.T, srv *httptest.Server, req *http.Request) (*http.Response, string) {
 	t.Helper()
 	client := *srv.Client()
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
@@ -36,20 +36,15 @@ func advDo(t *testing.T, srv *httptest.Server, req *http.Request) (*http.Respons
 	return res, string(b)
 }
 
-// Promise S3 (Host header checked: DNS rebinding).
-//
-// Input: kafkaonce serve --allow-remote --listen 0.0.0.0:8080 --allow-actions
-// (the documented way to put it behind an authenticating proxy; the socket
-// is then also reachable directly on the internal network). A site the
-// operator's browser visits rebinds its own name (rebound.example) to the
-// server's address. servedAs accepts ANY Host when --listen is unspecified,
-// so the browser treats the page as same-origin with rebound.example: the
-// attacker's script reads the confirmation page (its token is in the form,
-// the cookie is set for rebound.example), and POSTs with
-// Origin: http://rebound.example:8080, which equals the Host, so checkPost
-// passes too, unless the Host is checked. Expected: a Host the page is not known by is refused (421), as it is on
-// loopback; with --allow-remote on every interface the operator has to name
-// the host(s) the page is served as.
+// The page (docs/operations.md, "Security"): the Host header is checked, against DNS
+// rebinding. Served with --allow-remote --listen 0.0.0.0:8080
+// --allow-actions (the documented way to put it behind an authenticating
+// proxy, which leaves the socket reachable on the internal network), a
+// page that answered any Host would be same-origin with a site that
+// rebinds its own name to the server's address: that site's script could
+// read a confirmation page's token and POST with an Origin equal to the
+// Host. A Host the page is not known by is refused (421), as on loopback;
+// on every interface the operator names the hosts the page is served as.
 func TestServeRemoteOnEveryInterfaceAnswersARebindingHost(t *testing.T) {
 	t.Parallel()
 	w := newPoisoned(t)
@@ -60,7 +55,7 @@ func TestServeRemoteOnEveryInterfaceAnswersARebindingHost(t *testing.T) {
 		req, err := http.NewRequest(http.MethodGet, srv.URL+"/letters/"+bad3+"/settle", nil)
 		require.NoError(t, err)
 		req.Host = rebound
-		res, body := advDo(t, srv, req)
+		res, body := sendNoRedirect(t, srv, req)
 		if res.StatusCode == http.StatusOK {
 			// Carry the attack through, to show what it reaches.
 			token := tokenOf(t, res, body)
@@ -70,7 +65,7 @@ func TestServeRemoteOnEveryInterfaceAnswersARebindingHost(t *testing.T) {
 			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 			req.Header.Set("Origin", "http://"+rebound)
 			req.AddCookie(&http.Cookie{Name: csrfCookie, Value: token})
-			res2, _ := advDo(t, srv, req)
+			res2, _ := sendNoRedirect(t, srv, req)
 			settled := w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("dead_letters")+` WHERE id = $1 AND settled_at IS NOT NULL`, bad3)
 			t.Errorf("--listen %s: Host %s was served (200) and the rebinding page's POST answered %d; letter %s settled: %v",
 				listen, rebound, res2.StatusCode, bad3, settled == 1)
@@ -81,19 +76,13 @@ func TestServeRemoteOnEveryInterfaceAnswersARebindingHost(t *testing.T) {
 	}
 }
 
-// Promise S5 (output escaped in URLs).
-//
-// Input: a parked outbox row whose id holds a "/" (outbox.Message.ID is the
-// user's, and its doc suggests ids like "email:" + an event id; here
-// "email:order/42"), and one crafted as "x/../../letters/<id>/settle?".
-// The overview's un-park link is href="/outbox/{{.ID}}/unpark": html/template
-// only normalizes a URL's path, it does not escape "/", "?" or "#" in it.
-// Unescaped, the first link would be /outbox/email:order/42/unpark, which
-// no route matches (404), and the second would resolve to
-// /letters/<id>/settle: the un-park link of one row would open another
-// action's page. Expected: the id is path-escaped
-// (/outbox/email:order%2F42/unpark), and the link opens that row's
-// confirmation.
+// The page (docs/operations.md, "Security"): ids are escaped in URLs. An outbox id is the
+// user's and may hold "/" ("email:order/42"), or be crafted as
+// "x/../../letters/<id>/settle?". html/template normalizes a URL's path
+// without escaping "/", "?" or "#" in it, so an unescaped id would make
+// one row's un-park link 404, or open another action's page. The id is
+// path-escaped (/outbox/email:order%2F42/unpark), and the link opens that
+// row's confirmation.
 func TestServeUnparkLinkOfAnOutboxIDWithASlash(t *testing.T) {
 	t.Parallel()
 	w := newPoisoned(t)
@@ -167,11 +156,10 @@ func timedGet(t *testing.T, srv *httptest.Server, path string, limit time.Durati
 	return time.Since(start), res.StatusCode, string(b), err
 }
 
-// Passing (answers in ~5s). Promise S8 (the page does not hang when Kafka
-// is down). Input: Kafka
-// hangs (accepts connections, never answers). The page must still answer
-// with what Postgres holds, and say Kafka could not be read, within a
-// bound an operator waits for (20s here; kafkaadmin's own timeout is 15s).
+// The page (docs/operations.md, "Security"): the page does not hang when Kafka does. With a
+// broker that accepts connections and never answers, the page still
+// shows what Postgres holds and says Kafka could not be read, within a
+// bound an operator waits for (20s; kafkaadmin's own timeout is 15s).
 func TestServePageAnswersWhileKafkaHangs(t *testing.T) {
 	t.Parallel()
 	w := newPoisoned(t)
@@ -189,13 +177,12 @@ func TestServePageAnswersWhileKafkaHangs(t *testing.T) {
 	require.Less(t, took, 20*time.Second, "the page answered, but only after %v", took)
 }
 
-// Promise S8 (the page does not hang when Postgres
-// is down). Input: the
-// database stops answering (the connection stays open; nothing comes
-// back) after the page started. Every read of the page runs with the
-// request's context and nothing else: no statement timeout, no server
-// WriteTimeout. Expected: an error page within a bound (20s). A Postgres
-// that refuses connections is checked too.
+// The page (docs/operations.md, "Security"): the page does not hang when Postgres does. The
+// database stops answering after the page started (the connection stays
+// open; nothing comes back), and every read runs with the request's
+// context alone: no statement timeout, no server WriteTimeout. An error
+// page comes within 20s. A Postgres that refuses connections is checked
+// too.
 func TestServePageAnswersWhilePostgresStalls(t *testing.T) {
 	t.Parallel()
 	w := newPoisoned(t)
@@ -225,17 +212,12 @@ func TestServePageAnswersWhilePostgresStalls(t *testing.T) {
 	require.NoError(t, err, "the page did not answer within 20s while Postgres stalled")
 }
 
-// Promise S8 (large tables are bounded). Input: 24
-// open letters whose
-// values are 1 MiB each (Kafka's default message.max.bytes) and 24 parked
-// outbox rows of 1 MiB. The overview shows no value and no payload, only
-// ids, sources and errors; but it reads every column of up to 201 letters
-// (message_value, message_key, headers) and of 100 parked rows
-// (message_value): one GET / allocates their whole size, and with 200 open
-// letters of 1 MiB that is 200 MiB per request, per concurrent reload.
-// Expected: the overview's memory does not grow with the size of the
-// values it does not show (bound here: 8 MiB for 48 MiB of values).
-// Not parallel: it measures the process's allocations.
+// The page (docs/operations.md, "Security"): large tables are bounded. The overview shows
+// ids, sources and errors, never values or payloads, so it must not read
+// them: with 24 open letters and 24 parked outbox rows of 1 MiB each
+// (Kafka's default message.max.bytes), one GET / allocates under 8 MiB,
+// not the 48 MiB of values. Not parallel: it measures the process's
+// allocations.
 func TestServeOverviewDoesNotReadTheValuesItDoesNotShow(t *testing.T) {
 	w := newPoisoned(t)
 	big := strings.Repeat("v", 1<<20)
@@ -260,7 +242,7 @@ SELECT $1, 'orders', 0, convert_to($2, 'UTF8'), now(), 9`, "bigrow"+strconv.Itoa
 	require.Less(t, alloc, uint64(8<<20), "the overview read the values it does not show")
 }
 
-// Promise S5: hostile names and texts from every column the page
+// The page (docs/operations.md, "Security"): hostile names and texts from every column the page
 // shows are escaped in body, attributes (id="consumer-..."), <title> and
 // <pre>; javascript: destinations are never links; invalid UTF-8 and huge
 // values are shown as bounded base64; ids from the URL that are negative,
@@ -304,7 +286,7 @@ VALUES ($1, $2, 0, $3, now(), 9, $4)`, "o"+x, "javascript:alert(4)"+x, []byte(x)
 	require.EqualValues(t, 0, w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("dead_letters")+` WHERE settled_at IS NOT NULL OR redrive_requested_at IS NOT NULL`))
 }
 
-// Promise S2: with --allow-actions, GET and HEAD of every action
+// The page (docs/operations.md, "Security"): with --allow-actions, GET and HEAD of every action
 // path (the confirmation pages) change nothing, however often, and a
 // POST of a well-formed form without the Origin header (old clients,
 // curl) is refused.
@@ -319,7 +301,7 @@ func TestServeConfirmationReadsChangeNothing(t *testing.T) {
 		for _, method := range []string{http.MethodGet, http.MethodHead, http.MethodPut, http.MethodDelete, http.MethodPatch, http.MethodOptions} {
 			req, err := http.NewRequest(method, srv.URL+path+"?csrf=x&done=settled", nil)
 			require.NoError(t, err)
-			res, _ := advDo(t, srv, req)
+			res, _ := sendNoRedirect(t, srv, req)
 			require.NotEqual(t, http.StatusSeeOther, res.StatusCode, "%s %s", method, path)
 		}
 	}

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"sort"
 	"strconv"
 	"strings"
@@ -160,8 +161,8 @@ func TestAMisbehavingIDFunctionStopsItsPartitionUnderStopPartition(t *testing.T)
 	tp := withTap(cfg)
 	r := e.start(cfg)
 	waitFor(t, 30*time.Second, "every partition stopped", func() bool { return len(tp.snap().stopped) == len(lyingCases) })
-	// Give a wrongly running partition the time to go on.
-	time.Sleep(300 * time.Millisecond)
+	stopped := e.storedPositions()
+	stillFor(t, 500*time.Millisecond, "a stopped partition went on", func() bool { return maps.Equal(stopped, e.storedPositions()) })
 	r.stop()
 
 	e.requireExactlyOnce(before)

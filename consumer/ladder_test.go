@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -39,7 +40,7 @@ func TestPartitionErrorsUnwrapToThePublicTypes(t *testing.T) {
 	tp := withTap(cfg)
 	r := e.start(cfg)
 	waitFor(t, 30*time.Second, "both partitions stopped", func() bool { return len(tp.snap().stopped) == 2 })
-	time.Sleep(200 * time.Millisecond)
+	stillFor(t, 500*time.Millisecond, "a stopped partition went on", func() bool { return maps.Equal(map[int]int64{0: 1, 1: 1}, e.storedPositions()) })
 	r.stop()
 
 	e.requireExactlyOnce([]string{"a", "x"})

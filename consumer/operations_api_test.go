@@ -133,11 +133,14 @@ func TestGetForUpdateReadsTheLetterAsTheLockHolderLeftIt(t *testing.T) {
 		})
 		waiter <- r
 	}()
-	select {
-	case r := <-waiter:
-		t.Fatalf("GetForUpdate did not wait for the lock: %+v", r)
-	case <-time.After(300 * time.Millisecond):
-	}
+	waitFor(t, 10*time.Second, "GetForUpdate waiting for the holder's lock", func() bool {
+		select {
+		case r := <-waiter:
+			t.Fatalf("GetForUpdate did not wait for the lock: %+v", r)
+		default:
+		}
+		return db.LockWaits(t, "dead_letters") > 0
+	})
 	require.NoError(t, holder.Commit(ctx))
 	select {
 	case r := <-waiter:
@@ -163,7 +166,7 @@ func TestGetForUpdateReadsTheLetterAsTheLockHolderLeftIt(t *testing.T) {
 		})
 		waiter <- r
 	}()
-	time.Sleep(200 * time.Millisecond)
+	waitFor(t, 10*time.Second, "GetForUpdate waiting for the deleter's lock", func() bool { return db.LockWaits(t, "dead_letters") > 0 })
 	require.NoError(t, deleter.Commit(ctx))
 	select {
 	case r := <-waiter:

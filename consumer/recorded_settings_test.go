@@ -158,7 +158,7 @@ func TestALateRetryOverwritesTheRecordOfALaterStart(t *testing.T) {
 	// Its first retry (2s later) waits on the row too, and fails; the next
 	// comes 4s after that. The operator's transaction ends in between.
 	waiting := func() bool {
-		return e.db.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%`+e.db.Schema+`%consumers%'`) > 0
+		return e.db.LockWaits(t, "consumers") > 0
 	}
 	waitFor(t, 15*time.Second, "worker A's retry waiting on the row", waiting)
 	waitFor(t, 15*time.Second, "worker A's retry giving up", func() bool { return !waiting() })

@@ -379,7 +379,7 @@ func TestRetryLaterOperatorActsWhileARetryRuns(t *testing.T) {
 				redrove <- redriven{res, err}
 			}()
 			waitFor(t, 20*time.Second, "the settle and the redrive waiting for the retry's lock", func() bool {
-				return e.db.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, e.db.Table("dead_letters")) >= 2
+				return e.db.LockWaits(t, "dead_letters") >= 2
 			})
 			close(release)
 			n := <-settled

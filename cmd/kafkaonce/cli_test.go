@@ -623,7 +623,7 @@ func TestKeysGetStatusAndPrune(t *testing.T) {
 func (w *world) waitForLockWait(table string) {
 	w.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
-	for w.db.Int(w.t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`, w.db.Table(table)) == 0 {
+	for w.db.LockWaits(w.t, table) == 0 {
 		require.True(w.t, time.Now().Before(deadline), "the command never waited for the lock")
 		time.Sleep(20 * time.Millisecond)
 	}

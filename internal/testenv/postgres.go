@@ -138,6 +138,14 @@ func (d *DB) SessionsStuck(tb testing.TB, state string, longer time.Duration) in
 		AND state_change < clock_timestamp() - make_interval(secs => $3)`, d.Schema, state, longer.Seconds())
 }
 
+// LockWaits counts the statements on the test's table name (as Table
+// quotes it) that wait for a lock: a test that holds a row waits on it
+// for the statement it means to block, instead of sleeping.
+func (d *DB) LockWaits(tb testing.TB, table string) int64 {
+	tb.Helper()
+	return d.Int(tb, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, d.Table(table))
+}
+
 // ConsumerIs is the condition on processed_messages that selects the rows
 // of the consumer named by the SQL expression name (a parameter such as
 // "$1", or a literal): rows name their consumer by number.

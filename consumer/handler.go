@@ -56,24 +56,16 @@ func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, msg *Message) error 
 // Handler.
 //
 // One round trip: when a handler only queues its statements (Batch.Queue)
-// and never touches Batch.Tx, a batch costs a single round trip to
-// Postgres. The consumer calls the handler before claiming, with every
-// message of the batch except the duplicates it foresees (a re-send, with
-// the same id and content, of a message the worker committed, and a repeat
-// within the batch), and pipelines BEGIN, a check of the stored position,
-// the claims, a check that the foreseen re-sends are claimed with the same
-// content, the queued statements, the new position and COMMIT. Claims in
-// that pipeline fail on any message id already claimed, and the check on
-// any re-send not claimed as expected, which stops the transaction before
-// its COMMIT; the batch then runs again the ordinary way (claims first,
-// then the handler with the new messages), and so do the partition's next
-// batches, until one holds no unforeseen duplicates. So in a dropped
-// attempt the handler may see messages that are duplicates; its queued
-// statements are discarded with it. The first time a handler uses
-// Batch.Tx in such an attempt, the call fails with an error (the
-// transaction is not open yet), the attempt is dropped, and the consumer
-// stops attempting: from then on every batch opens its transaction before
-// calling the handler. Config.ClaimFirst turns attempts off from the start.
+// and never touches Batch.Tx, the consumer calls it before claiming and
+// sends BEGIN, the claims, the queued statements, the new position and
+// COMMIT as one pipeline. When a message id in it turns out to be claimed
+// already, that attempt is dropped with its queued statements, and the
+// batch runs again the ordinary way (claims first, then the handler with
+// the new messages): so in a dropped attempt the handler may see
+// duplicates. A handler that uses Batch.Tx in such an attempt gets an
+// error, and from then on every batch claims first; Config.ClaimFirst
+// does so from the start. docs/design.md, "One round trip or claim
+// first", says how the pipeline is checked.
 //
 // When it returns an error (or a queued statement fails) for a batch of
 // more than one message, the consumer cannot tell which message failed: it

@@ -34,6 +34,53 @@
 // only what follows it. ReplayTwice runs a handler through a real
 // consumer, and catches writes outside its transaction into the tables it
 // is given.
+//
+// # What ReplayTwice checks
+//
+// A failure names what broke. A write outside the handler's transaction
+// names the table, the rows added or removed, and the first message whose
+// rolled-back attempt changed it; the attempt's own error, if any, is
+// ignored, since its transaction is rolled back either way. A replay that
+// changed tables names them. A run that applied nothing fails with the
+// dead letters' class and error.
+//
+// So ReplayTwice catches a message id that is not stable (derived from the
+// time, a random value, a counter); writes outside the handler's
+// transaction into the tables listed (through the pool or another
+// connection, by a service that writes them), even writes idempotent on
+// their own, which an attempt that is never applied (a message set aside)
+// must not make either; and tables changed by something other than the
+// messages. It does not see:
+//   - effects outside the tables listed (an e-mail, an HTTP call, a file):
+//     have the test's fake of that service record them in a listed table;
+//   - writes outside the transaction that the rolled-back attempt does not
+//     make: ones that depend on timing, on concurrency, or on the batch
+//     (the attempts run one message at a time, one after another);
+//   - whether the effects are the right ones: assert those after
+//     ReplayTwice returns.
+//
+// A message set aside in the first run is checked only by its rolled-back
+// attempt; one whose id cfg.MessageID cannot derive is never handled.
+//
+// The messages' Key, Value, Headers, Time and Partition are produced as
+// NewMessage built them. For its in-process broker ReplayTwice sets
+// Brokers, Topics, GroupID, Dialer (none), StartOffset (earliest) and the
+// session timings, and creates a DeadLetterTopic there if cfg names one;
+// *cfg is left as it was.
+//
+// Each call has a broker and a topic of its own, and a consumer named
+// cfg.Name plus a suffix unique to the call (ReplayResult.Consumer), so
+// claims and positions left by an earlier run never meet this one. That
+// consumer's claims, positions and dead letters are deleted when the test
+// ends, unless it failed: they are then left for you to look at. Your
+// tables are not cleaned: ReplayTwice compares them before and after each
+// step, so rows from earlier runs do no harm, but a test writing to the
+// same tables at the same time is reported as a changing table.
+//
+// A run that cannot finish fails at once with the reason: a partition
+// stopped at a message (Config.OnPermanentFailure set to StopPartition).
+// One still retrying a message when ReplayOptions.Timeout passes fails
+// naming the message and its last error.
 package consumertest
 
 import (

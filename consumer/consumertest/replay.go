@@ -42,73 +42,28 @@ type ReplayOptions struct {
 	Timeout time.Duration
 }
 
-// ReplayTwice checks that a handler's effects happen once however often the
-// consumer runs it, with your real handler (or batch handler), message-id
-// function and tables: it produces msgs to a topic of an in-process Kafka
-// broker and runs each message's handler more than once, as the consumer
-// may, comparing tables (names like "app.accounts") around each run. The
-// handler is called:
+// ReplayTwice checks that a handler's effects happen once however often
+// the consumer runs it, with your real handler (or batch handler),
+// message-id function and tables. It produces msgs to a topic of an
+// in-process Kafka broker and runs each message's handler three ways,
+// comparing tables (names like "app.accounts") around each:
 //
-//  1. Once per message in a transaction that is rolled back, before anything
-//     is applied, as when an attempt fails (the handler or a later message
-//     of its batch failed, the connection or the COMMIT did) and is retried.
-//     It runs through the consumer's own code for calling handlers (see
-//     Handle), with the message as the consumer fetches it from the topic
-//     and the id cfg.MessageID derives. Any change to tables is a write
-//     outside the handler's transaction: it stays although the attempt was
-//     rolled back, and the retry makes it again. The test fails naming the
-//     table, the rows added or removed, and the first message whose attempt
-//     changed it. The attempt's own error, if any, is ignored: its
-//     transaction is rolled back either way.
-//  2. By a consumer configured by cfg, until every message is settled
-//     (applied, skipped or dead-lettered). If none was applied the test
-//     fails: there is nothing to compare, and the dead letters say why.
-//  3. By the same consumer after the group is rewound to the beginning, as
-//     after a lost COMMIT reply or a replay: the test fails if tables
-//     changed, since each message was already claimed and must be skipped.
+//  1. once per message, through the consumer's own code for calling
+//     handlers (see Handle), in a transaction that is rolled back, as an
+//     attempt that fails and is retried: any change to tables is a write
+//     outside the handler's transaction;
+//  2. by a consumer configured by cfg, until every message is applied,
+//     skipped or dead-lettered; it fails if none was applied;
+//  3. by the same consumer after its group is rewound to the beginning:
+//     every message was claimed, so tables must not change.
 //
-// So it catches a message id that is not stable (derived from the time, a
-// random value, a counter), writes outside the handler's transaction into
-// the tables listed (through the pool or another connection, by a service
-// that writes them), even writes idempotent on their own, which an attempt
-// that is never applied (a message set aside) must not make either, and
-// tables changed by something other than the messages. It does not see:
-//   - effects outside the tables listed (an e-mail, an HTTP call, a file):
-//     have the test's fake of that service record them in a listed table;
-//   - writes outside the transaction that the rolled-back attempt does not
-//     make: ones that depend on timing, on concurrency, or on the batch (the
-//     attempts run one message at a time, one after another);
-//   - whether the effects are the right ones: assert those after ReplayTwice
-//     returns.
-//
-// A message set aside in the first run is checked only by its rolled-back
-// attempt; one whose id cfg.MessageID cannot derive is never handled.
-//
-// Use NewMessage to build msgs; their Key, Value, Headers, Time and
-// Partition are produced. cfg needs Name, Handler or BatchHandler and,
-// unless the default suits, MessageID and Schema; ReplayTwice works on a
-// copy and leaves *cfg as it was. It sets what concerns Kafka itself, for
-// its in-process broker: Brokers, Topics, GroupID, Dialer (none),
-// StartOffset (earliest) and the session timings; a DeadLetterTopic is
-// created there. The schema
-// is migrated if needed.
-//
-// Each call runs in a scope of its own, so that it passes however often it
-// runs against one database: a broker and a topic of its own, and a
-// consumer named cfg.Name plus a suffix unique to the call (see
-// ReplayResult.Consumer), so claims and positions left by an earlier run
-// never meet this one. That consumer's claims, positions and dead letters
-// are deleted when the test ends, unless it failed (they are then left for
-// you to look at). Your tables are not cleaned: ReplayTwice compares them
-// before and after each step, so rows from earlier runs do no harm, but a
-// test writing to the same tables at the same time would be reported as a
-// changing table.
-//
-// A run that cannot finish fails at once with the reason: a partition
-// stopped (at a message, with Config.OnPermanentFailure set to
-// StopPartition).
-// One that is still retrying a message when ReplayOptions.Timeout passes
-// fails naming the message and its last error.
+// Build msgs with NewMessage. cfg needs Name, Handler or BatchHandler
+// and, unless the defaults suit, MessageID and Schema; ReplayTwice works
+// on a copy, sets what concerns its broker, and migrates the schema if
+// needed. Each call runs a consumer of its own, so it passes however often
+// it runs against one database. What it catches and what it cannot see,
+// what it sets, and what it leaves behind are in the package
+// documentation, under "What ReplayTwice checks".
 func ReplayTwice(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*consumer.Message, tables []string, opts ...ReplayOptions) ReplayResult {
 	tb.Helper()
 	if cfg == nil {

@@ -908,3 +908,100 @@ func TestALockWaitLongerThanHandlerTimeoutSetsNothingAside(t *testing.T) {
 	}
 	e.check(expectation{ids: ids})
 }
+
+// failuresSeen counts the failed attempts the failure hook reports.
+type failuresSeen struct{ n atomic.Int32 }
+
+func (f *failuresSeen) OnMessageFailed(context.Context, *consumer.Message, consumer.Failure) {
+	f.n.Add(1)
+}
+
+// The database failing at COMMIT, not under a handler's statement: a
+// deferred constraint trigger of the handler's table raises the
+// database's errors (or terminates its own backend, a real FATAL) while
+// the server checks it at COMMIT, for the victim's row, a few times. The
+// COMMIT is refused, so nothing committed and the outcome is known; what
+// refused it is the database, not the message, so the whole transaction
+// runs again, counting nothing and setting nothing aside, whichever way
+// the batch went (a Handler, a BatchHandler's one round trip, where the
+// refused COMMIT drops the attempt, or a BatchHandler claiming first).
+// A statement cancelled by the server at COMMIT (statement_timeout hitting
+// a slow deferred check) is the handler's, as under a handler: it counts,
+// and the victim is set aside once its attempts ran out.
+func TestTheDatabasesErrorsAtCommitNeverSetAMessageAside(t *testing.T) {
+	t.Parallel()
+	const maxAttempts = 2
+	for _, tc := range []struct {
+		code   string // "" for a real FATAL: the backend terminates itself
+		counts bool
+	}{
+		{code: ""},      // FATAL 57P01 from pg_terminate_backend
+		{code: "40001"}, // serialization_failure
+		{code: "40P01"}, // deadlock_detected
+		{code: "53100"}, // disk_full
+		{code: "58030"}, // io_error
+		{code: "57014", counts: true},
+	} {
+		for _, path := range []string{"Handler", "BatchHandler, one round trip", "BatchHandler, ClaimFirst"} {
+			name := tc.code
+			if name == "" {
+				name = "terminated"
+			}
+			t.Run(name+"/"+path, func(t *testing.T) {
+				t.Parallel()
+				e := setup(t, 1)
+				effects, fails, fn := e.db.Table("effects"), e.db.Table("commit_fails"), e.db.Table("fail_at_commit")
+				const victim = "d-2"
+				raise := `PERFORM pg_terminate_backend(pg_backend_pid()); PERFORM pg_sleep(10);`
+				if tc.code != "" {
+					raise = `RAISE EXCEPTION 'the database fails at COMMIT' USING ERRCODE = '` + tc.code + `';`
+				}
+				e.db.Exec(t, `CREATE SEQUENCE `+fails)
+				e.db.Exec(t, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF NEW.message_id = '`+victim+`' AND nextval('`+fails+`') <= `+strconv.Itoa(3*maxAttempts)+` THEN
+		`+raise+`
+	END IF;
+	RETURN NULL;
+END $$`)
+				e.db.Exec(t, `CREATE CONSTRAINT TRIGGER fail_at_commit AFTER INSERT ON `+effects+
+					` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+fn+`()`)
+				var cfg *consumer.Config
+				switch path {
+				case "Handler":
+					cfg = e.config(e.applyHandler())
+				default:
+					cfg = batchConfig(e, queueingBatchHandler(e))
+					cfg.ClaimFirst = path == "BatchHandler, ClaimFirst"
+				}
+				seen := &failuresSeen{}
+				errs := &batchErrors{}
+				cfg.Hooks = append(cfg.Hooks, seen, errs)
+				cfg.Retry.MaxAttempts = maxAttempts
+				// A first batch stores a position, so the next may go in
+				// one round trip.
+				ids := e.produceIDs("w", 1)
+				r := e.start(cfg)
+				e.waitCommitted(map[int]int64{0: 1}, 30*time.Second)
+				ids = append(ids, e.produceIDs("d", 4)...)
+				e.waitCommitted(map[int]int64{0: 5}, 60*time.Second)
+				r.stop()
+
+				require.Empty(t, e.events.snapshot().stopped, "a partition stopped")
+				require.Zero(t, errs.containing("outcome unknown"), "a refused COMMIT was taken for an unknown outcome: %v", errs.errs)
+				if tc.counts {
+					l, ok := e.letters()[victim]
+					require.True(t, ok, "a statement cancelled at COMMIT counts: the victim is set aside")
+					require.Equal(t, deadletter.ClassRetriesExhausted, l.Class)
+					e.check(expectation{ids: ids, poison: []string{victim}})
+					return
+				}
+				require.GreaterOrEqual(t, e.db.Int(t, `SELECT last_value FROM `+fails), int64(3*maxAttempts),
+					"the database failed at the victim's COMMIT more often than MaxAttempts")
+				require.Empty(t, e.letters(), "the database's errors at COMMIT set a message aside")
+				require.Zero(t, seen.n.Load(), "the database's errors at COMMIT were counted as the messages' failures")
+				e.check(expectation{ids: ids})
+			})
+		}
+	}
+}

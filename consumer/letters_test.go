@@ -212,3 +212,99 @@ func TestAPoisonMessageWithATimestampPostgresCannotStoreIsSetAside(t *testing.T)
 	}
 	require.True(t, got.IsZero(), "no time stored, got %v", got)
 }
+
+// The same refusal, found only at COMMIT: a deferred constraint trigger on
+// dead_letters (a check of the operator's, say) refuses every letter when
+// the transaction that writes it commits. Postgres will refuse it again on
+// every retry, whichever message the letter is for, so the partition must
+// stop and say why, as when the refusal comes with the statement; it must
+// not take the refused COMMIT for the messages' fault (setting them
+// aside, which writes another letter the trigger refuses) and go round
+// for ever.
+func TestOwnStatementsRefusedAtCommitForTheirDataStopThePartition(t *testing.T) {
+	t.Parallel()
+	bothWays(t, handlerKinds, func(t *testing.T, batched bool) {
+		e := setup(t, 1)
+		e.db.Exec(t, `CREATE SEQUENCE `+e.db.Table("refusals"))
+		e.db.Exec(t, `CREATE FUNCTION `+e.db.Schema+`.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM nextval('`+e.db.Table("refusals")+`'); RAISE EXCEPTION 'letters refused' USING ERRCODE = '22023'; END $$`)
+		e.db.Exec(t, `CREATE CONSTRAINT TRIGGER refuse AFTER INSERT ON `+e.db.Table("dead_letters")+
+			` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+e.db.Schema+`.refuse()`)
+		e.produceIDs("o", 3)
+		poison := func(m *consumer.Message) error {
+			if m.ID == "o-1" {
+				return consumer.Permanent(errors.New("poison"))
+			}
+			return nil
+		}
+		var cfg *consumer.Config
+		if batched {
+			cfg = batchConfig(e, &batchEffects{e: e, before: func(msgs []*consumer.Message) error {
+				for _, m := range msgs {
+					if err := poison(m); err != nil {
+						return err
+					}
+				}
+				return nil
+			}})
+		} else {
+			apply := e.applyHandler()
+			cfg = e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if err := poison(m); err != nil {
+					return err
+				}
+				return apply.Handle(ctx, tx, m)
+			}))
+		}
+		r := e.start(cfg)
+		stopped := func() bool { return len(e.events.snapshot().stopped) > 0 }
+		deadline := time.Now().Add(30 * time.Second)
+		for !stopped() && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		refusals := e.db.Int(t, `SELECT last_value FROM `+e.db.Table("refusals"))
+		r.stop()
+		require.True(t, stopped(), "the partition did not stop within 30s; Postgres refused the letter's COMMIT %d times", refusals)
+		require.ErrorContains(t, e.events.snapshot().stopped[0], "letters refused")
+		require.Empty(t, e.letters())
+		require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("effects")+` WHERE message_id = 'o-1'`), "the poison has no effect")
+	})
+}
+
+// A refusal of the consumer's own position at COMMIT: a deferred
+// constraint trigger of the operator's on consumer_offsets refuses to move
+// the position past offset 2. Every handler succeeds; no message is at
+// fault, and a retry, or a letter (whose transaction moves the position
+// too), meets the same refusal. The partition must stop and say why, and
+// no good message may be set aside for it (the first refusal, after a
+// handler ran, cannot be told from the handler's own deferred constraint,
+// so one report of a failure is allowed; a second, for a transaction that
+// ran no handler, is not).
+func TestAPositionRefusedAtCommitStopsThePartition(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	e.db.Exec(t, `CREATE SEQUENCE `+e.db.Table("refusals"))
+	e.db.Exec(t, `CREATE FUNCTION `+e.db.Schema+`.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM nextval('`+e.db.Table("refusals")+`'); RAISE EXCEPTION 'position refused' USING ERRCODE = '23514'; END $$`)
+	e.db.Exec(t, `CREATE CONSTRAINT TRIGGER refuse AFTER UPDATE ON `+e.db.Table("consumer_offsets")+
+		` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.next_offset > 2) EXECUTE FUNCTION `+e.db.Schema+`.refuse()`)
+	e.produceIDs("o", 2)
+	seen := &failuresSeen{}
+	cfg := e.config(e.applyHandler())
+	cfg.Hooks = append(cfg.Hooks, seen)
+	r := e.start(cfg)
+	e.waitCommitted(map[int]int64{0: 2}, 30*time.Second)
+	e.produceIDs("p", 3)
+	stopped := func() bool { return len(e.events.snapshot().stopped) > 0 }
+	deadline := time.Now().Add(30 * time.Second)
+	for !stopped() && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	refusals := e.db.Int(t, `SELECT last_value FROM `+e.db.Table("refusals"))
+	r.stop()
+	require.True(t, stopped(), "the partition did not stop within 30s; Postgres refused the position's COMMIT %d times, and %d failures of good messages were reported", refusals, seen.n.Load())
+	require.ErrorContains(t, e.events.snapshot().stopped[0], "position refused")
+	require.Empty(t, e.letters(), "a good message was set aside")
+	require.LessOrEqual(t, seen.n.Load(), int32(1), "good messages were reported failed")
+	require.Equal(t, map[int]int64{0: 2}, e.storedPositions())
+}

@@ -233,11 +233,13 @@ func (a *txAttempt) positionLost(prev *int64) *positionLostError {
 }
 
 // handled is what the handlers did in a transaction: the BatchHandler's
-// Batch (nil without one), where the transaction ends (end: it commits
-// items[:end]; cut, when a message cut it short, with its failure), and
-// the messages set aside inside it.
+// Batch (nil without one), how many messages a handler was called for
+// (ran), where the transaction ends (end: it commits items[:end]; cut,
+// when a message cut it short, with its failure), and the messages set
+// aside inside it.
 type handled struct {
 	batch      *Batch
+	ran        int
 	end, cut   int
 	fail       *failure
 	dlIDs      []string
@@ -256,6 +258,9 @@ func (a *txAttempt) handle(hctx, ctx context.Context, tx pgx.Tx) (h handled, out
 	if batched {
 		if h.batch, out = a.handleBatch(hctx, ctx, tx); out.kind != succeeded {
 			return h, out
+		}
+		if h.batch != nil {
+			h.ran += len(h.batch.Messages)
 		}
 	}
 	// In savepoint mode one savepoint stays open: releasing the previous
@@ -281,6 +286,7 @@ func (a *txAttempt) handle(hctx, ctx context.Context, tx pgx.Tx) (h handled, out
 		cctx, endCall := a.hooks.enterHandler(hctx, &items[i].msg)
 		a.openCall.Store(&endCall) // ended by runTx if the call is abandoned
 		a.progress.step()
+		h.ran++
 		err := a.user.call(cctx, a.uc, i, tx, &items[i].msg)
 		a.openCall.Store(nil)
 		endCall(err)
@@ -496,16 +502,16 @@ func (a *txAttempt) commitFailed(ce *commitError, h *handled, userStatements, cl
 	case ce.stmt == notSent:
 		return infra(fmt.Errorf("commit: nothing was sent: %w", ce.err))
 	case errors.As(ce.err, &pgErr) && pgErr.Code == positions.TxEnded:
-		return a.txEnded(h.batch, h.end, ce.err)
+		return a.txEnded(h, ce.err)
 	case pgErr != nil && pgErr.Code == readOnlyTransaction && ce.stmt >= userStatements:
 		// The batch wrote when it began, so the server was not read only
 		// then, and a transaction does not turn read only by itself: a
 		// handler made it so (set_config), as it would on every retry.
-		return a.handlersFailed(h.end, fmt.Errorf("the consumer's closing statements found the transaction made read only by a handler: %w", ce.err))
+		return a.handlersFailed(h, fmt.Errorf("the consumer's closing statements found the transaction made read only by a handler: %w", ce.err))
 	case ce.stmt < userStatements:
 		return a.batchFailed(h.batch, ce.err)
 	case ce.stmt == closing:
-		return a.commitRefused(h.end, ce.err)
+		return a.commitRefused(h, ce.err)
 	}
 	return a.ownStatementFailed(ce.err)
 }

@@ -93,9 +93,10 @@ func (a *txAttempt) commitUnknown(err error) txOutcome {
 
 // commitRefused is the outcome of a COMMIT the server refused. A
 // serialisation failure is the database's; anything else was caused by
-// what the handlers wrote (a deferred constraint checked at COMMIT).
-func (a *txAttempt) commitRefused(end int, err error) txOutcome {
-	return a.handlersFailed(end, fmt.Errorf("commit refused: %w", err))
+// what the handlers wrote (a deferred constraint checked at COMMIT), or by
+// the consumer's own rows when no handler ran.
+func (a *txAttempt) commitRefused(h *handled, err error) txOutcome {
+	return a.handlersFailed(h, fmt.Errorf("commit refused: %w", err))
 }
 
 // txEnded is the outcome of a transaction that a statement of the
@@ -106,29 +107,35 @@ func (a *txAttempt) commitRefused(end int, err error) txOutcome {
 // the Batch's messages are tried one per call; otherwise one per
 // transaction (a handler whose COMMIT or ROLLBACK left the connection
 // outside any transaction is caught after its call instead).
-func (a *txAttempt) txEnded(batch *Batch, end int, err error) txOutcome {
+func (a *txAttempt) txEnded(h *handled, err error) txOutcome {
 	err = fmt.Errorf("%w (%w)", kafkaoncetype.ErrTxEnded, err)
-	if batch != nil {
-		return a.batchFailed(batch, err)
+	if h.batch != nil {
+		return a.batchFailed(h.batch, err)
 	}
-	return a.handlersFailed(end, err)
+	return a.handlersFailed(h, err)
 }
 
 // handlersFailed is the outcome of a transaction that what its handlers
 // did made fail, at the end, when it can no longer tell which of them:
 // with one message that message failed, with several a transaction per
-// message tells which. A failure of the database's is retried.
-func (a *txAttempt) handlersFailed(end int, err error) txOutcome {
+// message tells which. A failure of the database's is retried. When no
+// handler ran (the transaction only set messages aside, or skipped
+// duplicates), nothing of theirs can have failed: the refusal is of the
+// consumer's own rows, and blaming a message would set it aside in a
+// transaction refused the same way, again and again.
+func (a *txAttempt) handlersFailed(h *handled, err error) txOutcome {
 	f := a.classify(err)
 	switch {
 	case f.class == classInfra:
 		return infra(err)
-	case end == 1:
+	case h.ran == 0:
+		return a.ownStatementFailed(err)
+	case h.end == 1:
 		merr, f := a.messageFailure(&a.items[0].msg, err)
 		return failedMessage(0, merr, f)
 	}
 	return txOutcome{kind: oneByOne, err: fmt.Errorf("the %d messages at offsets %d to %d: %w; applying them one per transaction",
-		end, a.items[0].msg.Offset, a.items[end-1].msg.Offset, err)}
+		h.end, a.items[0].msg.Offset, a.items[h.end-1].msg.Offset, err)}
 }
 
 // ownStatementFailed is the outcome of a failure of one of the

@@ -31,7 +31,7 @@ func TestOutcomeKinds(t *testing.T) {
 		for _, out := range []txOutcome{
 			infra(errors.New("x")),
 			failedMessage(1, errors.New("x"), newFailure(classTransient, "", errors.New("x"))),
-			s.a.handlersFailed(3, errors.New("x")),
+			s.a.handlersFailed(handledOver(3, nil), errors.New("x")),
 			s.a.batchFailed(s.batchOf(0, 1, 2), errors.New("x")),
 			s.a.ownStatementFailed(pgErr("22003")),
 		} {
@@ -99,6 +99,38 @@ func TestCommitFailed(t *testing.T) {
 				require.Equal(t, tc.failedAt, out.failedAt)
 				require.NotNil(t, out.fail)
 			}
+		})
+	}
+}
+
+// TestCommitFailedWithNoHandlerRun covers a transaction in which no
+// handler ran (it set its messages aside, or skipped duplicates): a
+// refusal of it is the consumer's own, never a message's, since setting
+// the message aside would meet the same refusal.
+func TestCommitFailedWithNoHandlerRun(t *testing.T) {
+	t.Parallel()
+	const closing = 4
+	cases := []struct {
+		name     string
+		ce       *commitError
+		messages int
+		kind     outcomeKind
+	}{
+		{"COMMIT refused a letter for good", &commitError{stmt: closing, err: pgErr("22023")}, 1, stopped},
+		{"COMMIT refused the position for good, several", &commitError{stmt: closing, err: pgErr("23514")}, 3, stopped},
+		{"COMMIT timed out", &commitError{stmt: closing, err: pgErr("57014")}, 1, txFailed},
+		{"COMMIT lost a serialization race", &commitError{stmt: closing, err: pgErr("40001")}, 1, lostRace},
+		{"COMMIT rolled back an aborted block", &commitError{stmt: closing, err: pgx.ErrTxCommitRollback}, 2, txFailed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSetup(t, tc.messages)
+			h := handledOver(tc.messages, nil)
+			h.ran = 0
+			out := s.a.commitFailed(tc.ce, h, 0, closing)
+			require.Equal(t, tc.kind, out.kind, "outcome %v", out.err)
+			require.ErrorIs(t, out.err, tc.ce.err)
 		})
 	}
 }

@@ -62,7 +62,8 @@ func (s *setup) batchOf(index ...int) *Batch {
 }
 
 // handled is what claimFirst's handle step reports for a transaction over
-// the first end messages, with b the BatchHandler's Batch (or nil).
+// the first end messages, each handled, with b the BatchHandler's Batch
+// (or nil).
 func handledOver(end int, b *Batch) *handled {
-	return &handled{batch: b, end: end, cut: -1}
+	return &handled{batch: b, ran: end, end: end, cut: -1}
 }

@@ -417,3 +417,77 @@ func TestEveryTransactionSetsTheSessionTimeouts(t *testing.T) {
 	}
 	e.requireExactlyOnce(ids)
 }
+
+// armOnBatchStart makes the proxy drop the reply to the next COMMIT when the
+// n-th transaction of the consumer's batches starts (counting from 1).
+type armOnBatchStart struct {
+	proxy   *faultproxy.Proxy
+	n       int32
+	batches *atomic.Int32
+}
+
+func (a armOnBatchStart) OnBatchStart(context.Context, consumer.BatchInfo) {
+	if a.batches.Add(1) == a.n {
+		a.proxy.DropAfterCommits(1)
+	}
+}
+
+// A transaction that sets a message aside commits its dead letter with the
+// rest of the batch; here its COMMIT reaches the server, which commits, and
+// the reply is lost. The outcome is unknown, so the batch runs again with
+// the same plan: the claims find every message, the one set aside among
+// them (claimed dead-lettered, with the same content), so nothing is
+// applied twice and no second letter is written for it; the Kafka offset
+// waits for the run that knows.
+func TestCommitReplyLostWithADeadLetterInTheBatchSetsItAsideOnce(t *testing.T) {
+	t.Parallel()
+	bothWays(t, handlerKinds, func(t *testing.T, batched bool) {
+		e := setup(t, 1)
+		proxy, err := faultproxy.Start(e.db.ServerAddr(t))
+		require.NoError(t, err)
+		t.Cleanup(func() { proxy.Close() })
+
+		const victim = "d-2"
+		poison := func(m *consumer.Message) error {
+			if m.ID == victim {
+				return consumer.Permanent(errors.New("undecodable"))
+			}
+			return nil
+		}
+		var cfg *consumer.Config
+		if batched {
+			cfg = batchConfig(e, &batchEffects{e: e, before: func(msgs []*consumer.Message) error {
+				for _, m := range msgs {
+					if err := poison(m); err != nil {
+						return err
+					}
+				}
+				return nil
+			}})
+		} else {
+			apply := e.applyHandler()
+			cfg = e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if err := poison(m); err != nil {
+					return err
+				}
+				return apply.Handle(ctx, tx, m)
+			}))
+		}
+		// The first transaction fails on the victim and rolls back (no
+		// COMMIT); the next one (for a BatchHandler: one call per message,
+		// each in a savepoint) sets it aside and commits.
+		const n = 2
+		errs := &batchErrors{}
+		cfg.Hooks = append(cfg.Hooks, errs, armOnBatchStart{proxy: proxy, n: n, batches: &atomic.Int32{}})
+		ids := e.produceIDs("d", 6)
+		r := e.start(cfg, e.db.PoolVia(t, proxy.Addr()))
+		e.waitCommitted(map[int]int64{0: 6}, 60*time.Second)
+		r.stop()
+
+		require.EqualValues(t, 1, proxy.Dropped(), "the fault was injected")
+		require.Equal(t, 1, errs.containing("commit outcome unknown"), "the lost reply was seen as an unknown outcome: %v", errs.errs)
+		require.EqualValues(t, 1, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("dead_letters")+` WHERE message_id = $1`, victim), "letters for the victim")
+		require.Equal(t, map[int]int64{0: 6}, e.storedPositions())
+		e.check(expectation{ids: ids, poison: []string{victim}})
+	})
+}

@@ -96,3 +96,43 @@ func TestAQueuedArgumentThatCannotBeEncodedFailsItsMessage(t *testing.T) {
 		e.check(expectation{ids: ids, poison: []string{"u-2"}})
 	})
 }
+
+// A queued statement the server refuses to prepare (a table a deploy has
+// not created yet) is refused before the batch is sent: pgx prepares the
+// batch's new statements in a round trip of their own, before BEGIN's
+// pipeline in a one-trip batch and inside the open transaction when
+// claiming first (where the refusal aborts it). Either way nothing
+// committed and the outcome is known: the message that queued the
+// statement fails, counted (a deploy may fix it), and is set aside once
+// its attempts ran out; the rest of its batch is applied once.
+func TestAQueuedStatementTheServerCannotPrepareFailsItsMessage(t *testing.T) {
+	t.Parallel()
+	bothWays(t, batchPaths, func(t *testing.T, claimFirst bool) {
+		e := setup(t, 1)
+		missing := e.db.Table("not_deployed_yet")
+		failed := &batchErrors{}
+		cfg := batchConfig(e, &batchEffects{e: e, extra: func(b *consumer.Batch) {
+			for _, m := range b.Messages {
+				if m.ID == "u-2" {
+					b.Queue(`INSERT INTO `+missing+` (id) VALUES ($1)`, m.ID)
+				}
+			}
+		}})
+		cfg.ClaimFirst = claimFirst
+		cfg.Retry.MaxAttempts = 2
+		cfg.Hooks = append(cfg.Hooks, failed)
+		ids := e.produceIDs("w", 1)
+		r := e.start(cfg)
+		e.waitCommitted(map[int]int64{0: 1}, 30*time.Second)
+		ids = append(ids, e.produceIDs("u", 6)...)
+		e.waitCommitted(map[int]int64{0: 7}, 60*time.Second)
+		r.stop()
+
+		l := e.letters()["u-2"]
+		require.Equal(t, deadletter.ClassRetriesExhausted, l.Class, "u-2's letter: %s", l.Error)
+		require.Contains(t, l.Error, "not_deployed_yet")
+		require.Zero(t, failed.containing("outcome unknown"))
+		require.Empty(t, e.events.snapshot().stopped)
+		e.check(expectation{ids: ids, poison: []string{"u-2"}})
+	})
+}

@@ -21,6 +21,8 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
+func TestMain(m *testing.M) { testenv.Main(m) }
+
 // payments is a small payments API over a real database and real HTTP on
 // loopback: POST /v1/payments inserts a payment and answers 201 with it.
 type payments struct {

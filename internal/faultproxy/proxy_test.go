@@ -14,6 +14,8 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
+func TestMain(m *testing.M) { testenv.Main(m) }
+
 // proxied starts a database of the test's own, a proxy in front of it, a
 // pool of one connection through the proxy, and a table to write to.
 func proxied(t *testing.T) (*testenv.DB, *faultproxy.Proxy, *pgxpool.Pool, string) {

@@ -32,6 +32,7 @@ type Kafka struct {
 // NewKafka returns the test binary's broker, starting it on first use.
 func NewKafka(tb testing.TB) *Kafka {
 	tb.Helper()
+	requireMain(tb)
 	kafkaShared.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()

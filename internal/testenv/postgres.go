@@ -27,6 +27,7 @@ var pg struct {
 // first use.
 func PostgresServer(tb testing.TB) *devenv.Postgres {
 	tb.Helper()
+	requireMain(tb)
 	pg.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()

@@ -16,7 +16,8 @@
 //
 //	func TestMain(m *testing.M) { testenv.Main(m) }
 //
-// which stops what was started and then checks for leaked goroutines.
+// which stops what was started and then checks for leaked goroutines; a
+// test that asks for a server in a package without it fails, saying so.
 package testenv
 
 import (
@@ -35,6 +36,10 @@ import (
 var cleanups struct {
 	sync.Mutex
 	fns []func()
+	// main is set while Main runs the tests: without it, nothing would stop
+	// what atExit is given (a throwaway cluster would outlive the test
+	// binary), and no one would look for leaked goroutines.
+	main bool
 }
 
 // atExit registers fn to run when Main finishes, after all tests.
@@ -44,9 +49,23 @@ func atExit(fn func()) {
 	cleanups.fns = append(cleanups.fns, fn)
 }
 
+// requireMain fails the test when its package has no TestMain calling
+// Main: the servers it is about to get would never be stopped.
+func requireMain(tb testing.TB) {
+	tb.Helper()
+	cleanups.Lock()
+	defer cleanups.Unlock()
+	if !cleanups.main {
+		tb.Fatalf("testenv: this package's tests need func TestMain(m *testing.M) { testenv.Main(m) }, which stops the servers they start and checks for leaked goroutines")
+	}
+}
+
 // Main runs the tests, stops the servers the tests started and fails when
 // goroutines outlive the tests.
 func Main(m *testing.M) {
+	cleanups.Lock()
+	cleanups.main = true
+	cleanups.Unlock()
 	code := m.Run()
 	cleanups.Lock()
 	for i := len(cleanups.fns) - 1; i >= 0; i-- {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
@@ -76,6 +77,29 @@ func batchConfig(e *env, h consumer.BatchHandler) *consumer.Config {
 	cfg := e.config(nil)
 	cfg.Handler, cfg.BatchHandler = nil, h
 	return cfg
+}
+
+// checkedConfig is e's config applying each message once after check
+// passed it: with a Handler, a message fails with check's error; batched,
+// with a BatchHandler, the call fails with the first message's error.
+func (e *env) checkedConfig(batched bool, check func(*consumer.Message) error) *consumer.Config {
+	if batched {
+		return batchConfig(e, &batchEffects{e: e, before: func(msgs []*consumer.Message) error {
+			for _, m := range msgs {
+				if err := check(m); err != nil {
+					return err
+				}
+			}
+			return nil
+		}})
+	}
+	apply := e.applyHandler()
+	return e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := check(m); err != nil {
+			return err
+		}
+		return apply.Handle(ctx, tx, m)
+	}))
 }
 
 // Producer re-sends (the same ids and content again, later in the log) are

@@ -454,25 +454,7 @@ func TestCommitReplyLostWithADeadLetterInTheBatchSetsItAsideOnce(t *testing.T) {
 			}
 			return nil
 		}
-		var cfg *consumer.Config
-		if batched {
-			cfg = batchConfig(e, &batchEffects{e: e, before: func(msgs []*consumer.Message) error {
-				for _, m := range msgs {
-					if err := poison(m); err != nil {
-						return err
-					}
-				}
-				return nil
-			}})
-		} else {
-			apply := e.applyHandler()
-			cfg = e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-				if err := poison(m); err != nil {
-					return err
-				}
-				return apply.Handle(ctx, tx, m)
-			}))
-		}
+		cfg := e.checkedConfig(batched, poison)
 		// The first transaction fails on the victim and rolls back (no
 		// COMMIT); the next one (for a BatchHandler: one call per message,
 		// each in a savepoint) sets it aside and commits.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,25 +44,7 @@ func TestLettersOfTextPostgresRefusesAreWritten(t *testing.T) {
 			}
 			return nil
 		}
-		var cfg *consumer.Config
-		if batched {
-			cfg = batchConfig(e, &batchEffects{e: e, before: func(msgs []*consumer.Message) error {
-				for _, m := range msgs {
-					if err := decode(m); err != nil {
-						return err
-					}
-				}
-				return nil
-			}})
-		} else {
-			apply := e.applyHandler()
-			cfg = e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-				if err := decode(m); err != nil {
-					return err
-				}
-				return apply.Handle(ctx, tx, m)
-			}))
-		}
+		cfg := e.checkedConfig(batched, decode)
 		r := e.start(cfg)
 		e.waitCommitted(map[int]int64{0: 6}, 30*time.Second)
 		r.stop()
@@ -225,11 +208,7 @@ func TestOwnStatementsRefusedAtCommitForTheirDataStopThePartition(t *testing.T) 
 	t.Parallel()
 	bothWays(t, handlerKinds, func(t *testing.T, batched bool) {
 		e := setup(t, 1)
-		e.db.Exec(t, `CREATE SEQUENCE `+e.db.Table("refusals"))
-		e.db.Exec(t, `CREATE FUNCTION `+e.db.Schema+`.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN PERFORM nextval('`+e.db.Table("refusals")+`'); RAISE EXCEPTION 'letters refused' USING ERRCODE = '22023'; END $$`)
-		e.db.Exec(t, `CREATE CONSTRAINT TRIGGER refuse AFTER INSERT ON `+e.db.Table("dead_letters")+
-			` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+e.db.Schema+`.refuse()`)
+		refusals := refuseAtCommit(t, e, "INSERT ON dead_letters", "", "22023", "letters refused")
 		e.produceIDs("o", 3)
 		poison := func(m *consumer.Message) error {
 			if m.ID == "o-1" {
@@ -237,34 +216,11 @@ BEGIN PERFORM nextval('`+e.db.Table("refusals")+`'); RAISE EXCEPTION 'letters re
 			}
 			return nil
 		}
-		var cfg *consumer.Config
-		if batched {
-			cfg = batchConfig(e, &batchEffects{e: e, before: func(msgs []*consumer.Message) error {
-				for _, m := range msgs {
-					if err := poison(m); err != nil {
-						return err
-					}
-				}
-				return nil
-			}})
-		} else {
-			apply := e.applyHandler()
-			cfg = e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-				if err := poison(m); err != nil {
-					return err
-				}
-				return apply.Handle(ctx, tx, m)
-			}))
-		}
+		cfg := e.checkedConfig(batched, poison)
 		r := e.start(cfg)
-		stopped := func() bool { return len(e.events.snapshot().stopped) > 0 }
-		deadline := time.Now().Add(30 * time.Second)
-		for !stopped() && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
-		}
-		refusals := e.db.Int(t, `SELECT last_value FROM `+e.db.Table("refusals"))
+		stopped := e.stoppedWithin(30 * time.Second)
 		r.stop()
-		require.True(t, stopped(), "the partition did not stop within 30s; Postgres refused the letter's COMMIT %d times", refusals)
+		require.True(t, stopped, "the partition did not stop within 30s; Postgres refused the letter's COMMIT %d times", refusals())
 		require.ErrorContains(t, e.events.snapshot().stopped[0], "letters refused")
 		require.Empty(t, e.letters())
 		require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("effects")+` WHERE message_id = 'o-1'`), "the poison has no effect")
@@ -283,11 +239,7 @@ BEGIN PERFORM nextval('`+e.db.Table("refusals")+`'); RAISE EXCEPTION 'letters re
 func TestAPositionRefusedAtCommitStopsThePartition(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
-	e.db.Exec(t, `CREATE SEQUENCE `+e.db.Table("refusals"))
-	e.db.Exec(t, `CREATE FUNCTION `+e.db.Schema+`.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN PERFORM nextval('`+e.db.Table("refusals")+`'); RAISE EXCEPTION 'position refused' USING ERRCODE = '23514'; END $$`)
-	e.db.Exec(t, `CREATE CONSTRAINT TRIGGER refuse AFTER UPDATE ON `+e.db.Table("consumer_offsets")+
-		` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.next_offset > 2) EXECUTE FUNCTION `+e.db.Schema+`.refuse()`)
+	refusals := refuseAtCommit(t, e, "UPDATE ON consumer_offsets", "NEW.next_offset > 2", "23514", "position refused")
 	e.produceIDs("o", 2)
 	seen := &failuresSeen{}
 	cfg := e.config(e.applyHandler())
@@ -295,16 +247,42 @@ BEGIN PERFORM nextval('`+e.db.Table("refusals")+`'); RAISE EXCEPTION 'position r
 	r := e.start(cfg)
 	e.waitCommitted(map[int]int64{0: 2}, 30*time.Second)
 	e.produceIDs("p", 3)
-	stopped := func() bool { return len(e.events.snapshot().stopped) > 0 }
-	deadline := time.Now().Add(30 * time.Second)
-	for !stopped() && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	refusals := e.db.Int(t, `SELECT last_value FROM `+e.db.Table("refusals"))
+	stopped := e.stoppedWithin(30 * time.Second)
 	r.stop()
-	require.True(t, stopped(), "the partition did not stop within 30s; Postgres refused the position's COMMIT %d times, and %d failures of good messages were reported", refusals, seen.n.Load())
+	require.True(t, stopped, "the partition did not stop within 30s; Postgres refused the position's COMMIT %d times, and %d failures of good messages were reported", refusals(), seen.n.Load())
 	require.ErrorContains(t, e.events.snapshot().stopped[0], "position refused")
 	require.Empty(t, e.letters(), "a good message was set aside")
 	require.LessOrEqual(t, seen.n.Load(), int32(1), "good messages were reported failed")
 	require.Equal(t, map[int]int64{0: 2}, e.storedPositions())
+}
+
+// refuseAtCommit has Postgres refuse, at COMMIT, every transaction that
+// fires on (an event on one of the consumer's tables, "INSERT ON
+// dead_letters"), when the condition when holds (empty: always), raising
+// text with SQLSTATE code, as a deferred check of an operator's would. It
+// returns a count of the refusals so far.
+func refuseAtCommit(t *testing.T, e *env, on, when, code, text string) (refusals func() int64) {
+	t.Helper()
+	event, table, _ := strings.Cut(on, " ON ")
+	counter := e.db.Table("refusals")
+	e.db.Exec(t, `CREATE SEQUENCE `+counter)
+	e.db.Exec(t, `CREATE FUNCTION `+e.db.Schema+`.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM nextval('`+counter+`'); RAISE EXCEPTION '`+text+`' USING ERRCODE = '`+code+`'; END $$`)
+	if when != "" {
+		when = "WHEN (" + when + ") "
+	}
+	e.db.Exec(t, `CREATE CONSTRAINT TRIGGER refuse AFTER `+event+` ON `+e.db.Table(table)+
+		` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW `+when+`EXECUTE FUNCTION `+e.db.Schema+`.refuse()`)
+	return func() int64 { return e.db.Int(t, `SELECT last_value FROM `+counter) }
+}
+
+// stoppedWithin reports whether a partition of e's consumer stopped within
+// d.
+func (e *env) stoppedWithin(d time.Duration) bool {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if len(e.events.snapshot().stopped) > 0 {
+			return true
+		}
+	}
+	return len(e.events.snapshot().stopped) > 0
 }

@@ -418,20 +418,6 @@ func TestEveryTransactionSetsTheSessionTimeouts(t *testing.T) {
 	e.requireExactlyOnce(ids)
 }
 
-// armOnBatchStart makes the proxy drop the reply to the next COMMIT when the
-// n-th transaction of the consumer's batches starts (counting from 1).
-type armOnBatchStart struct {
-	proxy   *faultproxy.Proxy
-	n       int32
-	batches *atomic.Int32
-}
-
-func (a armOnBatchStart) OnBatchStart(context.Context, consumer.BatchInfo) {
-	if a.batches.Add(1) == a.n {
-		a.proxy.DropAfterCommits(1)
-	}
-}
-
 // A transaction that sets a message aside commits its dead letter with the
 // rest of the batch; here its COMMIT reaches the server, which commits, and
 // the reply is lost. The outcome is unknown, so the batch runs again with
@@ -460,7 +446,7 @@ func TestCommitReplyLostWithADeadLetterInTheBatchSetsItAsideOnce(t *testing.T) {
 		// each in a savepoint) sets it aside and commits.
 		const n = 2
 		errs := &batchErrors{}
-		cfg.Hooks = append(cfg.Hooks, errs, armOnBatchStart{proxy: proxy, n: n, batches: &atomic.Int32{}})
+		cfg.Hooks = append(cfg.Hooks, errs, armOnBatch{proxy: proxy, n: n, batches: &atomic.Int32{}})
 		ids := e.produceIDs("d", 6)
 		r := e.start(cfg, e.db.PoolVia(t, proxy.Addr()))
 		e.waitCommitted(map[int]int64{0: 6}, 60*time.Second)

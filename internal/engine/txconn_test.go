@@ -73,60 +73,28 @@ END $$`)
 		want want
 	}{
 		{name: "success", closing: func(tag string) *pgx.Batch {
-			b := &pgx.Batch{}
-			b.Queue(insert, tag)
-			b.Queue(`SELECT 1`)
-			b.Queue(`SELECT 2`)
-			return b
+			return queued([]any{insert, tag}, []any{`SELECT 1`}, []any{`SELECT 2`})
 		}, want: want{stmt: 0, committed: true}},
 		{name: "a statement fails", closing: func(tag string) *pgx.Batch {
-			b := &pgx.Batch{}
-			b.Queue(insert, tag)
-			b.Queue(`SELECT 1/0`)
-			b.Queue(`SELECT 2`)
-			return b
+			return queued([]any{insert, tag}, []any{`SELECT 1/0`}, []any{`SELECT 2`})
 		}, want: want{stmt: 1, code: "22012"}},
 		{name: "a deferred constraint at COMMIT", closing: func(tag string) *pgx.Batch {
-			b := &pgx.Batch{}
-			b.Queue(insert, tag)
-			b.Queue(insertKey, tag)
-			b.Queue(insertKey, tag)
-			return b
+			return queued([]any{insert, tag}, []any{insertKey, tag}, []any{insertKey, tag})
 		}, want: want{stmt: commitAt, code: "23505"}},
 		{name: "an argument pgx cannot encode", closing: func(tag string) *pgx.Batch {
-			b := &pgx.Batch{}
-			b.Queue(insert, tag)
-			b.Queue(`SELECT 1`)
-			b.Queue(`SELECT $1::int`, make(chan int))
-			return b
+			return queued([]any{insert, tag}, []any{`SELECT 1`}, []any{`SELECT $1::int`, make(chan int)})
 		}, want: want{stmt: 2, pre: true}},
 		{name: "a statement the server cannot prepare", closing: func(tag string) *pgx.Batch {
-			b := &pgx.Batch{}
-			b.Queue(insert, tag)
-			b.Queue(`INSERT INTO `+db.Table("not_there")+` VALUES ($1)`, tag)
-			b.Queue(`SELECT 2`)
-			return b
+			return queued([]any{insert, tag}, []any{`INSERT INTO ` + db.Table("not_there") + ` VALUES ($1)`, tag}, []any{`SELECT 2`})
 		}, want: want{stmt: 1, code: "42P01", pre: true}},
 		{name: "the session ends at COMMIT", closing: func(tag string) *pgx.Batch {
-			b := &pgx.Batch{}
-			b.Queue(insert, tag)
-			b.Queue(insertKey, "fatal")
-			b.Queue(`SELECT 2`)
-			return b
+			return queued([]any{insert, tag}, []any{insertKey, "fatal"}, []any{`SELECT 2`})
 		}, want: want{stmt: commitAt, code: "57P01"}},
 		{name: "the connection was closed before", closing: func(tag string) *pgx.Batch {
-			b := &pgx.Batch{}
-			b.Queue(insert, tag)
-			b.Queue(`SELECT 1`)
-			b.Queue(`SELECT 2`)
-			return b
+			return queued([]any{insert, tag}, []any{`SELECT 1`}, []any{`SELECT 2`})
 		}, before: func(bt *batchTx) { _ = bt.tx.Conn().PgConn().Close(ctx) }, want: want{stmt: notSent}},
 		{name: "the reply to COMMIT is lost", closing: func(tag string) *pgx.Batch {
-			b := &pgx.Batch{}
-			b.Queue(insert, tag)
-			b.Queue(`SELECT 1`)
-			b.Queue(`SELECT 2`)
-			return b
+			return queued([]any{insert, tag}, []any{`SELECT 1`}, []any{`SELECT 2`})
 		}, drop: true, want: want{stmt: -1, committed: true}},
 	} {
 		for _, oneTrip := range []bool{false, true} {
@@ -194,4 +162,14 @@ END $$`)
 			})
 		}
 	}
+}
+
+// queued is a batch of the statements given, each a query and its
+// arguments.
+func queued(statements ...[]any) *pgx.Batch {
+	b := &pgx.Batch{}
+	for _, st := range statements {
+		b.Queue(st[0].(string), st[1:]...)
+	}
+	return b
 }

@@ -50,10 +50,10 @@ func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, msg *Message) error 
 // per message. The rules of Handler hold for the Batch's Tx and messages.
 //
 // HandleBatch gets the messages of a fetched batch that this transaction
-// claims, in offset order: messages already applied (duplicates) are not
-// in a call whose transaction commits. When it returns nil, the consumer
-// commits the claims, the effects and the new position together, as for a
-// Handler.
+// claims, in offset order (duplicates are not in a call whose transaction
+// commits), within HandlerTimeout for the whole call. When it returns nil,
+// the consumer commits the claims, the effects and the new position
+// together, as for a Handler.
 //
 // One round trip: when a handler only queues its statements (Batch.Queue)
 // and never touches Batch.Tx, the consumer calls it before claiming and
@@ -74,8 +74,6 @@ func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, msg *Message) error 
 // dead-lettered on its own and its neighbours are applied once. A
 // BatchHandler must therefore give the same result for messages handled
 // together or one at a time. Redrive calls it with one message.
-//
-// HandlerTimeout bounds each call, however many messages it has.
 type BatchHandler interface {
 	HandleBatch(ctx context.Context, b *Batch) error
 }

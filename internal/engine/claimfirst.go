@@ -233,13 +233,11 @@ func (a *txAttempt) positionLost(prev *int64) *positionLostError {
 }
 
 // handled is what the handlers did in a transaction: the BatchHandler's
-// Batch (nil without one), how many messages a handler was called for
-// (ran), where the transaction ends (end: it commits items[:end]; cut,
-// when a message cut it short, with its failure), and the messages set
-// aside inside it.
+// Batch (nil without one), where the transaction ends (end: it commits
+// items[:end]; cut, when a message cut it short, with its failure), and
+// the messages set aside inside it.
 type handled struct {
 	batch      *Batch
-	ran        int
 	end, cut   int
 	fail       *failure
 	dlIDs      []string
@@ -258,9 +256,6 @@ func (a *txAttempt) handle(hctx, ctx context.Context, tx pgx.Tx) (h handled, out
 	if batched {
 		if h.batch, out = a.handleBatch(hctx, ctx, tx); out.kind != succeeded {
 			return h, out
-		}
-		if h.batch != nil {
-			h.ran += len(h.batch.Messages)
 		}
 	}
 	// In savepoint mode one savepoint stays open: releasing the previous
@@ -286,7 +281,6 @@ func (a *txAttempt) handle(hctx, ctx context.Context, tx pgx.Tx) (h handled, out
 		cctx, endCall := a.hooks.enterHandler(hctx, &items[i].msg)
 		a.openCall.Store(&endCall) // ended by runTx if the call is abandoned
 		a.progress.step()
-		h.ran++
 		err := a.user.call(cctx, a.uc, i, tx, &items[i].msg)
 		a.openCall.Store(nil)
 		endCall(err)

@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
@@ -94,7 +95,7 @@ func (a *txAttempt) commitUnknown(err error) txOutcome {
 // commitRefused is the outcome of a COMMIT the server refused. A
 // serialisation failure is the database's; anything else was caused by
 // what the handlers wrote (a deferred constraint checked at COMMIT), or by
-// the consumer's own rows when no handler ran.
+// the consumer's own rows when the transaction applies no message.
 func (a *txAttempt) commitRefused(h *handled, err error) txOutcome {
 	return a.handlersFailed(h, fmt.Errorf("commit refused: %w", err))
 }
@@ -118,17 +119,19 @@ func (a *txAttempt) txEnded(h *handled, err error) txOutcome {
 // handlersFailed is the outcome of a transaction that what its handlers
 // did made fail, at the end, when it can no longer tell which of them:
 // with one message that message failed, with several a transaction per
-// message tells which. A failure of the database's is retried. When no
-// handler ran (the transaction only set messages aside, or skipped
-// duplicates), nothing of theirs can have failed: the refusal is of the
-// consumer's own rows, and blaming a message would set it aside in a
-// transaction refused the same way, again and again.
+// message tells which. A failure of the database's is retried. When the
+// transaction applies no message (it only sets messages aside, or skips
+// duplicates), it commits nothing a handler wrote (a handler whose
+// message was set aside in a savepoint had its writes rolled back with
+// it): the refusal is of the consumer's own rows, and blaming a message
+// would set it aside in a transaction refused the same way, again and
+// again.
 func (a *txAttempt) handlersFailed(h *handled, err error) txOutcome {
 	f := a.classify(err)
 	switch {
 	case f.class == classInfra:
 		return infra(err)
-	case h.ran == 0:
+	case !slices.Contains(a.st.fates[:h.end], fateApplied):
 		return a.ownStatementFailed(err)
 	case h.end == 1:
 		merr, f := a.messageFailure(&a.items[0].msg, err)

@@ -103,10 +103,10 @@ func TestCommitFailed(t *testing.T) {
 	}
 }
 
-// TestCommitFailedWithNoHandlerRun covers a transaction in which no
-// handler ran (it set its messages aside, or skipped duplicates): a
-// refusal of it is the consumer's own, never a message's, since setting
-// the message aside would meet the same refusal.
+// TestCommitFailedWithNoHandlerRun covers a transaction that applies no
+// message (it sets its messages aside, or skips duplicates): a refusal of
+// it is the consumer's own, never a message's, since setting the message
+// aside would meet the same refusal.
 func TestCommitFailedWithNoHandlerRun(t *testing.T) {
 	t.Parallel()
 	const closing = 4
@@ -126,9 +126,10 @@ func TestCommitFailedWithNoHandlerRun(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s := newSetup(t, tc.messages)
-			h := handledOver(tc.messages, nil)
-			h.ran = 0
-			out := s.a.commitFailed(tc.ce, h, 0, closing)
+			for i := range s.a.st.fates {
+				s.a.st.fates[i] = fateDeadLettered
+			}
+			out := s.a.commitFailed(tc.ce, handledOver(tc.messages, nil), 0, closing)
 			require.Equal(t, tc.kind, out.kind, "outcome %v", out.err)
 			require.ErrorIs(t, out.err, tc.ce.err)
 		})

@@ -39,6 +39,7 @@ func newSetup(t *testing.T, n int) *setup {
 			end: off + 1, fp: fingerprintOf(i), repeatOf: -1}
 	}
 	a := &txAttempt{deps: d, topic: "t", items: items, next: firstOffset, positionKnown: true, st: &batchState{}}
+	a.st.reset(n) // every message applied, until a test says otherwise
 	a.p = plan{n: n, savepointFrom: n}
 	return &setup{a: a}
 }
@@ -62,8 +63,7 @@ func (s *setup) batchOf(index ...int) *Batch {
 }
 
 // handled is what claimFirst's handle step reports for a transaction over
-// the first end messages, each handled, with b the BatchHandler's Batch
-// (or nil).
+// the first end messages, with b the BatchHandler's Batch (or nil).
 func handledOver(end int, b *Batch) *handled {
-	return &handled{batch: b, ran: end, end: end, cut: -1}
+	return &handled{batch: b, end: end, cut: -1}
 }

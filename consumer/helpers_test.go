@@ -43,10 +43,17 @@ func setup(t testing.TB, partitions int) *env {
 	return setupOn(t, partitions, testenv.NewKafka(t))
 }
 
-// setupOn is setup with a broker of the test's own.
-func setupOn(t testing.TB, partitions int, k *testenv.Kafka) *env {
+// setupWithDB is setup on a pool made with opts.
+func setupWithDB(t testing.TB, partitions int, opts ...testenv.DBOption) *env {
 	t.Helper()
-	db := testenv.NewDB(t, testenv.MaxConns(16))
+	return setupOn(t, partitions, testenv.NewKafka(t), opts...)
+}
+
+// setupOn is setup with a broker of the test's own, on a pool made with
+// opts.
+func setupOn(t testing.TB, partitions int, k *testenv.Kafka, opts ...testenv.DBOption) *env {
+	t.Helper()
+	db := testenv.NewDB(t, append([]testenv.DBOption{testenv.MaxConns(16)}, opts...)...)
 	e := &env{t: t, db: db, kafka: k, topic: k.Topic(t, partitions), parts: partitions, group: k.Group(t), name: "ledger", events: &recorder{}}
 	// The effect table has no unique key on purpose: a double application
 	// shows up as two rows instead of an error.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
 // A handler can end the consumer's transaction without tx.Commit or
@@ -161,9 +162,8 @@ func TestAHandlerLeavingRowsOpenIsSetAside(t *testing.T) {
 	e.check(expectation{ids: ids, poison: []string{"q-3"}})
 }
 
-// tx.Conn() hands out the raw connection, which the guard cannot follow:
-// what a goroutine the handler left behind does with it is outside the
-// guarantee (docs/guarantee.md says so). The guarded tx itself refuses.
+// A handler's tx refuses every use once its call is over, and never hands
+// out the bare connection, which the guard could not follow.
 func TestTheGuardedTxRefusesAfterTheCall(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
@@ -228,7 +228,8 @@ func (r rewriteTo) RewriteQuery(_ context.Context, _ *pgx.Conn, _ string, args [
 // CONSTRAINTS … IMMEDIATE: it is no attempt to end the transaction, and
 // the batch's commit check (a deferred trigger of its own) is lifted
 // around it and put back, deferred again. A violation it finds is the
-// message's; a COMMIT on the bare connection after it is still refused.
+// message's; a COMMIT on its connection after it (around the guard, as
+// code that got hold of the connection some other way) is still refused.
 // Only Exec may send it: queued, it cannot be lifted around, and is
 // refused with a message that says how to send it.
 func TestAHandlerMayCheckItsDeferredConstraintsEarly(t *testing.T) {
@@ -242,13 +243,13 @@ func TestAHandlerMayCheckItsDeferredConstraintsEarly(t *testing.T) {
 		claimFirst bool
 		// then, for x-2: "" (nothing), "violate" (a deferred unique key
 		// of the handler's, broken before the check), "commit" (COMMIT on
-		// the bare connection after the check).
+		// the connection, around the guard, after the check).
 		then  string
 		class deadletter.Class
 	}{
 		{name: "Handler", how: "handler"},
 		{name: "Handler finds its violation early", how: "handler", then: "violate", class: deadletter.ClassData},
-		{name: "Handler commits on the bare connection after it", how: "handler", then: "commit", class: deadletter.ClassTxMisuse},
+		{name: "Handler commits around the guard after it", how: "handler", then: "commit", class: deadletter.ClassTxMisuse},
 		{name: "BatchHandler through Batch.Tx, one round trip", how: "batch"},
 		{name: "BatchHandler through Batch.Tx, ClaimFirst", how: "batch", claimFirst: true},
 		{name: "BatchHandler through Batch.Tx finds its violation early", how: "batch", claimFirst: true, then: "violate", class: deadletter.ClassData},
@@ -256,7 +257,8 @@ func TestAHandlerMayCheckItsDeferredConstraintsEarly(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			e := setup(t, 1)
+			var bareConns testenv.BareConns
+			e := setupWithDB(t, 1, bareConns.Option())
 			keys := e.db.Table("handler_keys")
 			e.db.Exec(t, `CREATE TABLE `+keys+` (k text, CONSTRAINT handler_keys_k UNIQUE (k) DEFERRABLE INITIALLY DEFERRED)`)
 			apply := e.applyHandler()
@@ -277,7 +279,11 @@ func TestAHandlerMayCheckItsDeferredConstraintsEarly(t *testing.T) {
 					return fmt.Errorf("check the keys: %w", err)
 				}
 				if m.ID == "x-2" && tc.then == "commit" {
-					_, _ = tx.Conn().PgConn().Exec(ctx, "COMMIT").ReadAll()
+					conn, err := bareConns.Of(ctx, tx)
+					if err != nil {
+						return err
+					}
+					_, _ = conn.PgConn().Exec(ctx, "COMMIT").ReadAll()
 				}
 				return nil
 			}

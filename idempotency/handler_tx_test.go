@@ -2,12 +2,14 @@ package idempotency_test
 
 import (
 	"context"
+	"maps"
 	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -38,6 +40,8 @@ var transactionStatements = []string{
 	"SET LOCAL SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
 	"SET LOCAL session_replication_role = replica",
 	"/* a comment first */ commit",
+	";COMMIT", // an empty statement first, which the server drops
+	"ROLLBACK; INSERT INTO nowhere VALUES (1)",
 }
 
 // How a handler can send a statement through its tx.
@@ -70,13 +74,6 @@ var sendVia = map[string]func(ctx context.Context, tx pgx.Tx, sql string) error{
 		_, err := tx.Exec(ctx, "handler_statement")
 		return err
 	},
-	// The bare connection passes the guard by: the database's check
-	// refuses its COMMIT, and the guard sends nothing once the
-	// transaction is gone.
-	"the bare connection": func(ctx context.Context, tx pgx.Tx, sql string) error {
-		_, err := tx.Conn().Exec(ctx, sql)
-		return err
-	},
 }
 
 // No statement a handler sends makes its writes durable without the
@@ -84,19 +81,31 @@ var sendVia = map[string]func(ctx context.Context, tx pgx.Tx, sql string) error{
 // sends the statement (ignoring what it answers), pays again and returns
 // nil, while a duplicate arrives. Through tx the statement is refused: the
 // request fails and keeps nothing, the duplicate is told the key is in
-// progress, and the retry pays once. On the bare connection, which the
-// guard cannot see, a statement that ends the transaction frees the key
-// with it, and what the handler wrote is kept exactly when its key is.
+// progress, and the retry pays once. On the connection under tx, reached
+// around the guard (tx.Conn() is nil: code that got hold of it some other
+// way), a statement that ends the transaction frees the key with it, and
+// what the handler wrote is kept exactly when its key is: the database
+// refuses a COMMIT the server did not send.
 func TestAHandlersStatementsCannotEndItsTransaction(t *testing.T) {
 	t.Parallel()
-	for via, send := range sendVia {
-		bare := via == "the bare connection"
+	var bareConns testenv.BareConns
+	ways := maps.Clone(sendVia)
+	ways["the connection, around the guard"] = func(ctx context.Context, tx pgx.Tx, sql string) error {
+		conn, err := bareConns.Of(ctx, tx)
+		if err != nil {
+			return err
+		}
+		_, err = conn.Exec(ctx, sql)
+		return err
+	}
+	for via, send := range ways {
+		bare := via == "the connection, around the guard"
 		t.Run(via, func(t *testing.T) {
 			t.Parallel()
 			for _, stmt := range transactionStatements {
 				t.Run(stmt, func(t *testing.T) {
 					t.Parallel()
-					p := newPayments(t, nil)
+					p := newPaymentsOn(t, testenv.NewDB(t, bareConns.Option()), nil)
 					var duplicateSent atomic.Bool // once: a duplicate that ran the handler would send its own
 					pay := func(ctx context.Context, tx pgx.Tx) error {
 						_, err := tx.Exec(ctx, `INSERT INTO `+p.table+` (amount, account) VALUES (1, 'a')`)
@@ -104,6 +113,7 @@ func TestAHandlersStatementsCannotEndItsTransaction(t *testing.T) {
 					}
 					p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
 						ctx := r.Context()
+						assert.Nil(t, tx.Conn(), "the bare connection is not handed out")
 						if err := pay(ctx, tx); err != nil {
 							return err
 						}
@@ -122,7 +132,7 @@ func TestAHandlersStatementsCannotEndItsTransaction(t *testing.T) {
 					resp, body := p.post("k1", "alice", `{"amount":1}`)
 					paid, stored := p.db.Int(t, `SELECT count(*) FROM `+p.table), p.keysStored()
 					if !bare || stored == 0 {
-						// On the bare connection too: what the handler sent
+						// Around the guard too: what the handler sent
 						// fails the request again when retried, so it is
 						// not the database's "try again".
 						require.Equal(t, http.StatusInternalServerError, resp.StatusCode, body)
@@ -149,20 +159,25 @@ func TestAHandlersStatementsCannotEndItsTransaction(t *testing.T) {
 
 // A statement the guard lets through, SET CONSTRAINTS … IMMEDIATE, fires
 // deferred checks early; the database's own check on the request is not
-// one of them: the request commits, and a COMMIT on the bare connection
-// afterwards is still refused.
+// one of them: the request commits, and a COMMIT sent afterwards on the
+// connection, around the guard, is still refused.
 func TestAHandlerMayCheckItsDeferredConstraintsEarly(t *testing.T) {
 	t.Parallel()
-	for _, then := range []string{"returns", "commits on the bare connection"} {
+	for _, then := range []string{"returns", "commits around the guard"} {
 		t.Run(then, func(t *testing.T) {
 			t.Parallel()
-			p := newPayments(t, nil)
+			var bareConns testenv.BareConns
+			p := newPaymentsOn(t, testenv.NewDB(t, bareConns.Option()), nil)
 			p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
 				if _, err := tx.Exec(r.Context(), "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
 					return err
 				}
 				if then != "returns" {
-					_, _ = tx.Conn().Exec(r.Context(), "COMMIT")
+					conn, err := bareConns.Of(r.Context(), tx)
+					if err != nil {
+						return err
+					}
+					_, _ = conn.Exec(r.Context(), "COMMIT")
 				}
 				return p.create(w, r, tx)
 			}
@@ -296,31 +311,35 @@ func TestTheGuardReadsTheTextARewriterReturns(t *testing.T) {
 }
 
 // SET CONSTRAINTS runs with the commit check lifted, and nothing else runs
-// while it is: sent other than alone by Exec it is not sent, and nothing
-// takes its place (a rewriter, a statement prepared on the bare
-// connection under its text). The handler pays, tries, then commits on
-// the bare connection, which the check refuses.
+// while it is: the lift, the statement and the restore go as one
+// pipeline, each its own Parse, so a text with more in it is refused by
+// the server and aborts the transaction; sent other than alone by Exec it
+// is not sent; and nothing takes its place (a rewriter, a statement
+// prepared on the connection under its text). The handler pays, tries,
+// then commits on the connection, around the guard: the check, back in
+// place or never lifted, refuses that COMMIT.
 func TestSetConstraintsRunsAloneWhileTheCheckIsLifted(t *testing.T) {
 	t.Parallel()
 	const immediate = "SET CONSTRAINTS ALL IMMEDIATE"
-	exec := func(sql string, args ...any) func(ctx context.Context, tx pgx.Tx) error {
-		return func(ctx context.Context, tx pgx.Tx) error {
+	exec := func(sql string, args ...any) func(ctx context.Context, tx pgx.Tx, _ *pgx.Conn) error {
+		return func(ctx context.Context, tx pgx.Tx, _ *pgx.Conn) error {
 			_, err := tx.Exec(ctx, sql, args...)
 			return err
 		}
 	}
+	const byServer = "(SQLSTATE" // the server's refusal, which aborts the transaction
 	for name, try := range map[string]struct {
-		send    func(ctx context.Context, tx pgx.Tx) error
+		send    func(ctx context.Context, tx pgx.Tx, bare *pgx.Conn) error
 		refusal string // "" when it runs
 	}{
-		"in a batch": {func(ctx context.Context, tx pgx.Tx) error {
+		"in a batch": {func(ctx context.Context, tx pgx.Tx, _ *pgx.Conn) error {
 			b := &pgx.Batch{}
 			b.Queue(immediate)
 			b.Queue("SELECT 1", rewriteTo("COMMIT"))
 			return tx.SendBatch(ctx, b).Close()
 		}, "on its own"},
-		"in a batch with a statement prepared on the bare connection": {func(ctx context.Context, tx pgx.Tx) error {
-			if _, err := tx.Conn().Prepare(ctx, "c", "COMMIT"); err != nil {
+		"in a batch with a statement prepared on the connection": {func(ctx context.Context, tx pgx.Tx, bare *pgx.Conn) error {
+			if _, err := bare.Prepare(ctx, "c", "COMMIT"); err != nil {
 				return err
 			}
 			b := &pgx.Batch{}
@@ -328,16 +347,16 @@ func TestSetConstraintsRunsAloneWhileTheCheckIsLifted(t *testing.T) {
 			b.Queue("c")
 			return tx.SendBatch(ctx, b).Close()
 		}, "on its own"},
-		"with a rewriter":           {exec(immediate, rewriteTo("COMMIT")), "COMMIT statement"},
-		"rewritten to more":         {exec(immediate, rewriteTo(immediate+"; COMMIT")), "COMMIT statement"},
-		"with a statement after it": {exec(immediate + "; SELECT 1"), "on its own"},
+		"with a rewriter":           {exec(immediate, rewriteTo("COMMIT")), "COMMIT"},
+		"rewritten to more":         {exec(immediate, rewriteTo(immediate+"; COMMIT")), byServer},
+		"with a statement after it": {exec(immediate + "; SELECT 1"), byServer},
 		"with arguments":            {exec(immediate, 1), "on its own"},
-		"ending inside a string":    {exec(immediate + " '"), "on its own"},
-		"ending inside a comment":   {exec(immediate + " /* "), "on its own"},
+		"ending inside a string":    {exec(immediate + " '"), byServer},
+		"ending inside a comment":   {exec(immediate + " /* "), byServer},
 		"ending in a line comment":  {exec(immediate + " -- checked"), ""},
-		"by Query":                  {func(ctx context.Context, tx pgx.Tx) error { return tx.QueryRow(ctx, immediate).Scan() }, "on its own"},
-		"under a prepared COMMIT's name": {func(ctx context.Context, tx pgx.Tx) error {
-			if _, err := tx.Conn().Prepare(ctx, immediate, "COMMIT"); err != nil {
+		"by Query":                  {func(ctx context.Context, tx pgx.Tx, _ *pgx.Conn) error { return tx.QueryRow(ctx, immediate).Scan() }, "on its own"},
+		"under a prepared COMMIT's name": {func(ctx context.Context, tx pgx.Tx, bare *pgx.Conn) error {
+			if _, err := bare.Prepare(ctx, immediate, "COMMIT"); err != nil {
 				return err
 			}
 			_, err := tx.Exec(ctx, immediate)
@@ -346,31 +365,38 @@ func TestSetConstraintsRunsAloneWhileTheCheckIsLifted(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			p := newPayments(t, nil)
+			var bareConns testenv.BareConns
+			p := newPaymentsOn(t, testenv.NewDB(t, bareConns.Option()), nil)
 			status := p.requireKeptOnlyWithTheKey(t, func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
 				ctx := r.Context()
+				bare, err := bareConns.Of(ctx, tx)
+				if err != nil {
+					return err
+				}
 				if err := p.create(w, r, tx); err != nil {
 					return err
 				}
-				err := try.send(ctx, tx)
+				err = try.send(ctx, tx, bare)
 				if try.refusal == "" {
 					assert.NoError(t, err)
 				} else {
 					assert.ErrorContains(t, err, try.refusal)
 				}
-				_, _ = tx.Conn().Exec(ctx, "COMMIT")
+				_, _ = bare.Exec(ctx, "COMMIT")
 				return nil
 			})
-			require.Equal(t, http.StatusInternalServerError, status, "the bare COMMIT is refused")
+			require.Equal(t, http.StatusInternalServerError, status, "the COMMIT around the guard is refused")
 		})
 	}
 }
 
-// With the simple protocol pgx writes the arguments into the text, and its
-// lexer is not the server's: to it, name'\' opens an E'…' string. A text
-// the two read otherwise is not sent, since an argument could become
-// statements there (here, a COMMIT); a text they read alike runs with its
-// arguments.
+// In the simple protocol pgx would write the arguments into the text, with
+// a lexer of its own that reads some texts otherwise than the server (to
+// it, name'\' opens an E'…' string), so that an argument could become
+// statements. The guard sends such a call in the extended protocol
+// instead, the arguments apart from the text: the server reads the text
+// alone, refuses what does not hold together, and runs no argument; a
+// sound statement runs with its arguments.
 func TestTheSimpleProtocolCannotTurnAnArgumentIntoStatements(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ mode, divergent, injected string }{
@@ -394,12 +420,27 @@ func TestTheSimpleProtocolCannotTurnAnArgumentIntoStatements(t *testing.T) {
 			p := newPaymentsOn(t, db, nil)
 			status := p.requireKeptOnlyWithTheKey(t, func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
 				ctx := r.Context()
-				_, err := tx.Exec(ctx, divergent, append(args, injected)...)
-				assert.ErrorContains(t, err, "simple protocol")
+				sp, err := tx.Begin(ctx) // the refusals abort the savepoint, not the request
+				if err != nil {
+					return err
+				}
+				_, err = sp.Exec(ctx, divergent, append(args, injected)...)
+				var pgErr *pgconn.PgError
+				assert.ErrorAs(t, err, &pgErr, "the server refuses the text")
+				if err := sp.Rollback(ctx); err != nil {
+					return err
+				}
 				if args == nil { // a batch goes in the pool's mode
+					sp, err := tx.Begin(ctx)
+					if err != nil {
+						return err
+					}
 					b := &pgx.Batch{}
 					b.Queue(divergent, injected)
-					assert.ErrorContains(t, tx.SendBatch(ctx, b).Close(), "simple protocol")
+					assert.ErrorAs(t, sp.SendBatch(ctx, b).Close(), &pgErr)
+					if err := sp.Rollback(ctx); err != nil {
+						return err
+					}
 				}
 				if _, err := tx.Exec(ctx, `INSERT INTO `+p.table+` (amount, account) VALUES ($1, $2)`, append(args, 1, "it's")...); err != nil {
 					return err
@@ -438,22 +479,27 @@ func TestAReplayOpensNoCommitCheck(t *testing.T) {
 
 // The commit check's row cannot be committed, whatever the transaction's
 // settings say: a handler that resets them through tx (RESET ALL) and
-// then commits on the bare connection is refused as any other, and the
-// request fails with nothing kept.
+// then commits on the connection, around the guard, is refused as any
+// other, and the request fails with nothing kept.
 func TestResetSettingsLeaveTheCommitCheckInPlace(t *testing.T) {
 	t.Parallel()
 	for _, reset := range []string{"RESET ALL", "RESET kafkaonce.open_request", "SET kafkaonce.open_request TO DEFAULT", "SET LOCAL kafkaonce.open_request = ''"} {
 		t.Run(reset, func(t *testing.T) {
 			t.Parallel()
-			p := newPayments(t, nil)
+			var bareConns testenv.BareConns
+			p := newPaymentsOn(t, testenv.NewDB(t, bareConns.Option()), nil)
 			status := p.requireKeptOnlyWithTheKey(t, func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+				bare, err := bareConns.Of(r.Context(), tx)
+				if err != nil {
+					return err
+				}
 				if err := p.create(w, r, tx); err != nil {
 					return err
 				}
 				if _, err := tx.Exec(r.Context(), reset); err != nil {
 					return err
 				}
-				_, _ = tx.Conn().Exec(r.Context(), "COMMIT")
+				_, _ = bare.Exec(r.Context(), "COMMIT")
 				return nil
 			})
 			require.Equal(t, http.StatusInternalServerError, status)
@@ -461,11 +507,11 @@ func TestResetSettingsLeaveTheCommitCheckInPlace(t *testing.T) {
 	}
 }
 
-// In the simple protocol (the pool's default) pgx sends a batch as one
-// text, its queries joined: a batch one of whose queries ends inside a
-// quote, so that joined they would end the request's transaction, is not
-// sent.
-func TestABatchInTheSimpleProtocolIsReadAsPgxJoinsIt(t *testing.T) {
+// In the simple protocol (the pool's default) pgx would send a batch as
+// one text, its queries joined: the guard sends them one at a time
+// instead, so queries that would run into each other once joined (and
+// end the request's transaction) are each refused by the server alone.
+func TestABatchInTheSimpleProtocolGoesOneQueryAtATime(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol })
 	p := newPaymentsOn(t, db, nil)
@@ -475,7 +521,8 @@ func TestABatchInTheSimpleProtocolIsReadAsPgxJoinsIt(t *testing.T) {
 		b.Queue("$$; ROLLBACK; INSERT INTO " + p.table + " (amount, account) VALUES (1, 'a'); COMMIT; BEGIN; SELECT $$")
 		b.Queue("$$")
 		err := tx.SendBatch(r.Context(), b).Close()
-		assert.ErrorContains(t, err, "joins a batch's queries")
+		var pgErr *pgconn.PgError
+		assert.ErrorAs(t, err, &pgErr, "the server refuses the first query alone")
 		return err
 	})
 	require.Equal(t, http.StatusInternalServerError, status)

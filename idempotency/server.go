@@ -52,6 +52,13 @@ type Handler interface {
 // savepoint, use tx.Begin.
 var ErrTxControlled = txguard.ErrTxControlled
 
+// ErrTxCallOver is what the handler's transaction, and what it gave out
+// (a savepoint, large objects), answer every use with once the handler
+// returned: a goroutine it left behind cannot write into a transaction
+// that is no longer its request's, nor into whatever transaction the
+// connection holds next.
+var ErrTxCallOver = txguard.ErrCallOver
+
 // HandlerFunc adapts a function to Handler.
 type HandlerFunc func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error
 

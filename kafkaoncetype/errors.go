@@ -60,10 +60,11 @@ var (
 	ErrTxControlledByConsumer = errors.New("the handler's transaction is committed or rolled back for the handler, not by it: return nil to commit, an error to roll back")
 
 	// ErrTxCallOver is returned by every use of a handler's tx after its
-	// call ended (it returned, or was abandoned after HandlerTimeout): a
-	// goroutine the handler left behind cannot write into a transaction it
-	// no longer belongs to. (tx.Conn() returns the raw connection during
-	// the call, which the guard cannot follow: do not keep it.)
+	// call ended (it returned, or was abandoned after HandlerTimeout), and
+	// of what it gave out (a savepoint, large objects): a goroutine the
+	// handler left behind cannot write into a transaction it no longer
+	// belongs to. tx.Conn() returns nil: the bare connection is not handed
+	// out.
 	ErrTxCallOver = errors.New("the handler's call is over (it returned, or was abandoned after HandlerTimeout): its transaction must not be used any more; do not keep tx or use it from goroutines that outlive the call")
 
 	// ErrHandlerPanicked says the handler panicked. The panic value and
@@ -76,13 +77,14 @@ var (
 	// message is treated as failed (and retried) rather than skipped.
 	ErrTxAborted = errors.New("the handler returned nil but its transaction is aborted: a SQL error was ignored")
 
-	// ErrTxEnded says the handler ended the consumer's transaction with a
-	// COMMIT or ROLLBACK statement sent on the bare connection (tx.Conn()),
-	// which the guard around tx cannot see; through tx, or queued, such a
-	// statement is refused (ErrTxControlledByConsumer). Postgres refuses
-	// such a COMMIT for the consumer (the transaction rolls back: nothing of
-	// the batch becomes durable early), and the message is set aside as for
-	// ErrTxControlledByConsumer, which it matches too.
+	// ErrTxEnded says the consumer's transaction was no longer the one it
+	// began when the handlers were done: a COMMIT or ROLLBACK the consumer
+	// did not send ended it. Through tx, or queued, such a statement is
+	// refused before it is sent (ErrTxControlledByConsumer); this is what
+	// the database finds when one got past that all the same. Postgres
+	// refuses such a COMMIT for the consumer (the transaction rolls back:
+	// nothing of the batch becomes durable early), and the message is set
+	// aside as for ErrTxControlledByConsumer, which it matches too.
 	ErrTxEnded = fmt.Errorf("%w: it ended the transaction with a COMMIT or ROLLBACK statement", ErrTxControlledByConsumer)
 
 	// ErrRowsLeftOpen says the handler returned with a query's rows still

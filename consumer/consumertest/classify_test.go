@@ -93,7 +93,10 @@ func closedPort(t *testing.T) string {
 	return addr
 }
 
-func classCases(t *testing.T) []classCase {
+// classCases are the cases; bare reaches the connection under a case's
+// transaction, which the guard hands out to no handler, for the case of
+// a connection that breaks.
+func classCases(t *testing.T, bare *testenv.BareConns) []classCase {
 	errDown := errors.New("partner down")
 	down := closedPort(t)
 	// A partner that accepts the request and never answers.
@@ -175,8 +178,12 @@ func classCases(t *testing.T) []classCase {
 		// The transaction's own connection failing is the database's
 		// failure, whatever the error: retried without counting.
 		{name: "the transaction's network connection failed", fail: func(ctx context.Context, tx pgx.Tx) error {
-			_ = tx.Conn().PgConn().Conn().Close()
-			_, err := tx.Exec(ctx, `SELECT 1`)
+			conn, err := bare.Of(ctx, tx)
+			if err != nil {
+				return err
+			}
+			_ = conn.PgConn().Conn().Close()
+			_, err = tx.Exec(ctx, `SELECT 1`)
 			return fmt.Errorf("insert: %w", err)
 		}, passAfter: maxAttempts + 1, want: retriedUncounted},
 		// A deadline of the handler's own that interrupts a query on tx
@@ -211,8 +218,9 @@ func classCases(t *testing.T) []classCase {
 // test compares two behaviours rather than one function with itself.
 func TestHandleErrorIsClassifiedAsTheConsumerDoes(t *testing.T) {
 	t.Parallel()
-	cases := classCases(t)
-	db := testenv.NewDB(t, testenv.MaxConns(int32(len(cases))+8))
+	var bare testenv.BareConns
+	cases := classCases(t, &bare)
+	db := testenv.NewDB(t, testenv.MaxConns(int32(len(cases))+8), bare.Option())
 	ctx := context.Background()
 
 	handled := make([]error, len(cases))

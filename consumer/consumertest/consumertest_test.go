@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
@@ -82,7 +83,8 @@ func TestHandleReportsMisuseLikeTheConsumer(t *testing.T) {
 // consumer reports them.
 func TestHandleReportsAnUnusableTransaction(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewEmptyDB(t)
+	var bare testenv.BareConns
+	db := testenv.NewEmptyDB(t, bare.Option())
 	for name, tc := range map[string]struct {
 		h    consumer.HandlerFunc
 		want []error
@@ -91,8 +93,14 @@ func TestHandleReportsAnUnusableTransaction(t *testing.T) {
 			_, err := tx.Exec(ctx, `COMMIT`)
 			return err
 		}, []error{consumer.ErrTxControlledByConsumer}},
-		"ends it on the bare connection": {func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
-			_, err := tx.Conn().Exec(ctx, `ROLLBACK`)
+		// The guard hands out no bare connection: code that reached it
+		// some other way and ended the transaction there.
+		"ends it around the guard": {func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
+			conn, err := bare.Of(ctx, tx)
+			if err != nil {
+				return err
+			}
+			_, err = conn.Exec(ctx, `ROLLBACK`)
 			return err
 		}, []error{consumer.ErrTxEnded, consumer.ErrTxControlledByConsumer}},
 		"leaves rows open": {func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
@@ -149,4 +157,27 @@ func TestNewMessageForDerivesTheConsumersID(t *testing.T) {
 	require.Len(t, got.failures(), 1)
 	require.Contains(t, got.failures()[0], "derives no valid id")
 	require.Contains(t, got.failures()[0], "invalid_id")
+}
+
+// Handle runs the handler as the consumer does, through the same guard:
+// a text of two statements reaches the server as one Parse message, which
+// the server refuses whole, whatever client encoding the handler set
+// first (here one in which the quote's backslash is part of a character).
+func TestHandleSendsOneStatementPerMessage(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewEmptyDB(t)
+	notes := db.Table("notes")
+	db.Exec(t, `CREATE TABLE `+notes+` (id text)`)
+	tx := consumertest.Tx(t, db.Pool)
+	err := consumertest.Handle(context.Background(), t, tx, consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL client_encoding = 'SJIS'`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "SELECT E'\x95\\' AS memo; ROLLBACK; INSERT INTO "+notes+" VALUES ('smuggled'); SELECT 1")
+		return err
+	}), consumertest.NewMessage(nil))
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "42601", pgErr.Code, "cannot insert multiple commands into a prepared statement")
+	require.Zero(t, db.Int(t, `SELECT count(*) FROM `+notes))
 }

@@ -11,35 +11,53 @@ import (
 // A call's text is read as pgx will send it. pgx lets the first arguments
 // be options, and one of them may be a QueryRewriter (pgx.NamedArgs is
 // one) that replaces the text and the arguments before anything is sent;
-// the guard applies it first, as pgx would, and hands pgx the result. With
-// the simple protocol, pgx then writes the arguments into the text on the
-// client (see readsAlikeToPgx).
+// the guard applies it first, as pgx would, and hands pgx the result.
 
 // call is a statement as pgx will send it.
 type call struct {
 	sql string
-	// args are the options pgx reads (a mode, result formats) followed by
-	// the arguments; no QueryRewriter is left among the options.
-	args []any
-	// params is how many of args are the statement's arguments.
-	params int
+	// options are those pgx reads (a mode, result formats), without the
+	// QueryRewriter, which was applied.
+	options []any
+	// params are the statement's arguments.
+	params []any
 	// mode is the call's own QueryExecMode, when explicit.
 	mode     pgx.QueryExecMode
 	explicit bool
 }
 
-// inText reports whether pgx will write the arguments into the text: the
-// simple protocol, with arguments. defaultMode is the connection's mode,
-// asked only when the call has none of its own.
-func (c call) inText(defaultMode func() pgx.QueryExecMode) bool {
-	if c.params == 0 {
-		return false
+// args is what to hand pgx: the options, then the arguments.
+func (c call) args() []any {
+	if len(c.options) == 0 {
+		return c.params
 	}
+	return append(append([]any(nil), c.options...), c.params...)
+}
+
+// extended is c with pgx told to send it in the extended protocol, as an
+// unnamed statement with its arguments as text, when pgx would otherwise
+// use the simple protocol, where a text may hold several statements:
+// always for Exec without arguments, and for any call in
+// QueryExecModeSimpleProtocol, the call's own or the connection's.
+// QueryExecModeExec is the mode closest to the simple protocol (nothing
+// prepared or cached, the server infers the arguments' types), and one
+// that works behind a PgBouncer in transaction mode.
+func (c call) extended(defaultMode func() pgx.QueryExecMode, exec bool) call {
 	mode := c.mode
 	if !c.explicit {
 		mode = defaultMode()
 	}
-	return mode == pgx.QueryExecModeSimpleProtocol
+	if mode != pgx.QueryExecModeSimpleProtocol && !(exec && len(c.params) == 0) {
+		return c
+	}
+	options := []any{pgx.QueryExecModeExec}
+	for _, o := range c.options {
+		if _, isMode := o.(pgx.QueryExecMode); !isMode {
+			options = append(options, o)
+		}
+	}
+	c.options, c.mode, c.explicit = options, pgx.QueryExecModeExec, true
+	return c
 }
 
 // maxRewrites bounds how many times a rewriter may return another one.
@@ -54,8 +72,7 @@ var errRewritesLoop = fmt.Errorf("the query's QueryRewriter returned arguments l
 func resolve(ctx context.Context, conn func() *pgx.Conn, sql string, args []any, batch bool) (call, error) {
 	for range maxRewrites {
 		var rewriter pgx.QueryRewriter
-		var options []any
-		c := call{sql: sql, args: args}
+		c := call{sql: sql}
 		i := 0
 	options:
 		for ; i < len(args); i++ {
@@ -73,11 +90,11 @@ func resolve(ctx context.Context, conn func() *pgx.Conn, sql string, args []any,
 			default:
 				break options
 			}
-			options = append(options, args[i])
+			c.options = append(c.options, args[i])
 		}
 		params := args[i:]
 		if rewriter == nil {
-			c.params = len(params)
+			c.params = params
 			return c, nil
 		}
 		cn := conn()
@@ -88,7 +105,7 @@ func resolve(ctx context.Context, conn func() *pgx.Conn, sql string, args []any,
 		if err != nil {
 			return call{}, fmt.Errorf("rewrite query failed: %w", err)
 		}
-		sql, args = rewritten, append(options, rewrittenArgs...)
+		sql, args = rewritten, append(c.options, rewrittenArgs...)
 	}
 	return call{}, errRewritesLoop
 }

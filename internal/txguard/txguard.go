@@ -2,24 +2,35 @@
 // cannot end it (kafkaonce decides whether the handler's writes commit
 // together with what makes them count once: a message's claim and
 // position, an HTTP request's stored key), and once the handler's call is
-// over — returned, or abandoned by the watchdog — the transaction refuses
-// every use: code the handler left running (a goroutine it started, a call
-// that ignored its context) gets an error, never a statement in a
-// transaction it does not belong to.
+// over — returned, or abandoned by the watchdog — the transaction and
+// everything obtained from it refuse every use: code the handler left
+// running (a goroutine it started, a call that ignored its context, a
+// large object it kept) gets an error, never a statement in a transaction
+// it does not belong to.
 //
-// Ending the transaction is refused at every door the guard has: Commit
-// and Rollback, and every SQL text sent through it (Exec, Query,
-// QueryRow, Prepare, SendBatch, and Refuses for statements queued
-// elsewhere) is scanned first, as pgx will send it (a QueryRewriter such
-// as pgx.NamedArgs applied), and one that holds a statement controlling
-// the transaction (COMMIT, ROLLBACK, BEGIN, SAVEPOINT, PREPARE
-// TRANSACTION, SET TRANSACTION …) is not sent. Nor is a text pgx would
-// write arguments into (the simple protocol) where it reads the text
-// otherwise than the server does. A statement is not sent
-// either once the connection is no longer in a transaction. The guard
-// cannot see what is sent on the bare connection (Conn); the callers add
-// a check in the database that refuses any COMMIT but their own (see
-// CommitCheck).
+// # One statement per message
+//
+// Every text sent through the guard reaches the server in the extended
+// query protocol, as one Parse message, whatever QueryExecMode the pool or
+// the call asks for: Exec without arguments (which pgx sends in the simple
+// protocol) and every call in QueryExecModeSimpleProtocol go as
+// QueryExecModeExec; a batch goes as pgx's pipeline (a Parse per query),
+// or, when the connection's default mode is the simple protocol (where pgx
+// joins a batch into one text), one query at a time. The server parses a
+// Parse message's text as one statement and refuses a text that holds two
+// (42601, "cannot insert multiple commands into a prepared statement"), so
+// no statement can hide behind another, however a byte is read on either
+// side. What the one statement does is then decided by its leading
+// keywords (see lead.go): one that controls the transaction (COMMIT,
+// ROLLBACK, BEGIN, SAVEPOINT, PREPARE TRANSACTION, SET TRANSACTION …) is
+// not sent. Nor is any statement once the connection, as the server last
+// reported, is no longer in a transaction.
+//
+// The bare connection is not handed out: Conn returns nil, since a
+// statement sent on it would pass all of the above. The database checks
+// the rest at the close (see internal/schema's AfterUserCode): the
+// settings kafkaonce's own statements rely on, and a COMMIT check (see
+// CommitCheck) refuses any COMMIT but the caller's.
 package txguard
 
 import (
@@ -41,61 +52,59 @@ import (
 var ErrTxControlled = kafkaoncetype.ErrTxControlledByConsumer
 
 // ErrTxGone is returned for a statement sent after the connection left the
-// transaction (a statement sent on the bare connection ended it).
-var ErrTxGone = fmt.Errorf("%w; the transaction was ended by a statement sent on tx.Conn(), and nothing more is sent", ErrTxControlled)
+// transaction.
+var ErrTxGone = fmt.Errorf("%w; the connection is no longer in the transaction, and nothing more is sent", ErrTxControlled)
 
-// Refuses returns the error a guarded transaction answers sql with, when
-// sql holds a statement that controls the transaction; else nil. For
-// statements a handler queues to be sent later.
-func Refuses(sql string) error {
-	control := scan(sql).control
-	if control == "" {
+// ErrCallOver is returned by every use of a guarded transaction after the
+// handler's call ended.
+var ErrCallOver = kafkaoncetype.ErrTxCallOver
+
+// refusal is the error a guarded transaction answers a statement of kind k
+// with; nil when it sends the statement.
+func (k statementKind) refusal() error {
+	if k.control == "" {
 		return nil
 	}
 	advice := ""
-	switch control {
+	switch k.control {
 	case "SAVEPOINT", "RELEASE", "ROLLBACK":
 		advice = " (for a savepoint, use tx.Begin, and Commit or Rollback what it returns)"
 	}
-	return fmt.Errorf("%w: the text holds a %s statement, and was not sent%s", ErrTxControlled, control, advice)
+	return fmt.Errorf("%w: the statement is a %s, and was not sent%s", ErrTxControlled, k.control, advice)
 }
+
+// Refuses returns the error a guarded transaction answers sql with, when
+// its statement controls the transaction; else nil.
+func Refuses(sql string) error { return kindOf(sql).refusal() }
 
 // Queued returns sql and args as pgx will send them in a batch on tx
 // (a QueryRewriter among args applied), or the error a guarded
 // transaction answers them with. For statements a handler queues to be
 // sent later; a rewriter it passes gets no context of the call.
 func Queued(tx pgx.Tx, sql string, args []any) (string, []any, error) {
-	mode := defaultMode(tx)
-	g, ok := tx.(*Tx)
-	if ok {
-		mode = g.state.defaultMode
+	conn, check := tx.Conn, (*CommitCheck)(nil)
+	if g, ok := tx.(*Tx); ok {
+		conn, check = g.live().Conn, g.state.check
 	}
-	c, err := resolve(context.Background(), tx.Conn, sql, args, true)
+	c, err := resolve(context.Background(), conn, sql, args, true)
 	if err != nil {
 		return "", nil, err
 	}
-	v := scan(c.sql)
+	k := kindOf(c.sql)
 	switch {
-	case v.control != "":
-		return "", nil, Refuses(c.sql)
-	case v.constraints && ok && g.state.check != nil:
+	case k.control != "":
+		return "", nil, k.refusal()
+	case k.constraints && check != nil:
 		return "", nil, errConstraintsAlone
-	case v.pgxDiverges && c.inText(mode):
-		return "", nil, errPgxReadsOtherwise
-	case v.openStandard && mode() == pgx.QueryExecModeSimpleProtocol:
-		return "", nil, errBatchJoined // whether another query follows is not known yet
 	}
-	return c.sql, c.args, nil
+	return c.sql, c.args(), nil
 }
 
-// ErrCallOver is returned by every use of a guarded transaction after the
-// handler's call ended.
-var ErrCallOver = kafkaoncetype.ErrTxCallOver
-
-// Tx is a pgx.Tx whose Commit and Rollback refuse, which sends no
-// statement that would end the transaction, and which refuses everything
-// once sealed. Savepoints (Begin) are guarded the same way; their own
-// Commit and Rollback release and roll back as usual.
+// Tx is a pgx.Tx whose Commit and Rollback refuse, which sends one
+// statement per protocol message and none that would end the transaction,
+// and which refuses everything once sealed. Savepoints (Begin) are
+// guarded the same way; their own Commit and Rollback release and roll
+// back as usual.
 type Tx struct {
 	tx     pgx.Tx
 	state  *state
@@ -114,17 +123,17 @@ type state struct {
 }
 
 // A CommitCheck is the caller's check in the database that refuses a
-// COMMIT it did not send: a deferred constraint trigger on a row it
-// writes when the transaction begins and deletes just before its own
-// COMMIT. A handler's SET CONSTRAINTS … IMMEDIATE, a legitimate early look
-// at its own deferred constraints, would fire that trigger too, so the
-// guard sends such a statement between Lift and Restore, in one text (see
-// setConstraints). Their statements take no arguments.
+// COMMIT it did not send: a deferred constraint on a row it writes when
+// the transaction begins and deletes just before its own COMMIT. A
+// handler's SET CONSTRAINTS … IMMEDIATE, a legitimate early look at its
+// own deferred constraints, would fire that check too, so the guard sends
+// such a statement between Lift and Restore, in one pipeline (see
+// setConstraints).
 type CommitCheck struct {
 	// Lift queues what takes the check off (deletes its row).
 	Lift func(b *pgx.Batch)
 	// Restore queues what puts it back, deferred again: SET CONSTRAINTS
-	// on the trigger, DEFERRED, and its row.
+	// on the check, DEFERRED, and its row.
 	Restore func(b *pgx.Batch)
 }
 
@@ -139,8 +148,8 @@ func WrapChecked(tx pgx.Tx, check *CommitCheck) *Tx {
 	return &Tx{tx: tx, state: &state{check: check, tx: tx}}
 }
 
-// Seal ends the call: from now on every use of t, and of savepoints made
-// from it, fails with ErrCallOver.
+// Seal ends the call: from now on every use of t, of savepoints made from
+// it and of the large objects it gave out, fails with ErrCallOver.
 func (t *Tx) Seal() { t.state.sealed.Store(true) }
 
 // Sealed reports whether the call is over.
@@ -188,144 +197,133 @@ func (t *Tx) Rollback(ctx context.Context) error {
 	return t.live().Rollback(ctx)
 }
 
-// send is the transaction to send sql on: the guarded one, or one that
-// refuses with the reason sql may not be sent. constraints reports whether
-// sql sets the mode of deferred constraints under a commit check, with v
-// what the scan found.
-func (t *Tx) send(sql string) (tx pgx.Tx, v verdict, constraints bool) {
+// open is the transaction to send on, or one that refuses with the
+// reason nothing may be sent: the call is over, or the connection left
+// the transaction.
+func (t *Tx) open() pgx.Tx {
 	live := t.live()
 	if live == over {
-		return over, v, false
-	}
-	v = scan(sql)
-	if v.control != "" {
-		t.state.misused.Store(true)
-		return notx.Refusing(Refuses(sql)), v, false
+		return over
 	}
 	if c := live.Conn(); c != nil && c.PgConn().TxStatus() == 'I' {
 		t.state.misused.Store(true)
-		return notx.Refusing(ErrTxGone), v, false
+		return notx.Refusing(ErrTxGone)
 	}
-	return live, v, v.constraints && t.state.check != nil
+	return live
 }
 
-// sendCall is send for sql and args as pgx will send them (see resolve);
-// c is what to hand pgx, v what the scan of its text found.
-func (t *Tx) sendCall(ctx context.Context, sql string, args []any, batch bool) (tx pgx.Tx, c call, v verdict, constraints bool) {
-	live := t.live()
-	if live == over {
-		return over, call{sql: sql, args: args}, v, false
+// send is the transaction to send a call of sql with args on, with the
+// call as pgx will send it; or one that refuses with the reason it may not
+// be sent. constraints reports a SET CONSTRAINTS under a commit check.
+func (t *Tx) send(ctx context.Context, sql string, args []any, batch bool) (tx pgx.Tx, c call, constraints bool) {
+	tx = t.open()
+	if tx != t.tx {
+		return tx, call{sql: sql, params: args}, false
 	}
-	c, err := resolve(ctx, live.Conn, sql, args, batch)
+	c, err := resolve(ctx, tx.Conn, sql, args, batch)
 	if err != nil {
-		return notx.Refusing(err), call{sql: sql, args: args}, v, false
+		return notx.Refusing(err), call{sql: sql, params: args}, false
 	}
-	tx, v, constraints = t.send(c.sql)
-	if tx == live && v.pgxDiverges && c.inText(t.state.defaultMode) {
-		return notx.Refusing(errPgxReadsOtherwise), c, v, false
+	k := kindOf(c.sql)
+	if err := k.refusal(); err != nil {
+		t.state.misused.Store(true)
+		return notx.Refusing(err), c, false
 	}
-	return tx, c, v, constraints
+	return tx, c, k.constraints && t.state.check != nil
 }
 
-// errPgxReadsOtherwise answers a text pgx would put arguments into where
-// the server reads a string.
-var errPgxReadsOtherwise = errors.New("the statement was not sent: with the simple protocol pgx writes the arguments into the text, and its reading of this text differs from PostgreSQL's (an identifier ending in e right before a quote, or a $ inside an identifier), so an argument could become statements; put a space before the quote, double-quote the identifier, or use another QueryExecMode")
-
-// defaultMode is the connection's QueryExecMode, read once.
+// defaultMode is the connection's QueryExecMode, read once. A transaction
+// not open yet (notx, which counts every use, Conn included) has none:
+// pgx's default stands for it.
 func (s *state) defaultMode() pgx.QueryExecMode {
-	s.modeOnce.Do(func() { s.mode = defaultMode(s.tx)() })
-	return s.mode
-}
-
-// defaultMode returns what reads tx's connection's QueryExecMode (pgx's
-// default when there is no connection). Config copies the whole
-// configuration: ask only for a text that needs it.
-func defaultMode(tx pgx.Tx) func() pgx.QueryExecMode {
-	return func() pgx.QueryExecMode {
-		if c := tx.Conn(); c != nil {
-			return c.Config().DefaultQueryExecMode
+	s.modeOnce.Do(func() {
+		s.mode = pgx.QueryExecModeCacheStatement
+		if _, notOpen := s.tx.(*notx.Tx); notOpen {
+			return
 		}
-		return pgx.QueryExecModeCacheStatement
-	}
+		if c := s.tx.Conn(); c != nil {
+			s.mode = c.Config().DefaultQueryExecMode // a copy of the whole configuration: once
+		}
+	})
+	return s.mode
 }
 
 // errConstraintsAlone answers SET CONSTRAINTS sent other than on its own
 // by Exec, on a transaction with a commit check.
 var errConstraintsAlone = errors.New("the statement was not sent: send SET CONSTRAINTS on its own, with tx.Exec and no arguments: the guard lifts the transaction's commit check around it only there")
 
-func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	tx, _, _ := t.send("")
-	return tx.CopyFrom(ctx, table, columns, src)
+func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	tx, c, constraints := t.send(ctx, sql, args, false)
+	switch {
+	case tx != t.tx:
+		return tx.Exec(ctx, sql, args...)
+	case constraints:
+		return t.setConstraints(ctx, c)
+	}
+	c = c.extended(t.state.defaultMode, true)
+	if c.mode != pgx.QueryExecModeExec || !c.explicit {
+		return tx.Exec(ctx, c.sql, c.args()...)
+	}
+	// pgx's Exec takes the simple protocol for a text without arguments,
+	// whatever the mode: Query does not.
+	rows, err := tx.Query(ctx, c.sql, c.args()...)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	rows.Close()
+	return rows.CommandTag(), rows.Err()
 }
 
-func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	tx, _, _ := t.send("")
-	if tx != t.tx {
-		return tx.SendBatch(ctx, b)
+func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	tx, c, constraints := t.send(ctx, sql, args, false)
+	switch {
+	case tx != t.tx:
+		return tx.Query(ctx, sql, args...)
+	case constraints:
+		return notx.Refusing(errConstraintsAlone).Query(ctx, sql)
 	}
-	for _, q := range b.QueuedQueries {
-		// pgx rewrites the batch's queries in place as it sends them too.
-		var c call
-		var v verdict
-		var constraints bool
-		tx, c, v, constraints = t.sendCall(ctx, q.SQL, q.Arguments, true)
-		switch {
-		case constraints:
-			tx = notx.Refusing(errConstraintsAlone)
-		case tx == t.tx && len(b.QueuedQueries) > 1 && v.openStandard && t.state.defaultMode() == pgx.QueryExecModeSimpleProtocol:
-			tx = notx.Refusing(errBatchJoined)
-		}
-		if tx != t.tx {
-			return tx.SendBatch(ctx, b)
-		}
-		q.SQL, q.Arguments = c.sql, c.args
-	}
-	return t.tx.SendBatch(ctx, b)
+	c = c.extended(t.state.defaultMode, false)
+	return tx.Query(ctx, c.sql, c.args()...)
 }
 
-// errBatchJoined answers a batch, in the simple protocol, one of whose
-// queries ends inside a quote or a comment: pgx sends the queries joined
-// into one text, where that query's end would swallow the next ones'
-// start, and what the server ran would not be what was read.
-var errBatchJoined = errors.New("the batch was not sent: a query of it ends inside a quote or a comment, and in the simple protocol pgx joins a batch's queries into one text, where it would run into the next query")
+func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	tx, c, constraints := t.send(ctx, sql, args, false)
+	switch {
+	case tx != t.tx:
+		return tx.QueryRow(ctx, sql, args...)
+	case constraints:
+		return notx.Refusing(errConstraintsAlone).QueryRow(ctx, sql)
+	}
+	c = c.extended(t.state.defaultMode, false)
+	return tx.QueryRow(ctx, c.sql, c.args()...)
+}
 
-func (t *Tx) LargeObjects() pgx.LargeObjects { return t.live().LargeObjects() }
-
+// Prepare prepares sql under name: a Parse message, one statement. A
+// statement prepared to run later is judged now, as if it ran now.
 func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	tx, _, constraints := t.send(sql)
+	tx, _, constraints := t.send(ctx, sql, nil, false)
 	if constraints {
 		return nil, errConstraintsAlone
 	}
 	return tx.Prepare(ctx, name, sql)
 }
 
-func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	tx, c, v, constraints := t.sendCall(ctx, sql, args, false)
-	if !constraints || tx.Conn() == nil {
-		// No connection: a stand-in for a transaction not begun yet
-		// (notx), which answers for itself.
-		return tx.Exec(ctx, c.sql, c.args...)
+// CopyFrom sends pgx's COPY, whose text pgx writes from the names given,
+// each double-quoted: it runs only while the session's client_encoding, as
+// the server last reported it, is UTF8, where no byte of a name can end
+// its quotes.
+func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	tx := t.open()
+	if tx == t.tx {
+		if enc := tx.Conn().PgConn().ParameterStatus("client_encoding"); enc != "UTF8" {
+			return 0, fmt.Errorf("the COPY was not sent: the session's client_encoding is %q, and kafkaonce sends a COPY only in UTF8", enc)
+		}
 	}
-	return t.setConstraints(ctx, c, v)
+	return tx.CopyFrom(ctx, table, columns, src)
 }
 
-func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	tx, c, _, constraints := t.sendCall(ctx, sql, args, false)
-	if constraints {
-		tx = notx.Refusing(errConstraintsAlone)
-	}
-	return tx.Query(ctx, c.sql, c.args...)
-}
-
-func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	tx, c, _, constraints := t.sendCall(ctx, sql, args, false)
-	if constraints {
-		tx = notx.Refusing(errConstraintsAlone)
-	}
-	return tx.QueryRow(ctx, c.sql, c.args...)
-}
-
-// Conn returns the transaction's connection, or nil once the call is over.
-func (t *Tx) Conn() *pgx.Conn { return t.live().Conn() }
+// Conn returns nil: a statement sent on the bare connection would pass the
+// guard by. Everything a handler needs is on the transaction itself.
+func (t *Tx) Conn() *pgx.Conn { return nil }
 
 var _ pgx.Tx = (*Tx)(nil)

@@ -46,9 +46,9 @@ var (
 	// ErrTxAborted means the handler returned nil, but a statement in its
 	// transaction had failed, so the transaction could not commit.
 	ErrTxAborted = kafkaoncetype.ErrTxAborted
-	// ErrTxEnded means the handler ended its transaction with a COMMIT or
-	// ROLLBACK statement on the bare connection (tx.Conn()), which the
-	// guard cannot see. It wraps txguard.ErrTxControlled.
+	// ErrTxEnded means the handler's transaction was ended by a statement
+	// the guard did not send (one sent on the connection around it). It
+	// wraps txguard.ErrTxControlled.
 	ErrTxEnded = kafkaoncetype.ErrTxEnded
 	// ErrRowsLeftOpen means the handler returned with the rows of a query
 	// still open (rows.Close was not called, or the rows were not read to
@@ -168,8 +168,8 @@ func (a *Attempt) CallFor(ctx context.Context, i, n int, tx pgx.Tx, fn func(ctx 
 	}
 	switch c.PgConn().TxStatus() {
 	case 'I':
-		// Not in a transaction any more: the handler ended it with a
-		// COMMIT or ROLLBACK statement, which the guard cannot refuse.
+		// Not in a transaction any more: a COMMIT or ROLLBACK the guard
+		// did not send ended it.
 		return ErrTxEnded
 	case 'E':
 		if err == nil {

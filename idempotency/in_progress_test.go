@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/idempotency"
@@ -218,4 +219,60 @@ func heldPastItsLease(lease, over time.Duration, resumed func(ctx context.Contex
 			return idempotency.Respond(http.StatusCreated, nil, []byte("done")), nil
 		}}},
 	}
+}
+
+// A failed statement aborts only the handler's part of the transaction:
+// the key stays in progress until the handler returns, so a duplicate
+// sent meanwhile is answered 409 (and, with InProgressWait, waits for the
+// first to end, then runs afresh: never beside it).
+func TestAKeyStaysInProgressAfterAFailedStatement(t *testing.T) {
+	t.Parallel()
+	t.Run("no wait", func(t *testing.T) {
+		t.Parallel()
+		p := newPayments(t, nil)
+		var duplicate atomic.Int64
+		var calls atomic.Int64
+		p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+			if calls.Add(1) > 1 {
+				return p.create(w, r, tx)
+			}
+			_, err := tx.Exec(r.Context(), `SELECT 1/0`)
+			assert.Error(t, err)
+			resp, _ := p.post("k1", "alice", `{"amount":1}`)
+			duplicate.Store(int64(resp.StatusCode))
+			return err
+		}
+		resp, body := p.post("k1", "alice", `{"amount":1}`)
+		require.Equal(t, http.StatusInternalServerError, resp.StatusCode, body)
+		require.EqualValues(t, http.StatusConflict, duplicate.Load(), "the duplicate finds the key in progress")
+		require.EqualValues(t, 1, calls.Load(), "the handler ran once")
+	})
+	t.Run("InProgressWait", func(t *testing.T) {
+		t.Parallel()
+		p := newPayments(t, &idempotency.Config{InProgressWait: 10 * time.Second})
+		var running, most atomic.Int64
+		failed := make(chan struct{})
+		p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+			now := running.Add(1)
+			defer running.Add(-1)
+			for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+			}
+			select {
+			case <-failed:
+				return p.create(w, r, tx)
+			default:
+			}
+			_, err := tx.Exec(r.Context(), `SELECT 1/0`)
+			close(failed)
+			time.Sleep(300 * time.Millisecond) // still running, after the failure: a duplicate must not start
+			return err
+		}
+		first := p.postInBackground("k1", "alice", `{"amount":1}`)
+		<-failed
+		second := p.postInBackground("k1", "alice", `{"amount":1}`)
+		require.Equal(t, http.StatusInternalServerError, (<-first).status)
+		require.Equal(t, http.StatusCreated, (<-second).status, "the duplicate ran afresh once the first ended")
+		require.EqualValues(t, 1, most.Load(), "never two calls at once")
+		require.EqualValues(t, 1, p.count())
+	})
 }

@@ -291,8 +291,18 @@ func (s *Server) begin(ctx context.Context, queue func(b *pgx.Batch, idle string
 	if !done.setsIdle && idle != "" {
 		b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, idle)
 	}
+	// What the handler sends runs in a savepoint: a statement of its that
+	// fails aborts only the savepoint, so the transaction keeps its locks
+	// (the key's, a run's row) until the handler returns and the
+	// transaction ends. (An aborted transaction releases its locks at
+	// once, not at its ROLLBACK.) COMMIT commits the savepoint with the
+	// rest.
+	b.Queue(handlerSavepoint)
 	return t, conn.SendBatch(ctx, b).Close()
 }
+
+// handlerSavepoint opens the savepoint a request's user code runs in.
+const handlerSavepoint = "SAVEPOINT kafkaonce_request"
 
 // opening is what a queue function given to begin did of begin's work.
 type opening struct{ setsIdle, opensCheck bool }

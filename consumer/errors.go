@@ -24,6 +24,7 @@ var (
 	ErrHandlerPanicked        = kafkaoncetype.ErrHandlerPanicked
 	ErrTxAborted              = kafkaoncetype.ErrTxAborted
 	ErrTxEnded                = kafkaoncetype.ErrTxEnded
+	ErrSessionChanged         = kafkaoncetype.ErrSessionChanged
 	ErrRowsLeftOpen           = kafkaoncetype.ErrRowsLeftOpen
 	ErrHandlerTimeout         = kafkaoncetype.ErrHandlerTimeout
 )
@@ -63,8 +64,9 @@ func Permanent(err error) error { return permanent.Mark(err) }
 // own classification, so it cannot disagree with it: an error marked by
 // Permanent (or outbox.Permanent), a panic (ErrHandlerPanicked), a misuse
 // of the transaction (ErrTxControlledByConsumer, ErrTxEnded,
-// ErrRowsLeftOpen), a payload encoding/json could not decode, and a
-// Postgres error the same data would raise again are permanent;
+// ErrSessionChanged, ErrRowsLeftOpen), a payload encoding/json could not
+// decode, and a Postgres error the same data would raise again are
+// permanent;
 // docs/failures.md lists every case, with the SQLSTATE classes. Any other
 // error is retried alone, with backoff, up to Config.Retry.MaxAttempts; a
 // failure of the database is retried without counting an attempt. Which

@@ -15,33 +15,41 @@ import (
 // request's transaction" (migration 017): every transaction the server
 // begins opens with a row in open_requests that cannot be committed (a
 // foreign key, checked at COMMIT, to a table that stays empty), and the
-// server's closing round trip deletes it first, so a COMMIT the handler
-// sent on the bare connection finds the row and is refused. The guard
-// around the handler's pgx.Tx is the other half: it sends no statement
-// that would end the transaction.
+// server's closing round trip deletes it first, so a COMMIT the server did
+// not send finds the row and is refused. The guard around the handler's
+// pgx.Tx is the other half: it sends no statement that would end the
+// transaction, and hands out no bare connection.
 type commitCheck struct {
-	open, openUnlessStored, close, deferred string
-	guard                                   *txguard.CommitCheck
+	open, openUnlessStored, lift, close, deferred string
+	guard                                         *txguard.CommitCheck
 }
 
 func newCommitCheck(schemaName, keysTable string) *commitCheck {
 	requests := schema.Table(schemaName, "open_requests")
 	// The row's ctid is kept in a setting of the transaction, for the
-	// close to find the row without an index.
-	opened := `SELECT set_config('kafkaonce.open_request', ctid::text, true) FROM opened`
+	// close to find the row without an index, with the role and the
+	// session user the transaction began with, which the close checks
+	// and puts back (see schema.AfterUserCode).
+	opened := `SELECT set_config('kafkaonce.open_request', ctid::text, true), ` + schema.BeganAs + ` FROM opened`
+	closeRequest := schema.Table(schemaName, "close_request")
 	c := &commitCheck{
 		open: `WITH opened AS (INSERT INTO ` + requests + ` DEFAULT VALUES RETURNING ctid) ` + opened,
 		openUnlessStored: `WITH opened AS (INSERT INTO ` + requests + ` (backend) SELECT pg_backend_pid() WHERE NOT EXISTS (
 			SELECT FROM ` + keysTable + ` WHERE scope = $1 AND idem_key = $2 AND status IS NOT NULL AND expires_at > clock_timestamp())
 			RETURNING ctid) ` + opened,
-		close:    `SELECT ` + schema.Table(schemaName, "close_request") + `()`,
+		// The close checks the session the handler left first (migration
+		// 022); lifting the check around a handler's SET CONSTRAINTS only
+		// deletes the row, in the middle of the handler's work, whose
+		// settings it leaves as they are.
+		close:    `SELECT ` + closeRequest + `(pg_catalog.current_schemas(true))`,
+		lift:     `SELECT ` + closeRequest + `()`,
 		deferred: `SET CONSTRAINTS ` + schema.Table(schemaName, "open_requests_closed_at_commit") + ` DEFERRED`,
 	}
 	// Around a handler's SET CONSTRAINTS … IMMEDIATE: the row goes (so the
 	// check that statement fires finds nothing to refuse), then the check
 	// is deferred again and a row is back.
 	c.guard = &txguard.CommitCheck{
-		Lift: c.queueClose,
+		Lift: func(b *pgx.Batch) { b.Queue(c.lift) },
 		Restore: func(b *pgx.Batch) {
 			b.Queue(c.deferred)
 			c.queueOpen(b)
@@ -67,7 +75,9 @@ func (c *commitCheck) queueOpenUnlessStored(b *pgx.Batch, scope, key string) {
 }
 
 // queueClose adds its closing to b, the last round trip, before the
-// COMMIT: it fails (KO004) when the transaction is not the one opened.
+// COMMIT: it fails (KO005) when the handler left the session unfit for the
+// server's statements (see schema.AfterUserCode), and (KO004) when the
+// transaction is not the one opened.
 func (c *commitCheck) queueClose(b *pgx.Batch) { b.Queue(c.close) }
 
 // requestNotOpen is the SQLSTATE the close raises when the transaction is
@@ -76,13 +86,14 @@ func (c *commitCheck) queueClose(b *pgx.Batch) { b.Queue(c.close) }
 const requestNotOpen = "KO004"
 
 // handlersFault reports whether err, from the closing round trip, is the
-// handler's doing rather than the database's: requestNotOpen (the handler
-// ended the server's transaction on the bare connection and began another,
-// ROLLBACK AND CHAIN say), an integrity constraint (class 23) its tables
-// deferred to COMMIT, or a state it left the transaction in (class 25:
-// made read-only on the bare connection, say). A retry meets any of them
-// again, so none is answered "try again": each is the request's failure,
-// like an error the handler returned.
+// handler's doing rather than the database's: requestNotOpen (the
+// transaction is not the one the server opened), schema.SessionChanged
+// (the handler changed a setting the server's statements rely on), an
+// integrity constraint (class 23) its tables deferred to COMMIT, or a
+// state it left the transaction in (class 25: made read-only with
+// set_config, say). A retry meets any of them again, so none is answered
+// "try again": each is the request's failure, like an error the handler
+// returned.
 func handlersFault(err error) bool {
 	var pg *pgconn.PgError
 	if !errors.As(err, &pg) {
@@ -93,7 +104,7 @@ func handlersFault(err error) bool {
 		// idle_in_transaction_session_timeout, transaction_timeout: the
 		// server ended the session; a retry that is quicker gets through.
 		return false
-	case pg.Code == requestNotOpen, strings.HasPrefix(pg.Code, "23"), strings.HasPrefix(pg.Code, "25"):
+	case pg.Code == requestNotOpen, pg.Code == schema.SessionChanged, strings.HasPrefix(pg.Code, "23"), strings.HasPrefix(pg.Code, "25"):
 		return true
 	}
 	return false

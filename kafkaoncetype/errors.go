@@ -87,6 +87,18 @@ var (
 	// aside as for ErrTxControlledByConsumer, which it matches too.
 	ErrTxEnded = fmt.Errorf("%w: it ended the transaction with a COMMIT or ROLLBACK statement", ErrTxControlledByConsumer)
 
+	// ErrSessionChanged says a handler left its session unfit for the
+	// consumer's own statements after it: a client_encoding other than
+	// UTF8, a search_path that puts a schema before pg_catalog, a
+	// session_replication_role other than origin,
+	// standard_conforming_strings off, or another session user. The
+	// database checks it once the handlers are done, and the transaction
+	// rolls back; the message is set aside as for
+	// ErrTxControlledByConsumer, which it matches too. SET LOCAL ROLE is
+	// not one of these: the consumer's statements run as the role the
+	// transaction began with.
+	ErrSessionChanged = fmt.Errorf("%w: it changed a setting of the session the consumer's statements rely on", ErrTxControlledByConsumer)
+
 	// ErrRowsLeftOpen says the handler returned with a query's rows still
 	// open (rows.Close not called): the transaction's connection can run
 	// nothing else. It is a bug of the handler's, so the message is set

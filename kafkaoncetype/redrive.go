@@ -22,3 +22,6 @@ type RedriveError struct {
 }
 
 func (e RedriveError) Error() string { return fmt.Sprintf("dead letter %d: %v", e.LetterID, e.Err) }
+
+// Unwrap returns the letter's error, for errors.Is and errors.As.
+func (e RedriveError) Unwrap() error { return e.Err }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/internal/store/claims"
 	"github.com/kafkaonce/kafkaonce/internal/store/positions"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
@@ -497,6 +498,8 @@ func (a *txAttempt) commitFailed(ce *commitError, h *handled, userStatements, cl
 		return infra(fmt.Errorf("commit: nothing was sent: %w", ce.err))
 	case errors.As(ce.err, &pgErr) && pgErr.Code == positions.TxEnded:
 		return a.txEnded(h, ce.err)
+	case pgErr != nil && pgErr.Code == schema.SessionChanged:
+		return a.sessionChanged(h, ce.err)
 	case pgErr != nil && pgErr.Code == readOnlyTransaction && ce.stmt >= userStatements:
 		// The batch wrote when it began, so the server was not read only
 		// then, and a transaction does not turn read only by itself: a

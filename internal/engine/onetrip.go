@@ -12,6 +12,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/notx"
+	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/internal/store/claims"
 	"github.com/kafkaonce/kafkaonce/internal/store/positions"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
@@ -176,6 +177,8 @@ func (a *txAttempt) oneTripFailed(ce *commitError, claimed bool) (out txOutcome,
 		why = "a message taken for a re-send is not claimed with the same content"
 	case pgErr.Code == positions.TxEnded:
 		why = "a queued statement ended the transaction"
+	case pgErr.Code == schema.SessionChanged:
+		why = "a queued statement changed a setting the consumer's statements rely on"
 	case !claimed && pgErr.Code == "23505":
 		why = "a message id was already claimed"
 	case !claimed:

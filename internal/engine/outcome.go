@@ -116,6 +116,18 @@ func (a *txAttempt) txEnded(h *handled, err error) txOutcome {
 	return a.handlersFailed(h, err)
 }
 
+// sessionChanged is the outcome of a transaction whose handlers left the
+// session unfit for the consumer's statements (see schema.AfterUserCode),
+// found when they were done: nothing of it is durable, and the handler
+// that did it failed, a misuse to set aside, found as for txEnded.
+func (a *txAttempt) sessionChanged(h *handled, err error) txOutcome {
+	err = fmt.Errorf("%w (%w)", kafkaoncetype.ErrSessionChanged, err)
+	if h.batch != nil {
+		return a.batchFailed(h.batch, err)
+	}
+	return a.handlersFailed(h, err)
+}
+
 // handlersFailed is the outcome of a transaction that what its handlers
 // did made fail, at the end, when it can no longer tell which of them:
 // with one message that message failed, with several a transaction per

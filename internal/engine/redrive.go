@@ -8,11 +8,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/internal/store/claims"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
 )
@@ -211,6 +213,11 @@ func (c *Consumer) redriveOne(ctx context.Context, letterID int64, due bool) (ap
 			cctx, endCall := c.hooks.enterHandler(hctx, m)
 			err = c.user.call(cctx, uc, 0, tx, m)
 			endCall(err)
+			if err == nil {
+				// The handler is done: the server checks the session it
+				// left before anything of the consumer's is written.
+				err = c.afterUserCode(ctx, tx)
+			}
 			if err != nil {
 				err = fmt.Errorf("%w: %w", errHandlerFailed, err)
 				if tx.Conn().IsClosed() {
@@ -277,6 +284,18 @@ func (c *Consumer) recordRetryFailed(ctx context.Context, tx pgx.Tx, l *deadlett
 		c.logRetryFailed(l, next, final)
 	}
 	return fmt.Errorf("%w: %w", errRetryRecorded, cause)
+}
+
+// afterUserCode has the server check the session a handler left in tx
+// (see schema.AfterUserCode): an error wrapping ErrSessionChanged when
+// the handler changed what the consumer's statements rely on.
+func (c *Consumer) afterUserCode(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, schema.AfterUserCode(c.cfg.Schema))
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == schema.SessionChanged {
+		return fmt.Errorf("%w (%w)", kafkaoncetype.ErrSessionChanged, err)
+	}
+	return err
 }
 
 // errAlreadySettled rolls back a redrive whose id turned out to be applied;

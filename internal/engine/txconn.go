@@ -253,7 +253,7 @@ func queueCommit(b *pgx.Batch) {
 // session is what every transaction of the consumer starts with: the
 // configured timeouts, set for that transaction only.
 type session struct {
-	// sql sets them; empty when all are LeaveUnset.
+	// sql sets them, and keeps what the transaction began as.
 	sql  string
 	args []any
 	// oneTripHead opens a one-trip batch: the same settings and the
@@ -266,11 +266,7 @@ type session struct {
 }
 
 // queue adds the settings to b, which runs in a transaction.
-func (s *session) queue(b *pgx.Batch) {
-	if s.sql != "" {
-		b.Queue(s.sql, s.args...)
-	}
-}
+func (s *session) queue(b *pgx.Batch) { b.Queue(s.sql, s.args...) }
 
 // session returns the current session settings.
 func (c *deps) session() *session { return c.sess.Load() }
@@ -289,12 +285,7 @@ func (c *deps) setSession(cfg *Config, checkClient bool) {
 func (c *deps) newSession(sql string, args []any) *session {
 	// The one-trip head also opens the batch (see positions.QueueOpen),
 	// with the advance's consumer, topic and partition.
-	head := c.offsets.AdvanceChecked(len(args)+1) + ", " + c.offsets.OpenExpr(len(args)+1)
-	if sql == "" {
-		head = "SELECT " + head
-	} else {
-		head = sql + ", " + head
-	}
+	head := sql + ", " + c.offsets.AdvanceChecked(len(args)+1) + ", " + c.offsets.OpenExpr(len(args)+1)
 	return &session{sql: sql, args: args, oneTripHead: head}
 }
 
@@ -304,12 +295,14 @@ func (c *deps) newSession(sql string, args []any) *session {
 // 14 and later it also sets client_connection_check_interval, so that a
 // statement whose client is gone (a hung handler cut off by closing its
 // connection) is aborted within a second instead of running to its end.
+// It also keeps the role and the session user the transaction began with,
+// for the check after the handlers (see schema.AfterUserCode).
 func sessionSettings(c *Config, checkClient bool) (string, []any) {
-	var sets []string
+	sets := []string{schema.BeganAs}
 	var args []any
 	add := func(name, value string) {
 		args = append(args, value)
-		sets = append(sets, fmt.Sprintf("set_config('%s', $%d, true)", name, len(args)))
+		sets = append(sets, fmt.Sprintf("pg_catalog.set_config('%s', $%d, true)", name, len(args)))
 	}
 	for _, s := range []struct {
 		name string
@@ -325,9 +318,6 @@ func sessionSettings(c *Config, checkClient bool) (string, []any) {
 	}
 	if checkClient {
 		add("client_connection_check_interval", "1000")
-	}
-	if len(sets) == 0 {
-		return "", nil
 	}
 	return "SELECT " + strings.Join(sets, ", "), args
 }
@@ -362,9 +352,6 @@ func (c *deps) readOnly(ctx context.Context, fn func(q querier) error) error {
 // applySession sets the session settings for the rest of tx.
 func (c *deps) applySession(ctx context.Context, tx pgx.Tx) error {
 	s := c.session()
-	if s.sql == "" {
-		return nil
-	}
 	_, err := tx.Exec(ctx, s.sql, s.args...)
 	return err
 }

@@ -37,11 +37,3 @@ func Cut(s string, max int) string {
 }
 
 const cutMarker = "... [truncated]"
-
-// Literal is s as a SQL string literal, for a statement that takes no
-// parameters: an escape string (E'…') with its quotes and backslashes
-// doubled, read the same whatever standard_conforming_strings says. s
-// must be storable (see Storable): a NUL would end the text.
-func Literal(s string) string {
-	return "E'" + strings.ReplaceAll(strings.ReplaceAll(s, `\`, `\\`), "'", "''") + "'"
-}

@@ -40,16 +40,3 @@ func TestCut(t *testing.T) {
 		t.Errorf("Cut of a short text is Clean: %q", got)
 	}
 }
-
-func TestLiteral(t *testing.T) {
-	for s, want := range map[string]string{
-		"ledger":   `E'ledger'`,
-		"it's":     `E'it''s'`,
-		`a\'; --`:  `E'a\\''; --'`,
-		"é\n\t'\\": "E'é\n\t''\\\\'",
-	} {
-		if got := Literal(s); got != want {
-			t.Errorf("Literal(%q) = %s, want %s", s, got, want)
-		}
-	}
-}

@@ -2,11 +2,9 @@ package positions
 
 import (
 	"fmt"
-	"strconv"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/kafkaonce/kafkaonce/internal/pgtext"
 	"github.com/kafkaonce/kafkaonce/internal/txguard"
 )
 
@@ -32,11 +30,17 @@ func (s *Store) OpenExpr(first int) string {
 	return fmt.Sprintf("%s($%d, $%d, $%d)", s.openFn, first, first+1, first+2)
 }
 
-// QueueClose adds to b the statement that closes the partition's batch:
-// it fails with TxEnded when the transaction is not the one that opened it
-// (a ROLLBACK, then statements in a transaction of their own). Run it after
-// the handlers' statements and before the consumer's own.
+// QueueClose adds to b the statements that close the partition's batch,
+// once the handlers are done with its transaction: first the server's
+// check of the session they leave (schema.AfterUserCode: it fails with
+// schema.SessionChanged when a handler changed what the consumer's
+// statements rely on, and puts back the role the transaction began
+// with), then the closing, which fails with TxEnded when the transaction
+// is not the one that opened the batch (a ROLLBACK, then statements in a
+// transaction of their own). Run them after the handlers' statements and
+// before the consumer's own.
 func (s *Store) QueueClose(b *pgx.Batch, consumer, topic string, partition int) {
+	b.Queue(s.afterUserCode)
 	b.Queue("SELECT "+s.closeFn+"($1, $2, $3)", consumer, topic, partition)
 }
 
@@ -44,16 +48,14 @@ func (s *Store) QueueClose(b *pgx.Batch, consumer, topic string, partition int) 
 // handler's transaction lifts it for a SET CONSTRAINTS … IMMEDIATE, a
 // legitimate early look at the handler's own deferred constraints that
 // would fire the check's trigger too: the batch is closed, the statement
-// runs, and the check is deferred again and the batch reopened. The
-// guard sends them as one text with no parameters, so the names are
-// written in as literals.
+// runs, and the check is deferred again and the batch reopened, in one
+// pipeline.
 func (s *Store) CommitCheck(consumer, topic string, partition int) *txguard.CommitCheck {
-	args := pgtext.Literal(consumer) + ", " + pgtext.Literal(topic) + ", " + strconv.Itoa(partition)
 	return &txguard.CommitCheck{
-		Lift: func(b *pgx.Batch) { b.Queue("SELECT " + s.closeFn + "(" + args + ")") },
+		Lift: func(b *pgx.Batch) { b.Queue("SELECT "+s.closeFn+"($1, $2, $3)", consumer, topic, partition) },
 		Restore: func(b *pgx.Batch) {
 			b.Queue("SET CONSTRAINTS " + s.openCheck + " DEFERRED")
-			b.Queue("SELECT " + s.openFn + "(" + args + ")")
+			b.Queue("SELECT "+s.openFn+"($1, $2, $3)", consumer, topic, partition)
 		},
 	}
 }

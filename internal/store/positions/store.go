@@ -21,6 +21,9 @@ type Store struct {
 	// openFn and closeFn open and close a batch (see QueueOpen), and
 	// openCheck is the constraint trigger that checks it at COMMIT.
 	openFn, closeFn, openCheck string
+	// afterUserCode checks the session once the handlers are done (see
+	// QueueClose).
+	afterUserCode string
 }
 
 // NewStore returns a Store for the tables in schemaName.
@@ -47,10 +50,11 @@ ON CONFLICT (consumer, topic, partition) DO NOTHING`,
 		loadSQL:         load,
 		passSQL: `UPDATE ` + t + ` SET next_offset = $5, updated_at = now()
 WHERE consumer = $1 AND topic = $2 AND partition = $3 AND next_offset = $4`,
-		lockSQL:   load + ` FOR UPDATE`,
-		advanceFn: schema.Table(schemaName, "advance_position"),
-		openFn:    schema.Table(schemaName, "open_batch"),
-		closeFn:   schema.Table(schemaName, "close_batch"),
-		openCheck: schema.Table(schemaName, "open_batches_closed_at_commit"),
+		lockSQL:       load + ` FOR UPDATE`,
+		advanceFn:     schema.Table(schemaName, "advance_position"),
+		openFn:        schema.Table(schemaName, "open_batch"),
+		closeFn:       schema.Table(schemaName, "close_batch"),
+		openCheck:     schema.Table(schemaName, "open_batches_closed_at_commit"),
+		afterUserCode: schema.AfterUserCode(schemaName),
 	}, nil
 }

@@ -163,3 +163,29 @@ func TestRunWithACancelledContextReturnsNil(t *testing.T) {
 	cancel()
 	require.NoError(t, c.Run(ctx))
 }
+
+// A pool whose connections send statements in the simple protocol by
+// default (as behind an older PgBouncer) is refused, saying what to use:
+// pgx would join a batch's statements, a handler's queued ones among
+// them, into one text, and cannot write the consumer's arrays into one.
+// New refuses a *pgxpool.Pool; Run refuses any other DB at its start.
+func TestASimpleProtocolPoolIsRefused(t *testing.T) {
+	t.Parallel()
+	e := setupWithDB(t, 1, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol })
+	cfg := e.config(e.applyHandler())
+	_, err := consumer.New(e.db.Pool, cfg)
+	require.ErrorContains(t, err, "QueryExecModeSimpleProtocol")
+	require.ErrorContains(t, err, "pgx.QueryExecModeExec")
+
+	c, err := consumer.New(poolOnly{e.db.Pool}, cfg)
+	require.NoError(t, err, "New cannot see the mode of a DB that is not a pool")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.ErrorContains(t, c.Run(ctx), "QueryExecModeSimpleProtocol")
+}
+
+// poolOnly is a consumer.DB that hides the pool's configuration.
+type poolOnly struct{ p *pgxpool.Pool }
+
+func (p poolOnly) Begin(ctx context.Context) (pgx.Tx, error)          { return p.p.Begin(ctx) }
+func (p poolOnly) Acquire(ctx context.Context) (*pgxpool.Conn, error) { return p.p.Acquire(ctx) }

@@ -47,6 +47,11 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	if p, ok := db.(interface{ Config() *pgxpool.Config }); ok {
+		if err := engine.CheckQueryExecMode(p.Config().ConnConfig.DefaultQueryExecMode); err != nil {
+			return nil, err
+		}
+	}
 	hs, err := sortHooks(c.Hooks)
 	if err != nil {
 		return nil, err

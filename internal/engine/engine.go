@@ -199,6 +199,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return nil
 }
 
+// CheckQueryExecMode refuses a pool whose connections send statements in
+// the simple protocol by default: pgx writes the arguments into the text
+// there, and cannot write the consumer's arrays, and it joins a batch's
+// statements into one text, where the server would run every statement a
+// handler's queued text holds. The extended protocol's modes all work,
+// QueryExecModeExec behind a PgBouncer in transaction mode too.
+func CheckQueryExecMode(mode pgx.QueryExecMode) error {
+	if mode == pgx.QueryExecModeSimpleProtocol {
+		return errors.New("consumer: the pool's DefaultQueryExecMode is QueryExecModeSimpleProtocol, which sends a batch's statements as one text and cannot send the consumer's arrays: use the default, or pgx.QueryExecModeExec behind a PgBouncer in transaction mode")
+	}
+	return nil
+}
+
 // waitForSchema checks the schema, waiting (with backoff, until ctx ends)
 // while Postgres cannot be reached: a worker that starts before its database
 // should wait for it, not exit. A schema that is missing or newer is an error
@@ -223,6 +236,9 @@ func (c *Consumer) checkSchema(ctx context.Context) error {
 		return fmt.Errorf("consumer: connect to Postgres: %w", err)
 	}
 	defer func() { _ = cleanup.Rollback(ctx, tx) }()
+	if err := CheckQueryExecMode(tx.Conn().Config().DefaultQueryExecMode); err != nil {
+		return err
+	}
 	if err := c.applySession(ctx, tx); err != nil {
 		return fmt.Errorf("consumer: connect to Postgres: %w", err)
 	}

@@ -106,6 +106,14 @@ type Config struct {
 	// DefaultIdleInTransactionTimeout; LeaveUnset leaves the server's.
 	IdleInTransactionTimeout time.Duration
 
+	// ProblemTypes are the "type" URIs of the problem details of a 400
+	// for a missing or unusable key, a 409 for a request in progress and
+	// a 422 for a reused key: links a client's developer follows to learn
+	// what the answer means. Point them at your API's documentation. A
+	// field left empty defaults to DefaultProblemTypes', sections of
+	// kafkaonce's docs/http.md.
+	ProblemTypes ProblemTypes
+
 	// Logger gets handler errors, panics and failed commits. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
@@ -152,6 +160,7 @@ func (c *Config) withDefaults() Config {
 	if out.IdleInTransactionTimeout == 0 {
 		out.IdleInTransactionTimeout = DefaultIdleInTransactionTimeout
 	}
+	out.ProblemTypes = out.ProblemTypes.withDefaults()
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -184,5 +193,6 @@ func (c *Config) validate() error {
 	if c.RetryAfter < time.Second {
 		bad("RetryAfter must be at least 1s, the unit of the header (got %v)", c.RetryAfter)
 	}
+	c.ProblemTypes.validate(bad)
 	return errors.Join(errs...)
 }

@@ -3,7 +3,6 @@ package idempotency
 import (
 	"context"
 	"errors"
-	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -75,11 +74,4 @@ func (w *inProgressWait) pause(ctx context.Context) bool {
 	case <-t.C:
 		return true
 	}
-}
-
-// answerInProgress tells a client that a request with its key is still
-// running: 409, to retry after retryAfter.
-func answerInProgress(w http.ResponseWriter, retryAfter time.Duration) {
-	problem(w, http.StatusConflict, "Request in progress",
-		"a request with this key is still running: retry after a while with the same key to get its response", retryAfter)
 }

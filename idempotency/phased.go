@@ -98,7 +98,7 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		case stillInProgress(ctx, err) || err == nil && !got:
 			t.end(ctx)
-			answerInProgress(w, s.cfg.RetryAfter)
+			s.answerInProgress(w, stillRunning, s.cfg.RetryAfter)
 			return
 		case err != nil:
 			t.end(ctx)
@@ -149,8 +149,7 @@ func (p *Phased) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case !took && now != nil && !now.expired:
 			s.answerStored(w, k, now) // completed meanwhile
 		case !took:
-			problem(w, http.StatusConflict, "Request in progress",
-				"a request with this key was running: retry with the same key to get its response", s.cfg.RetryAfter)
+			s.answerInProgress(w, "a request with this key was running: retry with the same key to get its response", s.cfg.RetryAfter)
 		default:
 			p.respond(w, r, p.advance(base, run, token, leaseStart))
 		}
@@ -215,11 +214,10 @@ func (p *Phased) respond(w http.ResponseWriter, r *http.Request, res result) {
 	case completed, answered:
 		send(w, res.step.header, res.step.status, res.step.body)
 	case failed:
-		problem(w, http.StatusInternalServerError, "Request failed part way",
+		problem(w, aboutBlank, http.StatusInternalServerError, "Request failed part way",
 			"the request failed after part of it was recorded: retry it with the same key, and it resumes where it stopped", 0)
 	case lost:
-		problem(w, http.StatusConflict, "Request in progress",
-			"another server resumed this request: retry after a while with the same key to get its response", max(p.s.cfg.RetryAfter, res.leaseLeft))
+		p.s.answerInProgress(w, "another server resumed this request: retry after a while with the same key to get its response", max(p.s.cfg.RetryAfter, res.leaseLeft))
 	case unreachable:
 		p.s.unavailable(w, r, "record a recovery point", res.err)
 	}

@@ -2,11 +2,8 @@ package idempotency
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"net/http"
-	"strconv"
-	"time"
 )
 
 // recorder is the ResponseWriter a handler writes to: the response is kept
@@ -66,23 +63,6 @@ func storable(status int) bool {
 func send(w http.ResponseWriter, header http.Header, status int, body []byte) {
 	for name, values := range header {
 		w.Header()[name] = values
-	}
-	w.WriteHeader(status)
-	_, _ = w.Write(body)
-}
-
-// problem answers with an application/problem+json body (RFC 9457) that
-// says what went wrong and what the client should do.
-func problem(w http.ResponseWriter, status int, title, detail string, retryAfter time.Duration) {
-	body, _ := json.Marshal(struct {
-		Type   string `json:"type"`
-		Title  string `json:"title"`
-		Status int    `json:"status"`
-		Detail string `json:"detail"`
-	}{"about:blank", title, status, detail})
-	w.Header().Set("Content-Type", "application/problem+json")
-	if retryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(int((retryAfter+time.Second-1)/time.Second)))
 	}
 	w.WriteHeader(status)
 	_, _ = w.Write(body)

@@ -123,18 +123,18 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, required bool) (*
 	required = required || s.cfg.RequireKey && slices.Contains(s.cfg.Methods, r.Method)
 	switch {
 	case len(values) == 0 && required:
-		problem(w, http.StatusBadRequest, "Idempotency key missing",
+		problem(w, s.cfg.ProblemTypes.KeyMissing, http.StatusBadRequest, "Idempotency key missing",
 			fmt.Sprintf("%s requests need an %s header: make one key (a UUID) per operation and send it again on every retry of it", r.Method, s.cfg.Header), 0)
 		return nil, false
 	case len(values) == 0 || !required && !slices.Contains(s.cfg.Methods, r.Method):
 		return nil, true
 	case len(values) > 1:
-		problem(w, http.StatusBadRequest, "Idempotency key repeated", fmt.Sprintf("send one %s header, not %d", s.cfg.Header, len(values)), 0)
+		problem(w, s.cfg.ProblemTypes.KeyMissing, http.StatusBadRequest, "Idempotency key repeated", fmt.Sprintf("send one %s header, not %d", s.cfg.Header, len(values)), 0)
 		return nil, false
 	}
 	key := values[0]
 	if err := ValidateKey(key); err != nil {
-		problem(w, http.StatusBadRequest, "Idempotency key invalid", fmt.Sprintf("the %s header %v: use 1 to %d bytes of printable ASCII, such as a UUID", s.cfg.Header, err, MaxKeyLen), 0)
+		problem(w, s.cfg.ProblemTypes.KeyMissing, http.StatusBadRequest, "Idempotency key invalid", fmt.Sprintf("the %s header %v: use 1 to %d bytes of printable ASCII, such as a UUID", s.cfg.Header, err, MaxKeyLen), 0)
 		return nil, false
 	}
 	scope, err := s.cfg.Scope(r)
@@ -144,23 +144,23 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, required bool) (*
 		}
 	}
 	if err != nil {
-		problem(w, http.StatusForbidden, "No scope for the idempotency key", err.Error(), 0)
+		problem(w, aboutBlank, http.StatusForbidden, "No scope for the idempotency key", err.Error(), 0)
 		return nil, false
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			problem(w, http.StatusRequestEntityTooLarge, "Request body too large", fmt.Sprintf("the body is longer than the %d bytes allowed", s.cfg.MaxBodyBytes), 0)
+			problem(w, aboutBlank, http.StatusRequestEntityTooLarge, "Request body too large", fmt.Sprintf("the body is longer than the %d bytes allowed", s.cfg.MaxBodyBytes), 0)
 			return nil, false
 		}
-		problem(w, http.StatusBadRequest, "Request body unreadable", err.Error(), 0)
+		problem(w, aboutBlank, http.StatusBadRequest, "Request body unreadable", err.Error(), 0)
 		return nil, false
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	route := s.cfg.Route(r)
 	if err := validateText(route, maxRouteLen); err != nil {
-		problem(w, http.StatusBadRequest, "Request route unusable", fmt.Sprintf("the route of this request %v: it cannot name an operation", err), 0)
+		problem(w, aboutBlank, http.StatusBadRequest, "Request route unusable", fmt.Sprintf("the route of this request %v: it cannot name an operation", err), 0)
 		return nil, false
 	}
 	return &keyed{scope: scope, key: key, body: body, row: stored{
@@ -207,7 +207,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, h Handler, k *keyed
 		return
 	case k != nil && (stillInProgress(ctx, err) || err == nil && !got):
 		t.end(ctx)
-		answerInProgress(w, s.cfg.RetryAfter)
+		s.answerInProgress(w, stillRunning, s.cfg.RetryAfter)
 		return
 	case err != nil:
 		t.end(ctx)
@@ -401,7 +401,7 @@ func (s *Server) answerStored(w http.ResponseWriter, k *keyed, row *stored) {
 		// Not a byte of the row is replayed when part of it cannot be: a
 		// response without its headers is another response.
 		s.log.Error("idempotency: a stored response cannot be replayed", slog.String("scope", k.scope), slog.String("key", k.key), slog.String("error", err.Error()))
-		problem(w, http.StatusInternalServerError, "Stored response unreadable",
+		problem(w, aboutBlank, http.StatusInternalServerError, "Stored response unreadable",
 			"the response stored for this key cannot be read back; the request is not run again: ask the API's operators", 0)
 		return
 	}
@@ -416,7 +416,7 @@ func (s *Server) answerRunning(w http.ResponseWriter, k *keyed, row *stored) {
 	if s.refuseOther(w, k, row) {
 		return
 	}
-	answerInProgress(w, max(s.cfg.RetryAfter, row.run.leaseLeft))
+	s.answerInProgress(w, stillRunning, max(s.cfg.RetryAfter, row.run.leaseLeft))
 }
 
 // refuseOther answers 422 when row's key was used for a different request
@@ -425,7 +425,7 @@ func (s *Server) refuseOther(w http.ResponseWriter, k *keyed, row *stored) bool 
 	if bytes.Equal(row.fingerprint, k.row.fingerprint) {
 		return false
 	}
-	problem(w, http.StatusUnprocessableEntity, "Idempotency key reused",
+	problem(w, s.cfg.ProblemTypes.KeyReused, http.StatusUnprocessableEntity, "Idempotency key reused",
 		fmt.Sprintf("this key was used for a different request (%s %s, created %s): make a new key for each operation; a retry must repeat its request exactly",
 			row.method, row.route, row.createdAt.UTC().Format("2006-01-02T15:04:05Z")), 0)
 	return true
@@ -447,7 +447,7 @@ func (s *Server) commitFailed(w http.ResponseWriter, r *http.Request, who string
 // requestFailed answers a request whose user code failed it: its
 // transaction was rolled back, so the key is free for the retry.
 func requestFailed(w http.ResponseWriter) {
-	problem(w, http.StatusInternalServerError, "Request failed", "the request failed and changed nothing: retry it with the same key", 0)
+	problem(w, aboutBlank, http.StatusInternalServerError, "Request failed", "the request failed and changed nothing: retry it with the same key", 0)
 }
 
 // unavailable answers a request the database failed: nothing was kept (or,
@@ -458,5 +458,5 @@ func (s *Server) unavailable(w http.ResponseWriter, r *http.Request, what string
 	// router, a client gone): a silent handler would be a 200.
 	s.log.Warn("idempotency: the database failed; the client may retry with the same key",
 		slog.String("step", what), slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("error", err.Error()))
-	problem(w, http.StatusServiceUnavailable, "Database unavailable", "the request could not be completed: retry it with the same key", s.cfg.RetryAfter)
+	problem(w, aboutBlank, http.StatusServiceUnavailable, "Database unavailable", "the request could not be completed: retry it with the same key", s.cfg.RetryAfter)
 }

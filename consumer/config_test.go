@@ -189,3 +189,28 @@ type poolOnly struct{ p *pgxpool.Pool }
 
 func (p poolOnly) Begin(ctx context.Context) (pgx.Tx, error)          { return p.p.Begin(ctx) }
 func (p poolOnly) Acquire(ctx context.Context) (*pgxpool.Conn, error) { return p.p.Acquire(ctx) }
+
+// A pool whose sessions start unfit for the consumer's statements (the
+// check every batch makes once its handlers are done would fail for what
+// no handler did, and set every message aside) is refused when Run
+// starts, saying what to fix.
+func TestAPoolWhoseSessionsStartUnfitIsRefused(t *testing.T) {
+	t.Parallel()
+	for name, param := range map[string][2]string{
+		"a schema before pg_catalog":       {"search_path", "public, pg_catalog"},
+		"session_replication_role replica": {"session_replication_role", "replica"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := setupWithDB(t, 1, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams[param[0]] = param[1] })
+			c, err := consumer.New(e.db.Pool, e.config(e.applyHandler()))
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err = c.Run(ctx)
+			require.ErrorContains(t, err, "before any handler ran")
+			require.ErrorContains(t, err, "fix the pool's settings")
+			require.ErrorContains(t, err, "KO005")
+		})
+	}
+}

@@ -245,6 +245,14 @@ func (c *Consumer) checkSchema(ctx context.Context) error {
 	if err := schema.RequireLatest(ctx, tx, c.cfg.Schema); err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}
+	// The check every batch makes once its handlers are done, made on
+	// the pool's session as it comes: a pool whose sessions start unfit
+	// (a search_path with a schema before pg_catalog, a replica
+	// session_replication_role) would fail every batch, and set every
+	// message aside, for what no handler did.
+	if _, err := tx.Exec(ctx, schema.AfterUserCode(c.cfg.Schema)); err != nil {
+		return fmt.Errorf("consumer: the pool's sessions, before any handler ran, are not as the consumer's statements need them: fix the pool's settings (its connection string, the role's or the database's defaults): %w", err)
+	}
 	if c.storeID, err = schema.StoreID(ctx, tx, c.cfg.Schema); err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}

@@ -88,6 +88,16 @@ func newSetup(t *testing.T, opts ...testenv.DBOption) *setup {
 	return s
 }
 
+// guarded begins a transaction, rolled back when the test ends, and
+// guards it.
+func (s *setup) guarded(t *testing.T) (pgx.Tx, *Tx) {
+	ctx := context.Background()
+	tx, err := s.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	return tx, Wrap(tx)
+}
+
 // written counts the rows anything wrote, committed.
 func (s *setup) written(t *testing.T) int64 { return s.db.Int(t, `SELECT count(*) FROM `+s.table) }
 
@@ -262,10 +272,7 @@ func TestNothingFromTheTransactionWorksAfterTheCall(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	ctx := context.Background()
-	tx, err := s.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	g := Wrap(tx)
+	tx, g := s.guarded(t)
 	require.Nil(t, g.Conn(), "the bare connection")
 
 	require.True(t, boundLargeObjects, "pgx.LargeObjects is a transaction alone")
@@ -361,10 +368,7 @@ func TestCopyFromOnlyInUTF8(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	ctx := context.Background()
-	tx, err := s.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	g := Wrap(tx)
+	_, g := s.guarded(t)
 	table := pgx.Identifier{s.db.Schema, "written"}
 	n, err := g.CopyFrom(ctx, table, []string{"n"}, pgx.CopyFromRows([][]any{{1}, {2}}))
 	require.NoError(t, err)

@@ -304,3 +304,48 @@ func TestARedriveChangingTheSessionFails(t *testing.T) {
 	e.requireExactlyOnce(ids)
 	require.Equal(t, "applied", e.claimStatus("é-1"))
 }
+
+// A statement prepared under a name a text could be (pgx would run it in
+// place of that text, the consumer's own COMMIT included, for the rest of
+// the session) is refused, and its message set aside; the other messages
+// are applied once, and the partition's offsets follow what committed.
+func TestAStatementPreparedUnderAStatementsNameIsSetAside(t *testing.T) {
+	t.Parallel()
+	for way, w := range sendWays[:2] {
+		t.Run(w.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, 1)
+			cfg := misbehaving(e, way, "", nil)
+			prepare := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if m.ID != "x-4" {
+					return nil
+				}
+				_, err := tx.Prepare(ctx, "COMMIT", "SELECT 1")
+				return err
+			}
+			if w.batch {
+				h := cfg.BatchHandler
+				cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
+					for _, m := range b.Messages {
+						if err := prepare(ctx, b.Tx, m); err != nil {
+							return err
+						}
+					}
+					return h.HandleBatch(ctx, b)
+				})
+			} else {
+				h := cfg.Handler
+				cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+					if err := prepare(ctx, tx, m); err != nil {
+						return err
+					}
+					return h.Handle(ctx, tx, m)
+				})
+			}
+			ids := runMisbehaving(e, cfg, "x")
+			l := e.letters()["x-4"]
+			require.Equal(t, deadletter.ClassTxMisuse, l.Class, "the letter of x-4: %s", l.Error)
+			e.check(expectation{ids: ids, poison: []string{"x-4"}})
+		})
+	}
+}

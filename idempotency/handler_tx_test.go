@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"net/http"
 	"sync/atomic"
@@ -547,4 +548,81 @@ func TestATransactionEndedForIdlingIsTryAgain(t *testing.T) {
 	p.handle = p.create
 	resp, body = p.post("k1", "alice", `{"amount":1}`)
 	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
+}
+
+// keepConn is a pgx.QueryRewriter that changes nothing, and keeps the
+// connection it is handed.
+type keepConn struct{ got **pgx.Conn }
+
+func (k keepConn) RewriteQuery(_ context.Context, conn *pgx.Conn, sql string, args []any) (string, []any, error) {
+	*k.got = conn
+	return sql, args, nil
+}
+
+// A QueryRewriter is applied by the guard, which hands it no connection:
+// the bare connection, kept past the request, would run statements in
+// whatever transaction the pooled connection holds next.
+func TestARewriterGetsNoConnection(t *testing.T) {
+	t.Parallel()
+	p := newPayments(t, nil)
+	var kept *pgx.Conn
+	handed := false
+	p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		if _, err := tx.Exec(r.Context(), `SELECT $1::int`, keepConn{&kept}, 1); err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		b.Queue(`SELECT $1::int`, keepConn{&kept}, 2)
+		if err := tx.SendBatch(r.Context(), b).Close(); err != nil {
+			return err
+		}
+		handed = kept != nil
+		return p.create(w, r, tx)
+	}
+	resp, body := p.post("k1", "alice", `{"amount":1}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
+	require.False(t, handed, "a rewriter was handed the connection")
+}
+
+// pgx runs the statement prepared under a name in place of any text equal
+// to it, for the rest of the session: a handler's statement prepared as
+// "COMMIT" would stand in for the server's own COMMIT, which would then
+// commit nothing, of this request or of the next ones on the connection.
+// Such a name is refused, and the request fails with nothing kept; a name
+// no text can be is prepared, and runs by its name.
+func TestAStatementPreparedUnderAStatementsNameIsRefused(t *testing.T) {
+	t.Parallel()
+	p := newPaymentsOn(t, testenv.NewDB(t, testenv.MaxConns(1)), nil)
+	for i, name := range []string{"COMMIT", "commit", "rollback", "BEGIN", "End", "SELECT 1", "a b", "x;", "stmt$1", "é"} {
+		p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+			_, err := tx.Prepare(r.Context(), name, "SELECT 1")
+			assert.ErrorIs(t, err, idempotency.ErrTxControlled, "%q", name)
+			if err := p.create(w, r, tx); err != nil {
+				return err
+			}
+			return err
+		}
+		resp, body := p.post(fmt.Sprintf("k-%d", i), "mallory", `{"amount":1}`)
+		require.Equal(t, http.StatusInternalServerError, resp.StatusCode, "%q: %s", name, body)
+	}
+	require.Zero(t, p.count())
+	require.Zero(t, p.keysStored())
+
+	p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		if _, err := tx.Prepare(r.Context(), "insert_payment", `INSERT INTO `+p.table+` (amount, account) VALUES ($1, $2)`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(r.Context(), "insert_payment", 1, "a"); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}
+	resp, body := p.post("k1", "alice", `{"amount":1}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
+	p.handle = p.create // the same pooled connection
+	resp, body = p.post("k2", "alice", `{"amount":1}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
+	require.EqualValues(t, 2, p.count())
+	require.EqualValues(t, 2, p.keysStored())
 }

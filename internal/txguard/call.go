@@ -2,7 +2,6 @@ package txguard
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -67,9 +66,10 @@ var errRewritesLoop = fmt.Errorf("the query's QueryRewriter returned arguments l
 
 // resolve applies the QueryRewriter among the leading options of args to
 // sql, as pgx does, until none is left. In a batch, pgx reads no option
-// but a rewriter. conn is asked for only when there is a rewriter to give
-// it to: a batch handler's transaction opens at its first use.
-func resolve(ctx context.Context, conn func() *pgx.Conn, sql string, args []any, batch bool) (call, error) {
+// but a rewriter. The rewriter gets no connection (nil), where pgx would
+// give it the bare one, which the guard hands out to nobody: pgx's own
+// (NamedArgs, StrictNamedArgs) do not use it.
+func resolve(ctx context.Context, sql string, args []any, batch bool) (call, error) {
 	for range maxRewrites {
 		var rewriter pgx.QueryRewriter
 		c := call{sql: sql}
@@ -97,11 +97,7 @@ func resolve(ctx context.Context, conn func() *pgx.Conn, sql string, args []any,
 			c.params = params
 			return c, nil
 		}
-		cn := conn()
-		if cn == nil {
-			return call{}, errors.New("a QueryRewriter needs the transaction's connection, and there is none")
-		}
-		rewritten, rewrittenArgs, err := rewriter.RewriteQuery(ctx, cn, sql, params)
+		rewritten, rewrittenArgs, err := rewriter.RewriteQuery(ctx, nil, sql, params)
 		if err != nil {
 			return call{}, fmt.Errorf("rewrite query failed: %w", err)
 		}

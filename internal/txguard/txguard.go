@@ -24,7 +24,10 @@
 // keywords (see lead.go): one that controls the transaction (COMMIT,
 // ROLLBACK, BEGIN, SAVEPOINT, PREPARE TRANSACTION, SET TRANSACTION …) is
 // not sent. Nor is any statement once the connection, as the server last
-// reported, is no longer in a transaction.
+// reported, is no longer in a transaction. pgx's doors that take a name
+// are narrowed to what cannot stand in for another text: a prepared
+// statement's name is one no text can be (see preparedName), and a
+// QueryRewriter is handed no connection.
 //
 // The bare connection is not handed out: Conn returns nil, since a
 // statement sent on it would pass all of the above. The database checks
@@ -37,6 +40,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -82,11 +86,11 @@ func Refuses(sql string) error { return kindOf(sql).refusal() }
 // transaction answers them with. For statements a handler queues to be
 // sent later; a rewriter it passes gets no context of the call.
 func Queued(tx pgx.Tx, sql string, args []any) (string, []any, error) {
-	conn, check := tx.Conn, (*CommitCheck)(nil)
+	var check *CommitCheck
 	if g, ok := tx.(*Tx); ok {
-		conn, check = g.live().Conn, g.state.check
+		check = g.state.check
 	}
-	c, err := resolve(context.Background(), conn, sql, args, true)
+	c, err := resolve(context.Background(), sql, args, true)
 	if err != nil {
 		return "", nil, err
 	}
@@ -220,7 +224,7 @@ func (t *Tx) send(ctx context.Context, sql string, args []any, batch bool) (tx p
 	if tx != t.tx {
 		return tx, call{sql: sql, params: args}, false
 	}
-	c, err := resolve(ctx, tx.Conn, sql, args, batch)
+	c, err := resolve(ctx, sql, args, batch)
 	if err != nil {
 		return notx.Refusing(err), call{sql: sql, params: args}, false
 	}
@@ -299,13 +303,46 @@ func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 }
 
 // Prepare prepares sql under name: a Parse message, one statement. A
-// statement prepared to run later is judged now, as if it ran now.
+// statement prepared to run later is judged now, as if it ran now; its
+// name must be one no statement's text can be (see preparedName).
 func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := preparedName(name); err != nil {
+		return nil, err
+	}
 	tx, _, constraints := t.send(ctx, sql, nil, false)
 	if constraints {
 		return nil, errConstraintsAlone
 	}
 	return tx.Prepare(ctx, name, sql)
+}
+
+// preparedName refuses a name for a prepared statement that a text could
+// be. pgx runs the statement prepared under a name in place of any text
+// equal to it, sent by anyone on the connection, for the rest of the
+// session: kafkaonce's own COMMIT would run a handler's "SELECT 1"
+// prepared as "COMMIT". A name of letters, digits and underscores holds
+// no space, so it equals no text of more than one word, and one that is
+// not a statement's keyword equals no text of one word (ABORT, BEGIN,
+// COMMIT, END, ROLLBACK …, whatever their case). The unnamed statement
+// ("") is not kept.
+func preparedName(name string) error {
+	if name == "" {
+		return nil
+	}
+	ok := wordStart(name[0]) && name[0] < 0x80
+	for i := 1; ok && i < len(name); i++ {
+		ok = name[i] < 0x80 && wordPart(name[i]) && name[i] != '$'
+	}
+	if ok && !oneWordStatements[strings.ToUpper(name)] {
+		return nil
+	}
+	return fmt.Errorf("%w: the statement was not prepared: name it with letters, digits and underscores, and not a statement's keyword such as COMMIT (got %q): pgx runs a prepared statement in place of any text equal to its name, the consumer's own statements included", ErrTxControlled, name)
+}
+
+// oneWordStatements are the statements PostgreSQL reads from one keyword.
+var oneWordStatements = map[string]bool{
+	"ABORT": true, "ANALYSE": true, "ANALYZE": true, "BEGIN": true, "CHECKPOINT": true,
+	"CLUSTER": true, "COMMIT": true, "END": true, "ROLLBACK": true, "VACUUM": true,
 }
 
 // CopyFrom sends pgx's COPY, whose text pgx writes from the names given,

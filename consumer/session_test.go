@@ -349,3 +349,57 @@ func TestAStatementPreparedUnderAStatementsNameIsSetAside(t *testing.T) {
 		})
 	}
 }
+
+// A handler that set its role for row-level security (one that may not
+// touch kafkaonce's tables) may still check its deferred constraints
+// early: the batch's commit check is lifted and put back as the role the
+// transaction began with, and the handler goes on as its own.
+func TestSetConstraintsUnderARoleForRowLevelSecurity(t *testing.T) {
+	t.Parallel()
+	for way, w := range sendWays[:2] {
+		t.Run(w.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, 1)
+			tenant := testenv.Name(t, "tenant")
+			effects := e.db.Table("effects")
+			e.db.Exec(t, `CREATE ROLE `+tenant+` NOLOGIN`)
+			t.Cleanup(func() { e.db.Exec(t, `DROP OWNED BY `+tenant+`; DROP ROLE `+tenant) })
+			e.db.Exec(t, `GRANT USAGE ON SCHEMA `+e.db.Schema+` TO `+tenant)
+			e.db.Exec(t, `GRANT SELECT, INSERT ON `+effects+` TO `+tenant)
+			cfg := misbehaving(e, way, "", nil)
+			around := func(ctx context.Context, tx pgx.Tx, apply func() error) error {
+				if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+tenant); err != nil {
+					return err
+				}
+				if err := apply(); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil {
+					return err
+				}
+				var role string
+				if err := tx.QueryRow(ctx, `SELECT current_user`).Scan(&role); err != nil {
+					return err
+				}
+				if role != tenant {
+					return fmt.Errorf("the handler runs as %s after SET CONSTRAINTS, not as the role it set", role)
+				}
+				return nil
+			}
+			if w.batch {
+				h := cfg.BatchHandler
+				cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
+					return around(ctx, b.Tx, func() error { return h.HandleBatch(ctx, b) })
+				})
+			} else {
+				h := cfg.Handler
+				cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+					return around(ctx, tx, func() error { return h.Handle(ctx, tx, m) })
+				})
+			}
+			ids := runMisbehaving(e, cfg, "x")
+			require.Empty(t, e.letters())
+			e.check(expectation{ids: ids})
+		})
+	}
+}

@@ -20,8 +20,9 @@ import (
 // pgx.Tx is the other half: it sends no statement that would end the
 // transaction, and hands out no bare connection.
 type commitCheck struct {
-	open, openUnlessStored, lift, close, deferred string
-	guard                                         *txguard.CommitCheck
+	open, openUnlessStored, reopen, lift, close, deferred string
+	asBegan, asHandler                                    string
+	guard                                                 *txguard.CommitCheck
 }
 
 func newCommitCheck(schemaName, keysTable string) *commitCheck {
@@ -30,13 +31,21 @@ func newCommitCheck(schemaName, keysTable string) *commitCheck {
 	// close to find the row without an index, with the role and the
 	// session user the transaction began with, which the close checks
 	// and puts back (see schema.AfterUserCode).
+	reopened := `SELECT set_config('kafkaonce.open_request', ctid::text, true) FROM opened`
 	opened := `SELECT set_config('kafkaonce.open_request', ctid::text, true), ` + schema.BeganAs + ` FROM opened`
+	insert := `WITH opened AS (INSERT INTO ` + requests + ` DEFAULT VALUES RETURNING ctid) `
 	closeRequest := schema.Table(schemaName, "close_request")
 	c := &commitCheck{
-		open: `WITH opened AS (INSERT INTO ` + requests + ` DEFAULT VALUES RETURNING ctid) ` + opened,
+		open: insert + opened,
 		openUnlessStored: `WITH opened AS (INSERT INTO ` + requests + ` (backend) SELECT pg_backend_pid() WHERE NOT EXISTS (
 			SELECT FROM ` + keysTable + ` WHERE scope = $1 AND idem_key = $2 AND status IS NOT NULL AND expires_at > clock_timestamp())
 			RETURNING ctid) ` + opened,
+		// Around a handler's SET CONSTRAINTS the row is put back, and what
+		// the transaction began as is not recorded again: it is the
+		// handler's by then.
+		reopen:    insert + reopened,
+		asBegan:   schema.AsBegan(schemaName),
+		asHandler: schema.AsHandler(schemaName),
 		// The close checks the session the handler left first (migration
 		// 022); lifting the check around a handler's SET CONSTRAINTS only
 		// deletes the row, in the middle of the handler's work, whose
@@ -47,12 +56,19 @@ func newCommitCheck(schemaName, keysTable string) *commitCheck {
 	}
 	// Around a handler's SET CONSTRAINTS … IMMEDIATE: the row goes (so the
 	// check that statement fires finds nothing to refuse), then the check
-	// is deferred again and a row is back.
+	// is deferred again and a row is back; each as the role the
+	// transaction began with (the handler's may not touch open_requests).
 	c.guard = &txguard.CommitCheck{
-		Lift: func(b *pgx.Batch) { b.Queue(c.lift) },
+		Lift: func(b *pgx.Batch) {
+			b.Queue(c.asBegan)
+			b.Queue(c.lift)
+			b.Queue(c.asHandler)
+		},
 		Restore: func(b *pgx.Batch) {
+			b.Queue(c.asBegan)
 			b.Queue(c.deferred)
-			c.queueOpen(b)
+			b.Queue(c.reopen)
+			b.Queue(c.asHandler)
 		},
 	}
 	return c

@@ -280,3 +280,72 @@ func TestAnAtomicPhaseChangingTheSessionFailsAndIsResumed(t *testing.T) {
 	require.Equal(t, []string{"charged ch_1"}, pp.payments(t))
 	require.Equal(t, 1, pp.provider.madeCharges())
 }
+
+// SET CONSTRAINTS between a change of the session and the close changes
+// nothing of what the close checks: a changed session user still fails
+// the request (the commit check put back around it does not record what
+// the transaction began as again), and a role set for row-level security,
+// which may not touch kafkaonce's tables, still commits, the check lifted
+// and put back, and the server's statements run, as the transaction
+// began.
+func TestSetConstraintsAfterAChangeOfTheSession(t *testing.T) {
+	t.Parallel()
+	t.Run("another session user", func(t *testing.T) {
+		t.Parallel()
+		p := newPayments(t, nil)
+		other := testenv.Name(t, "other")
+		p.db.Exec(t, `CREATE ROLE `+other+` SUPERUSER NOLOGIN`)
+		t.Cleanup(func() { p.db.Exec(t, `DROP OWNED BY `+other+`; DROP ROLE `+other) })
+		for _, constraints := range []bool{false, true} {
+			p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+				if _, err := tx.Exec(r.Context(), `SET SESSION AUTHORIZATION `+other); err != nil {
+					return err
+				}
+				if constraints {
+					if _, err := tx.Exec(r.Context(), `SET CONSTRAINTS ALL IMMEDIATE`); err != nil {
+						return err
+					}
+				}
+				return p.create(w, r, tx)
+			}
+			resp, body := p.post("k1", "alice", `{"amount":1}`)
+			require.Equal(t, http.StatusInternalServerError, resp.StatusCode, "SET CONSTRAINTS %v: %s", constraints, body)
+			require.Zero(t, p.count())
+			require.Zero(t, p.keysStored())
+		}
+	})
+	t.Run("a role for row-level security", func(t *testing.T) {
+		t.Parallel()
+		p := newPayments(t, nil)
+		tenant := testenv.Name(t, "tenant")
+		p.db.Exec(t, `CREATE ROLE `+tenant+` NOLOGIN`)
+		t.Cleanup(func() { p.db.Exec(t, `DROP OWNED BY `+tenant+`; DROP ROLE `+tenant) })
+		p.db.Exec(t, `GRANT USAGE ON SCHEMA `+p.db.Schema+` TO `+tenant)
+		p.db.Exec(t, `GRANT SELECT, INSERT ON `+p.table+` TO `+tenant)
+		p.db.Exec(t, `GRANT USAGE ON SEQUENCE `+p.db.Table("payments_id_seq")+` TO `+tenant)
+		p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+			ctx := r.Context()
+			if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+tenant); err != nil {
+				return err
+			}
+			if err := p.create(w, r, tx); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil {
+				return err
+			}
+			var role string
+			if err := tx.QueryRow(ctx, `SELECT current_user`).Scan(&role); err != nil {
+				return err
+			}
+			if role != tenant {
+				return fmt.Errorf("the handler runs as %s after SET CONSTRAINTS, not as the role it set", role)
+			}
+			return nil
+		}
+		resp, body := p.post("k1", "alice", `{"amount":1}`)
+		require.Equal(t, http.StatusCreated, resp.StatusCode, body)
+		require.EqualValues(t, 1, p.count())
+		require.EqualValues(t, 1, p.keysStored())
+	})
+}

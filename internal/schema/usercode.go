@@ -32,3 +32,13 @@ const BeganAs = `pg_catalog.set_config('kafkaonce.role', pg_catalog.current_sett
 func AfterUserCode(schemaName string) string {
 	return `SELECT ` + Table(schemaName, "after_user_code") + `(pg_catalog.current_schemas(true))`
 }
+
+// AsBegan is the statement that switches to the role the transaction began
+// with, keeping the handler's, and AsHandler the one that switches back:
+// what kafkaonce runs in the middle of a handler's work (the commit check
+// lifted around its SET CONSTRAINTS) runs between them, as the
+// transaction began, whatever role the handler set.
+func AsBegan(schemaName string) string { return `SELECT ` + Table(schemaName, "as_began") + `()` }
+
+// AsHandler: see AsBegan.
+func AsHandler(schemaName string) string { return `SELECT ` + Table(schemaName, "as_handler") + `()` }

@@ -16,6 +16,12 @@
 -- role back: kafkaonce's statements run as the role the transaction began
 -- with, so a handler may SET LOCAL ROLE for row-level security.
 --
+-- as_began and as_handler switch the role to the one the transaction
+-- began with and back to the handler's, around what kafkaonce runs in the
+-- middle of a handler's work (the commit check lifted around its SET
+-- CONSTRAINTS): that too runs as the transaction began, whatever role the
+-- handler set.
+--
 -- The caller passes its current_schemas(true): inside, the function runs
 -- with a search_path of its own, so that nothing of a handler's can stand
 -- in for what it calls; pg_catalog must come first among the caller's
@@ -24,6 +30,35 @@
 -- began with are kept in the transaction's settings kafkaonce.role and
 -- kafkaonce.session_user by its first statement; a handler that resets
 -- them (RESET ALL) leaves the role as it is.
+CREATE FUNCTION {{schema}}.as_began()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    began_role text := coalesce(current_setting('kafkaonce.role', true), '');
+BEGIN
+    PERFORM set_config('kafkaonce.handler_role', current_setting('role'), true);
+    IF began_role <> '' AND current_setting('role') <> began_role THEN
+        PERFORM set_config('role', began_role, true);
+    END IF;
+END
+$$;
+
+CREATE FUNCTION {{schema}}.as_handler()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    handler_role text := coalesce(current_setting('kafkaonce.handler_role', true), '');
+BEGIN
+    IF handler_role <> '' AND current_setting('role') <> handler_role THEN
+        PERFORM set_config('role', handler_role, true);
+    END IF;
+END
+$$;
+
 CREATE FUNCTION {{schema}}.after_user_code(p_search_path name[])
 RETURNS void
 LANGUAGE plpgsql
@@ -32,7 +67,6 @@ AS $$
 DECLARE
     first_schema name;
     began_as     text := coalesce(current_setting('kafkaonce.session_user', true), '');
-    began_role   text := coalesce(current_setting('kafkaonce.role', true), '');
 BEGIN
     IF current_setting('client_encoding') <> 'UTF8' THEN
         RAISE EXCEPTION 'kafkaonce: user code set client_encoding to %: kafkaonce''s statements send their text in UTF8, so it must stay UTF8', current_setting('client_encoding')
@@ -58,11 +92,17 @@ BEGIN
         RAISE EXCEPTION 'kafkaonce: user code changed the session''s user from % to %: kafkaonce''s statements run as the session began', began_as, session_user
             USING ERRCODE = 'KO005';
     END IF;
-    IF began_role <> '' AND current_setting('role') <> began_role THEN
-        PERFORM set_config('role', began_role, true);
-    END IF;
+    PERFORM {{schema}}.as_began();
 END
 $$;
+
+-- The batch's commit check (migration 009) fires when a handler's SET
+-- CONSTRAINTS … IMMEDIATE makes it immediate, as whatever role the
+-- handler set, which may not read open_batches: the trigger reads it with
+-- its owner's rights. It can run only as the trigger.
+ALTER FUNCTION {{schema}}.refuse_open_batch_commit()
+    SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp;
 
 -- close_request, as before (migration 017), after after_user_code: the
 -- closing round trip of an HTTP request's transaction begins with it.

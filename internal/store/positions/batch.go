@@ -49,13 +49,20 @@ func (s *Store) QueueClose(b *pgx.Batch, consumer, topic string, partition int) 
 // legitimate early look at the handler's own deferred constraints that
 // would fire the check's trigger too: the batch is closed, the statement
 // runs, and the check is deferred again and the batch reopened, in one
-// pipeline.
+// pipeline, as the role the transaction began with (the handler may have
+// set another, which may not touch open_batches).
 func (s *Store) CommitCheck(consumer, topic string, partition int) *txguard.CommitCheck {
 	return &txguard.CommitCheck{
-		Lift: func(b *pgx.Batch) { b.Queue("SELECT "+s.closeFn+"($1, $2, $3)", consumer, topic, partition) },
+		Lift: func(b *pgx.Batch) {
+			b.Queue(s.asBegan)
+			b.Queue("SELECT "+s.closeFn+"($1, $2, $3)", consumer, topic, partition)
+			b.Queue(s.asHandler)
+		},
 		Restore: func(b *pgx.Batch) {
+			b.Queue(s.asBegan)
 			b.Queue("SET CONSTRAINTS " + s.openCheck + " DEFERRED")
 			b.Queue("SELECT "+s.openFn+"($1, $2, $3)", consumer, topic, partition)
+			b.Queue(s.asHandler)
 		},
 	}
 }

@@ -22,8 +22,9 @@ type Store struct {
 	// openCheck is the constraint trigger that checks it at COMMIT.
 	openFn, closeFn, openCheck string
 	// afterUserCode checks the session once the handlers are done (see
-	// QueueClose).
-	afterUserCode string
+	// QueueClose); asBegan and asHandler switch roles around the commit
+	// check's lift (see CommitCheck).
+	afterUserCode, asBegan, asHandler string
 }
 
 // NewStore returns a Store for the tables in schemaName.
@@ -56,5 +57,7 @@ WHERE consumer = $1 AND topic = $2 AND partition = $3 AND next_offset = $4`,
 		closeFn:       schema.Table(schemaName, "close_batch"),
 		openCheck:     schema.Table(schemaName, "open_batches_closed_at_commit"),
 		afterUserCode: schema.AfterUserCode(schemaName),
+		asBegan:       schema.AsBegan(schemaName),
+		asHandler:     schema.AsHandler(schemaName),
 	}, nil
 }

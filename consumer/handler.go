@@ -21,8 +21,18 @@ import (
 // So a handler writes its effects with tx and nothing else. It must not:
 //
 //   - commit or roll back tx (both return ErrTxControlledByConsumer, and the
-//     message is treated as failed);
-//   - keep tx or msg after returning, or use them from other goroutines;
+//     message is treated as failed), by a call or a statement;
+//   - send several statements in one text: each goes to Postgres as one
+//     statement of the extended protocol, and Postgres refuses a text of
+//     two;
+//   - change what the consumer's statements after it rely on: the client
+//     encoding, a search_path that names a schema before pg_catalog,
+//     session_replication_role (ErrSessionChanged; the message is set
+//     aside). SET LOCAL ROLE is fine: the consumer's statements run as the
+//     transaction began;
+//   - keep tx or msg after returning, or use them from other goroutines
+//     (tx, and what it gave out, refuse with ErrTxCallOver; tx.Conn() is
+//     nil);
 //   - cause effects outside Postgres (e-mails, HTTP calls, Kafka writes)
 //     directly: those cannot be rolled back and will be repeated when a
 //     batch is retried. Write an outbox row in tx instead, or send with an

@@ -72,6 +72,17 @@ func TestHealth(t *testing.T) {
 		require.False(t, h.Ready || h.Running || h.InGroup, h)
 	})
 
+	t.Run("a probe whose client hung up leaves no answer of its own for the next", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, 1)
+		c, err := consumer.New(e.db.Pool, e.config(e.applyHandler()))
+		require.NoError(t, err)
+		gone, hangUp := context.WithCancel(ctx)
+		hangUp()
+		require.Empty(t, c.Health(gone).DatabaseError, "the database answered the question the probe asked")
+		require.Empty(t, c.Health(ctx).DatabaseError, "the next probe, within the second the answer stands")
+	})
+
 	t.Run("fetches that hand out nothing while messages wait make the consumer not live, until they flow", func(t *testing.T) {
 		t.Parallel()
 		fake, err := devenv.StartFakeKafka()

@@ -111,7 +111,9 @@ func (c *Consumer) Health(ctx context.Context, askDB bool) kafkaoncetype.Health 
 
 // checkDatabase is "" when Postgres answered within the last second (a
 // batch committed, or a ping), else asks it, within healthDBTimeout, and
-// returns the failure.
+// returns the failure. The answer stands for the next probes, so it is
+// the database's alone: the question does not end with the probe that
+// asked it (a kubelet that hung up would make the next probes unready).
 func (c *Consumer) checkDatabase(ctx context.Context, now time.Time) string {
 	if now.Sub(time.Unix(0, c.health.committed.Load())) < healthDBFresh {
 		return ""
@@ -121,7 +123,7 @@ func (c *Consumer) checkDatabase(ctx context.Context, now time.Time) string {
 	if now.Sub(c.health.dbAt) < healthDBFresh {
 		return c.health.dbError
 	}
-	ctx, cancel := context.WithTimeout(ctx, healthDBTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), healthDBTimeout)
 	defer cancel()
 	c.health.dbError = ""
 	conn, err := c.db.Acquire(ctx)

@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/pauses"
 )
 
 // callCounts counts handler calls per message id.
@@ -106,6 +108,38 @@ func TestRetryLater(t *testing.T) {
 		stillFor(t, 2500*time.Millisecond, "a letter out of retries was retried again", func() bool { return calls.of("p-1") == 4 })
 		require.Equal(t, 4, calls.of("p-1"), "one call in the partition, then MaxRetries retries: none in place")
 		e.requireExactlyOnce(without(ids, "p-1"))
+	})
+
+	t.Run("a pause of the letter's topic holds its retries until the resume", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, 1)
+		ids := e.produceIDs("r", 5)
+		var partnerDown atomic.Bool
+		partnerDown.Store(true)
+		calls := &callCounts{}
+		cfg := e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			calls.add(m.ID)
+			if m.ID == "r-2" && partnerDown.Load() {
+				return consumer.RetryLater(errors.New("mail partner unavailable"), 100*time.Millisecond)
+			}
+			return e.applyHandler().Handle(ctx, tx, m)
+		}))
+		c, err := consumer.New(e.db.Pool, cfg)
+		require.NoError(t, err)
+		e.run(c)
+		e.waitCommitted(map[int]int64{0: 5}, 30*time.Second)
+		waitFor(t, 30*time.Second, "a retry of r-2", func() bool { return calls.of("r-2") >= 2 })
+		ctx := context.Background()
+		require.NoError(t, c.Pause(ctx, pauses.Topic(e.topic), "mail partner down"))
+		paused := calls.of("r-2")
+		stillFor(t, 3*time.Second, "no retry while the topic is paused", func() bool { return calls.of("r-2") <= paused+1 }) // one may have begun
+		before := calls.of("r-2")
+		stillFor(t, 2*time.Second, "still none", func() bool { return calls.of("r-2") == before })
+
+		partnerDown.Store(false)
+		require.NoError(t, c.Resume(ctx, pauses.Topic(e.topic)))
+		waitFor(t, 30*time.Second, "r-2 applied by a retry after the resume", func() bool { _, _, _, redriven := e.letterOf("r-2"); return redriven })
+		e.requireExactlyOnce(ids)
 	})
 
 	t.Run("a policy that cannot set messages aside is refused", func(t *testing.T) {

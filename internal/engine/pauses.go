@@ -262,3 +262,11 @@ func (w *worker) untilPaused(stop context.Context) (context.Context, context.Can
 	}()
 	return ctx, cancel
 }
+
+// pausedFor reports whether a pause covers the partition, or whether the
+// pauses have not been read yet (a member that cannot read them starts
+// nothing, as it fetches nothing).
+func (c *deps) pausedFor(topic string, partition int) bool {
+	_, paused, loaded, _ := c.pauses.state(topic, partition)
+	return paused || !loaded
+}

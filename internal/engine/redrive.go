@@ -33,6 +33,11 @@ func (c *Consumer) Redrive(ctx context.Context, f deadletter.Filter) (kafkaoncet
 	}
 	var res kafkaoncetype.RedriveResult
 	for _, l := range letters {
+		if f.RetryDue && c.pausedFor(l.Topic, l.Partition) {
+			// A pause is what an operator puts on for the outage the
+			// retries are waiting out: they wait for the resume too.
+			continue
+		}
 		applied, err := c.redriveOne(ctx, l.ID, f.RetryDue)
 		switch {
 		case errors.Is(err, errNotDue):

@@ -462,4 +462,45 @@ func TestAResumeStartsFromTheStoredPosition(t *testing.T) {
 	require.Empty(t, e.snapshotStopped(), "partitions stopped")
 }
 
+// The stored position moved back, or deleted, while a partition was
+// paused is read again at the resume, before any fetch: the messages from
+// it on are processed again (the claims an operator forgot are applied
+// again, the others skipped), without waiting for a new message.
+func TestAResumeGoesBackToAPositionMovedBack(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"reset back", "deleted"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := setup(t, 1)
+			ids := e.produceIDs("s", 20)
+			watch := &pauseWatch{}
+			cfg := e.config(e.applyHandler())
+			cfg.Hooks = append(cfg.Hooks, watch)
+			c, err := consumer.New(e.db.Pool, cfg)
+			require.NoError(t, err)
+			defer e.run(c).stop()
+			e.waitCommitted(map[int]int64{0: 20}, 60*time.Second)
+			require.NoError(t, c.Pause(ctx, pauses.Partition(e.topic, 0), "re-applying s-15 and after"))
+			waitFor(t, 10*time.Second, "paused", func() bool { return watch.paused(0) })
+			os, err := offsets.NewStore(e.db.Schema)
+			require.NoError(t, err)
+			if how == "reset back" {
+				require.NoError(t, os.Reset(ctx, e.db.Pool, e.name, e.topic, 0, 5))
+			} else {
+				e.db.Exec(t, `DELETE FROM `+e.db.Table("consumer_offsets")+` WHERE consumer = $1`, e.name)
+			}
+			e.db.Exec(t, `DELETE FROM `+e.db.Table("processed_messages")+` WHERE `+e.db.ConsumerIs("$1")+` AND message_id IN ('s-15', 's-16', 's-17', 's-18', 's-19')`, e.name)
+			e.db.Exec(t, `DELETE FROM `+e.db.Table("effects")+` WHERE message_id IN ('s-15', 's-16', 's-17', 's-18', 's-19')`)
+			require.NoError(t, c.Resume(ctx, pauses.Partition(e.topic, 0)))
+			waitFor(t, 30*time.Second, "s-15 to s-19 applied again, with no message produced", func() bool {
+				return e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("effects")+` WHERE message_id IN ('s-15', 's-16', 's-17', 's-18', 's-19')`) == 5
+			})
+			e.waitCommitted(map[int]int64{0: 20}, 30*time.Second)
+			e.requireExactlyOnce(ids)
+			require.Empty(t, e.snapshotStopped(), "partitions stopped")
+		})
+	}
+}
+
 func (e *env) snapshotStopped() []*consumer.PartitionError { return e.events.snapshot().stopped }

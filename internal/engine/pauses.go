@@ -210,28 +210,42 @@ func (w *worker) waitWhilePaused(stop context.Context) (paused bool) {
 
 // afterPause reads the partition's stored position again once a pause is
 // lifted: an operator may have moved it meanwhile (offsets.Store.Reset on
-// a paused partition), and processing resumes from the stored position.
-// A position moved forward is taken as it is; one moved back, or gone, is
-// left to the next batch, whose check of the position finds it (see
-// positionLostError) and restarts from it.
-func (w *worker) afterPause(stop, work context.Context) error {
+// a paused partition), and processing resumes from the stored position. A
+// position moved forward is taken as it is, and marked for Kafka; one
+// moved back is taken too (the messages from it on are processed again,
+// the claims deciding what is a duplicate); one gone comes back as a
+// positionLostError, for the worker to start again as after any loss of
+// it. Either way before the next fetch, which may find nothing new.
+func (w *worker) afterPause(stop, work context.Context) (*positionLostError, error) {
 	var stored int64
 	var ok bool
-	return w.retryUntil(stop, "partition resumed: cannot read its stored position", func() error {
+	var lost *positionLostError
+	err := w.retryUntil(stop, "partition resumed: cannot read its stored position", func() error {
 		b := &pgx.Batch{}
 		w.offsets.QueueLoad(b, w.cfg.Name, w.topic, w.partition, &stored, &ok)
 		if err := w.inOneTrip(work, b); err != nil {
 			return err
 		}
-		if ok && stored > w.next {
+		switch {
+		case ok && stored > w.next:
 			w.positionKnown = true
 			w.log.Warn("the stored position moved forward while the partition was paused: processing resumes there, and the messages between are not processed",
 				w.logAttrs(slog.Int64("from", w.next), slog.Int64("stored_position", stored))...)
 			w.next = stored
 			w.mark(stored)
+		case ok && stored < w.next:
+			w.positionKnown = true
+			w.log.Warn("the stored position moved back while the partition was paused: processing again from there, the claims deciding what is a duplicate",
+				w.logAttrs(slog.Int64("from", w.next), slog.Int64("stored_position", stored))...)
+			w.next = stored
+		case !ok && w.positionKnown:
+			lost = &positionLostError{stored: restartAfterLoss(w.origin), believed: w.next, missing: true}
+			w.log.Error("the stored position is gone since the partition was paused; processing again from the partition's first start", w.logAttrs(
+				slog.Int64("start", lost.stored), slog.Int64("committed_up_to", lost.believed))...)
 		}
 		return nil
 	})
+	return lost, err
 }
 
 func (w *worker) reportPause(ctx context.Context, p kafkaoncetype.PartitionPaused) {

@@ -185,8 +185,12 @@ func (w *worker) consume(stop, work context.Context) error {
 			return nil
 		}
 		if paused {
-			if err := w.afterPause(stop, work); err != nil {
+			lost, err := w.afterPause(stop, work)
+			if err != nil {
 				return nil // interrupted: stop is done
+			}
+			if lost != nil && !w.resumeAfterLoss(stop, lost) {
+				return nil
 			}
 		}
 		// A pause ends the run of fetches as a revocation would: the batch
@@ -212,18 +216,9 @@ func (w *worker) consume(stop, work context.Context) error {
 		if errors.As(err, &lost) {
 			w.log.Error("the database lost committed transactions; fetching again from the stored position", w.logAttrs(
 				slog.Int64("stored_position", lost.stored), slog.Int64("committed_up_to", lost.believed), slog.Bool("position_missing", lost.missing))...)
-			// Without a stored position, the next commit creates one, as
-			// the first commit of a run does: until then there is nothing
-			// to compare with.
-			next, err := w.lostRowRestart(stop, lost.stored)
-			if err != nil {
-				w.log.Warn("reading the log's bounds failed; trying again", w.logAttrs(slog.String("error", err.Error()))...)
-				if retry.Sleep(stop, backoff.Next()) != nil {
-					return nil
-				}
-				continue // the next batch finds the loss again
+			if !w.resumeAfterLoss(stop, lost) {
+				return nil
 			}
-			w.next, w.positionKnown = next, !lost.missing
 			continue
 		}
 		w.log.Warn("fetch failed; reopening the partition", w.logAttrs(slog.Int64("offset", w.next), slog.String("error", err.Error()))...)
@@ -232,6 +227,26 @@ func (w *worker) consume(stop, work context.Context) error {
 		}
 	}
 	return nil
+}
+
+// resumeAfterLoss moves the worker to where processing goes on after its
+// stored position was lost, or moved back, or went missing (see
+// positionLostError): false when stop ended first. Without a stored
+// position, the next commit creates one, as the first commit of a run
+// does: until then there is nothing to compare with.
+func (w *worker) resumeAfterLoss(stop context.Context, lost *positionLostError) bool {
+	backoff := w.retry.New()
+	for {
+		next, err := w.lostRowRestart(stop, lost.stored)
+		if err == nil {
+			w.next, w.positionKnown = next, !lost.missing
+			return true
+		}
+		w.log.Warn("reading the log's bounds failed; trying again", w.logAttrs(slog.String("error", err.Error()))...)
+		if retry.Sleep(stop, backoff.Next()) != nil {
+			return false
+		}
+	}
 }
 
 // fetchAndProcess reads batches from w.next until stop is done or a fetch

@@ -234,8 +234,10 @@ func (e *env) check(exp expectation) {
 	// Nothing left open.
 	waitFor(t, 10*time.Second, "no session left in a transaction", func() bool { return e.db.Sessions(t, "idle in transaction%") == 0 })
 	// A handler abandoned for good holds no connection either: its
-	// attempt's was taken out of the pool when it was cut off.
-	require.Zero(t, e.db.Pool.Stat().AcquiredConns(), "connections still checked out of the pool")
+	// attempt's was taken out of the pool when it was cut off. A consumer
+	// still running borrows one now and then for a moment (its pauses
+	// poll, maintenance): a leaked one stays.
+	waitFor(t, 10*time.Second, "no connection checked out of the pool", func() bool { return e.db.Pool.Stat().AcquiredConns() == 0 })
 }
 
 func (e *env) countsBy(sql string, args ...any) map[string]int64 {

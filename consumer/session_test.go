@@ -13,7 +13,6 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/deadletter"
-	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
 // sendWays are how a handler's statements reach its transaction: through
@@ -172,12 +171,8 @@ func TestAHandlerMaySetItsRoleForRowLevelSecurity(t *testing.T) {
 		t.Run(w.name, func(t *testing.T) {
 			t.Parallel()
 			e := setup(t, 1)
-			tenant := testenv.Name(t, "tenant")
 			effects := e.db.Table("effects")
-			e.db.Exec(t, `CREATE ROLE `+tenant+` NOLOGIN`)
-			t.Cleanup(func() { e.db.Exec(t, `DROP OWNED BY `+tenant+`; DROP ROLE `+tenant) })
-			e.db.Exec(t, `GRANT USAGE ON SCHEMA `+e.db.Schema+` TO `+tenant)
-			e.db.Exec(t, `GRANT SELECT, INSERT ON `+effects+` TO `+tenant)
+			tenant := e.db.NewRole(t, `SELECT, INSERT ON `+effects)
 			e.db.Exec(t, `ALTER TABLE `+effects+` ENABLE ROW LEVEL SECURITY`)
 			e.db.Exec(t, `CREATE POLICY own ON `+effects+` TO `+tenant+` USING (value LIKE current_setting('app.tenant') || '%') WITH CHECK (value LIKE current_setting('app.tenant') || '%')`)
 			require.Zero(t, e.db.Int(t, `SELECT count(*) FROM unnest(ARRAY['processed_messages', 'consumer_offsets', 'open_batches']) AS k(t)
@@ -360,12 +355,8 @@ func TestSetConstraintsUnderARoleForRowLevelSecurity(t *testing.T) {
 		t.Run(w.name, func(t *testing.T) {
 			t.Parallel()
 			e := setup(t, 1)
-			tenant := testenv.Name(t, "tenant")
 			effects := e.db.Table("effects")
-			e.db.Exec(t, `CREATE ROLE `+tenant+` NOLOGIN`)
-			t.Cleanup(func() { e.db.Exec(t, `DROP OWNED BY `+tenant+`; DROP ROLE `+tenant) })
-			e.db.Exec(t, `GRANT USAGE ON SCHEMA `+e.db.Schema+` TO `+tenant)
-			e.db.Exec(t, `GRANT SELECT, INSERT ON `+effects+` TO `+tenant)
+			tenant := e.db.NewRole(t, `SELECT, INSERT ON `+effects)
 			cfg := misbehaving(e, way, "", nil)
 			around := func(ctx context.Context, tx pgx.Tx, apply func() error) error {
 				if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+tenant); err != nil {

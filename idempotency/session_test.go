@@ -123,15 +123,10 @@ func sql(stmt string) func(*testing.T, *testenv.DB) string {
 func TestAHandlerMaySetItsRoleAndSettings(t *testing.T) {
 	t.Parallel()
 	p := newPayments(t, nil)
-	tenant := testenv.Name(t, "tenant")
-	p.db.Exec(t, `CREATE ROLE `+tenant+` NOLOGIN`)
-	t.Cleanup(func() { p.db.Exec(t, `DROP OWNED BY `+tenant+`; DROP ROLE `+tenant) })
 	// The role may read the schema's names (which the server's statements
 	// name, and PostgreSQL reads them as it is when it prepares them)
 	// and use the payments, and nothing of kafkaonce's tables.
-	p.db.Exec(t, `GRANT USAGE ON SCHEMA `+p.db.Schema+` TO `+tenant)
-	p.db.Exec(t, `GRANT SELECT, INSERT ON `+p.table+` TO `+tenant)
-	p.db.Exec(t, `GRANT USAGE ON SEQUENCE `+p.db.Table("payments_id_seq")+` TO `+tenant)
+	tenant := p.db.NewRole(t, `SELECT, INSERT ON `+p.table, `USAGE ON SEQUENCE `+p.db.Table("payments_id_seq"))
 	require.Zero(t, p.db.Int(t, `SELECT count(*) FROM unnest(ARRAY['idempotency_keys', 'open_requests']) AS k(t)
 		WHERE has_table_privilege($1, $2 || '.' || k.t, 'SELECT,INSERT,DELETE')`, tenant, p.db.Schema), "the tenant role may not touch kafkaonce's tables")
 	p.db.Exec(t, `ALTER TABLE `+p.table+` ENABLE ROW LEVEL SECURITY`)
@@ -317,12 +312,7 @@ func TestSetConstraintsAfterAChangeOfTheSession(t *testing.T) {
 	t.Run("a role for row-level security", func(t *testing.T) {
 		t.Parallel()
 		p := newPayments(t, nil)
-		tenant := testenv.Name(t, "tenant")
-		p.db.Exec(t, `CREATE ROLE `+tenant+` NOLOGIN`)
-		t.Cleanup(func() { p.db.Exec(t, `DROP OWNED BY `+tenant+`; DROP ROLE `+tenant) })
-		p.db.Exec(t, `GRANT USAGE ON SCHEMA `+p.db.Schema+` TO `+tenant)
-		p.db.Exec(t, `GRANT SELECT, INSERT ON `+p.table+` TO `+tenant)
-		p.db.Exec(t, `GRANT USAGE ON SEQUENCE `+p.db.Table("payments_id_seq")+` TO `+tenant)
+		tenant := p.db.NewRole(t, `SELECT, INSERT ON `+p.table, `USAGE ON SEQUENCE `+p.db.Table("payments_id_seq"))
 		p.handle = func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
 			ctx := r.Context()
 			if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+tenant); err != nil {

@@ -215,3 +215,19 @@ func (d *DB) ServerAddr(tb testing.TB) string {
 	}
 	return net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
 }
+
+// NewRole creates a role of the test's own that cannot log in, may use the
+// names of the test's schema, and has the privileges given (each as GRANT
+// takes them: "SELECT, INSERT ON <table>"); it is dropped, with what it
+// owns, when the test ends.
+func (d *DB) NewRole(tb testing.TB, privileges ...string) string {
+	tb.Helper()
+	role := Name(tb, "role")
+	d.Exec(tb, `CREATE ROLE `+role+` NOLOGIN`)
+	tb.Cleanup(func() { d.Exec(tb, `DROP OWNED BY `+role+`; DROP ROLE `+role) })
+	d.Exec(tb, `GRANT USAGE ON SCHEMA `+pgx.Identifier{d.Schema}.Sanitize()+` TO `+role)
+	for _, p := range privileges {
+		d.Exec(tb, `GRANT `+p+` TO `+role)
+	}
+	return role
+}

@@ -80,6 +80,23 @@ func misbehaving(e *env, way int, bad string, stmts func(e *env) []string) *cons
 	return cfg
 }
 
+// aroundCalls wraps the handler of cfg, a consumer of misbehaving's, so
+// that do runs in each of its calls on the call's tx and messages, and
+// calls apply to run the handler: for a Handler or a BatchHandler that
+// uses Batch.Tx (a queued one queues only, and has no tx to hand).
+func aroundCalls(cfg *consumer.Config, do func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message, apply func() error) error) {
+	if h := cfg.BatchHandler; h != nil {
+		cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
+			return do(ctx, b.Tx, b.Messages, func() error { return h.HandleBatch(ctx, b) })
+		})
+		return
+	}
+	h := cfg.Handler
+	cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		return do(ctx, tx, []*consumer.Message{m}, func() error { return h.Handle(ctx, tx, m) })
+	})
+}
+
 // runMisbehaving produces a first message (so that batches after it may go
 // in one round trip), then five more with ids prefix-0 to prefix-4, and
 // runs cfg until the partition is past them all.
@@ -179,34 +196,22 @@ func TestAHandlerMaySetItsRoleForRowLevelSecurity(t *testing.T) {
 				WHERE has_table_privilege($1, $2 || '.' || k.t, 'SELECT,INSERT,UPDATE,DELETE')`, tenant, e.db.Schema))
 			cfg := misbehaving(e, way, "", nil)
 			role := []string{`SET LOCAL ROLE ` + tenant, `SELECT set_config('app.tenant', 'v-', true)`, `SET LOCAL statement_timeout = '10s'`}
-			wrap := func(send func(ctx context.Context, tx pgx.Tx) error) func(ctx context.Context, tx pgx.Tx) error {
-				return func(ctx context.Context, tx pgx.Tx) error {
-					for _, sql := range role {
-						if _, err := tx.Exec(ctx, sql); err != nil {
-							return err
-						}
-					}
-					return send(ctx, tx)
-				}
-			}
-			switch {
-			case !w.batch:
-				h := cfg.Handler
-				cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-					return wrap(func(ctx context.Context, tx pgx.Tx) error { return h.Handle(ctx, tx, m) })(ctx, tx)
-				})
-			case !w.queued:
-				h := cfg.BatchHandler
-				cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
-					return wrap(func(ctx context.Context, tx pgx.Tx) error { return h.HandleBatch(ctx, b) })(ctx, b.Tx)
-				})
-			default:
+			if w.queued {
 				h := cfg.BatchHandler
 				cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
 					for _, sql := range role {
 						b.Queue(sql)
 					}
 					return h.HandleBatch(ctx, b)
+				})
+			} else {
+				aroundCalls(cfg, func(ctx context.Context, tx pgx.Tx, _ []*consumer.Message, apply func() error) error {
+					for _, sql := range role {
+						if _, err := tx.Exec(ctx, sql); err != nil {
+							return err
+						}
+					}
+					return apply()
 				})
 			}
 			ids := runMisbehaving(e, cfg, "x")
@@ -232,19 +237,10 @@ func TestLargeObjectsKeptByAHandlerRefuseAfterItsCall(t *testing.T) {
 				kept = append(kept, tx.LargeObjects())
 			}
 			cfg := misbehaving(e, way, "", nil)
-			if w.batch {
-				h := cfg.BatchHandler
-				cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
-					keep(b.Tx)
-					return h.HandleBatch(ctx, b)
-				})
-			} else {
-				h := cfg.Handler
-				cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-					keep(tx)
-					return h.Handle(ctx, tx, m)
-				})
-			}
+			aroundCalls(cfg, func(_ context.Context, tx pgx.Tx, _ []*consumer.Message, apply func() error) error {
+				keep(tx)
+				return apply()
+			})
 			before := e.db.Int(t, `SELECT count(*) FROM pg_largeobject_metadata`)
 			ids := runMisbehaving(e, cfg, "x")
 			require.NotEmpty(t, kept)
@@ -311,32 +307,16 @@ func TestAStatementPreparedUnderAStatementsNameIsSetAside(t *testing.T) {
 			t.Parallel()
 			e := setup(t, 1)
 			cfg := misbehaving(e, way, "", nil)
-			prepare := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-				if m.ID != "x-4" {
-					return nil
-				}
-				_, err := tx.Prepare(ctx, "COMMIT", "SELECT 1")
-				return err
-			}
-			if w.batch {
-				h := cfg.BatchHandler
-				cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
-					for _, m := range b.Messages {
-						if err := prepare(ctx, b.Tx, m); err != nil {
+			aroundCalls(cfg, func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message, apply func() error) error {
+				for _, m := range msgs {
+					if m.ID == "x-4" {
+						if _, err := tx.Prepare(ctx, "COMMIT", "SELECT 1"); err != nil {
 							return err
 						}
 					}
-					return h.HandleBatch(ctx, b)
-				})
-			} else {
-				h := cfg.Handler
-				cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-					if err := prepare(ctx, tx, m); err != nil {
-						return err
-					}
-					return h.Handle(ctx, tx, m)
-				})
-			}
+				}
+				return apply()
+			})
 			ids := runMisbehaving(e, cfg, "x")
 			l := e.letters()["x-4"]
 			require.Equal(t, deadletter.ClassTxMisuse, l.Class, "the letter of x-4: %s", l.Error)
@@ -358,7 +338,7 @@ func TestSetConstraintsUnderARoleForRowLevelSecurity(t *testing.T) {
 			effects := e.db.Table("effects")
 			tenant := e.db.NewRole(t, `SELECT, INSERT ON `+effects)
 			cfg := misbehaving(e, way, "", nil)
-			around := func(ctx context.Context, tx pgx.Tx, apply func() error) error {
+			aroundCalls(cfg, func(ctx context.Context, tx pgx.Tx, _ []*consumer.Message, apply func() error) error {
 				if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+tenant); err != nil {
 					return err
 				}
@@ -376,18 +356,7 @@ func TestSetConstraintsUnderARoleForRowLevelSecurity(t *testing.T) {
 					return fmt.Errorf("the handler runs as %s after SET CONSTRAINTS, not as the role it set", role)
 				}
 				return nil
-			}
-			if w.batch {
-				h := cfg.BatchHandler
-				cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
-					return around(ctx, b.Tx, func() error { return h.HandleBatch(ctx, b) })
-				})
-			} else {
-				h := cfg.Handler
-				cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-					return around(ctx, tx, func() error { return h.Handle(ctx, tx, m) })
-				})
-			}
+			})
 			ids := runMisbehaving(e, cfg, "x")
 			require.Empty(t, e.letters())
 			e.check(expectation{ids: ids})

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"cmp"
 	"encoding/json"
 	"net/http"
 	"net/url"
@@ -42,16 +43,11 @@ const aboutBlank = "about:blank"
 
 // withDefaults fills in the types left empty.
 func (p ProblemTypes) withDefaults() ProblemTypes {
-	for _, f := range []struct{ field, def *string }{
-		{&p.KeyMissing, &DefaultProblemTypes.KeyMissing},
-		{&p.InProgress, &DefaultProblemTypes.InProgress},
-		{&p.KeyReused, &DefaultProblemTypes.KeyReused},
-	} {
-		if *f.field == "" {
-			*f.field = *f.def
-		}
+	return ProblemTypes{
+		KeyMissing: cmp.Or(p.KeyMissing, DefaultProblemTypes.KeyMissing),
+		InProgress: cmp.Or(p.InProgress, DefaultProblemTypes.InProgress),
+		KeyReused:  cmp.Or(p.KeyReused, DefaultProblemTypes.KeyReused),
 	}
-	return p
 }
 
 // validate reports each type that is not an absolute URI.

@@ -346,6 +346,22 @@ func TestABatchInTheSimpleProtocolGoesOneQueryAtATime(t *testing.T) {
 			require.Equal(t, 8, two)
 		})
 	})
+	t.Run("results read after the call sends nothing", func(t *testing.T) {
+		requireTransactionKeptBy(t, s.db.Pool, "a batch", func(ctx context.Context, tx pgx.Tx) {
+			g := Wrap(tx)
+			b := &pgx.Batch{}
+			b.Queue(`SELECT 1`)
+			b.Queue(`INSERT INTO ` + s.table + ` VALUES (1)`)
+			br := g.SendBatch(ctx, b)
+			_, err := br.Exec()
+			require.NoError(t, err)
+			g.Seal() // the call is over; a goroutine it left keeps br
+			_, err = br.Exec()
+			require.ErrorIs(t, err, ErrCallOver)
+			require.ErrorIs(t, br.Close(), ErrCallOver)
+		})
+		require.Zero(t, s.written(t))
+	})
 	t.Run("a failed query fails the rest", func(t *testing.T) {
 		requireTransactionKeptBy(t, s.db.Pool, "a batch", func(ctx context.Context, tx pgx.Tx) {
 			b := &pgx.Batch{}

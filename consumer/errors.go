@@ -12,6 +12,7 @@ var (
 	ErrInvalidMessageID    = kafkaoncetype.ErrInvalidMessageID
 	ErrFingerprintConflict = kafkaoncetype.ErrFingerprintConflict
 	ErrPositionAheadOfLog  = kafkaoncetype.ErrPositionAheadOfLog
+	ErrTopicRecreated      = kafkaoncetype.ErrTopicRecreated
 	ErrTransactionalTopic  = kafkaoncetype.ErrTransactionalTopic
 	ErrMessagesDeleted     = kafkaoncetype.ErrMessagesDeleted
 )

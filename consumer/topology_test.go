@@ -74,7 +74,7 @@ func TestPartitionsAddedWhileRunning(t *testing.T) {
 }
 
 // A topic deleted and re-created under a running consumer: its partition
-// stops with ErrPositionAheadOfLog, and none of the new topic's messages
+// stops with ErrTopicRecreated, and none of the new topic's messages
 // is applied or passed over in silence.
 func TestATopicRecreatedWhileRunningStopsItsPartition(t *testing.T) {
 	t.Parallel()
@@ -90,7 +90,7 @@ func TestATopicRecreatedWhileRunningStopsItsPartition(t *testing.T) {
 	require.NoError(t, devenv.DeleteTopic(ctx, e.kafka.Brokers, e.topic))
 	require.NoError(t, devenv.CreateTopic(ctx, e.kafka.Brokers, e.topic, 1))
 	e.produceIDs("new", 10)
-	waitFor(t, 60*time.Second, "the partition stopped", func() bool { return e.events.stoppedWith(consumer.ErrPositionAheadOfLog) })
+	waitFor(t, 60*time.Second, "the partition stopped", func() bool { return e.events.stoppedWith(consumer.ErrTopicRecreated) })
 	r.stop()
 	e.requireExactlyOnce(old)
 	require.Equal(t, map[int]int64{0: 20}, e.storedPositions(), "the stored position stays where the old topic's messages ended")

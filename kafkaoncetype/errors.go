@@ -26,12 +26,22 @@ var (
 
 	// ErrPositionAheadOfLog says the stored processed position of a
 	// partition is beyond the end of its log, or the log under it changed:
-	// the topic was deleted and re-created (franz-go sees its new id),
-	// truncated, or the broker lost records already handed out. It is found
-	// at assignment, when a fetch is out of range, and while the partition
-	// is idle. Consuming would silently skip the new messages below the old
-	// position, so the partition stops instead.
+	// it was truncated, or the broker lost records already handed out. It
+	// is found at assignment, when a fetch is out of range, and while the
+	// partition is idle. Consuming would silently skip the new messages
+	// below the old position, so the partition stops instead.
 	ErrPositionAheadOfLog = errors.New("stored position is beyond the end of the partition")
+
+	// ErrTopicRecreated says the partition's topic is not the one its
+	// stored position counts in: Kafka gave the topic another id, so it was
+	// deleted and created again under the same name, and its offsets
+	// started over with other messages. The id is kept with the position
+	// in the database, so every member finds this before it reads, in any
+	// process and after any restart, and while it runs (at a fetch, or
+	// while the partition is idle). The partition stays stopped until an
+	// operator moves its position: offsets.Store.Reset, or kafkaonce
+	// topic-recreated for the whole topic (see docs/operations.md).
+	ErrTopicRecreated = errors.New("the topic was deleted and created again since the stored position")
 
 	// ErrTransactionalTopic says the partition stopped because the kafka-go
 	// client was handed a transaction marker, the sign of a topic written
@@ -164,7 +174,7 @@ func (e *FingerprintConflictError) Unwrap() error { return ErrFingerprintConflic
 // rebalances or the process restarts; nothing past the failing message is
 // applied or committed. Err is a *MessageError, a
 // *FingerprintConflictError, a *MessagesDeletedError,
-// ErrPositionAheadOfLog, ...
+// ErrPositionAheadOfLog, ErrTopicRecreated, ...
 type PartitionError struct {
 	Topic     string
 	Partition int

@@ -13,7 +13,7 @@ const (
 	// cooperatively (a member joining or leaving moves only the partitions
 	// that change owner, the others go on), a member can be static (the
 	// consumer's InstanceID), and a topic re-created under a running
-	// consumer stops its partitions with ErrPositionAheadOfLog.
+	// consumer stops its partitions with ErrTopicRecreated.
 	FranzGo KafkaClient = iota
 	// KafkaGo is github.com/segmentio/kafka-go, for workers built on it. It
 	// cannot read topics written by transactional producers: it hands out

@@ -31,7 +31,9 @@ type Recreated struct {
 //
 //   - The position of each of the new topic's partitions (0 to
 //     partitions-1) is set to 0, and those of partitions it no longer has
-//     are deleted.
+//     are deleted. The old topic's id kept with each position is
+//     cleared: the next member assigned the partition stores the new
+//     topic's.
 //   - Claims and dead letters whose message id is the message's own
 //     position ("topic/partition/offset", as consumer.IDFromPosition
 //     derives it) are renamed: the id gets RetiredSuffix(at) appended.
@@ -59,7 +61,7 @@ func (s *Store) TopicRecreated(ctx context.Context, q Querier, consumer, topic s
 positions AS (
 	INSERT INTO `+s.table+` (consumer, topic, partition, next_offset)
 	SELECT $1, $2, p, 0 FROM generate_series(0, $3 - 1) AS p
-	ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = 0, updated_at = now()
+	ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = 0, topic_id = NULL, updated_at = now()
 	RETURNING 1),
 dropped AS (
 	DELETE FROM `+s.table+` WHERE consumer = $1 AND topic = $2 AND partition >= $3 RETURNING 1),

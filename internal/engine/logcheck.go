@@ -13,9 +13,13 @@ import (
 // logView is what a partition's start is decided from: the stored
 // position, the group's committed offset and the log's bounds.
 type logView struct {
-	pos       int64
-	hasPos    bool
-	committed int64 // -1: none
+	pos    int64
+	hasPos bool
+	// storedTopic is the id of the topic pos counts in (zero: none
+	// stored), topicID the id of the topic the bounds were read from
+	// (zero: the broker gives none).
+	storedTopic, topicID kafkaclient.TopicID
+	committed            int64 // -1: none
 	// committedMeta is the metadata committed with it: a commitmark.Mark
 	// when kafkaonce committed it.
 	committedMeta    string
@@ -63,14 +67,13 @@ func (w *worker) readLog(stop, work context.Context) (logView, error) {
 	var v logView
 	var boundsErr, committedErr error
 	var kafkaReads sync.WaitGroup
-	kafkaReads.Go(func() { v.logStart, v.logEnd, v.stable, boundsErr = w.bounds(stop) })
+	kafkaReads.Go(func() { boundsErr = v.readBounds(stop, w) })
 	kafkaReads.Go(func() {
 		var c kafkaclient.CommittedOffset
 		c, committedErr = w.client.Committed(stop, kafkaclient.TopicPartition{Topic: w.topic, Partition: w.partition})
 		v.committed, v.committedMeta = c.Offset, c.Metadata
 	})
-	var posErr error
-	v.pos, v.hasPos, posErr = w.loadPosition(work)
+	posErr := v.readStored(work, w)
 	kafkaReads.Wait()
 	latest := w.cfg.StartOffset == kafkaoncetype.StartLatest
 	if err := errors.Join(posErr, boundsErr, committedErr); err != nil || !v.outside(v.start(latest)) {
@@ -84,16 +87,25 @@ func (w *worker) readLog(stop, work context.Context) (logView, error) {
 // readLogInOrder reads the stored position, then the log's bounds.
 func (w *worker) readLogInOrder(stop, work context.Context, committed int64, meta string) (v logView, err error) {
 	v.committed, v.committedMeta = committed, meta
-	if v.pos, v.hasPos, err = w.loadPosition(work); err != nil {
+	if err := v.readStored(work, w); err != nil {
 		return v, err
 	}
-	v.logStart, v.logEnd, v.stable, err = w.bounds(stop)
-	return v, err
+	return v, v.readBounds(stop, w)
 }
 
-func (w *worker) bounds(ctx context.Context) (first, end, stable int64, err error) {
+func (v *logView) readStored(ctx context.Context, w *worker) error {
+	st, err := w.loadStored(ctx)
+	v.pos, v.hasPos, v.storedTopic = st.Next, st.Found, kafkaclient.TopicID(st.TopicID.Bytes)
+	if !st.TopicID.Valid {
+		v.storedTopic = kafkaclient.TopicID{}
+	}
+	return err
+}
+
+func (v *logView) readBounds(ctx context.Context, w *worker) error {
 	b, err := w.client.Bounds(ctx, w.topic, w.partition)
-	return b.Start, b.End, b.Stable, err
+	v.logStart, v.logEnd, v.stable, v.topicID = b.Start, b.End, b.Stable, b.TopicID
+	return err
 }
 
 // processedPosition is the stored position, -1 when there is none: the

@@ -91,10 +91,11 @@ func (w *worker) lostRowRestart(stop context.Context, start int64) (int64, error
 	if start != fromLogStart {
 		return start, nil
 	}
-	logStart, _, _, err := w.bounds(stop)
+	b, err := w.client.Bounds(stop, w.topic, w.partition)
 	if err != nil {
 		return 0, err
 	}
+	logStart := b.Start
 	w.log.Error("the partition's first start is not known (its position was stored before offsets carried it): processing again from the log's start, the claims deciding what is a duplicate",
 		w.logAttrs(slog.Int64("log_start", logStart))...)
 	return logStart, nil

@@ -14,6 +14,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/recent"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
+	"github.com/kafkaonce/kafkaonce/internal/store/positions"
 	"github.com/kafkaonce/kafkaonce/internal/txguard"
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
@@ -31,6 +32,10 @@ type worker struct {
 	// kafkaOffset is the group's committed offset at assignment, -1 when
 	// there is none.
 	kafkaOffset int64
+	// topicID is the id of the topic the partition's position counts in,
+	// as read at assignment (zero: the broker gives none): the fetches
+	// hand out nothing of a topic with another id.
+	topicID kafkaclient.TopicID
 	// batchCheck is the commit check of the partition's batches, for the
 	// guard around a handler's transaction (see positions.CommitCheck).
 	batchCheck *txguard.CommitCheck
@@ -256,6 +261,7 @@ func (w *worker) fetchAndProcess(stop, work context.Context) error {
 		Topic:     w.topic,
 		Partition: w.partition,
 		Start:     w.next,
+		TopicID:   w.topicID,
 		MaxBatch:  w.cfg.MaxBatch,
 		Linger:    w.cfg.MaxWait,
 		Quiet:     kafkaclient.QuietFor(w.cfg.MaxWait),
@@ -335,7 +341,12 @@ func (w *worker) fetchError(err error) error {
 	var gone *kafkaclient.DeletedError
 	var ahead *kafkaclient.AheadError
 	var txn *kafkaclient.TransactionalError
+	var recreated *kafkaclient.RecreatedError
 	switch {
+	case errors.As(err, &recreated):
+		return &kafkaoncetype.PartitionError{Topic: w.topic, Partition: w.partition, Err: fmt.Errorf(
+			"%w: %s; processing on would pass over the new topic's messages below offset %d. Once you have checked, move the position (offsets.Store.Reset, or kafkaonce topic-recreated for the whole topic) to where processing should resume",
+			kafkaoncetype.ErrTopicRecreated, recreated.Error(), w.next)}
 	case errors.As(err, &gone):
 		return w.deletedError(gone.From, gone.LogStart)
 	case errors.As(err, &ahead):
@@ -365,6 +376,10 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	if err := w.checkTopic(stop, work, v); err != nil {
+		return 0, err
+	}
+	w.topicID = v.topicID
 	pos, hasPos, logStart, logEnd := v.pos, v.hasPos, v.logStart, v.logEnd
 	w.hwm = logEnd // until the first fetch says more
 
@@ -507,6 +522,36 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	return start, nil
 }
 
+// checkTopic compares the topic id stored with the partition's position
+// with the id of the topic as assigned, before anything is read: another
+// id means the topic was deleted and created again since the position
+// was stored, and the position counts offsets of the old topic, which
+// would pass over the new topic's first messages. The partition stops
+// with ErrTopicRecreated; the stored id stays, so every member and every
+// restart stops it again until an operator moves the position (which
+// clears the id). A position with no id stored takes the topic's, from
+// then on.
+func (w *worker) checkTopic(stop, work context.Context, v logView) error {
+	switch {
+	case !v.hasPos || v.topicID.IsZero():
+		return nil
+	case v.storedTopic.Differs(v.topicID):
+		return &kafkaoncetype.PartitionError{Topic: w.topic, Partition: w.partition, Err: fmt.Errorf(
+			"%w: the stored position %d counts offsets of topic id %s, and the topic's id is now %s; processing from it would pass over the new topic's messages below it. Once you have checked, move the position (offsets.Store.Reset, or kafkaonce topic-recreated for the whole topic) to where processing should resume",
+			kafkaoncetype.ErrTopicRecreated, v.pos, v.storedTopic, v.topicID)}
+	case v.storedTopic.IsZero():
+		return w.retryUntil(stop, "partition assignment: cannot store the topic id", func() error {
+			b := &pgx.Batch{}
+			w.offsets.QueueAdoptTopic(b, w.cfg.Name, w.topic, w.partition, v.topicID)
+			if err := w.inOneTrip(work, b); err != nil {
+				return fmt.Errorf("offsets: store the topic id of %s/%d: %w", w.topic, w.partition, err)
+			}
+			return nil
+		})
+	}
+	return nil
+}
+
 // firstStart is where a partition with neither a stored position nor a
 // committed offset starts: its log's start under StartEarliest. Under
 // StartLatest, the log's last stable offset (its end, unless a transaction
@@ -558,7 +603,7 @@ func (w *worker) firstStart(stop, work context.Context, v logView) (start int64,
 			}
 		}
 		b := &pgx.Batch{}
-		w.offsets.QueueInitTopic(b, w.cfg.Name, w.topic, starts)
+		w.offsets.QueueInitTopic(b, w.cfg.Name, w.topic, starts, bounds[0].TopicID)
 		if err := w.inOneTrip(work, b); err != nil {
 			return fmt.Errorf("offsets: store the first starts of %s: %w", w.topic, err)
 		}
@@ -578,7 +623,7 @@ func (w *worker) firstStart(stop, work context.Context, v logView) (start int64,
 func (w *worker) storeStart(stop, work context.Context, start int64) (stored int64, err error) {
 	err = w.retryUntil(stop, "partition assignment: cannot store the start", func() error {
 		b := &pgx.Batch{}
-		w.offsets.QueueInit(b, w.cfg.Name, w.topic, w.partition, start, &stored)
+		w.offsets.QueueInit(b, w.cfg.Name, w.topic, w.partition, start, w.topicID, &stored)
 		if err := w.inOneTrip(work, b); err != nil {
 			return fmt.Errorf("offsets: store the start of %s/%d: %w", w.topic, w.partition, err)
 		}
@@ -588,13 +633,19 @@ func (w *worker) storeStart(stop, work context.Context, start int64) (stored int
 }
 
 func (w *worker) loadPosition(ctx context.Context) (pos int64, has bool, err error) {
+	st, err := w.loadStored(ctx)
+	return st.Next, st.Found, err
+}
+
+// loadStored reads the stored position with the topic id it counts in.
+func (w *worker) loadStored(ctx context.Context) (st positions.Stored, err error) {
 	// One round trip, in a transaction that carries the session timeouts.
 	b := &pgx.Batch{}
-	w.offsets.QueueLoad(b, w.cfg.Name, w.topic, w.partition, &pos, &has)
+	w.offsets.QueueLoadStored(b, w.cfg.Name, w.topic, w.partition, &st)
 	if err := w.inOneTrip(ctx, b); err != nil {
-		return 0, false, fmt.Errorf("offsets: load %s/%d: %w", w.topic, w.partition, err)
+		return st, fmt.Errorf("offsets: load %s/%d: %w", w.topic, w.partition, err)
 	}
-	return pos, has, nil
+	return st, nil
 }
 
 func (w *worker) deletedError(from, logStart int64) error {

@@ -73,9 +73,9 @@ type NoTopicError struct{ Topic string }
 func (e *NoTopicError) Error() string { return fmt.Sprintf("kafka: topic %s does not exist", e.Topic) }
 
 // Bounds are a partition's first offset still in the log, its end (the
-// offset the next message will get), and its last stable offset (the end,
-// unless a transaction is open: then its first record).
-type Bounds struct{ Start, End, Stable int64 }
+// offset the next message will get), its last stable offset (the end,
+// unless a transaction is open: then its first record) and its topic's id.
+type Bounds = kafkaclient.Bounds
 
 // LogBounds returns the bounds of the given partitions of topic.
 func (a *Admin) LogBounds(ctx context.Context, topic string, partitions []int) (map[int]Bounds, error) {
@@ -91,7 +91,7 @@ func (a *Admin) LogBounds(ctx context.Context, topic string, partitions []int) (
 		if p < 0 || p >= len(all) {
 			return nil, fmt.Errorf("kafka: list offsets of %s/%d: the topic has no such partition", topic, p)
 		}
-		out[p] = Bounds(all[p])
+		out[p] = all[p]
 	}
 	return out, nil
 }

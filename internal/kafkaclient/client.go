@@ -114,6 +114,9 @@ type Bounds struct {
 	// committed records gets nothing at or past it until the transaction
 	// ends.
 	Stable int64
+	// TopicID is the topic's id, read before the offsets (zero when the
+	// broker gives none).
+	TopicID TopicID
 }
 
 var (

@@ -13,6 +13,11 @@ type FetchConfig struct {
 	Partition int
 	// Start is the offset fetched first (an absolute offset).
 	Start int64
+	// TopicID is the id of the topic Start was decided for (zero: not
+	// known). Records or bounds of a topic with another id end the
+	// fetcher with a *RecreatedError: their offsets are not the ones Start
+	// counts.
+	TopicID TopicID
 	// MaxBatch, Linger and Quiet bound a batch: up to MaxBatch records,
 	// waiting at most Linger after the first for more to arrive, and no
 	// longer than Quiet after the last one (0: Linger alone bounds it).
@@ -106,6 +111,20 @@ type Fetcher struct {
 	waitingAt int64
 	heldSince time.Time
 	reported  bool
+	// topicOf, when set, reads the topic's id: a client whose fetches do
+	// not say which topic id they read sets it (see CheckTopicEachBatch).
+	topicOf func(ctx context.Context) (TopicID, error)
+}
+
+// CheckTopicEachBatch makes f read the topic's id with topicOf after each
+// batch is fetched and before it is handed out, for a client whose fetches
+// do not say which topic they read (kafka-go's reader goes on at the same
+// offset in a topic deleted and created again). Records fetched before an
+// id read that is still FetchConfig.TopicID are of that topic; when it is
+// another, nothing of the batch goes out and Next returns a
+// *RecreatedError from then on.
+func (f *Fetcher) CheckTopicEachBatch(topicOf func(ctx context.Context) (TopicID, error)) {
+	f.topicOf = topicOf
 }
 
 // NewFetcher returns a Fetcher of src, which reads cfg's partition from
@@ -142,7 +161,29 @@ func (f *Fetcher) Next(ctx context.Context, buf []Record) ([]Record, error) {
 	if err != nil {
 		return buf, err
 	}
+	if err := f.sameTopic(ctx); err != nil {
+		return buf[:0], err
+	}
 	return f.check(ctx, buf)
+}
+
+// sameTopic checks, for a fetcher that checks each batch, that the topic
+// is still the one the fetcher was opened for (see CheckTopicEachBatch).
+// A failed read of the id hands out nothing: the caller opens a new
+// Fetcher at the offset it expects, and the records are fetched again.
+func (f *Fetcher) sameTopic(ctx context.Context) error {
+	if f.topicOf == nil || f.cfg.TopicID.IsZero() {
+		return nil
+	}
+	id, err := f.topicOf(ctx)
+	if err != nil {
+		return fmt.Errorf("kafkaclient: %s/%d: reading the topic's id before handing out a batch: %w", f.cfg.Topic, f.cfg.Partition, err)
+	}
+	if f.cfg.TopicID.Differs(id) {
+		f.held = &RecreatedError{Topic: f.cfg.Topic, Partition: f.cfg.Partition, Expected: f.cfg.TopicID, Found: id}
+		return f.held
+	}
+	return nil
 }
 
 // Close stops fetching. A wait on an open transaction that was reported
@@ -282,11 +323,14 @@ func (f *Fetcher) explain(ctx context.Context, err error, next int64) error {
 }
 
 // verdict says what the log's bounds mean for next, the offset expected
-// next: a log that ends before it was re-created or truncated
+// next: a log of another topic id is a new topic (*RecreatedError); a log
+// that ends before it was re-created or truncated
 // (*AheadError); one that starts after it lost records nobody fetched,
 // unless they were processed (*DeletedError; see Gap). nil: neither.
 func (f *Fetcher) verdict(ctx context.Context, b Bounds, next int64) error {
 	switch {
+	case f.cfg.TopicID.Differs(b.TopicID):
+		return &RecreatedError{Topic: f.cfg.Topic, Partition: f.cfg.Partition, Expected: f.cfg.TopicID, Found: b.TopicID}
 	case b.End < next:
 		return &AheadError{Topic: f.cfg.Topic, Partition: f.cfg.Partition, Expected: next, LogEnd: b.End}
 	case b.Start > next:

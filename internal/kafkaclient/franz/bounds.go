@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
@@ -23,7 +24,7 @@ func (c *Client) Bounds(ctx context.Context, topic string, partition int) (kafka
 func (c *Client) TopicBounds(ctx context.Context, topic string) ([]kafkaclient.Bounds, error) {
 	ctx, cancel := kafkaclient.Bounded(ctx)
 	defer cancel()
-	n, err := c.partitionCount(ctx, topic)
+	_, n, err := c.topicMetadata(ctx, topic)
 	if err != nil {
 		return nil, err
 	}
@@ -34,30 +35,45 @@ func (c *Client) TopicBounds(ctx context.Context, topic string) ([]kafkaclient.B
 	return c.bounds(ctx, topic, parts)
 }
 
-func (c *Client) partitionCount(ctx context.Context, topic string) (int, error) {
+// topicMetadata reads a topic's id and how many partitions it has.
+func (c *Client) topicMetadata(ctx context.Context, topic string) (kafkaclient.TopicID, int, error) {
+	return TopicMetadata(ctx, c.admin, topic)
+}
+
+// TopicMetadata reads a topic's id (zero from a broker that gives none)
+// and how many partitions it has, with cl: one Metadata request, at the
+// highest version both sides speak (ids came with version 10).
+func TopicMetadata(ctx context.Context, cl *kgo.Client, topic string) (kafkaclient.TopicID, int, error) {
 	req := kmsg.NewPtrMetadataRequest()
 	t := kmsg.NewMetadataRequestTopic()
 	t.Topic = kmsg.StringPtr(topic)
 	req.Topics = append(req.Topics, t)
-	resp, err := req.RequestWith(ctx, c.admin)
+	resp, err := req.RequestWith(ctx, cl)
 	if err != nil {
-		return 0, fmt.Errorf("franz: metadata of %s: %w", topic, err)
+		return kafkaclient.TopicID{}, 0, fmt.Errorf("franz: metadata of %s: %w", topic, err)
 	}
 	if len(resp.Topics) != 1 {
-		return 0, fmt.Errorf("franz: metadata of %s: no answer for the topic", topic)
+		return kafkaclient.TopicID{}, 0, fmt.Errorf("franz: metadata of %s: no answer for the topic", topic)
 	}
-	if err := kerr.ErrorForCode(resp.Topics[0].ErrorCode); err != nil {
-		return 0, fmt.Errorf("franz: metadata of %s: %w", topic, err)
+	rt := resp.Topics[0]
+	if err := kerr.ErrorForCode(rt.ErrorCode); err != nil {
+		return kafkaclient.TopicID{}, 0, fmt.Errorf("franz: metadata of %s: %w", topic, err)
 	}
-	return len(resp.Topics[0].Partitions), nil
+	return kafkaclient.TopicID(rt.TopicID), len(rt.Partitions), nil
 }
 
-// bounds reads the log start, the high watermark and the last stable
-// offset of partitions: three ListOffsets requests, which kgo sends to
-// each partition's leader.
+// bounds reads the topic's id, then the log start, the high watermark and
+// the last stable offset of partitions: three ListOffsets requests, which
+// kgo sends to each partition's leader. The id is read first: offsets read
+// after it are of that topic or of one created since, which the next read
+// of the id tells.
 func (c *Client) bounds(ctx context.Context, topic string, parts []int32) ([]kafkaclient.Bounds, error) {
 	ctx, cancel := kafkaclient.Bounded(ctx)
 	defer cancel()
+	id, _, err := c.topicMetadata(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
 	start, err := c.listOffsets(ctx, topic, parts, -2, 0)
 	if err != nil {
 		return nil, fmt.Errorf("franz: log start of %s: %w", topic, err)
@@ -72,7 +88,7 @@ func (c *Client) bounds(ctx context.Context, topic string, parts []int32) ([]kaf
 	}
 	out := make([]kafkaclient.Bounds, len(parts))
 	for i, p := range parts {
-		out[i] = kafkaclient.Bounds{Start: start[p], End: end[p], Stable: min(stable[p], end[p])}
+		out[i] = kafkaclient.Bounds{Start: start[p], End: end[p], Stable: min(stable[p], end[p]), TopicID: id}
 	}
 	return out, nil
 }

@@ -86,7 +86,7 @@ func (c *Client) Open(cfg kafkaclient.FetchConfig) (*kafkaclient.Fetcher, error)
 	if err != nil {
 		return nil, err
 	}
-	f := h.open(kafkaclient.TopicPartition{Topic: cfg.Topic, Partition: cfg.Partition}, cfg.Start, max(cfg.MaxBatch, 1))
+	f := h.open(kafkaclient.TopicPartition{Topic: cfg.Topic, Partition: cfg.Partition}, cfg.TopicID, cfg.Start, max(cfg.MaxBatch, 1))
 	return kafkaclient.NewFetcher(cfg, &feedSource{feed: f}, func(ctx context.Context) (kafkaclient.Bounds, error) {
 		return c.Bounds(ctx, cfg.Topic, cfg.Partition)
 	}), nil
@@ -94,9 +94,10 @@ func (c *Client) Open(cfg kafkaclient.FetchConfig) (*kafkaclient.Fetcher, error)
 
 // open starts fetching tp at start into a new feed, in place of the feed
 // fetching it so far, if any: what a poll brings for tp before the change
-// goes to the old feed, closed by then, and is dropped.
-func (h *hub) open(tp kafkaclient.TopicPartition, start int64, maxBatch int) *feed {
-	f := &feed{hub: h, tp: tp, maxBatch: maxBatch, wake: make(chan struct{}, 1)}
+// goes to the old feed, closed by then, and is dropped. id is the topic's
+// id start was decided for (zero: the first fetch's stands).
+func (h *hub) open(tp kafkaclient.TopicPartition, id kafkaclient.TopicID, start int64, maxBatch int) *feed {
+	f := &feed{hub: h, tp: tp, maxBatch: maxBatch, wake: make(chan struct{}, 1), topicID: id}
 	h.change(func() {
 		if old := h.feeds[tp]; old != nil {
 			h.remove(old)
@@ -151,7 +152,7 @@ func (h *hub) poll(ctx context.Context) {
 			for _, t := range fetches[i].Topics {
 				for _, p := range t.Partitions {
 					if f := h.feeds[kafkaclient.TopicPartition{Topic: t.Topic, Partition: int(p.Partition)}]; f != nil {
-						f.push(t.TopicID, &p)
+						f.push(kafkaclient.TopicID(t.TopicID), &p)
 					}
 				}
 			}
@@ -191,8 +192,9 @@ type feed struct {
 	// set when the records taken but not handed out may be gone too.
 	err  error
 	lost atomic.Bool
-	// topicID is the id of the topic the first fetch came from.
-	topicID [16]byte
+	// topicID is the id of the topic the partition was opened for, or
+	// else the one the first fetch came from.
+	topicID kafkaclient.TopicID
 }
 
 // chunk is the records one fetch brought for the partition.
@@ -203,23 +205,19 @@ type chunk struct {
 	hwm      int64
 }
 
-var noTopicID [16]byte
-
 // push adds what one fetch brought; it runs on the poller.
-func (f *feed) push(topicID [16]byte, p *kgo.FetchPartition) {
+func (f *feed) push(id kafkaclient.TopicID, p *kgo.FetchPartition) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed || f.err != nil {
 		return
 	}
-	if topicID != noTopicID {
-		if f.topicID == noTopicID {
-			f.topicID = topicID
-		} else if topicID != f.topicID {
-			f.fail(&kafkaclient.AheadError{Topic: f.tp.Topic, Partition: f.tp.Partition, Expected: f.nextOffset(), LogEnd: -1,
-				Why: "the topic was deleted and re-created: the fetch brought records of a topic id other than the one read so far"})
-			return
-		}
+	if f.topicID.Differs(id) {
+		f.fail(&kafkaclient.RecreatedError{Topic: f.tp.Topic, Partition: f.tp.Partition, Expected: f.topicID, Found: id})
+		return
+	}
+	if f.topicID.IsZero() {
+		f.topicID = id
 	}
 	if len(p.Records) > 0 {
 		c := chunk{records: p.Records, logStart: p.LogStartOffset, hwm: p.HighWatermark}
@@ -254,8 +252,7 @@ func (f *feed) fetchError(err error) error {
 		return &kafkaclient.AheadError{Topic: f.tp.Topic, Partition: f.tp.Partition, Expected: loss.ConsumedTo, LogEnd: -1,
 			Why: fmt.Sprintf("the broker lost records from offset %d on (%v)", loss.ResetTo, err)}
 	case errors.Is(err, kerr.UnknownTopicID):
-		return &kafkaclient.AheadError{Topic: f.tp.Topic, Partition: f.tp.Partition, Expected: f.nextOffset(), LogEnd: -1,
-			Why: "the topic was deleted and re-created: the broker no longer knows the topic id fetched so far"}
+		return &kafkaclient.RecreatedError{Topic: f.tp.Topic, Partition: f.tp.Partition, Expected: f.topicID}
 	case errors.Is(err, kerr.OffsetOutOfRange):
 		return fmt.Errorf("%w: %w", kafkaclient.ErrOutOfRange, err)
 	}
@@ -377,7 +374,10 @@ func (f *feed) handedOut(size int) {
 // MoveTo implements kafkaclient.Source: a new feed takes the old one's place.
 func (s *feedSource) MoveTo(offset int64) error {
 	old := s.feed
-	s.feed, s.taken = old.hub.open(old.tp, offset, old.maxBatch), chunk{}
+	old.mu.Lock()
+	id := old.topicID
+	old.mu.Unlock()
+	s.feed, s.taken = old.hub.open(old.tp, id, offset, old.maxBatch), chunk{}
 	old.close()
 	return nil
 }

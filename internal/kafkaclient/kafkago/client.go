@@ -43,6 +43,8 @@ type Client struct {
 	log    *slog.Logger
 	// writers publish (see Publish).
 	writers writers
+	// ids reads topic ids (see topicID).
+	ids topicIDs
 
 	mu sync.Mutex
 	// gen is the generation this member is in, the one its commits go
@@ -253,6 +255,7 @@ func fenced(err error) bool {
 // Close implements kafkaclient.Client.
 func (c *Client) Close() {
 	c.closeWriters()
+	c.closeTopicIDs()
 	c.tr.CloseIdleConnections()
 }
 
@@ -268,6 +271,8 @@ func (c *Client) Bounds(ctx context.Context, topic string, partition int) (kafka
 
 // TopicBounds implements kafkaclient.Client.
 func (c *Client) TopicBounds(ctx context.Context, topic string) ([]kafkaclient.Bounds, error) {
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
 	meta, err := c.admin.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
 		return nil, fmt.Errorf("kafkago: metadata of %s: %w", topic, err)
@@ -286,11 +291,15 @@ func (c *Client) TopicBounds(ctx context.Context, topic string) ([]kafkaclient.B
 	return c.bounds(ctx, topic, parts)
 }
 
-// bounds reads the bounds of partitions, which must number 0 to
-// len(partitions)-1 when there are several, in two requests.
+// bounds reads the topic's id, then the bounds of partitions, which must
+// number 0 to len(partitions)-1 when there are several, in two requests.
 func (c *Client) bounds(ctx context.Context, topic string, partitions []int) ([]kafkaclient.Bounds, error) {
 	ctx, cancel := kafkaclient.Bounded(ctx)
 	defer cancel()
+	id, err := c.topicID(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
 	var reqs, stable []kafka.OffsetRequest
 	for _, p := range partitions {
 		reqs = append(reqs, kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p))
@@ -308,7 +317,7 @@ func (c *Client) bounds(ctx context.Context, topic string, partitions []int) ([]
 	index := map[int]int{}
 	for i, p := range partitions {
 		index[p] = i
-		out[i] = kafkaclient.Bounds{Start: -1}
+		out[i] = kafkaclient.Bounds{Start: -1, TopicID: id}
 	}
 	for _, po := range all.Topics[topic] {
 		if po.Error != nil {

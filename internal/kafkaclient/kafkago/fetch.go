@@ -40,9 +40,14 @@ func (c *Client) Open(cfg kafkaclient.FetchConfig) (*kafkaclient.Fetcher, error)
 		return nil, fmt.Errorf("kafkago: seek %s/%d to %d: %w", cfg.Topic, cfg.Partition, cfg.Start, err)
 	}
 	src := &readerSource{r: r}
-	return kafkaclient.NewFetcher(cfg, src, func(ctx context.Context) (kafkaclient.Bounds, error) {
+	f := kafkaclient.NewFetcher(cfg, src, func(ctx context.Context) (kafkaclient.Bounds, error) {
 		return c.Bounds(ctx, cfg.Topic, cfg.Partition)
-	}), nil
+	})
+	// kafka-go's fetches do not say which topic id they read, and its
+	// reader goes on at the same offset in a topic deleted and created
+	// again: each batch is checked against the topic's id.
+	f.CheckTopicEachBatch(func(ctx context.Context) (kafkaclient.TopicID, error) { return c.topicID(ctx, cfg.Topic) })
+	return f, nil
 }
 
 // readerSource hands out a Reader's messages as records.

@@ -15,6 +15,7 @@ type Store struct {
 	initTopicSQL    string
 	topicStartedSQL string
 	loadSQL         string
+	adoptTopicSQL   string
 	passSQL         string
 	lockSQL         string
 	advanceFn       string
@@ -33,7 +34,8 @@ func NewStore(schemaName string) (*Store, error) {
 		return nil, fmt.Errorf("offsets: schema name %w", err)
 	}
 	t := schema.Table(schemaName, "consumer_offsets")
-	load := `SELECT next_offset FROM ` + t + ` WHERE consumer = $1 AND topic = $2 AND partition = $3`
+	where := ` WHERE consumer = $1 AND topic = $2 AND partition = $3`
+	load := `SELECT next_offset, topic_id FROM ` + t + where
 	return &Store{
 		// The WHERE keeps the position from moving backwards when a slower
 		// member (a zombie from an older generation, say) commits a batch
@@ -42,16 +44,17 @@ func NewStore(schemaName string) (*Store, error) {
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
 WHERE o.next_offset < EXCLUDED.next_offset`,
-		initSQL: `INSERT INTO ` + t + ` (consumer, topic, partition, next_offset) VALUES ($1, $2, $3, $4)
+		initSQL: `INSERT INTO ` + t + ` (consumer, topic, partition, next_offset, topic_id) VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (consumer, topic, partition) DO NOTHING`,
-		initTopicSQL: `INSERT INTO ` + t + ` (consumer, topic, partition, next_offset)
-SELECT $1, $2, p - 1, s FROM unnest($3::bigint[]) WITH ORDINALITY AS u(s, p) WHERE s >= 0
+		initTopicSQL: `INSERT INTO ` + t + ` (consumer, topic, partition, next_offset, topic_id)
+SELECT $1, $2, p - 1, s, $4 FROM unnest($3::bigint[]) WITH ORDINALITY AS u(s, p) WHERE s >= 0
 ON CONFLICT (consumer, topic, partition) DO NOTHING`,
+		adoptTopicSQL:   `UPDATE ` + t + ` SET topic_id = $4` + where + ` AND topic_id IS NULL`,
 		topicStartedSQL: `SELECT EXISTS (SELECT FROM ` + t + ` WHERE consumer = $1 AND topic = $2)`,
 		loadSQL:         load,
 		passSQL: `UPDATE ` + t + ` SET next_offset = $5, updated_at = now()
 WHERE consumer = $1 AND topic = $2 AND partition = $3 AND next_offset = $4`,
-		lockSQL:       load + ` FOR UPDATE`,
+		lockSQL:       `SELECT next_offset FROM ` + t + where + ` FOR UPDATE`,
 		advanceFn:     schema.Table(schemaName, "advance_position"),
 		openFn:        schema.Table(schemaName, "open_batch"),
 		closeFn:       schema.Table(schemaName, "close_batch"),

@@ -1,0 +1,14 @@
+-- 023: positions that know their topic.
+--
+-- Kafka gives a topic a new id when it creates it: a topic deleted and
+-- created again under the same name has another id, and its offsets start
+-- over at 0, holding other messages. A position is an offset of one topic,
+-- so it is kept with that topic's id. Every member compares it with the id
+-- of the topic it is assigned before it reads a message: a position of the
+-- old topic stops the partition (kafkaoncetype.ErrTopicRecreated), in any
+-- process, after any number of restarts, until an operator moves the
+-- position (offsets.Store.Reset, kafkaonce topic-recreated), which clears
+-- the id. NULL: not known yet (a position stored before this migration, or
+-- cleared by an operator); the next member assigned the partition stores
+-- the id of the topic it then finds.
+ALTER TABLE {{schema}}.consumer_offsets ADD COLUMN topic_id uuid;

@@ -2,10 +2,12 @@ package consumer_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/offsets"
@@ -111,6 +113,57 @@ func TestARecreatedTopicIsNeverPassedOver(t *testing.T) {
 		require.Equal(t, make([]bool, 40), s.e.appliedOf("new", 40), "none of the new topic's messages applied")
 		s.e.requireExactlyOnce(old)
 	})
+
+	t.Run("commits refused for an unknown topic are not retried", func(t *testing.T) {
+		t.Parallel()
+		s := setupRecreated(t, consumer.StartEarliest)
+		if s.e.kafka.Fake == nil {
+			t.Skip("the in-process broker answers the commits")
+		}
+		s.e.produceIDs("a", 5)
+		r := s.member()
+		s.e.waitCommitted(map[int]int64{0: 5}, 30*time.Second)
+		// From now on the broker refuses the group's commits as it does
+		// for a topic deleted (or re-created) under it: UNKNOWN_TOPIC_ID.
+		refused := s.e.refuseCommits(errUnknownTopicID)
+		s.e.produceIDs("b", 5)
+		waitFor(t, 30*time.Second, "a commit refused", func() bool { return refused.Load() > 0 })
+		// The committer retries a failed commit every second: three
+		// seconds would show more.
+		stillFor(t, 3*time.Second, "no refused commit sent again", func() bool { return refused.Load() == 1 })
+		r.stop()
+	})
+}
+
+// errUnknownTopicID is Kafka's UNKNOWN_TOPIC_ID.
+const errUnknownTopicID = 100
+
+// refuseCommits makes the in-process broker answer every offset commit of
+// the test's group with code for each of its partitions, and returns how
+// many it answered so.
+func (e *env) refuseCommits(code int16) *atomic.Int64 {
+	var n atomic.Int64
+	e.kafka.Fake.ControlKey(kmsg.OffsetCommit.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		e.kafka.Fake.KeepControl()
+		req := kreq.(*kmsg.OffsetCommitRequest)
+		if req.Group != e.group {
+			return nil, nil, false
+		}
+		n.Add(1)
+		resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
+		for _, t := range req.Topics {
+			rt := kmsg.NewOffsetCommitResponseTopic()
+			rt.Topic, rt.TopicID = t.Topic, t.TopicID
+			for _, p := range t.Partitions {
+				rp := kmsg.NewOffsetCommitResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = p.Partition, code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
+	return &n
 }
 
 // recreatedSetup runs members of one consumer on a one-partition topic.

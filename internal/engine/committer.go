@@ -236,6 +236,21 @@ func (m *committer) commit(ctx context.Context, batch map[kafkaclient.TopicParti
 		m.log.Warn("kafka offset commit of revoked partitions failed; their next owners start from the stored positions", slog.String("error", err.Error()))
 		return
 	}
+	// Partitions of a topic the broker no longer knows (deleted, or
+	// created again under a new id) cannot be committed again: their
+	// marks are dropped, the stored positions decide, and their workers
+	// stop on the new topic (ErrTopicRecreated) or are revoked.
+	var gone *kafkaclient.TopicGoneError
+	if errors.As(err, &gone) {
+		for _, tp := range gone.Partitions {
+			delete(batch, tp)
+		}
+		m.log.Warn("kafka offset commit refused: the broker does not know the partitions' topic (deleted or re-created); not retrying them, the stored positions stand",
+			slog.Int("partitions", len(gone.Partitions)), slog.String("error", gone.Error()))
+		if len(batch) == 0 {
+			return
+		}
+	}
 	m.log.Warn("kafka offset commit failed; retrying within a second", slog.String("error", err.Error()))
 	m.mu.Lock()
 	for tp, off := range batch {

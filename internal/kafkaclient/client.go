@@ -15,6 +15,7 @@ package kafkaclient
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
@@ -41,6 +42,8 @@ type Client interface {
 	// metadata, as this member in its current generation. An error that wraps ErrFenced
 	// means the broker refused it because that generation is over (the
 	// partitions may be another member's by now); nothing was committed.
+	// A *TopicGoneError names partitions refused because the broker does
+	// not know their topic (any more).
 	Commit(ctx context.Context, offsets []Offset) error
 	// Publish writes records to topic and returns once the brokers have
 	// acknowledged every one of them (acks from all in-sync replicas),
@@ -128,6 +131,30 @@ var (
 	// log's bounds to say why.
 	ErrOutOfRange = errors.New("kafkaclient: the offset is outside the log")
 )
+
+// TopicGoneError is returned (or joined with other errors) by a Commit the
+// broker refused for partitions of topics it does not know: deleted, or
+// deleted and created again (the commit named the old topic's id).
+// Committing them again cannot succeed.
+type TopicGoneError struct {
+	Partitions []TopicPartition
+	Err        error
+}
+
+func (e *TopicGoneError) Error() string {
+	return fmt.Sprintf("kafkaclient: the broker does not know the topic of %d partition(s) committed, %s/%d first: %v", len(e.Partitions), e.Partitions[0].Topic, e.Partitions[0].Partition, e.Err)
+}
+
+func (e *TopicGoneError) Unwrap() error { return e.Err }
+
+// AddGone returns e (a new one when nil) with tp added, refused with err.
+func AddGone(e *TopicGoneError, tp TopicPartition, err error) *TopicGoneError {
+	if e == nil {
+		e = &TopicGoneError{Err: err}
+	}
+	e.Partitions = append(e.Partitions, tp)
+	return e
+}
 
 // Record is one record a Fetcher hands out.
 type Record struct {

@@ -181,6 +181,7 @@ func (c *Client) Commit(ctx context.Context, offsets []kafkaclient.Offset) error
 		return nil
 	})
 	var errs []error
+	var gone *kafkaclient.TopicGoneError
 	cl.CommitOffsetsSync(ctx, toCommit, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		if err != nil {
 			errs = append(errs, err)
@@ -188,12 +189,20 @@ func (c *Client) Commit(ctx context.Context, offsets []kafkaclient.Offset) error
 		}
 		for _, t := range resp.Topics {
 			for _, p := range t.Partitions {
-				if perr := kerr.ErrorForCode(p.ErrorCode); perr != nil {
+				perr := kerr.ErrorForCode(p.ErrorCode)
+				switch {
+				case perr == nil:
+				case errors.Is(perr, kerr.UnknownTopicID), errors.Is(perr, kerr.UnknownTopicOrPartition):
+					gone = kafkaclient.AddGone(gone, kafkaclient.TopicPartition{Topic: t.Topic, Partition: int(p.Partition)}, perr)
+				default:
 					errs = append(errs, fmt.Errorf("%s/%d: %w", t.Topic, p.Partition, perr))
 				}
 			}
 		}
 	})
+	if gone != nil {
+		errs = append(errs, gone)
+	}
 	err := errors.Join(errs...)
 	if err != nil && fenced(err) {
 		return fmt.Errorf("%w: %w", kafkaclient.ErrFenced, err)

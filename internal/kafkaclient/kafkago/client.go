@@ -225,12 +225,20 @@ func (c *Client) Commit(ctx context.Context, offsets []kafkaclient.Offset) error
 	})
 	if err == nil {
 		var errs []error
+		var gone *kafkaclient.TopicGoneError
 		for topic, ps := range resp.Topics {
 			for _, p := range ps {
-				if p.Error != nil {
+				switch {
+				case p.Error == nil:
+				case errors.Is(p.Error, kafka.UnknownTopicOrPartition), errors.Is(p.Error, kafka.UnknownTopicID):
+					gone = kafkaclient.AddGone(gone, kafkaclient.TopicPartition{Topic: topic, Partition: p.Partition}, p.Error)
+				default:
 					errs = append(errs, fmt.Errorf("%s/%d: %w", topic, p.Partition, p.Error))
 				}
 			}
+		}
+		if gone != nil {
+			errs = append(errs, gone)
 		}
 		err = errors.Join(errs...)
 	}

@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/offsets"
 	"github.com/kafkaonce/kafkaonce/pauses"
 )
@@ -185,4 +187,52 @@ func (s *recreatedSetup) member(hooks ...consumer.Hook) *running {
 	cfg.MetadataMaxAge = time.Second
 	cfg.Hooks = append(cfg.Hooks, hooks...)
 	return s.e.start(cfg)
+}
+
+// A topic of the group deleted while members run: with franz-go the other
+// topics go on; kafka-go's group cannot run a generation without it, so
+// Run returns an error that names the topic and the franz-go client,
+// instead of rejoining for ever.
+func TestADeletedTopicOfTheGroup(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	other := e.kafka.Topic(t, 1)
+	cfg := e.config(e.applyHandler())
+	cfg.Topics = []string{e.topic, other}
+	cfg.MetadataMaxAge = time.Second
+	c, err := consumer.New(e.db.Pool, cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	e.produceIDs("before", 5)
+	e.waitEffects(5, 30*time.Second)
+
+	delCtx, delCancel := context.WithTimeout(context.Background(), time.Minute)
+	defer delCancel()
+	require.NoError(t, devenv.DeleteTopic(delCtx, e.kafka.Brokers, e.topic))
+
+	if kafkaClient() == consumer.KafkaGo {
+		select {
+		case err := <-done:
+			require.Error(t, err)
+			require.Contains(t, err.Error(), e.topic)
+			require.Contains(t, err.Error(), "franz-go")
+		case <-time.After(60 * time.Second):
+			t.Fatal("Run did not return within 60s of the topic's deletion")
+		}
+		return
+	}
+	e.kafka.Produce(t, other, msg(0, "other-0", "v"), msg(0, "other-1", "v"))
+	e.waitEffects(7, 60*time.Second)
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			require.NoError(t, err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return within 30s of cancel")
+	}
 }

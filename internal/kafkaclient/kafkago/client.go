@@ -100,6 +100,13 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 		return errors.New("kafkago: static membership (an instance id) is not supported by kafka-go; use the franz-go client")
 	}
 	watch := c.cfg.MetadataMaxAge
+	// A missing topic ends the run (see missing.go): kafka-go's errors
+	// wake the check.
+	runCtx, endRun := context.WithCancelCause(ctx)
+	defer endRun(nil)
+	complaints := make(chan struct{}, 1)
+	go c.watchTopics(runCtx, g.Topics, complaints, func(e *MissingTopicError) { endRun(e) })
+	errorLog := logger(c.log, slog.LevelWarn)
 	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 		ID:                     g.ID,
 		Brokers:                c.cfg.Brokers,
@@ -113,15 +120,21 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 		WatchPartitionChanges:  watch > 0,
 		PartitionWatchInterval: watch,
 		Logger:                 logger(c.log, slog.LevelDebug),
-		ErrorLogger:            logger(c.log, slog.LevelWarn),
+		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
+			errorLog.Printf(msg, args...)
+			select {
+			case complaints <- struct{}{}:
+			default:
+			}
+		}),
 	})
 	if err != nil {
 		return fmt.Errorf("kafkago: %w", err)
 	}
 	for {
-		gen, err := group.Next(ctx)
+		gen, err := group.Next(runCtx)
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
+			if runCtx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
 				break
 			}
 			c.log.Warn("consumer group: waiting for a generation", slog.String("error", err.Error()))
@@ -155,6 +168,10 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 		c.log.Warn("consumer group: close", slog.String("error", err.Error()))
 	}
 	c.setGeneration(nil, nil)
+	var missing *MissingTopicError
+	if cause := context.Cause(runCtx); errors.As(cause, &missing) && ctx.Err() == nil {
+		return missing
+	}
 	return nil
 }
 

@@ -1,0 +1,93 @@
+package kafkago
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// kafka-go's ConsumerGroup cannot run a generation while one of its topics
+// is missing: every generation fails as it starts, is assigned nothing and
+// joins again, for ever, and the other topics are never fetched again. It
+// says so only to its error logger. So every time it complains, the
+// brokers are asked whether the group's topics exist, and one that stays
+// missing ends RunGroup with a *MissingTopicError.
+
+// MissingTopicError ends RunGroup when topics of the group do not exist.
+type MissingTopicError struct{ Topics []string }
+
+func (e *MissingTopicError) Error() string {
+	return fmt.Sprintf("kafkago: topic %s does not exist (deleted?); kafka-go's consumer group cannot run without it and would rejoin for ever, processing none of the other topics. Create it again, take it out of Config.Topics, or use the franz-go client (consumer.FranzGo), whose group goes on with the other topics",
+		strings.Join(e.Topics, ", "))
+}
+
+// missingCheckEvery bounds how often kafka-go's complaints lead to a look
+// at the brokers' metadata; missingFor is how long a topic must stay
+// missing before the run ends, so that an operator who deletes a topic
+// and creates it again at once (the stored positions then tell the new
+// topic from the old) does not stop the consumer.
+const (
+	missingCheckEvery = time.Second
+	missingFor        = 5 * time.Second
+)
+
+// watchTopics asks the brokers whether topics exist each time complaints
+// has something, at most once every missingCheckEvery, until ctx is done;
+// it calls found with the topics missing at every look for missingFor.
+func (c *Client) watchTopics(ctx context.Context, topics []string, complaints <-chan struct{}, found func(*MissingTopicError)) {
+	since := map[string]time.Time{} // when each topic was first seen missing
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-complaints:
+		}
+		if missing, err := c.missingTopics(ctx, topics); err == nil {
+			now, gone := time.Now(), []string(nil)
+			for t := range since {
+				if !slices.Contains(missing, t) {
+					delete(since, t)
+				}
+			}
+			for _, t := range missing {
+				if _, ok := since[t]; !ok {
+					since[t] = now
+				}
+				if now.Sub(since[t]) >= missingFor {
+					gone = append(gone, t)
+				}
+			}
+			if len(gone) > 0 {
+				found(&MissingTopicError{Topics: gone})
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(missingCheckEvery):
+		}
+	}
+}
+
+// missingTopics returns the topics the brokers say they do not have.
+func (c *Client) missingTopics(ctx context.Context, topics []string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	meta, err := c.admin.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
+	if err != nil {
+		return nil, err
+	}
+	var missing []string
+	for _, t := range meta.Topics {
+		if errors.Is(t.Error, kafka.UnknownTopicOrPartition) {
+			missing = append(missing, t.Name)
+		}
+	}
+	return missing, nil
+}

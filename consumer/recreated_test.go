@@ -43,8 +43,18 @@ func TestARecreatedTopicIsNeverPassedOver(t *testing.T) {
 			fresh := s.e.produceIDs("new", 40)
 			for restart := range 2 {
 				rec := &recorder{}
-				r := s.member(rec)
+				c := s.consumer(rec)
+				r := s.e.run(c)
 				waitFor(t, 60*time.Second, "the partition stopped as re-created", func() bool { return rec.stoppedWith(consumer.ErrTopicRecreated) })
+				// The health report and the partition's run record (which
+				// kafkaonce status and serve read) show the stop.
+				h := c.Health(context.Background())
+				require.Lenf(t, h.Stopped, 1, "restart %d: the health report lists the stopped partition", restart)
+				require.Contains(t, h.Stopped[0], s.e.topic+"/0: ")
+				require.Contains(t, h.Stopped[0], "created again")
+				require.True(t, h.Live, "a stop waits for an operator: a restart would not help")
+				require.EqualValues(t, 1, s.e.db.Int(t, `SELECT count(*) FROM `+s.e.db.Table("partition_runs")+`
+WHERE consumer = $1 AND topic = $2 AND partition = 0 AND stopped_at IS NOT NULL AND stop_reason LIKE '%created again%'`, s.e.name, s.e.topic), "the run record shows the stop")
 				r.stop()
 				require.Equalf(t, map[int]int64{0: 20}, s.e.storedPositions(), "restart %d: the stored position stays", restart)
 				require.Equalf(t, make([]bool, 40), s.e.appliedOf("new", 40), "restart %d: none of the new topic's messages applied", restart)
@@ -182,11 +192,18 @@ func setupRecreated(t *testing.T, start consumer.StartOffset) *recreatedSetup {
 // member starts a member that reports to the test's recorder and to
 // hooks.
 func (s *recreatedSetup) member(hooks ...consumer.Hook) *running {
+	return s.e.run(s.consumer(hooks...))
+}
+
+// consumer is a member, not started.
+func (s *recreatedSetup) consumer(hooks ...consumer.Hook) *consumer.Consumer {
 	cfg := s.e.config(s.e.applyHandler())
 	cfg.StartOffset = s.start
 	cfg.MetadataMaxAge = time.Second
 	cfg.Hooks = append(cfg.Hooks, hooks...)
-	return s.e.start(cfg)
+	c, err := consumer.New(s.e.db.Pool, cfg)
+	require.NoError(s.t, err)
+	return c
 }
 
 // A topic of the group deleted while members run: with franz-go the other

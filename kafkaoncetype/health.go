@@ -24,6 +24,13 @@ type Health struct {
 	// many of them a pause holds.
 	Partitions int `json:"partitions"`
 	Paused     int `json:"paused"`
+	// Stopped lists the partitions of this member that stopped at what
+	// they must not pass (a message that could not be set aside, records
+	// deleted unprocessed, a topic re-created: a *PartitionError), as
+	// "topic/partition: reason", sorted. They wait for an operator: a
+	// restart stops them again, so they make the consumer neither
+	// unlive nor unready.
+	Stopped []string `json:"stopped"`
 	// DatabaseError is the last Postgres check's failure, "" when it
 	// answered.
 	DatabaseError string `json:"database_error,omitempty"`

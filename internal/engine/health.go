@@ -27,6 +27,8 @@ type progress struct {
 	// waiting is set in a wait that is no stall: at the log's end with
 	// nothing to fetch, paused, or parked after a stop.
 	waiting, paused atomic.Bool
+	// stopped is why the partition stopped, once it has (see worker.run).
+	stopped atomic.Pointer[string]
 }
 
 func newProgress() *progress {
@@ -48,6 +50,15 @@ func (p *progress) wait(on bool) {
 	if p != nil {
 		p.waiting.Store(on)
 		p.step()
+	}
+}
+
+// stop records that the worker stopped for why, and is parked: a wait
+// that is no stall.
+func (p *progress) stop(why string) {
+	if p != nil {
+		p.stopped.Store(&why)
+		p.wait(true)
 	}
 }
 
@@ -84,7 +95,7 @@ type health struct {
 // and Ready then leaves the database out.
 func (c *Consumer) Health(ctx context.Context, askDB bool) kafkaoncetype.Health {
 	now := time.Now()
-	h := kafkaoncetype.Health{CheckedAt: now, Running: c.running.Load() && !c.finished.Load(), InGroup: c.health.inGroup.Load(), Problems: []string{}}
+	h := kafkaoncetype.Health{CheckedAt: now, Running: c.running.Load() && !c.finished.Load(), InGroup: c.health.inGroup.Load(), Problems: []string{}, Stopped: []string{}}
 	if m := c.health.member.Load(); m != nil {
 		h.Problems = append(h.Problems, m.stalls(now, c.cfg.StallAfter, &h)...)
 		// The group loop: a member that cannot get into its group for
@@ -149,12 +160,16 @@ func (m *membership) stalls(now time.Time, bound time.Duration, h *kafkaoncetype
 		if r.progress.paused.Load() {
 			h.Paused++
 		}
+		if why := r.progress.stopped.Load(); why != nil {
+			h.Stopped = append(h.Stopped, fmt.Sprintf("%s/%d: %s", tp.Topic, tp.Partition, *why))
+		}
 		if d := r.progress.stalledFor(now); d > bound {
 			out = append(out, fmt.Sprintf("partition %s/%d: no progress for %v with messages waiting (no fetch returned, no transaction tried; Config.StallAfter is %v)",
 				tp.Topic, tp.Partition, d.Round(time.Second), bound))
 		}
 	}
 	sort.Strings(out)
+	sort.Strings(h.Stopped)
 	return out
 }
 

@@ -118,7 +118,7 @@ func (w *worker) run(stop, work context.Context) {
 		perr = &kafkaoncetype.PartitionError{Topic: w.topic, Partition: w.partition, Err: err}
 	}
 	w.report(stop, perr)
-	w.progress.wait(true) // parked: no stall
+	w.progress.stop(perr.Err.Error())
 	<-stop.Done()
 }
 

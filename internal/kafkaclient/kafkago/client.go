@@ -94,18 +94,42 @@ func (c *Client) Transport() *kafka.Transport { return c.tr }
 // kafka-go waits for the function started with the generation (which waits
 // for m.Revoked) before it joins the next generation or leaves, so the
 // last offset commits still go out in the generation (see Commit).
+//
+// The group's topics are watched (see missing.go): one that stays missing
+// ends the run with a *MissingTopicError, and one that comes back makes
+// the member leave and join again, since kafka-go does not assign a topic
+// created after its last assignment.
 func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 	g := c.cfg.Group
 	if g.InstanceID != "" {
 		return errors.New("kafkago: static membership (an instance id) is not supported by kafka-go; use the franz-go client")
 	}
-	watch := c.cfg.MetadataMaxAge
-	// A missing topic ends the run (see missing.go): kafka-go's errors
-	// wake the check.
 	runCtx, endRun := context.WithCancelCause(ctx)
 	defer endRun(nil)
-	complaints := make(chan struct{}, 1)
-	go c.watchTopics(runCtx, g.Topics, complaints, func(e *MissingTopicError) { endRun(e) })
+	w := &topicWatch{complaints: make(chan struct{}, 1), rejoin: make(chan struct{}, 1)}
+	go c.watchTopics(runCtx, g.Topics, w, func(e *MissingTopicError) { endRun(e) })
+	for {
+		rejoin, err := c.runGroupOnce(runCtx, m, w)
+		if err != nil {
+			return err
+		}
+		if !rejoin {
+			break
+		}
+		c.log.Info("consumer group: a topic of the group exists again; leaving and joining the group so that it is assigned")
+	}
+	var missing *MissingTopicError
+	if cause := context.Cause(runCtx); errors.As(cause, &missing) && ctx.Err() == nil {
+		return missing
+	}
+	return nil
+}
+
+// runGroupOnce runs one kafka-go ConsumerGroup until ctx is done (false),
+// or until w asks for a rejoin (true).
+func (c *Client) runGroupOnce(ctx context.Context, m kafkaclient.Membership, w *topicWatch) (bool, error) {
+	g := c.cfg.Group
+	watch := c.cfg.MetadataMaxAge
 	errorLog := logger(c.log, slog.LevelWarn)
 	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 		ID:                     g.ID,
@@ -120,21 +144,31 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 		WatchPartitionChanges:  watch > 0,
 		PartitionWatchInterval: watch,
 		Logger:                 logger(c.log, slog.LevelDebug),
+		// kafka-go's complaints wake the watch of the group's topics.
 		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
 			errorLog.Printf(msg, args...)
-			select {
-			case complaints <- struct{}{}:
-			default:
-			}
+			w.complain()
 		}),
 	})
 	if err != nil {
-		return fmt.Errorf("kafkago: %w", err)
+		return false, fmt.Errorf("kafkago: %w", err)
 	}
+	groupCtx, endGroup := context.WithCancel(ctx)
+	defer endGroup()
+	rejoined := make(chan bool, 1)
+	go func() {
+		select {
+		case <-w.rejoin:
+			endGroup()
+			rejoined <- true
+		case <-groupCtx.Done():
+			rejoined <- false
+		}
+	}()
 	for {
-		gen, err := group.Next(runCtx)
+		gen, err := group.Next(groupCtx)
 		if err != nil {
-			if runCtx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
+			if groupCtx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
 				break
 			}
 			c.log.Warn("consumer group: waiting for a generation", slog.String("error", err.Error()))
@@ -168,11 +202,8 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 		c.log.Warn("consumer group: close", slog.String("error", err.Error()))
 	}
 	c.setGeneration(nil, nil)
-	var missing *MissingTopicError
-	if cause := context.Cause(runCtx); errors.As(cause, &missing) && ctx.Err() == nil {
-		return missing
-	}
-	return nil
+	endGroup()
+	return <-rejoined && ctx.Err() == nil, nil
 }
 
 func (c *Client) setGeneration(gen *kafka.Generation, committed *genOffsets) {

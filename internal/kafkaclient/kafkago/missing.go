@@ -15,8 +15,9 @@ import (
 // is missing: every generation fails as it starts, is assigned nothing and
 // joins again, for ever, and the other topics are never fetched again. It
 // says so only to its error logger. So every time it complains, the
-// brokers are asked whether the group's topics exist, and one that stays
-// missing ends RunGroup with a *MissingTopicError.
+// brokers are asked whether the group's topics exist: one that stays
+// missing ends RunGroup with a *MissingTopicError, and one that comes back
+// (re-created) makes the member join again, to be assigned it.
 
 // MissingTopicError ends RunGroup when topics of the group do not exist.
 type MissingTopicError struct{ Topics []string }
@@ -36,22 +37,45 @@ const (
 	missingFor        = 5 * time.Second
 )
 
-// watchTopics asks the brokers whether topics exist each time complaints
-// has something, at most once every missingCheckEvery, until ctx is done;
-// it calls found with the topics missing at every look for missingFor.
-func (c *Client) watchTopics(ctx context.Context, topics []string, complaints <-chan struct{}, found func(*MissingTopicError)) {
-	since := map[string]time.Time{} // when each topic was first seen missing
+// topicWatch connects a group run with the watch of its topics.
+type topicWatch struct {
+	// complaints is signalled when kafka-go logs an error; rejoin by the
+	// watch when a topic that was missing exists again.
+	complaints, rejoin chan struct{}
+}
+
+func (w *topicWatch) complain() { signal(w.complaints) }
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// watchTopics asks the brokers whether topics exist each time kafka-go
+// complains, and every missingCheckEvery while one is missing, until ctx
+// is done. It calls found with the topics missing at every look for
+// missingFor, and asks w for a rejoin when a missing topic exists again:
+// a member whose last assignment was made while the topic was missing was
+// assigned none of it, and kafka-go's partition watch, which compares
+// partition counts from its own first look on, would never notice.
+func (c *Client) watchTopics(ctx context.Context, topics []string, w *topicWatch, found func(*MissingTopicError)) {
+	since := map[string]time.Time{} // when each missing topic was first seen missing
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-complaints:
+		if len(since) == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-w.complaints:
+			}
 		}
 		if missing, err := c.missingTopics(ctx, topics); err == nil {
-			now, gone := time.Now(), []string(nil)
+			now, gone, back := time.Now(), []string(nil), false
 			for t := range since {
 				if !slices.Contains(missing, t) {
 					delete(since, t)
+					back = true
 				}
 			}
 			for _, t := range missing {
@@ -65,6 +89,9 @@ func (c *Client) watchTopics(ctx context.Context, topics []string, complaints <-
 			if len(gone) > 0 {
 				found(&MissingTopicError{Topics: gone})
 				return
+			}
+			if back {
+				signal(w.rejoin)
 			}
 		}
 		select {

@@ -59,6 +59,20 @@ type HookPartitionPaused interface {
 // PartitionPaused describes a partition paused or resumed.
 type PartitionPaused = kafkaoncetype.PartitionPaused
 
+// HookPartitionLag is called when a partition's lag changes: its position
+// moved (a batch committed, transaction markers or aborted records read
+// past), or the consumer saw the log's end move (a fetch, or a look at an
+// idle partition). Lag counts what the consumer has yet to apply, so it
+// returns to 0 on an idle partition of a transactional topic, where the
+// log's end lies past the last message (see PartitionLag). It is called
+// after the database transaction that moved the position committed.
+type HookPartitionLag interface {
+	OnPartitionLag(ctx context.Context, l PartitionLag)
+}
+
+// PartitionLag describes a partition's lag.
+type PartitionLag = kafkaoncetype.PartitionLag
+
 // HookPartitionStopped is called when a partition stops because of a
 // message that cannot be processed (err wraps a *MessageError or another
 // cause; see PartitionError).
@@ -251,6 +265,9 @@ func sortHooks(hs []Hook) (engine.Hooks, error) {
 		}
 		if v, ok := h.(HookPartitionPaused); ok {
 			out.Paused = append(out.Paused, v.OnPartitionPaused)
+		}
+		if v, ok := h.(HookPartitionLag); ok {
+			out.Lag = append(out.Lag, v.OnPartitionLag)
 		}
 		if v, ok := h.(HookBatchScope); ok {
 			out.BatchScope = append(out.BatchScope, v.ScopeBatch)

@@ -52,6 +52,27 @@ type PartitionPaused struct {
 	Resumed bool
 }
 
+// PartitionLag is how far a partition is from the end of what its
+// consumer will apply.
+type PartitionLag struct {
+	Topic     string
+	Partition int
+	// Position is the partition's position: the offset after the last
+	// message processed, past the transaction markers and records of
+	// aborted transactions read after it.
+	Position int64
+	// LogEnd is the end of the log as the consumer last saw it: the high
+	// watermark a fetch reported, or, read while the partition was idle,
+	// the last stable offset (records of a transaction still open are not
+	// there to apply yet).
+	LogEnd int64
+	// Lag is LogEnd - Position, at least 0: the records the consumer has
+	// yet to hand to the handler or skip, and the markers and aborted
+	// records among them that it has not read yet. An idle partition at
+	// the end of its log has lag 0, transactional or not.
+	Lag int64
+}
+
 // BatchInfo describes the messages of one batch transaction.
 type BatchInfo struct {
 	Topic     string
@@ -63,8 +84,8 @@ type BatchInfo struct {
 	// batch, from 1.
 	Attempt int
 	// HighWaterMark is the partition's log end offset as of the fetch that
-	// brought the batch: HighWaterMark - LastOffset - 1 is the lag once the
-	// batch commits.
+	// brought the batch. (On a transactional topic it counts the markers
+	// and aborted records after the batch: see PartitionLag for the lag.)
 	HighWaterMark int64
 	// BatchLimit is the most messages the partition's transactions cover
 	// now: the consumer's MaxBatch, or less while they lose races for rows

@@ -68,7 +68,7 @@ func (m *metrics) init(meter metric.Meter, consumerAttr attribute.KeyValue) erro
 	m.handlerDuration, e = meter.Float64Histogram("messaging.process.duration", metric.WithUnit("s"), metric.WithDescription("Duration of handler calls."),
 		metric.WithExplicitBucketBoundaries(exponential(0.0001, 18)...))
 	err = firstErr(err, e)
-	m.lag = gauge("kafkaonce.partition.lag", "{message}", "Messages between the last committed batch and the log end, as of its fetch.")
+	m.lag = gauge("kafkaonce.partition.lag", "{message}", "Records the consumer has yet to apply: the log end it last saw minus its position, which passes transaction markers and aborted records.")
 	m.stopped = gauge("kafkaonce.partition.stopped", "1", "1 while the partition is stopped at a message it cannot process.")
 	m.held = gauge("kafkaonce.partition.held", "1", "1 while a producer's open transaction holds the partition back (reported after OpenTransactionAfter).")
 	m.paused = gauge("kafkaonce.partition.paused", "1", "1 while a pause holds the partition: it fetches nothing until resumed.")
@@ -180,8 +180,11 @@ func (h *Hooks) OnBatchEnd(ctx context.Context, b consumer.BatchInfo, r consumer
 	}
 	h.batchSize.Record(ctx, int64(b.Size), h.with())
 	p := h.with(partitionAttrs(b.Topic, b.Partition)...)
-	h.lag.Record(ctx, max(b.HighWaterMark-b.LastOffset-1, 0), p)
 	h.lastCommit.Record(ctx, float64(time.Now().UnixNano())/1e9, p)
+}
+
+func (h *Hooks) OnPartitionLag(ctx context.Context, l consumer.PartitionLag) {
+	h.lag.Record(ctx, l.Lag, h.with(partitionAttrs(l.Topic, l.Partition)...))
 }
 
 func (h *Hooks) OnHandlerEnd(ctx context.Context, m *consumer.Message, d time.Duration, err error) {

@@ -22,7 +22,7 @@
 //	kafkaonce_handler_duration_seconds{topic}    histogram
 //	kafkaonce_offset_commits_total
 //	kafkaonce_offset_commit_errors_total
-//	kafkaonce_partition_lag{topic,partition}     messages behind the log end after the last commit
+//	kafkaonce_partition_lag{topic,partition}     records still to apply: the log end seen minus the position
 //	kafkaonce_partition_last_commit_timestamp_seconds{topic,partition}
 //	kafkaonce_partition_stopped{topic,partition} 1 while a partition is stopped
 //	kafkaonce_partition_held{topic,partition}    1 while a producer's open transaction holds a partition back
@@ -85,7 +85,7 @@ func New(reg prometheus.Registerer, consumerName string) (*Hooks, error) {
 			Help: "Duration of batch transactions.", ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}, []string{"outcome"}),
 		handlerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "kafkaonce", Name: "handler_duration_seconds",
 			Help: "Duration of handler calls.", ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18)}, []string{"topic"}),
-		lag:        gauge("partition_lag", "Messages between the last committed batch and the log end, as of its fetch."),
+		lag:        gauge("partition_lag", "Records the consumer has yet to apply: the log end it last saw minus its position, which passes transaction markers and aborted records."),
 		lastCommit: gauge("partition_last_commit_timestamp_seconds", "When a batch of the partition last committed."),
 		stopped:    gauge("partition_stopped", "1 while the partition is stopped at a message it cannot process."),
 		held:       gauge("partition_held", "1 while a producer's open transaction holds the partition back (reported after OpenTransactionAfter)."),
@@ -183,8 +183,11 @@ func (h *Hooks) OnBatchEnd(_ context.Context, b consumer.BatchInfo, r consumer.B
 	}
 	h.batchSize.Observe(float64(b.Size))
 	p := strconv.Itoa(b.Partition)
-	h.lag.WithLabelValues(b.Topic, p).Set(float64(max(b.HighWaterMark-b.LastOffset-1, 0)))
 	h.lastCommit.WithLabelValues(b.Topic, p).Set(float64(time.Now().UnixNano()) / 1e9)
+}
+
+func (h *Hooks) OnPartitionLag(_ context.Context, l consumer.PartitionLag) {
+	h.lag.WithLabelValues(l.Topic, strconv.Itoa(l.Partition)).Set(float64(l.Lag))
 }
 
 func (h *Hooks) OnHandlerEnd(_ context.Context, m *consumer.Message, d time.Duration, _ error) {

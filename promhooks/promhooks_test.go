@@ -84,7 +84,7 @@ kafkaonce_message_retries_total{consumer="ledger",topic="`+topic+`"} 1
 # TYPE kafkaonce_message_failures_total counter
 kafkaonce_message_failures_total{class="permanent",consumer="ledger",permanent="true",topic="`+topic+`"} 1
 kafkaonce_message_failures_total{class="retries_exhausted",consumer="ledger",permanent="false",topic="`+topic+`"} 1
-# HELP kafkaonce_partition_lag Messages between the last committed batch and the log end, as of its fetch.
+# HELP kafkaonce_partition_lag Records the consumer has yet to apply: the log end it last saw minus its position, which passes transaction markers and aborted records.
 # TYPE kafkaonce_partition_lag gauge
 kafkaonce_partition_lag{consumer="ledger",partition="0",topic="`+topic+`"} 0
 # HELP kafkaonce_partition_batch_limit Most messages the partition's next transaction covers: MaxBatch, or less under contention.
@@ -244,4 +244,64 @@ func TestPausedMetric(t *testing.T) {
 	waitGauge(t, reg, "kafkaonce_partition_paused", 1, "the partition never showed as paused")
 	require.NoError(t, c.Resume(ctx, pauses.Topic(topic)))
 	waitGauge(t, reg, "kafkaonce_partition_paused", 0, "the partition still showed as paused after resume")
+}
+
+// The lag gauge counts what the consumer has yet to apply: it returns to 0
+// on an idle partition whose log ends in a transaction's marker, or in the
+// records of an aborted transaction, which no handler sees (a lag stuck at
+// their count would fire KafkaonceStuckPartition for nothing).
+func TestLagIsZeroAtTheEndOfATransactionalLog(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	k := testenv.NewKafka(t)
+	topic := k.Topic(t, 1)
+	producer, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...), kgo.TransactionalID(testenv.Name(t, "tx")),
+		kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	require.NoError(t, err)
+	t.Cleanup(producer.Close)
+	ctx := context.Background()
+	inTransaction := func(commit bool, ids ...string) {
+		require.NoError(t, producer.BeginTransaction())
+		for _, id := range ids {
+			require.NoError(t, producer.ProduceSync(ctx, &kgo.Record{Value: []byte(id), Headers: []kgo.RecordHeader{{Key: "message-id", Value: []byte(id)}}}).FirstErr())
+		}
+		require.NoError(t, producer.EndTransaction(ctx, kgo.TransactionEndTry(commit)))
+	}
+	inTransaction(true, "a", "b", "c")
+	inTransaction(false, "x", "y", "z", "w")
+
+	reg := prometheus.NewPedanticRegistry()
+	hooks, err := promhooks.New(reg, "ledger")
+	require.NoError(t, err)
+	c, err := consumer.New(db.Pool, &consumer.Config{
+		Name: "ledger", GroupID: testenv.Name(t, "g"), Brokers: k.Brokers, Topics: []string{topic}, Schema: db.Schema,
+		SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond, OpenTransactionAfter: 300 * time.Millisecond,
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil }),
+		Hooks:   []consumer.Hook{hooks},
+	})
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	lag := func() string {
+		var b strings.Builder
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == "kafkaonce_partition_lag" {
+				for _, m := range mf.GetMetric() {
+					b.WriteString(m.String())
+				}
+			}
+		}
+		return b.String()
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for testutil.ToFloat64(counterWith(t, reg, "kafkaonce_messages_applied_total")) < 3 || !strings.Contains(lag(), "value:0") {
+		require.Truef(t, time.Now().Before(deadline), "the lag did not return to 0 at the log's end: %s", lag())
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	require.NoError(t, <-done)
 }

@@ -112,6 +112,7 @@ func (w *worker) processBatch(stop, work context.Context, raw []kafkaclient.Reco
 	w.items = items
 	if len(raw) > 0 {
 		w.hwm = raw[len(raw)-1].HighWaterMark
+		w.sawEnd(w.hwm)
 	}
 
 	// After a run that did not get past this point, go one message at a

@@ -82,6 +82,7 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 	}
 	w.next, w.positionKnown = items[len(items)-1].end, true
 	w.mark(w.next)
+	w.reportLag(ctx)
 }
 
 // committer commits processed offsets to Kafka for the member. Workers

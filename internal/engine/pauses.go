@@ -245,6 +245,7 @@ func (w *worker) afterPause(stop, work context.Context) (*positionLostError, err
 		}
 		return nil
 	})
+	w.reportLag(work)
 	return lost, err
 }
 

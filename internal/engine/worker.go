@@ -101,6 +101,9 @@ type worker struct {
 	// raceUntil means a transaction found the gate held too long; until then
 	// the partition's transactions race (see gateBusyError).
 	raceUntil time.Time
+
+	// lag is what the partition's lag is reported from (see lag.go).
+	lag lagView
 }
 
 // run processes the partition until stop is done. A partition that cannot
@@ -180,6 +183,7 @@ func (w *worker) consume(stop, work context.Context) error {
 		return err
 	}
 	w.next, w.assignedStart = start, start
+	w.reportLag(work)
 	if d := w.cfg.SuspectDuplicateWindow; d > 0 {
 		w.recent = recent.New(kafkaoncetype.SuspectWindowMessages, d)
 	}
@@ -275,7 +279,11 @@ func (w *worker) fetchAndProcess(stop, work context.Context) error {
 		// Records the fetches have not handed out, below the last stable
 		// offset, make the wait a stall (see Health); an open
 		// transaction's, past it, do not.
-		OnIdleBounds: func(b kafkaclient.Bounds, next int64) { w.progress.waiting.Store(b.Stable <= next) },
+		OnIdleBounds: func(b kafkaclient.Bounds, next int64) {
+			w.progress.waiting.Store(b.Stable <= next)
+			w.sawEnd(b.Stable)
+			w.reportLag(work)
+		},
 	})
 	if err != nil {
 		return err
@@ -331,6 +339,7 @@ func (w *worker) passMarkers(stop, work context.Context, to int64) {
 	if passed {
 		w.next = to
 		w.mark(to)
+		w.reportLag(work)
 	}
 }
 
@@ -382,6 +391,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	w.topicID = v.topicID
 	pos, hasPos, logStart, logEnd := v.pos, v.hasPos, v.logStart, v.logEnd
 	w.hwm = logEnd // until the first fetch says more
+	w.sawEnd(v.stable)
 
 	w.kafkaOffset = v.committed
 	a := kafkaoncetype.PartitionAssignment{Topic: w.topic, Partition: w.partition, KafkaOffset: w.kafkaOffset, StoredPosition: -1, LogStart: logStart, LogEnd: logEnd}

@@ -97,8 +97,9 @@ const (
 	SkipSuspects   = kafkaoncetype.SkipSuspects
 )
 
-// Config configures a Consumer. Only Name, Brokers, Topics and Handler are
-// required; every other field has a default, named in its doc.
+// Config configures a Consumer. Only Name, Brokers, Topics and a Handler
+// or a BatchHandler are required; every other field has a default, named
+// in its doc.
 type Config struct {
 	// Name identifies the consumer in processed_messages and
 	// consumer_offsets: it is the dedupe scope. Two workers with the same

@@ -164,7 +164,9 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*co
 	after := contents(tb, db, idents)
 	for i, t := range tables {
 		if d := diff(before[i], after[i]); d != "" {
-			tb.Errorf("consumertest: replaying the topic changed table %s: %s; a message was applied twice (is its message id stable across deliveries?)", t, d)
+			tb.Errorf("consumertest: replaying the topic changed table %s: %s; a message was applied twice. Either the handler writes outside its transaction "+
+				"(through the pool, another connection, a service that writes to the database: the write is not undone with the claim, and repeats; write with the tx the handler is given, or Batch.Queue), "+
+				"or a message's id is not the same at each delivery (derived from a timestamp, a random value, or a field the producer sets anew on a retry; see Config.MessageID)", t, d)
 		}
 	}
 	return result

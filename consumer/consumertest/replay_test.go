@@ -124,7 +124,7 @@ func TestReplayTwiceCatchesAnUnstableMessageID(t *testing.T) {
 	got := replayCapturing(t, db, cfg, msgs, []string{db.Schema + ".balances"})
 	require.Len(t, got.failures(), 1)
 	require.Contains(t, got.failures()[0], "changed table "+db.Schema+".balances")
-	require.Contains(t, got.failures()[0], "is its message id stable")
+	require.Contains(t, got.failures()[0], "a message's id is not the same at each delivery")
 }
 
 // mailer is the ledger of ledger() plus an emails table the handler writes

@@ -379,7 +379,9 @@ func (c *Config) withDefaults() Config {
 	setDefault(&out.Retry.MaxInterval, DefaultRetryMaxInterval)
 	setDefault(&out.Retry.MaxAttempts, DefaultMaxAttempts)
 	setDefault(&out.Retry.MaxElapsed, DefaultRetryMaxElapsed)
-	setDefault(&out.RetryLater.MaxRetries, DefaultRetryLaterMaxRetries)
+	if out.RetryLater.MaxElapsed == 0 {
+		setDefault(&out.RetryLater.MaxRetries, DefaultRetryLaterMaxRetries)
+	}
 	setDefault(&out.RetryLater.MaxDelay, DefaultRetryLaterMaxDelay)
 	setDefault(&out.SuspectDuplicateWindow, DefaultSuspectDuplicateWindow)
 	setDefault(&out.MetadataMaxAge, DefaultMetadataMaxAge)
@@ -528,7 +530,12 @@ func (c *Config) validate() error {
 	if c.RetryLater.After < 0 || c.RetryLater.After > c.RetryLater.MaxDelay {
 		bad("RetryLater.After must be between 0 and RetryLater.MaxDelay (got %v and %v)", c.RetryLater.After, c.RetryLater.MaxDelay)
 	}
-	if c.RetryLater.MaxRetries < 1 || c.RetryLater.MaxRetries > 1000 {
+	switch {
+	case c.RetryLater.MaxElapsed < 0:
+		bad("RetryLater.MaxElapsed must not be negative (got %v)", c.RetryLater.MaxElapsed)
+	case c.RetryLater.MaxElapsed > 0 && c.RetryLater.MaxRetries == 0:
+		// Bounded by time alone.
+	case c.RetryLater.MaxRetries < 1 || c.RetryLater.MaxRetries > 1000:
 		bad("RetryLater.MaxRetries must be between 1 and 1000 (got %d)", c.RetryLater.MaxRetries)
 	}
 	if c.RetryLater.After > 0 && c.OnPermanentFailure == StopPartition {
@@ -653,6 +660,7 @@ func (c *Config) engineConfig(hooks engine.Hooks) engine.Config {
 		RetryLaterAfter:          c.RetryLater.After,
 		RetryLaterMaxRetries:     c.RetryLater.MaxRetries,
 		RetryLaterMaxDelay:       c.RetryLater.MaxDelay,
+		RetryLaterMaxElapsed:     c.RetryLater.MaxElapsed,
 		HandlerTimeout:           c.HandlerTimeout,
 		OnPermanentFailure:       c.OnPermanentFailure,
 		DeadLetterTopic:          c.DeadLetterTopic,

@@ -40,6 +40,19 @@ func TestNewAcceptsTheMinimalConfig(t *testing.T) {
 	require.NotNil(t, c)
 }
 
+// Retries later bounded by time alone need no count: MaxRetries then
+// stays unbounded, and a count set as well is checked as ever.
+func TestNewAcceptsRetriesLaterBoundedByTime(t *testing.T) {
+	t.Parallel()
+	cfg := validConfig()
+	cfg.RetryLater.MaxElapsed = 24 * time.Hour
+	_, err := consumer.New(unusedPool(t), cfg)
+	require.NoError(t, err)
+	cfg.RetryLater.MaxRetries = 5000
+	_, err = consumer.New(unusedPool(t), cfg)
+	require.ErrorContains(t, err, "RetryLater.MaxRetries must be between 1 and 1000 (got 5000)")
+}
+
 func TestNewRejectsBadConfigNamingTheField(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -97,6 +110,7 @@ func TestNewRejectsBadConfigNamingTheField(t *testing.T) {
 		{"open transactions reported too soon", func(c *consumer.Config) { c.OpenTransactionAfter = time.Millisecond }, []string{"OpenTransactionAfter must be at least 100ms (got 1ms)"}},
 		{"a stall bound shorter than a fetch", func(c *consumer.Config) { c.StallAfter = time.Millisecond }, []string{"StallAfter must be at least 1s (got 1ms)"}},
 		{"retries later without end", func(c *consumer.Config) { c.RetryLater.MaxRetries = 5000 }, []string{"RetryLater.MaxRetries must be between 1 and 1000 (got 5000)"}},
+		{"retries later for a negative time", func(c *consumer.Config) { c.RetryLater.MaxElapsed = -time.Hour }, []string{"RetryLater.MaxElapsed must not be negative (got -1h0m0s)"}},
 		{"a first retry later than any", func(c *consumer.Config) { c.RetryLater.After = 2 * time.Hour }, []string{"RetryLater.After must be between 0 and RetryLater.MaxDelay (got 2h0m0s and 1h0m0s)"}},
 		{"idle timeout within the handler's", func(c *consumer.Config) { c.IdleInTransactionTimeout = 20 * time.Second }, []string{"IdleInTransactionTimeout must be longer than HandlerTimeout (got 20s and 30s)"}},
 	}

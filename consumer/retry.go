@@ -44,8 +44,8 @@ type RetryPolicy struct {
 // partition past it, so the messages after it go on; the consumer's
 // maintenance redrives it once due (its id claimed again, so it is applied
 // once), backing off between retries, and after MaxRetries failed retries
-// leaves it an ordinary dead letter (class retries_exhausted) for an
-// operator.
+// (or MaxElapsed after its first failure) leaves it an ordinary dead
+// letter (class retries_exhausted) for an operator.
 //
 // It gives up order: a message retried later is applied after messages
 // that came after it, on its partition and for its key. A ledger, or any
@@ -60,8 +60,15 @@ type RetryLaterPolicy struct {
 	// only errors marked by RetryLater are set aside for later.
 	After time.Duration
 	// MaxRetries bounds the retries of a message set aside for later.
-	// Defaults to DefaultRetryLaterMaxRetries.
+	// Defaults to DefaultRetryLaterMaxRetries, or to no bound when
+	// MaxElapsed is set.
 	MaxRetries int
+	// MaxElapsed, when set, bounds the retries by time instead: a message
+	// is retried until MaxElapsed after its first failure (the last retry
+	// is due then at the latest), however many retries that takes, so an
+	// outage of the partner is outlasted whatever the backoff. With
+	// MaxRetries set too, whichever ends first ends the retries.
+	MaxElapsed time.Duration
 	// MaxDelay caps the wait between retries, which doubles after each
 	// failed one (with jitter), unless the failed retry returned
 	// RetryLater(err, d): it then waits d. Defaults to

@@ -305,3 +305,27 @@ func TestRetryLaterAskedForByARetryIsHonoured(t *testing.T) {
 		asked, retryAt.Format(time.RFC3339Nano), retryAt.Sub(askedAt).Round(time.Millisecond), retries, calls.of("d-1"))
 	e.requireExactlyOnce(without(ids, "d-1"))
 }
+
+// Retries bounded by time (RetryLater.MaxElapsed, no MaxRetries): a
+// message whose partner stays down is retried, however many times, until
+// the budget from its first failure is spent, and is then an ordinary
+// dead letter.
+func TestRetryLaterBoundedByTime(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ids := e.produceIDs("m", 3)
+	calls := &callCounts{}
+	cfg := e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if calls.add(m.ID); m.ID == "m-1" {
+			return consumer.RetryLater(errors.New("partner down"), 0)
+		}
+		return e.applyHandler().Handle(ctx, tx, m)
+	}))
+	cfg.RetryLater.MaxElapsed = 1500 * time.Millisecond
+	started := time.Now()
+	e.start(cfg)
+	waitFor(t, 30*time.Second, "m-1 out of its time budget", func() bool { class, _, _, _ := e.letterOf("m-1"); return class == "retries_exhausted" })
+	require.GreaterOrEqual(t, time.Since(started), 1500*time.Millisecond, "retried until the budget was spent")
+	require.GreaterOrEqual(t, calls.of("m-1"), 2, "retried at least once")
+	e.requireExactlyOnce(without(ids, "m-1"))
+}

@@ -65,11 +65,13 @@ type Config struct {
 	RetryInitialInterval time.Duration
 	RetryMaxInterval     time.Duration
 	RetryMaxElapsed      time.Duration
-	// RetryLaterAfter (0: only for marked errors), RetryLaterMaxRetries and
-	// RetryLaterMaxDelay are Config.RetryLater (see retrylater.go).
+	// RetryLaterAfter (0: only for marked errors), RetryLaterMaxRetries (0:
+	// no bound), RetryLaterMaxDelay and RetryLaterMaxElapsed (0: no bound)
+	// are Config.RetryLater (see retrylater.go).
 	RetryLaterAfter      time.Duration
 	RetryLaterMaxRetries int
 	RetryLaterMaxDelay   time.Duration
+	RetryLaterMaxElapsed time.Duration
 	HandlerTimeout       time.Duration
 
 	OnPermanentFailure     kafkaoncetype.FailurePolicy

@@ -38,25 +38,41 @@ func (c *deps) retryLater(f *failure) *failure {
 }
 
 // nextRetry is when a letter whose retry failed (its retries-th) with
-// cause is due again, nil once it has had its retries. A cause marked by
-// consumer.RetryLater says when, within RetryLaterMaxDelay. Otherwise the
-// wait doubles from the last one, capped by RetryLaterMaxDelay, with
+// cause is due again, nil once it has had its retries: RetryLaterMaxRetries
+// of them, or (with RetryLaterMaxElapsed) those due until that long after
+// its first failure, the last one due then at the latest. A cause marked
+// by consumer.RetryLater says when, within RetryLaterMaxDelay. Otherwise
+// the wait doubles from the last one, capped by RetryLaterMaxDelay, with
 // jitter (between half and all of it) so that letters set aside together
 // by one outage do not all come back at once.
 func (c *deps) nextRetry(l *deadletter.Letter, retries int, cause error, now time.Time) *time.Time {
-	if retries >= c.cfg.RetryLaterMaxRetries {
+	if n := c.cfg.RetryLaterMaxRetries; n > 0 && retries >= n {
 		return nil
 	}
+	var at time.Time
 	if d, marked := later.After(cause); marked {
-		at := now.Add(min(max(d, 0), c.cfg.RetryLaterMaxDelay))
-		return &at
+		at = now.Add(min(max(d, 0), c.cfg.RetryLaterMaxDelay))
+	} else {
+		last := time.Second
+		if l.RetryAt != nil {
+			last = max(l.RetryAt.Sub(l.LastFailedAt), time.Second)
+		}
+		d := min(2*last, c.cfg.RetryLaterMaxDelay)
+		at = now.Add(d/2 + rand.N(d/2+1))
 	}
-	last := time.Second
-	if l.RetryAt != nil {
-		last = max(l.RetryAt.Sub(l.LastFailedAt), time.Second)
+	if budget := c.cfg.RetryLaterMaxElapsed; budget > 0 {
+		end := l.FirstFailedAt.Add(budget)
+		if !now.Before(end) {
+			return nil
+		}
+		at = minTime(at, end)
 	}
-	d := min(2*last, c.cfg.RetryLaterMaxDelay)
-	d = d/2 + rand.N(d/2+1)
-	at := now.Add(d)
 	return &at
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }

@@ -90,6 +90,52 @@ func TestNextRetry(t *testing.T) {
 	})
 }
 
+// With a time budget, a letter is retried until that long after its first
+// failure, however many retries it takes, and the last retry is due at
+// the budget's end at the latest; MaxRetries, when set too, may end them
+// first.
+func TestNextRetryWithinATimeBudget(t *testing.T) {
+	partner := errors.New("partner down")
+	now := time.Now()
+	failed := now.Add(-time.Minute)
+	due := failed.Add(30 * time.Second)
+	for _, c := range []struct {
+		name       string
+		maxRetries int
+		firstFail  time.Time
+		retries    int
+		cause      error
+		want       string // "none", "in budget", "at the budget's end"
+	}{
+		{"retries past the default count go on within the budget", 0, now.Add(-time.Hour), 50, partner, "in budget"},
+		{"a retry due past the budget is due at its end", 0, now.Add(-24*time.Hour + 10*time.Second), 3, partner, "at the budget's end"},
+		{"a retry asked for past the budget is due at its end", 0, now.Add(-24*time.Hour + 10*time.Second), 3, later.Mark(partner, time.Hour), "at the budget's end"},
+		{"none once the budget is spent", 0, now.Add(-24 * time.Hour), 3, partner, "none"},
+		{"MaxRetries ends them first", 5, now.Add(-time.Hour), 5, partner, "none"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := &deps{cfg: Config{RetryLaterMaxRetries: c.maxRetries, RetryLaterMaxDelay: 10 * time.Minute, RetryLaterMaxElapsed: 24 * time.Hour}}
+			l := &deadletter.Letter{FirstFailedAt: c.firstFail, LastFailedAt: failed, RetryAt: &due}
+			next := d.nextRetry(l, c.retries, c.cause, now)
+			end := c.firstFail.Add(24 * time.Hour)
+			var got string
+			switch {
+			case next == nil:
+				got = "none"
+			case next.Equal(end):
+				got = "at the budget's end"
+			case next.After(now) && next.Before(end):
+				got = "in budget"
+			default:
+				got = fmt.Sprintf("due %v, budget ends %v", next, end)
+			}
+			if got != c.want {
+				t.Fatalf("next retry: %s; want %s", got, c.want)
+			}
+		})
+	}
+}
+
 // A failed retry counts unless the database failed it: a network error is
 // the database's outside the handler, and inside it once the transaction's
 // connection is lost.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -85,6 +86,19 @@ func ExampleIDFromPosition() {
 // error its handler returned. A payload encoding/json cannot decode is
 // permanent whether the handler marks it or not; an error that may pass
 // is retried.
+func ExampleIsRetryLater() {
+	partnerDown := errors.New("mail partner unavailable")
+	fmt.Println(consumer.IsRetryLater(consumer.RetryLater(partnerDown, time.Minute)))
+	fmt.Println(consumer.IsRetryLater(fmt.Errorf("send receipt: %w", consumer.RetryLater(partnerDown, time.Minute))))
+	fmt.Println(consumer.IsRetryLater(partnerDown))
+	fmt.Println(consumer.IsRetryLater(consumer.Permanent(consumer.RetryLater(partnerDown, time.Minute))))
+	// Output:
+	// true
+	// true
+	// false
+	// false
+}
+
 func ExampleIsPermanent() {
 	var t Transfer
 	fmt.Println(consumer.IsPermanent(json.Unmarshal([]byte("not json"), &t)))

@@ -93,3 +93,18 @@ const (
 //		return consumer.RetryLater(errors.New("mail partner unavailable"), time.Minute)
 //	}
 func RetryLater(err error, d time.Duration) error { return later.Mark(err, d) }
+
+// IsRetryLater reports whether the consumer sets a message aside to retry
+// it later when its handler returns err: err, or an error it wraps, was
+// marked by RetryLater, and nothing makes it permanent (IsPermanent wins:
+// the message is set aside for good). It says what the error asks for; a
+// consumer with OnPermanentFailure StopPartition retries it in place all
+// the same. A handler's test asks it of the error consumertest.Handle
+// returns:
+//
+//	err := consumertest.Handle(ctx, t, tx, handler, msg)
+//	require.True(t, consumer.IsRetryLater(err))
+func IsRetryLater(err error) bool {
+	_, marked := later.After(err)
+	return marked && !IsPermanent(err)
+}

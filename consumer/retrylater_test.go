@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/pauses"
 )
 
@@ -328,4 +330,90 @@ func TestRetryLaterBoundedByTime(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(started), 1500*time.Millisecond, "retried until the budget was spent")
 	require.GreaterOrEqual(t, calls.of("m-1"), 2, "retried at least once")
 	e.requireExactlyOnce(without(ids, "m-1"))
+}
+
+// logLevels records the level of every log record that names a message
+// id, by id.
+type logLevels struct {
+	mu     sync.Mutex
+	levels map[string][]slog.Level
+	msgs   map[string][]string
+}
+
+func (l *logLevels) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logLevels) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logLevels) WithGroup(string) slog.Handler            { return l }
+func (l *logLevels) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "message_id" {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			if l.levels == nil {
+				l.levels, l.msgs = map[string][]slog.Level{}, map[string][]string{}
+			}
+			id := a.Value.String()
+			l.levels[id] = append(l.levels[id], r.Level)
+			l.msgs[id] = append(l.msgs[id], r.Level.String()+" "+r.Message)
+			return false
+		}
+		return true
+	})
+	return nil
+}
+
+// failureWatch records the failures reported for each message.
+type failureWatch struct {
+	mu  sync.Mutex
+	got map[string][]consumer.Failure
+}
+
+func (w *failureWatch) OnMessageFailed(_ context.Context, m *consumer.Message, f consumer.Failure) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.got == nil {
+		w.got = map[string][]consumer.Failure{}
+	}
+	w.got[m.ID] = append(w.got[m.ID], f)
+}
+
+// A retry later is expected: the message's failures are logged at INFO
+// (its first, its setting aside, the failed retries), reported to hooks
+// as class retry_later and not permanent (it will be retried), and only
+// the end of its retries, when it is an ordinary dead letter for an
+// operator, is a warning.
+func TestRetryLaterIsLoggedAsExpected(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ids := e.produceIDs("n", 3)
+	logs, failures := &logLevels{}, &failureWatch{}
+	cfg := e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "n-1" {
+			return consumer.RetryLater(errors.New("mail partner unavailable"), 0)
+		}
+		return e.applyHandler().Handle(ctx, tx, m)
+	}))
+	cfg.Logger = slog.New(logs)
+	cfg.Hooks = append(cfg.Hooks, failures)
+	cfg.RetryLater.MaxRetries = 2
+	e.start(cfg)
+	waitFor(t, 30*time.Second, "n-1 out of retries", func() bool { class, _, _, _ := e.letterOf("n-1"); return class == "retries_exhausted" })
+	e.requireExactlyOnce(without(ids, "n-1"))
+
+	logs.mu.Lock()
+	levels, msgs := logs.levels["n-1"], logs.msgs["n-1"]
+	logs.mu.Unlock()
+	warnings := 0
+	for i, lv := range levels {
+		if lv > slog.LevelInfo {
+			require.Containsf(t, msgs[i], "ordinary dead letter now", "an expected retry later logged above INFO (all: %q)", msgs)
+			warnings++
+		}
+	}
+	require.Equal(t, 1, warnings, "the end of the retries is a warning: %q", msgs)
+	failures.mu.Lock()
+	defer failures.mu.Unlock()
+	require.NotEmpty(t, failures.got["n-1"])
+	first := failures.got["n-1"][0]
+	require.Equal(t, deadletter.ClassRetryLater, first.Class)
+	require.False(t, first.Permanent, "a message set aside to retry later will be retried")
 }

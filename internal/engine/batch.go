@@ -7,6 +7,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/internal/recent"
@@ -329,9 +330,16 @@ func (w *worker) reportSuspect(ctx context.Context, msg *kafkaoncetype.Message, 
 
 // reportFailure logs a failed attempt and calls the failure hooks.
 func (w *worker) reportFailure(ctx context.Context, msg *kafkaoncetype.Message, f *failure) {
-	w.log.Warn("message failed", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
-		slog.Int("attempt", f.attempts), slog.String("class", f.class.String()), slog.String("error", f.err.Error()))...)
+	later := f.kind == deadletter.ClassRetryLater
+	if later {
+		// Asked for (RetryLater) or the policy's: expected, and retried.
+		w.log.Info("message failed; setting it aside to retry later", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
+			slog.String("class", string(f.kind)), slog.Duration("retry_after", f.retryAfter), slog.String("error", f.err.Error()))...)
+	} else {
+		w.log.Warn("message failed", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
+			slog.Int("attempt", f.attempts), slog.String("class", f.class.String()), slog.String("error", f.err.Error()))...)
+	}
 	for _, h := range w.hooks.Failed {
-		h(ctx, msg, kafkaoncetype.Failure{Err: f.err, Class: f.kind, Attempt: max(f.attempts, 1), Permanent: f.class == classPermanent})
+		h(ctx, msg, kafkaoncetype.Failure{Err: f.err, Class: f.kind, Attempt: max(f.attempts, 1), Permanent: f.class == classPermanent && !later})
 	}
 }

@@ -66,9 +66,14 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 				// here, once, as the handler's are where they happen.
 				w.reportFailure(ctx, &items[i].msg, f)
 			}
-			w.log.Error("message set aside in dead_letters", w.logAttrs(slog.Int64("offset", items[i].msg.Offset),
+			attrs := w.logAttrs(slog.Int64("offset", items[i].msg.Offset),
 				slog.String("message_id", items[i].msg.ID), slog.String("class", string(f.kind)), slog.Int("attempt", f.attempts),
-				slog.String("error", f.err.Error()))...)
+				slog.String("error", f.err.Error()))
+			if f.kind == deadletter.ClassRetryLater {
+				w.log.Info("message set aside, to be retried later", append(attrs, slog.Duration("retry_after", f.retryAfter))...)
+			} else {
+				w.log.Error("message set aside in dead_letters", attrs...)
+			}
 			for _, h := range w.hooks.Dead {
 				h(ctx, &items[i].msg, kafkaoncetype.DeadLettered{Class: f.kind, Err: f.err, Attempts: f.attempts})
 			}

@@ -48,8 +48,15 @@ func (c *Consumer) Redrive(ctx context.Context, f deadletter.Filter) (kafkaoncet
 			return res, ctx.Err()
 		case err != nil:
 			res.Failed = append(res.Failed, kafkaoncetype.RedriveError{LetterID: l.ID, Err: err})
-			c.log.Warn("redrive failed; the letter stays", slog.Int64("dead_letter", l.ID), slog.String("error", err.Error()))
-			if l.Class == deadletter.ClassRetryLater && l.RetryAt != nil && !errors.Is(err, errRetryRecorded) {
+			retry := l.Class == deadletter.ClassRetryLater && l.RetryAt != nil
+			if retry && errors.Is(err, errRetryRecorded) {
+				// A retry whose handler failed, as expected of some: its
+				// record said when the next is due, or that they ran out.
+				c.log.Debug("retry later failed", slog.Int64("dead_letter", l.ID), slog.String("message_id", l.MessageID), slog.String("error", err.Error()))
+			} else {
+				c.log.Warn("redrive failed; the letter stays", slog.Int64("dead_letter", l.ID), slog.String("error", err.Error()))
+			}
+			if retry && !errors.Is(err, errRetryRecorded) {
 				c.retryFailed(ctx, &l, err)
 			}
 			if l.RedriveRequestedAt != nil {

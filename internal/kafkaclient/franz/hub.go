@@ -97,7 +97,7 @@ func (c *Client) Open(cfg kafkaclient.FetchConfig) (*kafkaclient.Fetcher, error)
 // goes to the old feed, closed by then, and is dropped. id is the topic's
 // id start was decided for (zero: the first fetch's stands).
 func (h *hub) open(tp kafkaclient.TopicPartition, id kafkaclient.TopicID, start int64, maxBatch int) *feed {
-	f := &feed{hub: h, tp: tp, maxBatch: maxBatch, wake: make(chan struct{}, 1), topicID: id}
+	f := &feed{hub: h, tp: tp, maxBatch: maxBatch, wake: make(chan struct{}, 1), topicID: id, resumeAt: start}
 	h.change(func() {
 		if old := h.feeds[tp]; old != nil {
 			h.remove(old)
@@ -148,15 +148,22 @@ func (h *hub) poll(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		ids := topicIDs{hub: h, ctx: ctx}
 		for i := range fetches {
 			for _, t := range fetches[i].Topics {
 				for _, p := range t.Partitions {
-					if f := h.feeds[kafkaclient.TopicPartition{Topic: t.Topic, Partition: int(p.Partition)}]; f != nil {
-						f.push(kafkaclient.TopicID(t.TopicID), &p)
+					f := h.feeds[kafkaclient.TopicPartition{Topic: t.Topic, Partition: int(p.Partition)}]
+					if f == nil {
+						continue
 					}
+					if ids.stale(f, kafkaclient.TopicID(t.TopicID), p.Err) {
+						continue // fetched again, with the topic's id, after the refresh
+					}
+					f.push(kafkaclient.TopicID(t.TopicID), &p)
 				}
 			}
 		}
+		ids.refresh()
 	}
 }
 
@@ -195,6 +202,10 @@ type feed struct {
 	// topicID is the id of the topic the partition was opened for, or
 	// else the one the first fetch came from.
 	topicID kafkaclient.TopicID
+	// resumeAt is where fetching starts again if kgo must be told of the
+	// partition anew (see topicIDs): the offset after the last record
+	// pushed, or the start. Only the poller uses it.
+	resumeAt int64
 }
 
 // chunk is the records one fetch brought for the partition.
@@ -220,6 +231,7 @@ func (f *feed) push(id kafkaclient.TopicID, p *kgo.FetchPartition) {
 		f.topicID = id
 	}
 	if len(p.Records) > 0 {
+		f.resumeAt = p.Records[len(p.Records)-1].Offset + 1
 		c := chunk{records: p.Records, logStart: p.LogStartOffset, hwm: p.HighWatermark}
 		for _, r := range p.Records {
 			c.bytes += len(r.Key) + len(r.Value)

@@ -177,8 +177,8 @@ func TestEveryFailureClassIsDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 	require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("message_attempts")), "attempt rows are cleared with the message")
 }
 
-// The documented procedure after a topic is deleted and re-created: reset
-// the stored positions. The new topic's messages then come at the offsets
+// The documented procedure after a topic is deleted and re-created:
+// topic-recreated. The new topic's messages then come at the offsets
 // of the old one's, and a new poison message at the offset of an old letter
 // must be set aside in a letter of its own. Were it taken for the old
 // letter, the position would move past it: neither applied nor set aside.
@@ -201,7 +201,8 @@ func TestAPoisonMessageOfARecreatedTopicIsSetAsideAtTheOffsetOfAnOldLetter(t *te
 	e.recreateTopic()
 	positions, err := offsets.NewStore(e.db.Schema)
 	require.NoError(t, err)
-	require.NoError(t, positions.Reset(ctx, e.db.Pool, e.name, e.topic, 0, 0))
+	_, err = positions.TopicRecreated(ctx, e.db.Pool, e.name, e.topic, 1)
+	require.NoError(t, err)
 	e.kafka.Produce(t, e.topic, msg(0, "new-0", "d"), msg(0, "new-poison", "new poison"), msg(0, "new-2", "f"))
 
 	r = e.start(e.config(h))

@@ -27,7 +27,7 @@ func TestARecreatedTopicIsNeverPassedOver(t *testing.T) {
 	t.Parallel()
 	starts := map[string]consumer.StartOffset{"earliest": consumer.StartEarliest, "latest": consumer.StartLatest}
 	for name, start := range starts {
-		t.Run("a member that never saw the old topic, and every restart, stop; a reset resumes/"+name, func(t *testing.T) {
+		t.Run("a member that never saw the old topic, every restart and a Reset stop; topic-recreated resumes/"+name, func(t *testing.T) {
 			t.Parallel()
 			s := setupRecreated(t, start)
 			first := &recorder{}
@@ -62,7 +62,16 @@ WHERE consumer = $1 AND topic = $2 AND partition = 0 AND stopped_at IS NOT NULL 
 
 			positions, err := offsets.NewStore(s.e.db.Schema)
 			require.NoError(t, err)
+			// A Reset moves the position within its topic: the partition
+			// stays stopped. Acknowledging the re-creation starts it
+			// afresh.
 			require.NoError(t, positions.Reset(context.Background(), s.e.db.Pool, s.e.name, s.e.topic, 0, 0))
+			rec := &recorder{}
+			r = s.member(rec)
+			waitFor(t, 60*time.Second, "the partition stopped again after a Reset", func() bool { return rec.stoppedWith(consumer.ErrTopicRecreated) })
+			r.stop()
+			_, err = positions.TopicRecreated(context.Background(), s.e.db.Pool, s.e.name, s.e.topic, 1)
+			require.NoError(t, err)
 			r = s.member()
 			s.e.waitCommitted(map[int]int64{0: 40}, 60*time.Second)
 			r.stop()

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
 
@@ -22,6 +24,9 @@ type Recreated struct {
 	Attempts int64
 	// Suffix is what the retired ids were given.
 	Suffix string
+	// Kept counts the partitions left as they were: their position
+	// counts in the new topic already (see TopicRecreatedAs).
+	Kept int64
 }
 
 // TopicRecreated prepares a consumer's records for a topic that was
@@ -52,15 +57,36 @@ type Recreated struct {
 // while no consumer of that name processes the topic. (A producer whose
 // own header ids happen to be exactly "topic/partition/offset" of each
 // message has them retired too: such ids are positions.)
+//
+// A partition the new topic has and the old one had not is processed from
+// its first message as soon as a member is assigned it, and its position
+// then carries the new topic's id; TopicRecreated moves it back to 0 and
+// retires its claims, so its messages would be applied again. Use
+// TopicRecreatedAs with the new topic's id (kafkaonce topic-recreated
+// reads it from Kafka) to leave such partitions as they are.
 func (s *Store) TopicRecreated(ctx context.Context, q Querier, consumer, topic string, partitions int) (Recreated, error) {
+	return s.TopicRecreatedAs(ctx, q, consumer, topic, partitions, [16]byte{})
+}
+
+// TopicRecreatedAs is TopicRecreated for the re-created topic of id (Kafka's
+// topic id; the zero id for none): partitions whose position already
+// counts in that topic (processed since the re-creation) keep their
+// position, claims, letters and attempt records. Every other position
+// loses its topic id, and the next member assigned the partition stores
+// the new topic's.
+func (s *Store) TopicRecreatedAs(ctx context.Context, q Querier, consumer, topic string, partitions int, id [16]byte) (Recreated, error) {
 	if partitions < 1 {
 		return Recreated{}, fmt.Errorf("offsets: topic %s re-created with %d partitions: a topic has at least one", topic, partitions)
 	}
 	r := Recreated{Suffix: RetiredSuffix(time.Now())}
+	newID := pgtype.UUID{Bytes: id, Valid: id != [16]byte{}}
 	err := q.QueryRow(ctx, `WITH
+kept AS (
+	SELECT partition FROM `+s.table+` WHERE consumer = $1 AND topic = $2 AND topic_id = $5),
 positions AS (
-	INSERT INTO `+s.table+` (consumer, topic, partition, next_offset)
+	INSERT INTO `+s.table+` AS o (consumer, topic, partition, next_offset)
 	SELECT $1, $2, p, 0 FROM generate_series(0, $3 - 1) AS p
+	WHERE p NOT IN (SELECT partition FROM kept)
 	ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = 0, topic_id = NULL, updated_at = now()
 	RETURNING 1),
 dropped AS (
@@ -69,16 +95,18 @@ claims AS (
 	UPDATE `+s.claims+` SET message_id = message_id || $4
 	WHERE consumer_id = (SELECT id FROM `+s.consumers+` WHERE name = $1) AND topic = $2
 	  AND message_id = topic || '/' || partition || '/' || kafka_offset
+	  AND partition NOT IN (SELECT partition FROM kept)
 	RETURNING 1),
 letters AS (
 	UPDATE `+s.letters+` SET message_id = message_id || $4
 	WHERE consumer = $1 AND topic = $2 AND message_id = topic || '/' || partition || '/' || kafka_offset
+	  AND partition NOT IN (SELECT partition FROM kept)
 	RETURNING 1),
 attempts AS (
-	DELETE FROM `+s.attempts+` WHERE consumer = $1 AND topic = $2 RETURNING 1)
+	DELETE FROM `+s.attempts+` WHERE consumer = $1 AND topic = $2 AND partition NOT IN (SELECT partition FROM kept) RETURNING 1)
 SELECT (SELECT count(*) FROM positions), (SELECT count(*) FROM dropped), (SELECT count(*) FROM claims),
-	(SELECT count(*) FROM letters), (SELECT count(*) FROM attempts)`,
-		consumer, topic, partitions, r.Suffix).Scan(&r.Positions, &r.Dropped, &r.RetiredClaims, &r.RetiredLetters, &r.Attempts)
+	(SELECT count(*) FROM letters), (SELECT count(*) FROM attempts), (SELECT count(*) FROM kept)`,
+		consumer, topic, partitions, r.Suffix, newID).Scan(&r.Positions, &r.Dropped, &r.RetiredClaims, &r.RetiredLetters, &r.Attempts, &r.Kept)
 	if err != nil {
 		return Recreated{}, fmt.Errorf("offsets: topic %s re-created: %w", topic, err)
 	}

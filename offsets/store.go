@@ -79,16 +79,16 @@ WHERE consumer = $1 ORDER BY topic, partition`, consumer)
 // reads its position again when it resumes, so a Reset forward while it
 // is paused skips the messages between.
 //
-// The position is taken to count in the topic as it is now: the topic id
-// kept with it is cleared, and the next member assigned the partition
-// stores the id it finds (so a Reset is how an operator restarts a
-// partition stopped by kafkaoncetype.ErrTopicRecreated).
+// The position moves within the topic it counts in: the topic id kept with
+// it stays. A partition stopped because its topic was deleted and created
+// again (kafkaoncetype.ErrTopicRecreated) stays stopped after a Reset;
+// TopicRecreated is what acknowledges a re-creation.
 func (s *Store) Reset(ctx context.Context, q Querier, consumer, topic string, partition int, next int64) error {
 	if next < 0 {
 		return fmt.Errorf("offsets: reset %s/%d to %d: offsets are not negative", topic, partition, next)
 	}
 	_, err := q.Exec(ctx, `INSERT INTO `+s.table+` (consumer, topic, partition, next_offset) VALUES ($1, $2, $3, $4)
-ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, topic_id = NULL, updated_at = now()`,
+ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()`,
 		consumer, topic, partition, next)
 	if err != nil {
 		return fmt.Errorf("offsets: reset %s/%d: %w", topic, partition, err)
@@ -129,7 +129,7 @@ func describe(next int64) string {
 // nothing when the position moved. The update waits for a consumer's
 // transaction that holds the row, then compares with what it committed.
 // In a transaction, the row stays locked until the transaction ends. Like
-// Reset, it clears the topic id kept with the position.
+// Reset, it keeps the topic id stored with the position.
 func (s *Store) ResetFrom(ctx context.Context, q Querier, consumer, topic string, partition int, from, next int64) error {
 	if next < 0 {
 		return fmt.Errorf("offsets: reset %s/%d to %d: offsets are not negative", topic, partition, next)
@@ -140,7 +140,7 @@ func (s *Store) ResetFrom(ctx context.Context, q Querier, consumer, topic string
 		sql = `INSERT INTO ` + s.table + ` (consumer, topic, partition, next_offset) VALUES ($1, $2, $3, $4)
 ON CONFLICT (consumer, topic, partition) DO NOTHING`
 	} else {
-		sql = `UPDATE ` + s.table + ` SET next_offset = $4, topic_id = NULL, updated_at = now()
+		sql = `UPDATE ` + s.table + ` SET next_offset = $4, updated_at = now()
 WHERE consumer = $1 AND topic = $2 AND partition = $3 AND next_offset = $5`
 		args = append(args, from)
 	}

@@ -830,8 +830,9 @@ func TestAuditTellsPrunedFromMissingByProcessingTime(t *testing.T) {
 // topic-recreated starts a position-id consumer afresh on its topic: the
 // positions go back to 0 and the old claims are retired under a new name
 // (the procedure end to end is consumer's
-// TestATopicRecreatedByTheProcedureIsAppliedAfresh); it says which flag
-// is missing.
+// TestATopicRecreatedByTheProcedureIsAppliedAfresh); run on a topic that
+// was not re-created (every position counts in it), it changes nothing;
+// it says which flag is missing.
 func TestTopicRecreatedRetiresThePositionIDs(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, 1)
@@ -839,6 +840,20 @@ func TestTopicRecreatedRetiresThePositionIDs(t *testing.T) {
 	w.consumeWith(func(cfg *consumer.Config) { cfg.MessageID = consumer.IDFromPosition() }, 3)
 
 	out, errOut, code := w.cli("topic-recreated", "--consumer", w.name, "--topic", w.topic, "--partitions", "1", "--json")
+	require.Equal(t, 0, code, out+errOut)
+	var same topicRecreatedReport
+	require.NoError(t, json.Unmarshal([]byte(out), &same))
+	require.Equal(t, topicRecreatedReport{Consumer: w.name, Topic: w.topic, Suffix: same.Suffix, Kept: 1}, same, "the topic was not re-created: nothing changes")
+
+	ctx := context.Background()
+	res, err := kadm.NewClient(w.kafka.Client(t)).DeleteTopics(ctx, w.topic)
+	require.NoError(t, err)
+	require.NoError(t, res.Error())
+	require.Eventually(t, func() bool {
+		created, err := kadm.NewClient(w.kafka.Client(t)).CreateTopic(ctx, 1, 1, nil, w.topic)
+		return err == nil && created.Err == nil
+	}, 30*time.Second, 100*time.Millisecond, "the topic created again")
+	out, errOut, code = w.cli("topic-recreated", "--consumer", w.name, "--topic", w.topic, "--partitions", "1", "--json")
 	require.Equal(t, 0, code, out+errOut)
 	var r topicRecreatedReport
 	require.NoError(t, json.Unmarshal([]byte(out), &r))

@@ -20,6 +20,7 @@ type topicRecreatedReport struct {
 	RetiredLetters int64  `json:"retired_letters"`
 	Attempts       int64  `json:"attempts"`
 	Suffix         string `json:"suffix"`
+	Kept           int64  `json:"kept"`
 }
 
 func topicRecreatedCmd(s *settings) *cobra.Command {
@@ -40,7 +41,9 @@ claims and dead letters of the old messages whose id was their position
 (consumer.IDFromPosition: "topic/partition/offset"), which the new messages
 repeat and would otherwise be set aside as conflicting copies of. Ids of any
 other kind keep their claims: a producer's id names the same operation in
-either topic.`,
+either topic. It reads the new topic's id from Kafka: partitions processed in
+the new topic already (ones the old topic did not have) are left as they are,
+and the others take the new topic's id at their next assignment.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch {
@@ -52,23 +55,32 @@ either topic.`,
 				return errors.New("--partitions is required: how many partitions the re-created topic has (at least 1)")
 			}
 			ctx := cmd.Context()
-			pool, err := s.open(ctx, consumerName)
+			c, err := s.connect(ctx, consumerName)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer c.close()
+			// The new topic's id: partitions whose position counts in it
+			// already (processed since the re-creation) are left alone.
+			bounds, err := c.admin.LogBounds(ctx, topic, []int{0})
+			if err != nil {
+				return fmt.Errorf("reading the re-created topic's id: %w", err)
+			}
 			store, err := offsets.NewStore(s.schema)
 			if err != nil {
 				return err
 			}
-			res, err := store.TopicRecreated(ctx, pool, consumerName, topic, partitions)
+			res, err := store.TopicRecreatedAs(ctx, c.pool, consumerName, topic, partitions, bounds[0].TopicID)
 			if err != nil {
 				return err
 			}
 			r := topicRecreatedReport{Consumer: consumerName, Topic: topic, Positions: res.Positions, Dropped: res.Dropped,
-				RetiredClaims: res.RetiredClaims, RetiredLetters: res.RetiredLetters, Attempts: res.Attempts, Suffix: res.Suffix}
+				RetiredClaims: res.RetiredClaims, RetiredLetters: res.RetiredLetters, Attempts: res.Attempts, Suffix: res.Suffix, Kept: res.Kept}
 			return s.emit(r, func(w io.Writer) {
 				fmt.Fprintf(w, "%s on %s starts afresh: %d positions set to 0, %d of partitions the topic no longer has deleted\n", r.Consumer, r.Topic, r.Positions, r.Dropped)
+				if r.Kept > 0 {
+					fmt.Fprintf(w, "%d partitions processed in the new topic already were left as they are\n", r.Kept)
+				}
 				fmt.Fprintf(w, "retired the position ids of the old topic's messages: %d claims and %d dead letters renamed with %q\n", r.RetiredClaims, r.RetiredLetters, r.Suffix)
 				fmt.Fprintf(w, "deleted %d records of the old messages' failed attempts\n", r.Attempts)
 			})

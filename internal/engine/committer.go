@@ -88,6 +88,14 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 	w.next, w.positionKnown = items[len(items)-1].end, true
 	w.mark(w.next)
 	w.reportLag(ctx)
+	if !w.topicStored && !w.topicID.IsZero() {
+		// The batch created the position (it had gone missing): it
+		// carries no topic id until this one is stored. A failure leaves
+		// it to the next batch.
+		if err := w.storeTopic(ctx); err != nil {
+			w.log.Warn("could not store the topic id with the position; trying again after the next batch", w.logAttrs(slog.String("error", err.Error()))...)
+		}
+	}
 }
 
 // committer commits processed offsets to Kafka for the member. Workers

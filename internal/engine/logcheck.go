@@ -95,10 +95,7 @@ func (w *worker) readLogInOrder(stop, work context.Context, committed int64, met
 
 func (v *logView) readStored(ctx context.Context, w *worker) error {
 	st, err := w.loadStored(ctx)
-	v.pos, v.hasPos, v.storedTopic = st.Next, st.Found, kafkaclient.TopicID(st.TopicID.Bytes)
-	if !st.TopicID.Valid {
-		v.storedTopic = kafkaclient.TopicID{}
-	}
+	v.pos, v.hasPos, v.storedTopic = st.Next, st.Found, storedTopic(st)
 	return err
 }
 

@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/internal/store/positions"
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 	"github.com/kafkaonce/kafkaonce/pauses"
 )
@@ -217,36 +219,48 @@ func (w *worker) waitWhilePaused(stop context.Context) (paused bool) {
 // positionLostError, for the worker to start again as after any loss of
 // it. Either way before the next fetch, which may find nothing new.
 func (w *worker) afterPause(stop, work context.Context) (*positionLostError, error) {
-	var stored int64
-	var ok bool
+	var st positions.Stored
+	var current kafkaclient.TopicID
 	var lost *positionLostError
 	err := w.retryUntil(stop, "partition resumed: cannot read its stored position", func() error {
 		b := &pgx.Batch{}
-		w.offsets.QueueLoad(b, w.cfg.Name, w.topic, w.partition, &stored, &ok)
+		w.offsets.QueueLoadStored(b, w.cfg.Name, w.topic, w.partition, &st)
 		if err := w.inOneTrip(work, b); err != nil {
 			return err
 		}
-		switch {
-		case ok && stored > w.next:
-			w.positionKnown = true
-			w.log.Warn("the stored position moved forward while the partition was paused: processing resumes there, and the messages between are not processed",
-				w.logAttrs(slog.Int64("from", w.next), slog.Int64("stored_position", stored))...)
-			w.next = stored
-			w.mark(stored)
-		case ok && stored < w.next:
-			w.positionKnown = true
-			w.log.Warn("the stored position moved back while the partition was paused: processing again from there, the claims deciding what is a duplicate",
-				w.logAttrs(slog.Int64("from", w.next), slog.Int64("stored_position", stored))...)
-			w.next = stored
-		case !ok && w.positionKnown:
-			lost = &positionLostError{stored: restartAfterLoss(w.origin), believed: w.next, missing: true}
-			w.log.Error("the stored position is gone since the partition was paused; processing again from the partition's first start", w.logAttrs(
-				slog.Int64("start", lost.stored), slog.Int64("committed_up_to", lost.believed))...)
-		}
-		return nil
+		bounds, err := w.client.Bounds(stop, w.topic, w.partition)
+		current = bounds.TopicID
+		return err
 	})
+	if err != nil {
+		return nil, err
+	}
+	// The topic may have been re-created while the partition was paused,
+	// or an operator acknowledged a re-creation (offsets.Store.TopicRecreated
+	// clears the stored id): decided as at an assignment.
+	if err := w.checkTopic(stop, work, st.Found, storedTopic(st), current); err != nil {
+		return nil, err
+	}
+	stored, ok := st.Next, st.Found
+	switch {
+	case ok && stored > w.next:
+		w.positionKnown = true
+		w.log.Warn("the stored position moved forward while the partition was paused: processing resumes there, and the messages between are not processed",
+			w.logAttrs(slog.Int64("from", w.next), slog.Int64("stored_position", stored))...)
+		w.next = stored
+		w.mark(stored)
+	case ok && stored < w.next:
+		w.positionKnown = true
+		w.log.Warn("the stored position moved back while the partition was paused: processing again from there, the claims deciding what is a duplicate",
+			w.logAttrs(slog.Int64("from", w.next), slog.Int64("stored_position", stored))...)
+		w.next = stored
+	case !ok && w.positionKnown:
+		lost = &positionLostError{stored: restartAfterLoss(w.origin), believed: w.next, missing: true}
+		w.log.Error("the stored position is gone since the partition was paused; processing again from the partition's first start", w.logAttrs(
+			slog.Int64("start", lost.stored), slog.Int64("committed_up_to", lost.believed))...)
+	}
 	w.reportLag(work)
-	return lost, err
+	return lost, nil
 }
 
 func (w *worker) reportPause(ctx context.Context, p kafkaoncetype.PartitionPaused) {

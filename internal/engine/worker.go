@@ -33,9 +33,11 @@ type worker struct {
 	// there is none.
 	kafkaOffset int64
 	// topicID is the id of the topic the partition's position counts in,
-	// as read at assignment (zero: the broker gives none): the fetches
-	// hand out nothing of a topic with another id.
-	topicID kafkaclient.TopicID
+	// as read at assignment or resumption (zero: the broker gives none):
+	// the fetches hand out nothing of a topic with another id. topicStored
+	// is set once the stored position is known to carry it.
+	topicID     kafkaclient.TopicID
+	topicStored bool
 	// batchCheck is the commit check of the partition's batches, for the
 	// guard around a handler's transaction (see positions.CommitCheck).
 	batchCheck *txguard.CommitCheck
@@ -195,6 +197,10 @@ func (w *worker) consume(stop, work context.Context) error {
 		}
 		if paused {
 			lost, err := w.afterPause(stop, work)
+			var perr *kafkaoncetype.PartitionError
+			if errors.As(err, &perr) {
+				return err
+			}
 			if err != nil {
 				return nil // interrupted: stop is done
 			}
@@ -354,7 +360,7 @@ func (w *worker) fetchError(err error) error {
 	switch {
 	case errors.As(err, &recreated):
 		return &kafkaoncetype.PartitionError{Topic: w.topic, Partition: w.partition, Err: fmt.Errorf(
-			"%w: %s; processing on would pass over the new topic's messages below offset %d. Once you have checked, move the position (offsets.Store.Reset, or kafkaonce topic-recreated for the whole topic) to where processing should resume",
+			"%w: %s; processing on would pass over the new topic's messages below offset %d. Once you have checked, run kafkaonce topic-recreated (offsets.Store.TopicRecreated) with the consumer stopped",
 			kafkaoncetype.ErrTopicRecreated, recreated.Error(), w.next)}
 	case errors.As(err, &gone):
 		return w.deletedError(gone.From, gone.LogStart)
@@ -385,10 +391,9 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := w.checkTopic(stop, work, v); err != nil {
+	if err := w.checkTopic(stop, work, v.hasPos, v.storedTopic, v.topicID); err != nil {
 		return 0, err
 	}
-	w.topicID = v.topicID
 	pos, hasPos, logStart, logEnd := v.pos, v.hasPos, v.logStart, v.logEnd
 	w.hwm = logEnd // until the first fetch says more
 	w.sawEnd(v.stable)
@@ -481,7 +486,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 			w.firstJustStored = true
 			return w.assign(stop, work)
 		}
-		w.positionKnown = true
+		w.positionKnown, w.topicStored = true, !w.topicID.IsZero()
 		w.setOrigin(start)
 		w.mark(start)
 	}
@@ -533,33 +538,48 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 }
 
 // checkTopic compares the topic id stored with the partition's position
-// with the id of the topic as assigned, before anything is read: another
-// id means the topic was deleted and created again since the position
-// was stored, and the position counts offsets of the old topic, which
-// would pass over the new topic's first messages. The partition stops
-// with ErrTopicRecreated; the stored id stays, so every member and every
-// restart stops it again until an operator moves the position (which
-// clears the id). A position with no id stored takes the topic's, from
-// then on.
-func (w *worker) checkTopic(stop, work context.Context, v logView) error {
+// with the topic's id now (current), before anything is read: another id
+// means the topic was deleted and created again since the position was
+// stored, and the position counts offsets of the old topic, which would
+// pass over the new topic's first messages. The partition stops with
+// ErrTopicRecreated; the stored id stays, so every member and every
+// restart stops it again until an operator acknowledges the re-creation
+// (offsets.Store.TopicRecreated clears the id). A position with no id
+// stored takes the topic's, from then on. The worker fetches the topic
+// of id current from then on.
+func (w *worker) checkTopic(stop, work context.Context, hasPos bool, stored, current kafkaclient.TopicID) error {
+	w.topicID, w.topicStored = current, hasPos && !stored.IsZero()
 	switch {
-	case !v.hasPos || v.topicID.IsZero():
+	case !hasPos || current.IsZero():
 		return nil
-	case v.storedTopic.Differs(v.topicID):
+	case stored.Differs(current):
 		return &kafkaoncetype.PartitionError{Topic: w.topic, Partition: w.partition, Err: fmt.Errorf(
-			"%w: the stored position %d counts offsets of topic id %s, and the topic's id is now %s; processing from it would pass over the new topic's messages below it. Once you have checked, move the position (offsets.Store.Reset, or kafkaonce topic-recreated for the whole topic) to where processing should resume",
-			kafkaoncetype.ErrTopicRecreated, v.pos, v.storedTopic, v.topicID)}
-	case v.storedTopic.IsZero():
-		return w.retryUntil(stop, "partition assignment: cannot store the topic id", func() error {
-			b := &pgx.Batch{}
-			w.offsets.QueueAdoptTopic(b, w.cfg.Name, w.topic, w.partition, v.topicID)
-			if err := w.inOneTrip(work, b); err != nil {
-				return fmt.Errorf("offsets: store the topic id of %s/%d: %w", w.topic, w.partition, err)
-			}
-			return nil
-		})
+			"%w: the stored position counts offsets of topic id %s, and the topic's id is now %s; processing from it would pass over the new topic's messages below it. Once you have checked, run kafkaonce topic-recreated (offsets.Store.TopicRecreated) with the consumer stopped",
+			kafkaoncetype.ErrTopicRecreated, stored, current)}
+	case stored.IsZero():
+		return w.retryUntil(stop, "partition assignment: cannot store the topic id", func() error { return w.storeTopic(work) })
 	}
 	return nil
+}
+
+// storeTopic stores w.topicID as the id of the topic the partition's
+// position counts in, where it has none (see positions.QueueAdoptTopic).
+func (w *worker) storeTopic(ctx context.Context) error {
+	b := &pgx.Batch{}
+	w.offsets.QueueAdoptTopic(b, w.cfg.Name, w.topic, w.partition, w.topicID)
+	if err := w.inOneTrip(ctx, b); err != nil {
+		return fmt.Errorf("offsets: store the topic id of %s/%d: %w", w.topic, w.partition, err)
+	}
+	w.topicStored = true
+	return nil
+}
+
+// storedTopic is the topic id kept with st, zero when none is.
+func storedTopic(st positions.Stored) kafkaclient.TopicID {
+	if !st.TopicID.Valid {
+		return kafkaclient.TopicID{}
+	}
+	return st.TopicID.Bytes
 }
 
 // firstStart is where a partition with neither a stored position nor a

@@ -118,15 +118,14 @@ func TestTopicIDStaysWithItsPosition(t *testing.T) {
 		run(func(b *pgx.Batch) { s.QueueInit(b, "c", "t", 2, 0, [16]byte{}, &next) })
 		require.False(t, stored(2).TopicID.Valid)
 	})
-	t.Run("an operator's move clears the id", func(t *testing.T) {
+	t.Run("an operator's move keeps the id; an acknowledged re-creation clears it", func(t *testing.T) {
 		require.NoError(t, read.Reset(ctx, db.Pool, "c", "t", 0, 0))
-		require.False(t, stored(0).TopicID.Valid, "Reset")
-		run(func(b *pgx.Batch) { s.QueueAdoptTopic(b, "c", "t", 0, recreated) })
+		require.Equal(t, old, stored(0).TopicID.Bytes, "Reset moves the position within its topic")
 		require.NoError(t, read.ResetFrom(ctx, db.Pool, "c", "t", 0, 0, 3))
-		require.False(t, stored(0).TopicID.Valid, "ResetFrom")
-		run(func(b *pgx.Batch) { s.QueueAdoptTopic(b, "c", "t", 1, old) })
+		require.Equal(t, old, stored(0).TopicID.Bytes, "ResetFrom too")
 		_, err := read.TopicRecreated(ctx, db.Pool, "c", "t", 2)
 		require.NoError(t, err)
-		require.False(t, stored(1).TopicID.Valid, "TopicRecreated")
+		require.False(t, stored(0).TopicID.Valid, "TopicRecreated clears it: the next member stores the new topic's")
+		require.False(t, stored(1).TopicID.Valid)
 	})
 }

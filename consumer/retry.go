@@ -87,7 +87,9 @@ const (
 // retry_later) in the transaction that moves the partition past it, and
 // the consumer's maintenance redrives it when it is due, as
 // Config.RetryLater says. Order is given up for that message: see
-// RetryLaterPolicy for who must not. RetryLater(nil, d) is nil.
+// RetryLaterPolicy for who must not. RetryLater(nil, d) is nil. A handler
+// that calls a partner sends the message id as the partner's idempotency
+// key (docs/failures.md, "A flaky partner"):
 //
 //	if resp.StatusCode == http.StatusServiceUnavailable {
 //		return consumer.RetryLater(errors.New("mail partner unavailable"), time.Minute)

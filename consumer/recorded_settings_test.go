@@ -84,7 +84,7 @@ func TestRunRecordsTheConsumersSettings(t *testing.T) {
 
 // The record only serves the tools: when it cannot be written (here a
 // row lock held by another transaction), the consumer says so in its log
-// and consumes all the same, soon.
+// and consumes all the same.
 func TestAFailedRecordDoesNotStopTheConsumer(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 1)
@@ -97,9 +97,11 @@ func TestAFailedRecordDoesNotStopTheConsumer(t *testing.T) {
 	ids := e.produceIDs("h", 5)
 	r := e.start(cfg)
 	e.waitEffects(len(ids), 30*time.Second)
+	// Recorded once the member joined, in the background, waiting a
+	// second at most for the lock.
+	waitFor(t, 10*time.Second, "the failed record logged", func() bool { return strings.Contains(logs.String(), "could not record the consumer's settings") })
 	r.stop()
 	e.requireExactlyOnce(ids)
-	require.Contains(t, logs.String(), "could not record the consumer's settings")
 	require.Contains(t, logs.String(), "lock timeout")
 	require.True(t, e.recordedRow().recordedAtWasNull, "nothing recorded while the row was locked")
 
@@ -180,4 +182,39 @@ func TestALateRetryOverwritesTheRecordOfALaterStart(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// The settings are recorded once a member has joined its group: a worker
+// that never does (brokers it cannot reach, a listener of another
+// protocol, refused credentials) leaves the record of the one that did,
+// which the tools go on reading.
+func TestAWorkerThatNeverJoinsLeavesTheRecord(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	ids := e.produceIDs("g", 3)
+	r := e.start(e.config(e.applyHandler()))
+	e.waitEffects(len(ids), 30*time.Second)
+	r.stop()
+	good := e.recordedRow()
+	require.Equal(t, e.group, good.group)
+
+	bad := e.config(e.applyHandler())
+	bad.Brokers, bad.GroupID = []string{"127.0.0.1:1"}, e.group+"-misconfigured"
+	c, err := consumer.New(e.db.Pool, bad)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	waitFor(t, 10*time.Second, "the misconfigured worker running", func() bool { return c.Health(ctx).Running })
+	stillFor(t, 2*time.Second, "the record of the worker that joined kept", func() bool {
+		got := e.recordedRow()
+		return got.group == good.group && strings.Join(got.brokers, ",") == strings.Join(good.brokers, ",")
+	})
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return within 30s of cancel")
+	}
+	require.Equal(t, good, e.recordedRow())
 }

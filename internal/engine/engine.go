@@ -151,7 +151,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	stopRecording := c.recordSettings(ctx)
+	joined, stopRecording := c.recordWhenJoined(ctx)
 	defer stopRecording()
 	client, err := c.newClient()
 	if err != nil {
@@ -175,7 +175,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	go func() { defer close(pausesDone); c.pollPauses(maintCtx) }()
 	defer func() { stopMaint(); <-maintDone; <-pausesDone }()
 
-	m := newMembership(ctx, c.deps)
+	m := newMembership(ctx, c.deps, joined)
 	c.health.outSince.Store(time.Now().UnixNano())
 	c.health.member.Store(m)
 	defer func() {

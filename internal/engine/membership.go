@@ -21,6 +21,9 @@ type membership struct {
 	// does.
 	runCtx    context.Context
 	committer *committer
+	// joined is called at every assignment: the member is in its group
+	// (see recordWhenJoined).
+	joined func()
 
 	mu   sync.Mutex
 	runs map[kafkaclient.TopicPartition]*partitionRun
@@ -40,13 +43,14 @@ type partitionRun struct {
 	progress *progress
 }
 
-func newMembership(runCtx context.Context, d *deps) *membership {
-	return &membership{deps: d, runCtx: runCtx, committer: newCommitter(d), runs: map[kafkaclient.TopicPartition]*partitionRun{}}
+func newMembership(runCtx context.Context, d *deps, joined func()) *membership {
+	return &membership{deps: d, runCtx: runCtx, committer: newCommitter(d), joined: joined, runs: map[kafkaclient.TopicPartition]*partitionRun{}}
 }
 
 // Assigned starts a worker for each partition.
 func (m *membership) Assigned(_ context.Context, parts []kafkaclient.TopicPartition) {
 	m.health.inGroup.Store(true)
+	m.joined()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, tp := range parts {

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,7 +25,7 @@ const (
 
 // recordSettings records, in the consumer's row of the consumers table,
 // what kafkaonce's tools would otherwise have to be told: the id rule, the
-// group, topics and brokers. It never holds up consuming for longer than
+// group, topics and brokers (see recordWhenJoined for when). It never holds up consuming for longer than
 // recordTimeout: losing the record costs an operator some flags, while
 // refusing to start would stop the effects themselves. A failed write is
 // logged at warning level and tried again in the background (after
@@ -83,6 +84,47 @@ func (c *Consumer) recordSettings(ctx context.Context) (stop func()) {
 		cancel()
 		<-done
 	}
+}
+
+// recordWhenJoined records the settings once the member has joined its
+// group (joined, called at every assignment: the first one starts the
+// record, in the background), not at start-up: a worker that cannot reach
+// the brokers (a wrong address, TLS against a plain listener, refused
+// credentials) never joins, and must not replace the record of a healthy
+// one, which the tools read. stop waits for the record's attempts to end;
+// Run calls it before it returns.
+func (c *Consumer) recordWhenJoined(ctx context.Context) (joined, stop func()) {
+	var mu sync.Mutex
+	var started, stopped bool
+	var done chan struct{}
+	var stopRetries func()
+	joined = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if started || stopped {
+			return
+		}
+		started, done = true, make(chan struct{})
+		go func() {
+			s := c.recordSettings(ctx)
+			mu.Lock()
+			stopRetries = s
+			mu.Unlock()
+			close(done)
+		}()
+	}
+	stop = func() {
+		mu.Lock()
+		stopped = true
+		d := done
+		mu.Unlock()
+		if d == nil {
+			return
+		}
+		<-d
+		stopRetries()
+	}
+	return joined, stop
 }
 
 // recordOnce makes one bounded attempt at writing s.

@@ -11,7 +11,6 @@ import (
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/offsets"
-	"github.com/kafkaonce/kafkaonce/pauses"
 )
 
 // storedTopicIDNull reports whether partition 0's stored position has no
@@ -52,18 +51,13 @@ func TestAResetWhilePausedKeepsTheTopicItCountsIn(t *testing.T) {
 	require.False(t, s.storedTopicIDNull(), "the first start stored the topic id")
 
 	ctx := context.Background()
-	store, err := pauses.NewStore(s.e.db.Schema)
-	require.NoError(t, err)
-	_, err = store.Pause(ctx, s.e.db.Pool, s.e.name, pauses.Partition(s.e.topic, 0), "test", "replay the last messages")
-	require.NoError(t, err)
-	waitFor(t, 10*time.Second, "the member to see the pause", func() bool { return watch.paused(0) })
+	s.pause(watch, "replay the last messages")
 	positions, err := offsets.NewStore(s.e.db.Schema)
 	require.NoError(t, err)
 	// An operator replays the last ten messages while the partition is
 	// paused (the claims skip them: nothing is applied twice).
 	require.NoError(t, positions.Reset(ctx, s.e.db.Pool, s.e.name, s.e.topic, 0, 10))
-	_, err = store.Resume(ctx, s.e.db.Pool, s.e.name, pauses.Partition(s.e.topic, 0))
-	require.NoError(t, err)
+	s.resume()
 	mid := s.e.produceIDs("mid", 5)
 	waitFor(t, 30*time.Second, "the position past the new messages", func() bool { return s.e.storedPositions()[0] == 25 })
 	require.False(t, s.storedTopicIDNull(), "the replay kept the topic id")
@@ -122,11 +116,7 @@ func TestARecreationAcknowledgedWhilePausedIsProcessed(t *testing.T) {
 	r := s.member(rec, watch)
 	s.e.waitCommitted(map[int]int64{0: 20}, 30*time.Second)
 	ctx := context.Background()
-	store, err := pauses.NewStore(s.e.db.Schema)
-	require.NoError(t, err)
-	_, err = store.Pause(ctx, s.e.db.Pool, s.e.name, pauses.Partition(s.e.topic, 0), "test", "topic maintenance")
-	require.NoError(t, err)
-	waitFor(t, 10*time.Second, "the member to see the pause", func() bool { return watch.paused(0) })
+	s.pause(watch, "topic maintenance")
 
 	s.e.recreateTopic()
 	fresh := s.e.produceIDs("new", 40)
@@ -134,8 +124,7 @@ func TestARecreationAcknowledgedWhilePausedIsProcessed(t *testing.T) {
 	require.NoError(t, err)
 	_, err = positions.TopicRecreated(ctx, s.e.db.Pool, s.e.name, s.e.topic, 1)
 	require.NoError(t, err)
-	_, err = store.Resume(ctx, s.e.db.Pool, s.e.name, pauses.Partition(s.e.topic, 0))
-	require.NoError(t, err)
+	s.resume()
 	waitFor(t, 60*time.Second, "the new topic processed, or the partition stopped", func() bool {
 		return rec.stoppedWith(consumer.ErrTopicRecreated) || s.e.storedPositions()[0] == 40
 	})

@@ -117,17 +117,11 @@ WHERE consumer = $1 AND topic = $2 AND partition = 0 AND stopped_at IS NOT NULL 
 		rec, watch := &recorder{}, &pauseWatch{}
 		r := s.member(rec, watch)
 		s.e.waitCommitted(map[int]int64{0: 20}, 30*time.Second)
-		ctx := context.Background()
-		store, err := pauses.NewStore(s.e.db.Schema)
-		require.NoError(t, err)
-		_, err = store.Pause(ctx, s.e.db.Pool, s.e.name, pauses.Partition(s.e.topic, 0), "test", "topic maintenance")
-		require.NoError(t, err)
-		waitFor(t, 10*time.Second, "the member to see the pause", func() bool { return watch.paused(0) })
+		s.pause(watch, "topic maintenance")
 
 		s.e.recreateTopic()
 		s.e.produceIDs("new", 40)
-		_, err = store.Resume(ctx, s.e.db.Pool, s.e.name, pauses.Partition(s.e.topic, 0))
-		require.NoError(t, err)
+		s.resume()
 		waitFor(t, 60*time.Second, "the partition stopped as re-created", func() bool { return rec.stoppedWith(consumer.ErrTopicRecreated) })
 		r.stop()
 		require.Equal(t, map[int]int64{0: 20}, s.e.storedPositions())
@@ -202,6 +196,28 @@ func setupRecreated(t *testing.T, start consumer.StartOffset) *recreatedSetup {
 // hooks.
 func (s *recreatedSetup) member(hooks ...consumer.Hook) *running {
 	return s.e.run(s.consumer(hooks...))
+}
+
+// pause pauses partition 0, as an operator does from another process, and
+// waits until the member watch hears of it.
+func (s *recreatedSetup) pause(watch *pauseWatch, reason string) {
+	s.t.Helper()
+	_, err := s.pauses().Pause(context.Background(), s.e.db.Pool, s.e.name, pauses.Partition(s.e.topic, 0), "test", reason)
+	require.NoError(s.t, err)
+	waitFor(s.t, 10*time.Second, "the member to see the pause", func() bool { return watch.paused(0) })
+}
+
+// resume lifts the pause of partition 0.
+func (s *recreatedSetup) resume() {
+	s.t.Helper()
+	_, err := s.pauses().Resume(context.Background(), s.e.db.Pool, s.e.name, pauses.Partition(s.e.topic, 0))
+	require.NoError(s.t, err)
+}
+
+func (s *recreatedSetup) pauses() *pauses.Store {
+	store, err := pauses.NewStore(s.e.db.Schema)
+	require.NoError(s.t, err)
+	return store
 }
 
 // consumer is a member, not started.

@@ -13,7 +13,13 @@ import (
 
 // Bounds implements kafkaclient.Client.
 func (c *Client) Bounds(ctx context.Context, topic string, partition int) (kafkaclient.Bounds, error) {
-	bs, err := c.bounds(ctx, topic, []int32{int32(partition)})
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
+	id, _, err := c.topicMetadata(ctx, topic)
+	if err != nil {
+		return kafkaclient.Bounds{}, err
+	}
+	bs, err := c.bounds(ctx, topic, id, []int32{int32(partition)})
 	if err != nil {
 		return kafkaclient.Bounds{}, err
 	}
@@ -24,7 +30,7 @@ func (c *Client) Bounds(ctx context.Context, topic string, partition int) (kafka
 func (c *Client) TopicBounds(ctx context.Context, topic string) ([]kafkaclient.Bounds, error) {
 	ctx, cancel := kafkaclient.Bounded(ctx)
 	defer cancel()
-	_, n, err := c.topicMetadata(ctx, topic)
+	id, n, err := c.topicMetadata(ctx, topic)
 	if err != nil {
 		return nil, err
 	}
@@ -32,7 +38,7 @@ func (c *Client) TopicBounds(ctx context.Context, topic string) ([]kafkaclient.B
 	for i := range parts {
 		parts[i] = int32(i)
 	}
-	return c.bounds(ctx, topic, parts)
+	return c.bounds(ctx, topic, id, parts)
 }
 
 // topicMetadata reads a topic's id and how many partitions it has.
@@ -62,18 +68,12 @@ func TopicMetadata(ctx context.Context, cl *kgo.Client, topic string) (kafkaclie
 	return kafkaclient.TopicID(rt.TopicID), len(rt.Partitions), nil
 }
 
-// bounds reads the topic's id, then the log start, the high watermark and
-// the last stable offset of partitions: three ListOffsets requests, which
-// kgo sends to each partition's leader. The id is read first: offsets read
-// after it are of that topic or of one created since, which the next read
-// of the id tells.
-func (c *Client) bounds(ctx context.Context, topic string, parts []int32) ([]kafkaclient.Bounds, error) {
-	ctx, cancel := kafkaclient.Bounded(ctx)
-	defer cancel()
-	id, _, err := c.topicMetadata(ctx, topic)
-	if err != nil {
-		return nil, err
-	}
+// bounds reads the log start, the high watermark and the last stable
+// offset of partitions of the topic of id, read just before: three
+// ListOffsets requests, which kgo sends to each partition's leader. The
+// id comes first: offsets read after it are of that topic or of one
+// created since, which the next read of the id tells.
+func (c *Client) bounds(ctx context.Context, topic string, id kafkaclient.TopicID, parts []int32) ([]kafkaclient.Bounds, error) {
 	start, err := c.listOffsets(ctx, topic, parts, -2, 0)
 	if err != nil {
 		return nil, fmt.Errorf("franz: log start of %s: %w", topic, err)

@@ -318,7 +318,13 @@ func (c *Client) Close() {
 // Bounds implements kafkaclient.Client: the log start and end, and the
 // last stable offset (a second request, read committed).
 func (c *Client) Bounds(ctx context.Context, topic string, partition int) (kafkaclient.Bounds, error) {
-	bs, err := c.bounds(ctx, topic, []int{partition})
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
+	id, err := c.topicID(ctx, topic)
+	if err != nil {
+		return kafkaclient.Bounds{}, err
+	}
+	bs, err := c.bounds(ctx, topic, id, []int{partition})
 	if err != nil {
 		return kafkaclient.Bounds{}, err
 	}
@@ -329,33 +335,21 @@ func (c *Client) Bounds(ctx context.Context, topic string, partition int) (kafka
 func (c *Client) TopicBounds(ctx context.Context, topic string) ([]kafkaclient.Bounds, error) {
 	ctx, cancel := kafkaclient.Bounded(ctx)
 	defer cancel()
-	meta, err := c.admin.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-	if err != nil {
-		return nil, fmt.Errorf("kafkago: metadata of %s: %w", topic, err)
-	}
-	if len(meta.Topics) != 1 || meta.Topics[0].Error != nil {
-		var terr error
-		if len(meta.Topics) == 1 {
-			terr = meta.Topics[0].Error
-		}
-		return nil, fmt.Errorf("kafkago: metadata of %s: %v", topic, terr)
-	}
-	parts := make([]int, len(meta.Topics[0].Partitions))
-	for i, p := range meta.Topics[0].Partitions {
-		parts[i] = p.ID
-	}
-	return c.bounds(ctx, topic, parts)
-}
-
-// bounds reads the topic's id, then the bounds of partitions, which must
-// number 0 to len(partitions)-1 when there are several, in two requests.
-func (c *Client) bounds(ctx context.Context, topic string, partitions []int) ([]kafkaclient.Bounds, error) {
-	ctx, cancel := kafkaclient.Bounded(ctx)
-	defer cancel()
-	id, err := c.topicID(ctx, topic)
+	id, n, err := c.topicMetadata(ctx, topic)
 	if err != nil {
 		return nil, err
 	}
+	parts := make([]int, n)
+	for i := range parts {
+		parts[i] = i
+	}
+	return c.bounds(ctx, topic, id, parts)
+}
+
+// bounds reads the bounds of partitions of the topic of id, read just
+// before, which must number 0 to len(partitions)-1 when there are several,
+// in two requests.
+func (c *Client) bounds(ctx context.Context, topic string, id kafkaclient.TopicID, partitions []int) ([]kafkaclient.Bounds, error) {
 	var reqs, stable []kafka.OffsetRequest
 	for _, p := range partitions {
 		reqs = append(reqs, kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p))

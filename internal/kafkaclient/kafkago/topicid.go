@@ -14,7 +14,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/franz"
 )
 
-// topicIDs reads topics' ids. kafka-go's protocol package speaks Metadata
+// topicIDs reads topics' ids (and partition counts). kafka-go's protocol package speaks Metadata
 // up to version 8, and ids came with version 10: they are read with
 // franz-go's client instead, over the same brokers, TLS and SASL as every
 // other connection of the client (a kafka-go SASL mechanism brought with
@@ -26,6 +26,12 @@ type topicIDs struct {
 }
 
 func (c *Client) topicID(ctx context.Context, topic string) (kafkaclient.TopicID, error) {
+	id, _, err := c.topicMetadata(ctx, topic)
+	return id, err
+}
+
+// topicMetadata reads a topic's id and how many partitions it has.
+func (c *Client) topicMetadata(ctx context.Context, topic string) (kafkaclient.TopicID, int, error) {
 	c.ids.once.Do(func() {
 		opts := []kgo.Opt{kgo.SeedBrokers(c.cfg.Brokers...), kgo.DialTimeout(10 * time.Second)}
 		if c.dialer.ClientID != "" {
@@ -44,15 +50,15 @@ func (c *Client) topicID(ctx context.Context, topic string) (kafkaclient.TopicID
 		c.ids.cl, c.ids.err = kgo.NewClient(opts...)
 	})
 	if c.ids.err != nil {
-		return kafkaclient.TopicID{}, fmt.Errorf("kafkago: topic id of %s: %w", topic, c.ids.err)
+		return kafkaclient.TopicID{}, 0, fmt.Errorf("kafkago: metadata of %s: %w", topic, c.ids.err)
 	}
 	ctx, cancel := kafkaclient.Bounded(ctx)
 	defer cancel()
-	id, _, err := franz.TopicMetadata(ctx, c.ids.cl, topic)
+	id, n, err := franz.TopicMetadata(ctx, c.ids.cl, topic)
 	if err != nil {
-		return kafkaclient.TopicID{}, fmt.Errorf("kafkago: topic id of %s: %w", topic, err)
+		return kafkaclient.TopicID{}, 0, fmt.Errorf("kafkago: %w", err)
 	}
-	return id, nil
+	return id, n, nil
 }
 
 func (c *Client) closeTopicIDs() {

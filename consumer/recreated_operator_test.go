@@ -245,3 +245,19 @@ func TestQuickRecreationsDoNotEndRun(t *testing.T) {
 		t.Fatal("Run did not return within 30s of cancel")
 	}
 }
+
+// A position that goes missing while a member runs (the database lost its
+// row) is stored again by the next batch, and with it the topic's id: a
+// later re-creation is still recognised.
+func TestAPositionStoredAgainKeepsTheTopicID(t *testing.T) {
+	t.Parallel()
+	s := setupRecreated(t, consumer.StartEarliest)
+	s.e.produceIDs("a", 10)
+	r := s.member()
+	s.e.waitCommitted(map[int]int64{0: 10}, 30*time.Second)
+	s.e.db.Exec(t, `DELETE FROM `+s.e.db.Table("consumer_offsets")+` WHERE consumer = $1`, s.e.name)
+	s.e.produceIDs("b", 5)
+	waitFor(t, 60*time.Second, "the position stored again past the new messages", func() bool { return s.e.storedPositions()[0] == 15 })
+	waitFor(t, 10*time.Second, "the topic id stored with it", func() bool { return !s.storedTopicIDNull() })
+	r.stop()
+}

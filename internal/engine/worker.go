@@ -255,6 +255,9 @@ func (w *worker) resumeAfterLoss(stop context.Context, lost *positionLostError) 
 		next, err := w.lostRowRestart(stop, lost.stored)
 		if err == nil {
 			w.next, w.positionKnown = next, !lost.missing
+			// A position that went missing takes its topic id again with
+			// the row the next batch stores (see afterCommit).
+			w.topicStored = w.topicStored && !lost.missing
 			return true
 		}
 		w.log.Warn("reading the log's bounds failed; trying again", w.logAttrs(slog.String("error", err.Error()))...)

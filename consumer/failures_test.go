@@ -52,7 +52,6 @@ func TestCommitReplyLostAppliesOnce(t *testing.T) {
 	t.Cleanup(func() { proxy.Close() })
 	pool := e.db.PoolVia(t, proxy.Addr())
 
-	ids := e.produceIDs("c", 50)
 	// The first batch's COMMIT reaches the server, which commits; the
 	// connection is cut before the reply gets back. The consumer must
 	// neither commit the Kafka offset on a guess nor apply the batch a
@@ -65,6 +64,8 @@ func TestCommitReplyLostAppliesOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
+	e.waitRecorded()
+	ids := e.produceIDs("c", 50)
 
 	e.waitCommitted(map[int]int64{0: 50}, 30*time.Second)
 	cancel()
@@ -80,6 +81,20 @@ func TestCommitReplyLostAppliesOnce(t *testing.T) {
 
 // armOnFirstBatch makes the proxy drop the reply to the next COMMIT once the
 // first batch starts: that COMMIT is the batch's.
+// waitRecorded waits until a member of the test's consumer has recorded
+// its settings: a transaction of its own, made once the member joined its
+// group, which a test dropping the next COMMIT's reply must not meet.
+func (e *env) waitRecorded() {
+	e.t.Helper()
+	waitFor(e.t, 30*time.Second, "the consumer's settings recorded", func() bool {
+		return e.db.Int(e.t, `SELECT count(*) FROM `+e.db.Table("consumers")+` WHERE name = $1 AND settings_recorded_at IS NOT NULL`, e.name) == 1
+	})
+}
+
+// armOnFirstBatch makes the proxy drop the reply of the next COMMIT once
+// the first batch starts. Start the consumer before producing, and wait
+// for its settings record (waitRecorded): the batch's COMMIT is then the
+// next one.
 type armOnFirstBatch struct {
 	proxy *faultproxy.Proxy
 	once  *sync.Once

@@ -86,7 +86,6 @@ func commitSwallowedRun(t *testing.T) (left leftOpenSession, ok bool) {
 	proxy, err := faultproxy.Start(e.db.ServerAddr(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { proxy.Close() })
-	ids := e.produceIDs("w", 40)
 
 	errs := &batchErrors{}
 	cfg := e.config(e.applyHandler())
@@ -99,6 +98,8 @@ func commitSwallowedRun(t *testing.T) (left leftOpenSession, ok bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
+	e.waitRecorded() // its COMMIT is not the one to swallow
+	ids := e.produceIDs("w", 40)
 	waitFor(t, 30*time.Second, "a COMMIT to be swallowed", func() bool { return proxy.Swallowed() > 0 })
 	left = sessionLeftOpen(t, e.db, proxy.SwallowedFrom(), e.db.Table("processed_messages"))
 	if left.found && !left.heldClaims() {

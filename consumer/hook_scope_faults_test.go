@@ -202,7 +202,6 @@ func TestScopeLostCommitReplyEndsEveryScopeOnce(t *testing.T) {
 		proxy, err := faultproxy.Start(e.db.ServerAddr(t))
 		require.NoError(t, err)
 		t.Cleanup(func() { proxy.Close() })
-		ids := e.produceIDs("lc", 40)
 		l := newScopeLedger()
 		var cfg *consumer.Config
 		if batched {
@@ -213,6 +212,8 @@ func TestScopeLostCommitReplyEndsEveryScopeOnce(t *testing.T) {
 		errs := &batchErrors{}
 		cfg.Hooks = append(cfg.Hooks, l, errs, armOnFirstBatch{proxy: proxy, once: &sync.Once{}})
 		r := e.start(cfg, e.db.PoolVia(t, proxy.Addr()))
+		e.waitRecorded()
+		ids := e.produceIDs("lc", 40)
 		e.waitCommitted(map[int]int64{0: 40}, 30*time.Second)
 		r.stop()
 

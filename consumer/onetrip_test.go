@@ -40,7 +40,6 @@ func TestOneTripCommitReplyLostAppliesOnce(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { proxy.Close() })
 
-	ids := e.produceIDs("o", 100)
 	// The COMMIT at the end of the one pipeline reaches the server, which
 	// commits; the connection is cut before the reply gets back. The batch
 	// runs again: its one-trip claims fail on the ids now taken, and the
@@ -50,6 +49,8 @@ func TestOneTripCommitReplyLostAppliesOnce(t *testing.T) {
 	cfg.MaxBatch = 20
 	cfg.Hooks = append(cfg.Hooks, errs, armOnBatch{proxy: proxy, n: 2, batches: &atomic.Int32{}})
 	r := e.start(cfg, e.db.PoolVia(t, proxy.Addr()))
+	e.waitRecorded() // its COMMIT is not the one to drop
+	ids := e.produceIDs("o", 100)
 	e.waitCommitted(map[int]int64{0: 100}, 30*time.Second)
 	r.stop()
 

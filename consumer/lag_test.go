@@ -52,7 +52,7 @@ func TestLagReturnsToZeroAtTheEndOfTheLog(t *testing.T) {
 			w := e.txnWriter("committed")
 			w.begin()
 			recs := w.write("c-0", "c-1", "c-2")
-			w.end(true)
+			w.endSettled(true)
 			return e.ids(idRules[0], recs)
 		}},
 		{"an aborted transaction: the log ends in its records and marker", func(e *env) []string {
@@ -60,7 +60,7 @@ func TestLagReturnsToZeroAtTheEndOfTheLog(t *testing.T) {
 			w := e.txnWriter("aborted")
 			w.begin()
 			w.write("a-0", "a-1", "a-2", "a-3", "a-4")
-			w.end(false)
+			w.endSettled(false)
 			return applied
 		}},
 	} {

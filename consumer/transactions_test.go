@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
@@ -65,6 +66,31 @@ func (w *txnWriter) begin() { require.NoError(w.e.t, w.cl.BeginTransaction()) }
 func (w *txnWriter) end(commit bool) {
 	w.e.t.Helper()
 	require.NoError(w.e.t, w.cl.EndTransaction(context.Background(), kgo.TransactionEndTry(commit)))
+}
+
+// endSettled ends the open transaction, and waits until its marker is in
+// partition 0's log: Kafka answers EndTxn once the decision is recorded
+// and writes the markers after, so the log's end read right after end
+// may still be the marker's offset. It waits for the last stable offset
+// to reach the log's end, so no other transaction may be open on the
+// partition.
+func (w *txnWriter) endSettled(commit bool) {
+	w.e.t.Helper()
+	w.end(commit)
+	admin := kadm.NewClient(w.e.kafka.Client(w.e.t))
+	waitFor(w.e.t, 30*time.Second, "the transaction's marker in the log", func() bool {
+		ends, err := admin.ListEndOffsets(context.Background(), w.e.topic)
+		if err != nil {
+			return false
+		}
+		stable, err := admin.ListCommittedOffsets(context.Background(), w.e.topic)
+		if err != nil {
+			return false
+		}
+		e, ok1 := ends.Lookup(w.e.topic, 0)
+		s, ok2 := stable.Lookup(w.e.topic, 0)
+		return ok1 && ok2 && e.Err == nil && s.Err == nil && s.Offset == e.Offset
+	})
 }
 
 // plain produces ids to partition 0 outside any transaction.

@@ -6,9 +6,9 @@
 -- so it is kept with that topic's id. Every member compares it with the id
 -- of the topic it is assigned before it reads a message: a position of the
 -- old topic stops the partition (kafkaoncetype.ErrTopicRecreated), in any
--- process, after any number of restarts, until an operator moves the
--- position (offsets.Store.Reset, kafkaonce topic-recreated), which clears
--- the id. NULL: not known yet (a position stored before this migration, or
--- cleared by an operator); the next member assigned the partition stores
--- the id of the topic it then finds.
+-- process, after any number of restarts, until an operator acknowledges
+-- the re-creation (kafkaonce topic-recreated, offsets.Store.TopicRecreated),
+-- which clears the old topic's id. NULL: not known
+-- yet (a position stored before this migration, or cleared); the next
+-- member assigned the partition stores the id of the topic it then finds.
 ALTER TABLE {{schema}}.consumer_offsets ADD COLUMN topic_id uuid;

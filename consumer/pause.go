@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"fmt"
+	"time"
 
 	"github.com/kafkaonce/kafkaonce/pauses"
 )
@@ -18,11 +20,27 @@ import (
 // it holds across rebalances and restarts, and every member of the group
 // obeys it, in this process at once and in others within a second or so.
 // It needs no running consumer: Pause may be called before Run, or after
-// it returned. Pausing what is paused changes nothing; the first pause's
-// reason stands. A topic the consumer does not read is refused. HookPartitionPaused
-// reports each partition paused and resumed; kafkaonce status and the page show the pauses.
+// it returned. Pausing what is paused changes nothing, except that a
+// pause for a time (PauseFor) then lasts until resumed; the first pause's
+// reason stands. A topic the consumer does not read is refused.
+// HookPartitionPaused reports each partition paused and resumed; kafkaonce
+// status and the page show the pauses.
 func (c *Consumer) Pause(ctx context.Context, scope pauses.Scope, reason string) error {
-	return c.engine.Pause(ctx, scope, reason)
+	return c.engine.Pause(ctx, scope, 0, reason)
+}
+
+// PauseFor pauses scope as Pause does, for d: the pause ends by itself d
+// from now by the database server's clock, whichever machine's clock is
+// off, and every member fetches again at its first read of the pauses
+// after that (within a second or so). Resume lifts it earlier. Pausing a
+// scope paused already keeps the first pause, lengthened to end d from
+// now if that is later; a pause until resumed stays so.
+// HookPartitionPaused, kafkaonce status and the page show the end.
+func (c *Consumer) PauseFor(ctx context.Context, scope pauses.Scope, d time.Duration, reason string) error {
+	if d <= 0 {
+		return fmt.Errorf("consumer: PauseFor %s: a pause for %s would end before it starts; use Pause for a pause until resumed", scope, d)
+	}
+	return c.engine.Pause(ctx, scope, d, reason)
 }
 
 // Resume lifts the pause of scope (the same scope Pause was given): the

@@ -71,7 +71,7 @@ type pauseReadTx struct {
 }
 
 func isPauseList(sql string) bool {
-	return strings.Contains(sql, "paused_at, paused_by, reason FROM")
+	return strings.Contains(sql, "paused_at, paused_by, reason, until FROM")
 }
 
 func (t *pauseReadTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {

@@ -184,6 +184,48 @@ func TestPause(t *testing.T) {
 		s.check(expectation{ids: s.ids})
 	})
 
+	t.Run("a pause for a time ends by itself, by the database's clock", func(t *testing.T) {
+		t.Parallel()
+		// Each batch of partition 0 notes when its transaction began, by
+		// the server's clock: none may begin before the pause's end.
+		var mu sync.Mutex
+		var firstBatch time.Time
+		var s *pauseSetup
+		s = newPauseSetup(t, 2, 200, consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if m.Partition == 0 {
+				var began time.Time
+				if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&began); err != nil {
+					return err
+				}
+				mu.Lock()
+				if firstBatch.IsZero() || began.Before(firstBatch) {
+					firstBatch = began
+				}
+				mu.Unlock()
+			}
+			return s.applyHandler().Handle(ctx, tx, m)
+		}))
+		require.ErrorContains(t, s.c.PauseFor(ctx, pauses.Partition(s.topic, 0), 0, "no time"), "use Pause for a pause until resumed")
+		require.NoError(t, s.c.PauseFor(ctx, pauses.Partition(s.topic, 0), 2*time.Second, "a short window"))
+		s.run()
+		waitFor(t, 10*time.Second, "partition 0 reported paused", func() bool { return s.watch.paused(0) })
+		r, _ := s.watch.last(0)
+		require.False(t, r.Until.IsZero(), "the report names the pause's end")
+		require.InDelta(t, (2 * time.Second).Seconds(), r.Until.Sub(r.Since).Seconds(), 0.1)
+
+		s.waitCommitted(map[int]int64{0: s.perPart, 1: s.perPart}, 60*time.Second)
+		last, _ := s.watch.last(0)
+		require.True(t, last.Resumed, "the partition was reported resumed")
+		mu.Lock()
+		defer mu.Unlock()
+		require.False(t, firstBatch.Before(r.Until), "partition 0's first batch began at %s, before the pause ended at %s", firstBatch, r.Until)
+		store, _ := pauses.NewStore(s.db.Schema)
+		list, err := store.List(ctx, s.db.Pool, s.name)
+		require.NoError(t, err)
+		require.Empty(t, list, "an ended pause is not listed")
+		s.check(expectation{ids: s.ids})
+	})
+
 	t.Run("a topic the consumer does not read is refused", func(t *testing.T) {
 		t.Parallel()
 		s := newPauseSetup(t, 1, 1, nil)

@@ -47,6 +47,10 @@ type PartitionPaused struct {
 	// All are unset when Resumed.
 	Scope, By, Reason string
 	Since             time.Time
+	// Until is when the pause ends by itself (zero: when it is resumed).
+	// A pause lengthened while it holds is reported again with its new
+	// end.
+	Until time.Time
 	// Resumed is set when the partition fetches again, or this member
 	// stops processing it while it is paused.
 	Resumed bool

@@ -27,6 +27,9 @@ type Pause struct {
 	// At is when it was paused; By and Reason are as the pause gave them.
 	At         time.Time
 	By, Reason string
+	// Until is when the pause ends by itself (PauseFor), by the database
+	// server's clock; zero for a pause that holds until it is resumed.
+	Until time.Time
 }
 
 // Store reads and writes the pauses table in one schema.
@@ -43,10 +46,33 @@ func NewStore(schemaName string) (*Store, error) {
 // MaxText is the most bytes By and Reason keep; longer ones are cut.
 const MaxText = 1000
 
-// Pause pauses scope of consumer, saying who (by) and why (reason). It
-// reports false, and changes nothing, when the scope was paused already:
-// the first pause's time, author and reason stand.
+// Pause pauses scope of consumer until it is resumed, saying who (by) and
+// why (reason). It reports false, and changes nothing, when the scope was
+// paused already: the first pause's time, author and reason stand. A pause
+// of the scope that ends by itself is made to last until resumed.
 func (s *Store) Pause(ctx context.Context, q Querier, consumer string, scope Scope, by, reason string) (paused bool, err error) {
+	return s.pause(ctx, q, consumer, scope, nil, by, reason)
+}
+
+// PauseFor pauses scope of consumer for d: the pause ends by itself d
+// after now by the database server's clock (or earlier, by Resume), and
+// every member fetches the partitions it held again at its next read of
+// the pauses (each second or so). When the scope was paused already, it
+// reports false and the first pause's time, author and reason stand; its
+// end moves to now+d if that is later (a pause until resumed stays so).
+func (s *Store) PauseFor(ctx context.Context, q Querier, consumer string, scope Scope, d time.Duration, by, reason string) (paused bool, err error) {
+	if d < time.Microsecond {
+		return false, fmt.Errorf("pauses: a pause for %s would end before it starts: give a duration of at least a microsecond, or use Pause for a pause until resumed", d)
+	}
+	micros := d.Microseconds()
+	return s.pause(ctx, q, consumer, scope, &micros, by, reason)
+}
+
+// pause writes a pause of scope lasting micros microseconds (nil: until
+// resumed). A row past its end is a lifted pause, replaced as if absent;
+// the end of one that holds moves to the later of the two (none is the
+// latest).
+func (s *Store) pause(ctx context.Context, q Querier, consumer string, scope Scope, micros *int64, by, reason string) (bool, error) {
 	if err := validConsumer(consumer); err != nil {
 		return false, err
 	}
@@ -54,17 +80,26 @@ func (s *Store) Pause(ctx context.Context, q Querier, consumer string, scope Sco
 		return false, err
 	}
 	topic, partition := scope.row()
-	tag, err := q.Exec(ctx, `INSERT INTO `+s.table+` (consumer, topic, partition, paused_by, reason) VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT DO NOTHING`, consumer, topic, partition, pgtext.Cut(by, MaxText), pgtext.Cut(reason, MaxText))
+	var paused bool
+	err := q.QueryRow(ctx, `INSERT INTO `+s.table+` AS p (consumer, topic, partition, paused_at, paused_by, reason, until)
+VALUES ($1, $2, $3, now(), $4, $5, now() + $6::bigint * interval '1 microsecond')
+ON CONFLICT (consumer, topic, partition) DO UPDATE SET
+    paused_at = CASE WHEN p.until <= now() THEN excluded.paused_at ELSE p.paused_at END,
+    paused_by = CASE WHEN p.until <= now() THEN excluded.paused_by ELSE p.paused_by END,
+    reason    = CASE WHEN p.until <= now() THEN excluded.reason ELSE p.reason END,
+    until     = CASE WHEN p.until <= now() THEN excluded.until
+                     WHEN p.until IS NULL OR excluded.until IS NULL THEN NULL
+                     ELSE greatest(p.until, excluded.until) END
+RETURNING p.paused_at = now()`, consumer, topic, partition, pgtext.Cut(by, MaxText), pgtext.Cut(reason, MaxText), micros).Scan(&paused)
 	if err != nil {
 		return false, fmt.Errorf("pauses: pause %s of %s: %w", scope, consumer, err)
 	}
-	return tag.RowsAffected() == 1, nil
+	return paused, nil
 }
 
 // Resume lifts the pause of scope of consumer. It reports false when that
-// scope was not paused (a pause of a wider or narrower scope is left as it
-// is: see the package doc).
+// scope was not paused, or its pause had ended by itself (a pause of a
+// wider or narrower scope is left as it is: see the package doc).
 func (s *Store) Resume(ctx context.Context, q Querier, consumer string, scope Scope) (resumed bool, err error) {
 	if err := validConsumer(consumer); err != nil {
 		return false, err
@@ -73,21 +108,27 @@ func (s *Store) Resume(ctx context.Context, q Querier, consumer string, scope Sc
 		return false, err
 	}
 	topic, partition := scope.row()
-	tag, err := q.Exec(ctx, `DELETE FROM `+s.table+` WHERE consumer = $1 AND topic = $2 AND partition = $3`, consumer, topic, partition)
+	var held int
+	err = q.QueryRow(ctx, `WITH lifted AS (
+    DELETE FROM `+s.table+` WHERE consumer = $1 AND topic = $2 AND partition = $3 RETURNING until
+)
+SELECT count(*) FROM lifted WHERE until IS NULL OR until > now()`, consumer, topic, partition).Scan(&held)
 	if err != nil {
 		return false, fmt.Errorf("pauses: resume %s of %s: %w", scope, consumer, err)
 	}
-	return tag.RowsAffected() == 1, nil
+	return held == 1, nil
 }
 
-// List returns the pauses of consumer, widest first: the whole consumer's,
-// then by topic, a topic's before its partitions'.
+// List returns the pauses of consumer that hold, widest first: the whole
+// consumer's, then by topic, a topic's before its partitions'. A pause
+// past its end (by the database server's clock) is not listed: it no
+// longer holds.
 func (s *Store) List(ctx context.Context, q Querier, consumer string) ([]Pause, error) {
 	if err := validConsumer(consumer); err != nil {
 		return nil, err
 	}
-	rows, err := q.Query(ctx, `SELECT topic, partition, paused_at, paused_by, reason FROM `+s.table+`
-WHERE consumer = $1 ORDER BY topic, partition`, consumer)
+	rows, err := q.Query(ctx, `SELECT topic, partition, paused_at, paused_by, reason, until FROM `+s.table+`
+WHERE consumer = $1 AND (until IS NULL OR until > now()) ORDER BY topic, partition`, consumer)
 	if err != nil {
 		return nil, fmt.Errorf("pauses: list %s: %w", consumer, err)
 	}
@@ -95,12 +136,16 @@ WHERE consumer = $1 ORDER BY topic, partition`, consumer)
 	for rows.Next() {
 		var topic string
 		var partition int
+		var until *time.Time
 		p := Pause{Consumer: consumer}
-		if err := rows.Scan(&topic, &partition, &p.At, &p.By, &p.Reason); err != nil {
+		if err := rows.Scan(&topic, &partition, &p.At, &p.By, &p.Reason, &until); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("pauses: list %s: %w", consumer, err)
 		}
 		p.Scope = scopeOfRow(topic, partition)
+		if until != nil {
+			p.Until = *until
+		}
 		out = append(out, p)
 	}
 	if err := rows.Err(); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -87,6 +88,77 @@ func TestStore(t *testing.T) {
 		require.LessOrEqual(t, len(list[0].Reason), pauses.MaxText)
 	})
 
+	t.Run("a pause for a time ends by itself, by the server's clock", func(t *testing.T) {
+		scope := pauses.Topic("emails")
+		paused, err := s.PauseFor(ctx, db.Pool, "d", scope, time.Hour, "ops", "partner window")
+		require.NoError(t, err)
+		require.True(t, paused)
+		list, err := s.List(ctx, db.Pool, "d")
+		require.NoError(t, err)
+		require.Len(t, list, 1)
+		require.InDelta(t, time.Hour.Seconds(), list[0].Until.Sub(list[0].At).Seconds(), 1, "ends an hour after it began")
+
+		paused, err = s.PauseFor(ctx, db.Pool, "d", scope, time.Minute, "someone else", "shorter")
+		require.NoError(t, err)
+		require.False(t, paused)
+		again, err := s.List(ctx, db.Pool, "d")
+		require.NoError(t, err)
+		require.Equal(t, list, again, "a shorter pause neither shortens the one that holds nor replaces its reason")
+
+		_, err = s.PauseFor(ctx, db.Pool, "d", scope, 2*time.Hour, "someone else", "longer")
+		require.NoError(t, err)
+		longer, err := s.List(ctx, db.Pool, "d")
+		require.NoError(t, err)
+		require.True(t, longer[0].Until.After(list[0].Until), "a longer pause lengthens it")
+		require.Equal(t, "partner window", longer[0].Reason, "the first pause's reason stands")
+
+		_, err = s.Pause(ctx, db.Pool, "d", scope, "someone else", "hold it")
+		require.NoError(t, err)
+		held, err := s.List(ctx, db.Pool, "d")
+		require.NoError(t, err)
+		require.True(t, held[0].Until.IsZero(), "a pause until resumed makes it last until resumed")
+
+		_, err = s.PauseFor(ctx, db.Pool, "d", scope, time.Minute, "someone else", "")
+		require.NoError(t, err)
+		still, err := s.List(ctx, db.Pool, "d")
+		require.NoError(t, err)
+		require.True(t, still[0].Until.IsZero(), "and a pause for a time does not give it an end")
+	})
+
+	t.Run("a pause past its end is lifted: not listed, not resumed, replaced by the next", func(t *testing.T) {
+		scope := pauses.Partition("emails", 2)
+		_, err := s.PauseFor(ctx, db.Pool, "e", scope, 100*time.Millisecond, "ops", "short")
+		require.NoError(t, err)
+		waitListed(t, s, db, "e", 0)
+
+		resumed, err := s.Resume(ctx, db.Pool, "e", scope)
+		require.NoError(t, err)
+		require.False(t, resumed, "resumed a pause that had ended")
+
+		_, err = s.PauseFor(ctx, db.Pool, "e", scope, 100*time.Millisecond, "ops", "short")
+		require.NoError(t, err)
+		waitListed(t, s, db, "e", 0)
+		paused, err := s.Pause(ctx, db.Pool, "e", scope, "oncall", "for good")
+		require.NoError(t, err)
+		require.True(t, paused, "a pause over one that ended is a new pause")
+		list, err := s.List(ctx, db.Pool, "e")
+		require.NoError(t, err)
+		require.Len(t, list, 1)
+		require.Equal(t, "oncall", list[0].By)
+		require.Equal(t, "for good", list[0].Reason)
+		require.True(t, list[0].Until.IsZero())
+	})
+
+	t.Run("a pause for no time is refused, saying what to use", func(t *testing.T) {
+		for _, d := range []time.Duration{0, -time.Minute, time.Nanosecond} {
+			_, err := s.PauseFor(ctx, db.Pool, "f", pauses.All(), d, "", "")
+			require.ErrorContains(t, err, "use Pause for a pause until resumed")
+		}
+		list, err := s.List(ctx, db.Pool, "f")
+		require.NoError(t, err)
+		require.Empty(t, list)
+	})
+
 	t.Run("a scope or a name that cannot be right is refused, saying why", func(t *testing.T) {
 		for _, c := range []struct {
 			consumer string
@@ -107,6 +179,15 @@ func TestStore(t *testing.T) {
 		_, err := pauses.NewStore("bad name")
 		require.Error(t, err)
 	})
+}
+
+// waitListed waits until consumer lists n pauses.
+func waitListed(t *testing.T, s *pauses.Store, db *testenv.DB, consumer string, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		list, err := s.List(context.Background(), db.Pool, consumer)
+		return err == nil && len(list) == n
+	}, 10*time.Second, 20*time.Millisecond, "consumer %s does not list %d pauses", consumer, n)
 }
 
 func scopes(ps []pauses.Pause) []string {

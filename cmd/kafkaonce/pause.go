@@ -116,8 +116,11 @@ type pauseResult struct {
 	Scope    string    `json:"scope"`
 	Changed  bool      `json:"changed"`
 	Since    time.Time `json:"since,omitzero"`
-	By       string    `json:"paused_by,omitempty"`
-	Reason   string    `json:"reason,omitempty"`
+	// Until is when the pause ends by itself; zero while it holds until
+	// resumed.
+	Until  time.Time `json:"until,omitzero"`
+	By     string    `json:"paused_by,omitempty"`
+	Reason string    `json:"reason,omitempty"`
 	// StillPaused is the wider pause that still holds a scope resumed.
 	StillPaused string `json:"still_paused_by,omitempty"`
 }
@@ -125,25 +128,39 @@ type pauseResult struct {
 func pauseCmd(s *settings) *cobra.Command {
 	var f pauseScopeFlags
 	var reason, by string
+	var lasting time.Duration
 	cmd := &cobra.Command{
 		Use:   "pause",
-		Short: "Pause a consumer, one of its topics or a partition, until resume",
+		Short: "Pause a consumer, one of its topics or a partition, until resume or for a time",
 		Long: `pause stores a pause of a consumer (every topic), of one of its topics
 (--topic) or of one partition (--topic and --partition). Every running member
 of the consumer reads its pauses each second: a paused partition finishes the
 batch it is in, then keeps its assignment, fetches nothing and holds no
 transaction open, and a message waiting between retries stops waiting. The
-pause holds across rebalances and restarts until kafkaonce resume lifts it.
-status and the page show it, with who paused it, when and why.
+pause holds across rebalances and restarts until kafkaonce resume lifts it,
+or, with --for, until that long from now by the database server's clock: the
+members fetch again within a second or so of its end. status and the page
+show it, with who paused it, when, why and until when.
+
+Pausing a scope paused already keeps that pause (its time, author and reason),
+lengthened to end --for from now if that is later; without --for, it then
+holds until resumed.
 
   kafkaonce pause --consumer notifications --topic emails --reason "mail partner down"
+  kafkaonce pause --consumer notifications --topic emails --for 30m --reason "partner maintenance window"
   kafkaonce resume --consumer notifications --topic emails`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if by == "" {
 				by = whoAmI()
 			}
+			if cmd.Flags().Changed("for") && lasting < time.Second {
+				return fmt.Errorf("--for %s is too short: give how long the pause lasts, at least 1s (e.g. --for 30m), or leave --for out for a pause until resumed", lasting)
+			}
 			scope, changed, list, err := s.changePause(cmd, &f, true, func(ctx context.Context, q pauses.Querier, store *pauses.Store, scope pauses.Scope) (bool, error) {
+				if lasting > 0 {
+					return store.PauseFor(ctx, q, f.consumer, scope, lasting, by, reason)
+				}
 				return store.Pause(ctx, q, f.consumer, scope, by, reason)
 			})
 			if err != nil {
@@ -151,23 +168,24 @@ status and the page show it, with who paused it, when and why.
 			}
 			r := pauseResult{Consumer: f.consumer, Scope: scope.String(), Changed: changed}
 			if i := slices.IndexFunc(list, func(p pauses.Pause) bool { return p.Scope == scope }); i >= 0 {
-				r.Since, r.By, r.Reason = list[i].At, list[i].By, list[i].Reason
+				r.Since, r.Until, r.By, r.Reason = list[i].At, list[i].Until, list[i].By, list[i].Reason
 			}
 			return s.emit(r, func(w io.Writer) {
 				if changed {
-					fmt.Fprintf(w, "paused %s of consumer %s; its running members stop fetching within a second or so\n", r.Scope, f.consumer)
+					fmt.Fprintf(w, "paused %s of consumer %s %s; its running members stop fetching within a second or so\n", r.Scope, f.consumer, pauseEnd(r.Until))
 					return
 				}
-				fmt.Fprintf(w, "%s of consumer %s was paused already, since %s by %s", r.Scope, f.consumer, r.Since.Format(time.RFC3339), orDash(r.By))
+				fmt.Fprintf(w, "%s of consumer %s was paused already, since %s by %s", r.Scope, f.consumer, r.Since.UTC().Format(time.RFC3339), orDash(r.By))
 				if r.Reason != "" {
 					fmt.Fprintf(w, ": %s", r.Reason)
 				}
-				fmt.Fprintln(w, "; nothing changed")
+				fmt.Fprintf(w, "; it holds %s\n", pauseEnd(r.Until))
 			})
 		},
 	}
 	f.register(cmd)
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for status and the page")
+	cmd.Flags().DurationVar(&lasting, "for", 0, "end the pause by itself after this long, by the database's clock (e.g. 30m, 2h; default: until resumed)")
 	cmd.Flags().BoolVar(&f.unrecorded, "unrecorded", false, "pause a consumer that has recorded no settings yet (before its first start)")
 	cmd.Flags().StringVar(&by, "by", "", `who pauses (default "kafkaonce pause by USER@HOST")`)
 	return cmd
@@ -218,6 +236,14 @@ wider pause still holds the scope.`,
 	}
 	f.register(cmd)
 	return cmd
+}
+
+// pauseEnd says until when a pause with end until holds.
+func pauseEnd(until time.Time) string {
+	if until.IsZero() {
+		return "until resumed"
+	}
+	return "until " + until.UTC().Format(time.RFC3339) + " (or resumed before)"
 }
 
 // covers reports whether wide, a pause's scope, covers all of narrow.

@@ -63,7 +63,7 @@ func TestPauseAndResume(t *testing.T) {
 		out, errOut, code := w.cli("pause", "--consumer", w.name, "--reason", "second")
 		require.Equal(t, 0, code, errOut)
 		require.Contains(t, out, "every topic of consumer "+w.name+" was paused already")
-		require.Contains(t, out, "by alice: first; nothing changed")
+		require.Contains(t, out, "by alice: first; it holds until resumed")
 		out, errOut, code = w.cli("--json", "pause", "--consumer", w.name)
 		require.Equal(t, 0, code, errOut)
 		var r pauseResult
@@ -73,6 +73,43 @@ func TestPauseAndResume(t *testing.T) {
 		require.Equal(t, "first", r.Reason)
 		_, errOut, code = w.cli("resume", "--consumer", w.name)
 		require.Equal(t, 0, code, errOut)
+	})
+
+	t.Run("a pause for a time is shown with its end, and ends by itself", func(t *testing.T) {
+		out, errOut, code := w.cli("pause", "--consumer", w.name, "--topic", w.topic, "--partition", "0", "--for", "3s", "--reason", "window")
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, out, "paused "+w.topic+"/0 of consumer "+w.name+" until ")
+		require.Contains(t, out, "(or resumed before)")
+		out, errOut, code = w.cli("--json", "status", "--consumer", w.name)
+		require.Equal(t, 0, code, errOut)
+		var r statusReport
+		require.NoError(t, json.Unmarshal([]byte(out), &r))
+		require.Len(t, r.Pauses, 1)
+		require.InDelta(t, 3, r.Pauses[0].Until.Sub(r.Pauses[0].Since).Seconds(), 0.5, "ends --for after it began")
+		out, errOut, code = w.cli("status", "--consumer", w.name)
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, out, "PAUSED "+w.topic+"/0 since ")
+		require.Contains(t, out, " until "+r.Pauses[0].Until.UTC().Format(time.RFC3339))
+
+		out, errOut, code = w.cli("pause", "--consumer", w.name, "--topic", w.topic, "--partition", "0", "--for", "1h")
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, out, "was paused already", "a second pause keeps the first")
+		require.Contains(t, out, ": window; it holds until ", "lengthened to the later end")
+		_, errOut, code = w.cli("pause", "--consumer", w.name, "--topic", w.topic, "--partition", "0", "--for", "1s")
+		require.Equal(t, 0, code, errOut)
+		_, errOut, code = w.cli("resume", "--consumer", w.name, "--topic", w.topic, "--partition", "0")
+		require.Equal(t, 0, code, errOut)
+
+		_, errOut, code = w.cli("pause", "--consumer", w.name, "--topic", w.topic, "--partition", "0", "--for", "1s")
+		require.Equal(t, 0, code, errOut)
+		waitUntil(t, time.Minute, "the pause to end by itself", func() bool {
+			out, _, code := w.cli("--json", "status", "--consumer", w.name)
+			var r statusReport
+			return code == 0 && json.Unmarshal([]byte(out), &r) == nil && len(r.Pauses) == 0
+		})
+		out, errOut, code = w.cli("resume", "--consumer", w.name, "--topic", w.topic, "--partition", "0")
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, out, "had no pause of its own; nothing changed", "a pause that ended is not resumed")
 	})
 
 	t.Run("resume says when a wider pause still holds the scope", func(t *testing.T) {
@@ -96,6 +133,9 @@ func TestPauseAndResume(t *testing.T) {
 			{[]string{"resume", "--consumer", w.name, "--topic", w.topic, "--partition", "-2"}, "--partition -2 is negative"},
 			{[]string{"pause", "--consumer", w.name, "--topic", "no-such-topic"}, `not "no-such-topic": check --topic`},
 			{[]string{"pause", "--consumer", w.name, "--topic", w.topic, "--reason", "x", "extra"}, "unknown command"},
+			{[]string{"pause", "--consumer", w.name, "--for", "0s"}, "--for 0s is too short"},
+			{[]string{"pause", "--consumer", w.name, "--for", "-5m"}, "--for -5m0s is too short"},
+			{[]string{"pause", "--consumer", w.name, "--for", "soon"}, `invalid argument "soon" for "--for"`},
 		} {
 			_, errOut, code := w.cli(c.args...)
 			require.Equal(t, 2, code, strings.Join(c.args, " "))
@@ -120,7 +160,11 @@ func TestServePausesAndResumes(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.StatusCode, body)
 	require.Contains(t, body, "kafkaonce pause --consumer "+w.name+" --topic "+w.topic+" --partition 1")
 	require.Contains(t, body, `name="reason"`)
+	require.Contains(t, body, `name="for"`)
 	token := tokenOf(t, res, body)
+	res, body = post(t, srv, pausePath, srv.URL, token, token, "reason", "x", "for", "soon")
+	require.Equal(t, http.StatusBadRequest, res.StatusCode, "a duration the form cannot mean")
+	require.Contains(t, body, `for "soon" is not how long a pause lasts`)
 	res, _ = post(t, srv, pausePath, srv.URL, token, token, "reason", "checking <offset> 3")
 	require.Equal(t, http.StatusSeeOther, res.StatusCode)
 	require.Equal(t, "/?done=paused", res.Header.Get("Location"))
@@ -146,6 +190,13 @@ func TestServePausesAndResumes(t *testing.T) {
 
 	res, _ = get(t, srv, "/consumers/"+w.name+"/pause?partition=1")
 	require.Equal(t, http.StatusBadRequest, res.StatusCode, "a partition without its topic")
+
+	res, _ = post(t, srv, pausePath, srv.URL, token, token, "reason", "window", "for", "1h")
+	require.Equal(t, "/?done=paused", res.Header.Get("Location"))
+	_, body = get(t, srv, "/")
+	require.Contains(t, body, "when the pause ends by itself, or until resumed before", "the page shows the pause's end")
+	res, _ = post(t, srv, resumePath, srv.URL, token, token)
+	require.Equal(t, "/?done=resumed", res.Header.Get("Location"))
 	res, _ = post(t, srv, pausePath, "http://evil.example", token, token)
 	require.Equal(t, http.StatusForbidden, res.StatusCode, "a pause from another origin")
 }

@@ -60,7 +60,12 @@ func (p *page) actions(mux *http.ServeMux) {
 				return
 			}
 			notice, err := a.do(r)
-			if err != nil {
+			var bad *formError
+			switch {
+			case errors.As(err, &bad):
+				http.Error(w, bad.Error(), http.StatusBadRequest)
+				return
+			case err != nil:
 				p.fail(w, err)
 				return
 			}
@@ -70,6 +75,12 @@ func (p *page) actions(mux *http.ServeMux) {
 }
 
 const readOnly = "the page is read-only: start kafkaonce serve with --allow-actions to redrive, settle, un-park, pause and resume"
+
+// formError is an action's refusal of what its request asked: the asker
+// can fix it (400), where any other error is the page's (500).
+type formError struct{ msg string }
+
+func (e *formError) Error() string { return e.msg }
 
 // checkPost refuses a POST that did not come from a form of this page: it
 // must come from this origin, and carry the process's token both in the
@@ -114,8 +125,9 @@ type confirmData struct {
 	Back   string
 	// Letter is shown when the action is on a dead letter.
 	Letter *deadletter.Letter
-	// Reason asks for the action's reason (a pause's).
-	Reason bool
+	// Reason asks for the action's reason, and Lasting for how long it
+	// lasts (a pause's).
+	Reason, Lasting bool
 }
 
 func (p *page) letterBack(r *http.Request) string { return "/letters/" + r.PathValue("id") }

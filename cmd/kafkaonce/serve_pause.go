@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/kafkaonce/kafkaonce/pauses"
 )
@@ -41,12 +43,12 @@ func (p *page) pauseAction(verb string, ask bool, what func(name string, scope p
 			}
 			name := r.PathValue("name")
 			title := fmt.Sprintf("%s %s of consumer %s?", verb, scope, name)
-			return confirmData{chrome: chrome{Title: title}, Button: fmt.Sprintf("%s %s", verb, scope), Reason: ask, What: what(name, scope)}, true
+			return confirmData{chrome: chrome{Title: title}, Button: fmt.Sprintf("%s %s", verb, scope), Reason: ask, Lasting: ask, What: what(name, scope)}, true
 		},
 		do: func(r *http.Request) (string, error) {
 			scope, err := pauseScopeOf(r)
 			if err != nil {
-				return "", err
+				return "", &formError{err.Error()}
 			}
 			store, err := pauses.NewStore(p.s.schema)
 			if err != nil {
@@ -71,8 +73,30 @@ func (p *page) pause() action {
 			}
 		},
 		func(r *http.Request, store *pauses.Store, name string, scope pauses.Scope) (bool, error) {
-			return store.Pause(r.Context(), p.c.pool, name, scope, "kafkaonce serve, from "+r.RemoteAddr, r.PostForm.Get("reason"))
+			by, reason := "kafkaonce serve, from "+r.RemoteAddr, r.PostForm.Get("reason")
+			lasting, err := pauseLasting(r.PostForm.Get("for"))
+			switch {
+			case err != nil:
+				return false, err
+			case lasting > 0:
+				return store.PauseFor(r.Context(), p.c.pool, name, scope, lasting, by, reason)
+			}
+			return store.Pause(r.Context(), p.c.pool, name, scope, by, reason)
 		}, "paused")
+}
+
+// pauseLasting reads the form's "for": how long a pause lasts, 0 for
+// until resumed.
+func pauseLasting(text string) (time.Duration, error) {
+	text = strings.TrimSpace(text)
+	if text == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(text)
+	if err != nil || d < time.Second {
+		return 0, &formError{fmt.Sprintf("for %q is not how long a pause lasts: give a duration of at least 1s, such as 30m or 2h, or nothing for a pause until resumed", text)}
+	}
+	return d, nil
 }
 
 func (p *page) resume() action {

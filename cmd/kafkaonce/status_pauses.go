@@ -21,10 +21,13 @@ type pauseView struct {
 	By        string    `json:"paused_by"`
 	Reason    string    `json:"reason"`
 	Since     time.Time `json:"since"`
+	// Until is when the pause ends by itself; zero while it holds until
+	// resumed.
+	Until time.Time `json:"until,omitzero"`
 }
 
 func viewOfPause(p pauses.Pause) pauseView {
-	v := pauseView{Scope: p.Scope.String(), Topic: p.Scope.Topic(), Partition: -1, By: p.By, Reason: p.Reason, Since: p.At}
+	v := pauseView{Scope: p.Scope.String(), Topic: p.Scope.Topic(), Partition: -1, By: p.By, Reason: p.Reason, Since: p.At, Until: p.Until}
 	if n, ok := p.Scope.Partition(); ok {
 		v.Partition = n
 	}
@@ -59,7 +62,7 @@ func addPauses(r *statusReport, list []pauses.Pause) {
 // printPauses shows the consumer's pauses.
 func printPauses(w io.Writer, r statusReport) {
 	for _, p := range r.Pauses {
-		fmt.Fprintf(w, "PAUSED %s since %s by %s", p.Scope, p.Since.UTC().Format(time.RFC3339), orDash(p.By))
+		fmt.Fprintf(w, "PAUSED %s since %s %s by %s", p.Scope, p.Since.UTC().Format(time.RFC3339), pauseEnd(p.Until), orDash(p.By))
 		if p.Reason != "" {
 			fmt.Fprintf(w, ": %s", firstLine(p.Reason))
 		}

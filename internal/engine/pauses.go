@@ -70,7 +70,7 @@ func (s *pauseSet) set(read uint64, list []pauses.Pause) {
 }
 
 func samePause(a, b pauses.Pause) bool {
-	return a.Scope == b.Scope && a.At.Equal(b.At) && a.By == b.By && a.Reason == b.Reason
+	return a.Scope == b.Scope && a.At.Equal(b.At) && a.By == b.By && a.Reason == b.Reason && a.Until.Equal(b.Until)
 }
 
 // state says whether a pause covers the partition (and which), whether the
@@ -124,14 +124,20 @@ func (c *Consumer) pollPauses(ctx context.Context) {
 	}
 }
 
-// Pause stores a pause of scope and applies it in this process at once;
-// other processes' members apply it at their next poll.
-func (c *Consumer) Pause(ctx context.Context, scope pauses.Scope, reason string) error {
+// Pause stores a pause of scope, for d (0: until resumed), and applies it
+// in this process at once; other processes' members apply it at their
+// next poll. A pause for a time ends at the first poll after its end.
+func (c *Consumer) Pause(ctx context.Context, scope pauses.Scope, d time.Duration, reason string) error {
 	if err := c.knownTopic(scope); err != nil {
 		return err
 	}
 	err := c.inTx(ctx, func(q querier) error {
-		_, err := c.pauseStore.Pause(ctx, q, c.cfg.Name, scope, pausedBy(), reason)
+		var err error
+		if d == 0 {
+			_, err = c.pauseStore.Pause(ctx, q, c.cfg.Name, scope, pausedBy(), reason)
+		} else {
+			_, err = c.pauseStore.PauseFor(ctx, q, c.cfg.Name, scope, d, pausedBy(), reason)
+		}
 		return err
 	})
 	if err != nil {
@@ -195,9 +201,12 @@ func (w *worker) waitWhilePaused(stop context.Context) (paused bool) {
 			return reported != nil
 		}
 		if paused && (reported == nil || !samePause(*reported, p)) {
-			w.log.Info("partition paused: it fetches nothing until resumed", w.logAttrs(slog.String("scope", p.Scope.String()),
-				slog.String("paused_by", p.By), slog.String("reason", p.Reason), slog.Time("since", p.At))...)
-			w.reportPause(stop, kafkaoncetype.PartitionPaused{Topic: w.topic, Partition: w.partition, Scope: p.Scope.String(), By: p.By, Reason: p.Reason, Since: p.At})
+			attrs := []any{slog.String("scope", p.Scope.String()), slog.String("paused_by", p.By), slog.String("reason", p.Reason), slog.Time("since", p.At)}
+			if !p.Until.IsZero() {
+				attrs = append(attrs, slog.Time("until", p.Until))
+			}
+			w.log.Info("partition paused: it fetches nothing until resumed or the pause ends", w.logAttrs(attrs...)...)
+			w.reportPause(stop, kafkaoncetype.PartitionPaused{Topic: w.topic, Partition: w.partition, Scope: p.Scope.String(), By: p.By, Reason: p.Reason, Since: p.At, Until: p.Until})
 			reported = &p
 			w.progress.paused.Store(true)
 			w.progress.wait(true)

@@ -63,7 +63,7 @@ type replayPlan struct {
 
 func replayCmd(s *settings) *cobra.Command {
 	var consumerName, group, topic, to, idSpec string
-	var yes, force, dryRun bool
+	var act actFlags
 	cmd := &cobra.Command{
 		Use:   "replay",
 		Short: "Rewind a consumer group (to earliest, an offset or a time) so the topic is read again",
@@ -166,15 +166,13 @@ its name; --topic to its topic, when it records exactly one.`,
 			if !s.json {
 				printReplayPlan(s.st.out, plan)
 			}
-			switch {
-			case dryRun:
+			ok, err := s.clearToAct(act, actGate{group: group, members: plan.Members, forced: "Kafka refuses resets of active groups",
+				verb: "rewind", question: "Rewind the group? [y/N] "})
+			if err != nil {
+				return err
+			}
+			if !ok {
 				return s.emitJSONOnly(plan)
-			case plan.Members > 0 && !force:
-				return fmt.Errorf("group %s has %d active member(s): stop the consumers first (or pass --force; Kafka refuses resets of active groups)", group, plan.Members)
-			case !yes && !s.st.terminal():
-				return errors.New("not a terminal: pass --yes to rewind without a confirmation")
-			case !yes && !confirm(s.st, "Rewind the group? [y/N] "):
-				return errors.New("not confirmed; nothing changed")
 			}
 			if err := executeReplay(ctx, pool, positions, admin, plan, targets); err != nil {
 				return err
@@ -192,9 +190,7 @@ its name; --topic to its topic, when it records exactly one.`,
 	f.StringVar(&topic, "topic", "", "the topic to replay (default: the consumer's, when it records one)")
 	f.StringVar(&to, "to", "earliest", "where to rewind to: earliest, an offset, an RFC 3339 time, or a duration ago (24h)")
 	f.StringVar(&idSpec, "id", "", "how ids are derived, to count the claims of the messages past the stored positions: "+consumer.MessageIDRuleForms+" (default: the rule the consumer records, else header:"+consumer.DefaultMessageIDHeader+")")
-	f.BoolVar(&yes, "yes", false, "do not ask for confirmation")
-	f.BoolVar(&force, "force", false, "try even while the group has active members")
-	f.BoolVar(&dryRun, "dry-run", false, "only show what would happen")
+	act.register(cmd, "try even while the group has active members")
 	return cmd
 }
 

@@ -629,6 +629,37 @@ func (w *world) waitForLockWait(table string) {
 	}
 }
 
+// cliResult is what a command run in the background said.
+type cliResult struct {
+	out, errOut string
+	code        int
+}
+
+// cliWhileHoldingPositions runs a command while the test holds the rows of
+// the consumer's stored positions, as a consumer's batch transaction does;
+// once the command waits for them, it moves them (set: an UPDATE's SET
+// clause) and lets go.
+func (w *world) cliWhileHoldingPositions(set string, args ...string) cliResult {
+	w.t.Helper()
+	ctx := context.Background()
+	tx, err := w.db.Pool.Begin(ctx)
+	require.NoError(w.t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, `SELECT next_offset FROM `+w.db.Table("consumer_offsets")+` WHERE consumer = $1 FOR UPDATE`, w.name)
+	require.NoError(w.t, err)
+	done := make(chan cliResult, 1)
+	go func() {
+		var r cliResult
+		r.out, r.errOut, r.code = w.cli(args...)
+		done <- r
+	}()
+	w.waitForLockWait("consumer_offsets")
+	_, err = tx.Exec(ctx, `UPDATE `+w.db.Table("consumer_offsets")+` `+set+` WHERE consumer = $1`, w.name)
+	require.NoError(w.t, err)
+	require.NoError(w.t, tx.Commit(ctx))
+	return <-done
+}
+
 // A consumer that moves the stored position between the replay's plan and
 // its reset keeps its position: the reset is conditional on what the plan
 // read, and the command fails before it touches Kafka. The test holds the
@@ -642,27 +673,8 @@ func TestReplayDoesNotMoveBackAPositionMovedSinceThePlan(t *testing.T) {
 	w.produce(10, "g") // offsets 10..19; the plan reads the position 10
 	committed := w.kafka.CommittedOffsets(t, w.name, w.topic, 1)
 
-	ctx := context.Background()
-	tx, err := w.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, `SELECT next_offset FROM `+w.db.Table("consumer_offsets")+` WHERE consumer = $1 FOR UPDATE`, w.name)
-	require.NoError(t, err)
-	type result struct {
-		out, errOut string
-		code        int
-	}
-	done := make(chan result, 1)
-	go func() {
-		out, errOut, code := w.cli("replay", "--consumer", w.name, "--topic", w.topic, "--to", "15", "--yes", "--force")
-		done <- result{out, errOut, code}
-	}()
-	w.waitForLockWait("consumer_offsets")
-	_, err = tx.Exec(ctx, `UPDATE `+w.db.Table("consumer_offsets")+` SET next_offset = 18 WHERE consumer = $1`, w.name)
-	require.NoError(t, err)
-	require.NoError(t, tx.Commit(ctx))
-
-	r := <-done
+	r := w.cliWhileHoldingPositions(`SET next_offset = 18`,
+		"replay", "--consumer", w.name, "--topic", w.topic, "--to", "15", "--yes", "--force")
 	require.EqualValues(t, 18, w.minPosition(), "the position moved by the consumer is kept")
 	require.Equal(t, 2, r.code, r.out+r.errOut)
 	require.Contains(t, r.errOut, "moved from 10 to 18")

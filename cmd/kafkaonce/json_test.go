@@ -43,6 +43,8 @@ func TestEveryJSONOutputIsSnakeCase(t *testing.T) {
 		{"status", "--consumer", w.name},
 		{"audit", "--consumer", w.name},
 		{"replay", "--consumer", w.name, "--to", "earliest", "--dry-run"},
+		{"positions", "reset", "--consumer", w.name, "--to", "earliest", "--dry-run"},
+		{"positions", "forget", "--consumer", w.name, "--dry-run"},
 		{"dead-letters", "list", "--consumer", w.name},
 		{"dead-letters", "show", letter},
 		{"dead-letters", "redrive", "--consumer", w.name, letter},

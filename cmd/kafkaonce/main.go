@@ -1,7 +1,7 @@
 // Command kafkaonce operates kafkaonce consumers: it applies the schema,
 // shows where each partition stands, audits a range of the log against what
-// was applied, rewinds consumer groups for a replay, lists and redrives dead
-// letters, and prunes old claims.
+// was applied, rewinds consumer groups for a replay, moves or forgets stored
+// positions, lists and redrives dead letters, and prunes old claims.
 //
 //	go run ./cmd/kafkaonce --help
 //

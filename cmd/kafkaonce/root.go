@@ -101,7 +101,7 @@ func newRootSettings(st streams) (*cobra.Command, *settings) {
 	s := &settings{st: st}
 	root := &cobra.Command{
 		Use:   "kafkaonce",
-		Short: "Operate kafkaonce consumers: schema, status, audit, replay, dead letters, pruning",
+		Short: "Operate kafkaonce consumers: schema, status, audit, replay, positions, dead letters, pruning",
 		Long: `kafkaonce operates the Postgres tables and Kafka consumer groups of kafkaonce
 consumers. Settings come from flags or the environment (DATABASE_URL,
 KAFKA_BROKERS, KAFKA_PASSWORD, KAFKA_OAUTH_TOKEN, and AWS_ACCESS_KEY_ID,
@@ -135,7 +135,7 @@ run.`,
 	f.StringVar(&s.saslMech, "kafka-sasl", "", "SASL mechanism: "+strings.Join(saslFlagValues, ", ")+" (password from $KAFKA_PASSWORD, token from $KAFKA_OAUTH_TOKEN, AWS credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; default: as --consumer records, when its brokers are used)")
 	f.StringVar(&s.saslUser, "kafka-user", "", "SASL user name (plain, scram-sha-256, scram-sha-512)")
 	f.BoolVar(&s.json, "json", false, "print JSON instead of text")
-	root.AddCommand(migrateCmd(s), statusCmd(s), auditCmd(s), replayCmd(s), deadLettersCmd(s), pauseCmd(s), resumeCmd(s), pruneCmd(s), keysCmd(s), outboxCmd(s), serveCmd(s), topicRecreatedCmd(s), devCmd(s))
+	root.AddCommand(migrateCmd(s), statusCmd(s), auditCmd(s), replayCmd(s), deadLettersCmd(s), pauseCmd(s), resumeCmd(s), pruneCmd(s), keysCmd(s), outboxCmd(s), serveCmd(s), topicRecreatedCmd(s), positionsCmd(s), devCmd(s))
 	return root, s
 }
 

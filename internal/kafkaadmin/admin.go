@@ -122,11 +122,34 @@ func (a *Admin) OffsetsAt(ctx context.Context, topic string, partitions []int, t
 // Committed returns a group's committed offset per partition of topic (-1
 // where nothing is committed).
 func (a *Admin) Committed(ctx context.Context, group, topic string, partitions []int) (map[int]int64, error) {
+	commits, err := a.Commits(ctx, group, topic, partitions)
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]int64{}
+	for p, c := range commits {
+		out[p] = c.Offset
+	}
+	return out, nil
+}
+
+// Commit is a group's committed offset of a partition, with the metadata
+// it was committed with (a kafkaonce consumer's is a commitmark.Mark).
+type Commit struct {
+	// Offset is -1 where nothing is committed.
+	Offset   int64
+	Metadata string
+}
+
+// Commits returns a group's committed offset per partition of topic, with
+// its metadata: what tells a group offset the consumer committed against
+// this database from one another client (or a reset) committed.
+func (a *Admin) Commits(ctx context.Context, group, topic string, partitions []int) (map[int]Commit, error) {
 	ctx, cancel := kafkaclient.Bounded(ctx)
 	defer cancel()
-	out := map[int]int64{}
+	out := map[int]Commit{}
 	for _, p := range partitions {
-		out[p] = -1
+		out[p] = Commit{Offset: -1}
 	}
 	resp, err := a.adm.FetchOffsets(ctx, group)
 	if errors.Is(err, kerr.GroupIDNotFound) {
@@ -137,7 +160,7 @@ func (a *Admin) Committed(ctx context.Context, group, topic string, partitions [
 	}
 	for _, p := range partitions {
 		if o, ok := resp.Lookup(topic, int32(p)); ok && o.Err == nil && o.At >= 0 {
-			out[p] = o.At
+			out[p] = Commit{Offset: o.At, Metadata: o.Metadata}
 		}
 	}
 	return out, nil

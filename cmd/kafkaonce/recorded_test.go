@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -258,6 +260,8 @@ func TestStatusShowsTheRecordedSettingsAndReadsTheRecordedGroup(t *testing.T) {
 	require.Equal(t, []string{w.topic}, r.Recorded.Topics)
 	require.Equal(t, w.kafka.Brokers, r.Recorded.Brokers)
 	require.WithinDuration(t, time.Now(), r.Recorded.RecordedAt, time.Minute)
+	host, _ := os.Hostname()
+	require.Equal(t, fmt.Sprintf("%s (pid %d)", host, os.Getpid()), r.Recorded.RecordedBy, "the worker that recorded them")
 	require.Len(t, r.Partitions, 2)
 	for _, p := range r.Partitions {
 		require.GreaterOrEqual(t, p.Committed, int64(0), "the committed offsets of the recorded group, not of a group named after the consumer")
@@ -265,7 +269,7 @@ func TestStatusShowsTheRecordedSettingsAndReadsTheRecordedGroup(t *testing.T) {
 
 	out, errOut, code = w.cliBare("status", "--consumer", w.name)
 	require.Equal(t, 0, code, errOut+out)
-	require.Contains(t, out, "recorded settings (at its start ")
+	require.Contains(t, out, fmt.Sprintf("recorded settings (by %s (pid %d), which joined its group ", host, os.Getpid()))
 	require.Contains(t, out, "ids json:event_id, group "+group+", topics "+w.topic+", brokers "+strings.Join(w.kafka.Brokers, ","))
 
 	out, errOut, code = w.cliBare("replay", "--consumer", w.name, "--dry-run", "--json")

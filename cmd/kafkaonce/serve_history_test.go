@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +22,8 @@ func TestServeChartsLagAndCommits(t *testing.T) {
 	_, body := get(t, srv, "/")
 	require.Contains(t, body, "the chart starts after two samples")
 	require.Contains(t, body, "ids: <code>header:message-id</code>")
+	host, _ := os.Hostname()
+	require.Contains(t, body, fmt.Sprintf("recorded by %s (pid %d), which joined its group ", host, os.Getpid()))
 
 	ctx := context.Background()
 	p.sampleAll(ctx)

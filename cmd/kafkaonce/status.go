@@ -135,6 +135,8 @@ type recordedView struct {
 	KafkaTLS      bool      `json:"kafka_tls"`
 	KafkaSASL     string    `json:"kafka_sasl,omitempty"`
 	RecordedAt    time.Time `json:"recorded_at"`
+	// RecordedBy names the worker that recorded them.
+	RecordedBy string `json:"recorded_by,omitempty"`
 }
 
 func viewOf(rec *recorded.Settings) *recordedView {
@@ -142,7 +144,7 @@ func viewOf(rec *recorded.Settings) *recordedView {
 		return nil
 	}
 	return &recordedView{MessageIDRule: rec.MessageIDRule, Group: rec.GroupID, Topics: rec.Topics, Brokers: rec.Brokers,
-		KafkaTLS: rec.KafkaTLS, KafkaSASL: rec.KafkaSASL, RecordedAt: rec.RecordedAt}
+		KafkaTLS: rec.KafkaTLS, KafkaSASL: rec.KafkaSASL, RecordedAt: rec.RecordedAt, RecordedBy: rec.RecordedBy}
 }
 
 func statusCmd(s *settings) *cobra.Command {
@@ -535,6 +537,6 @@ func printRecorded(w io.Writer, r statusReport) {
 	if v.KafkaSASL != "" {
 		kafkaVia += ", SASL " + v.KafkaSASL
 	}
-	fmt.Fprintf(w, "recorded settings (at its start %s): ids %s, group %s, topics %s, brokers %s%s\n",
-		v.RecordedAt.UTC().Format(time.RFC3339), ids, v.Group, strings.Join(v.Topics, ","), strings.Join(v.Brokers, ","), kafkaVia)
+	fmt.Fprintf(w, "recorded settings (by %s, which joined its group %s): ids %s, group %s, topics %s, brokers %s%s\n",
+		orDash(v.RecordedBy), v.RecordedAt.UTC().Format(time.RFC3339), ids, v.Group, strings.Join(v.Topics, ","), strings.Join(v.Brokers, ","), kafkaVia)
 }

@@ -2,7 +2,9 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -39,7 +41,7 @@ func (c *Consumer) recordSettings(ctx context.Context) (stop func()) {
 	// record. Workers' clocks are taken to agree within the time between
 	// two starts of one name.
 	s := recorded.Settings{Consumer: c.cfg.Name, MessageIDRule: c.cfg.MessageIDRule, GroupID: c.cfg.GroupID,
-		Topics: c.cfg.Topics, Brokers: c.cfg.Brokers, RecordedAt: time.Now()}
+		Topics: c.cfg.Topics, Brokers: c.cfg.Brokers, RecordedAt: time.Now(), RecordedBy: recordedBy(c.cfg.InstanceID)}
 	if s.MessageIDRule == "" {
 		s.MessageIDRule = recorded.Custom
 	}
@@ -84,6 +86,17 @@ func (c *Consumer) recordSettings(ctx context.Context) (stop func()) {
 		cancel()
 		<-done
 	}
+}
+
+// recordedBy names this worker for the record: an operator who finds the
+// tools reading settings other than a healthy worker's can find the one
+// that wrote them.
+func recordedBy(instanceID string) string {
+	host, _ := os.Hostname()
+	if instanceID != "" {
+		return fmt.Sprintf("%s (pid %d, instance %s)", host, os.Getpid(), instanceID)
+	}
+	return fmt.Sprintf("%s (pid %d)", host, os.Getpid())
 }
 
 // recordWhenJoined records the settings once the member has joined its

@@ -13,8 +13,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/kafkaonce/kafkaonce/internal/pgtext"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
+
+// maxRecordedBy is the most bytes of RecordedBy kept.
+const maxRecordedBy = 500
 
 // Custom is the message id rule recorded for a consumer whose ids come from
 // a function of its own (a consumer.MessageIDFunc): no tool can derive them.
@@ -34,9 +38,12 @@ type Settings struct {
 	// recorded.
 	KafkaTLS  bool
 	KafkaSASL string
-	// RecordedAt is when the consumer started, which orders records: the
-	// last start's stands.
+	// RecordedAt is when the member that recorded them joined its group,
+	// which orders records: the last one's stands.
 	RecordedAt time.Time
+	// RecordedBy names the worker that recorded them: its host, process
+	// id and static instance id ("" when recorded before migration 025).
+	RecordedBy string
 }
 
 // Store reads and writes the settings in the consumers table of one schema.
@@ -53,17 +60,18 @@ func NewStore(schemaName string) (*Store, error) {
 	return &Store{
 		// A consumer's row exists before (its start numbers its name), but
 		// the upsert makes Record stand on its own.
-		recordSQL: `INSERT INTO ` + t + ` (name, message_id_rule, group_id, topics, brokers, kafka_tls, kafka_sasl, settings_recorded_at)
-VALUES ($1, $2, $3, $4, $5, $6, nullif($7, ''), coalesce($8, now()))
+		recordSQL: `INSERT INTO ` + t + ` (name, message_id_rule, group_id, topics, brokers, kafka_tls, kafka_sasl, settings_recorded_at, settings_recorded_by)
+VALUES ($1, $2, $3, $4, $5, $6, nullif($7, ''), coalesce($8, now()), nullif($9, ''))
 ON CONFLICT (name) DO UPDATE SET message_id_rule = excluded.message_id_rule, group_id = excluded.group_id,
     topics = excluded.topics, brokers = excluded.brokers, kafka_tls = excluded.kafka_tls,
-    kafka_sasl = excluded.kafka_sasl, settings_recorded_at = excluded.settings_recorded_at
+    kafka_sasl = excluded.kafka_sasl, settings_recorded_at = excluded.settings_recorded_at,
+    settings_recorded_by = excluded.settings_recorded_by
 -- The record is the last start's: a write that comes late (a retry after
 -- the row was locked) never replaces the record of a later start.
 WHERE ` + t + `.settings_recorded_at IS NULL OR ` + t + `.settings_recorded_at <= excluded.settings_recorded_at`,
-		loadSQL: `SELECT name, message_id_rule, group_id, topics, brokers, kafka_tls, coalesce(kafka_sasl, ''), settings_recorded_at
+		loadSQL: `SELECT name, message_id_rule, group_id, topics, brokers, kafka_tls, coalesce(kafka_sasl, ''), settings_recorded_at, coalesce(settings_recorded_by, '')
 FROM ` + t + ` WHERE name = $1 AND settings_recorded_at IS NOT NULL`,
-		listSQL: `SELECT name, message_id_rule, group_id, topics, brokers, kafka_tls, coalesce(kafka_sasl, ''), settings_recorded_at
+		listSQL: `SELECT name, message_id_rule, group_id, topics, brokers, kafka_tls, coalesce(kafka_sasl, ''), settings_recorded_at, coalesce(settings_recorded_by, '')
 FROM ` + t + ` WHERE settings_recorded_at IS NOT NULL ORDER BY name`,
 		knownSQL: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE name = $1)`,
 	}, nil
@@ -98,7 +106,7 @@ func (st *Store) args(s Settings) []any {
 	if !s.RecordedAt.IsZero() {
 		at = &s.RecordedAt
 	}
-	return []any{s.Consumer, s.MessageIDRule, s.GroupID, s.Topics, s.Brokers, s.KafkaTLS, s.KafkaSASL, at}
+	return []any{s.Consumer, s.MessageIDRule, s.GroupID, s.Topics, s.Brokers, s.KafkaTLS, s.KafkaSASL, at, pgtext.Cut(s.RecordedBy, maxRecordedBy)}
 }
 
 func (s Settings) check() error {
@@ -148,5 +156,5 @@ func (st *Store) List(ctx context.Context, q schema.Querier) ([]Settings, error)
 
 // fields are the columns loadSQL and listSQL read, in order.
 func (s *Settings) fields() []any {
-	return []any{&s.Consumer, &s.MessageIDRule, &s.GroupID, &s.Topics, &s.Brokers, &s.KafkaTLS, &s.KafkaSASL, &s.RecordedAt}
+	return []any{&s.Consumer, &s.MessageIDRule, &s.GroupID, &s.Topics, &s.Brokers, &s.KafkaTLS, &s.KafkaSASL, &s.RecordedAt, &s.RecordedBy}
 }

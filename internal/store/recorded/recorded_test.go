@@ -37,7 +37,7 @@ func TestRecordThenLoad(t *testing.T) {
 	require.True(t, known)
 
 	first := recorded.Settings{Consumer: "ledger", MessageIDRule: "json:event_id", GroupID: "ledger-v2", Topics: []string{"transfers", "refunds"},
-		Brokers: []string{"kafka-1:9092", "kafka-2:9092"}, KafkaTLS: true, KafkaSASL: "SCRAM-SHA-512"}
+		Brokers: []string{"kafka-1:9092", "kafka-2:9092"}, KafkaTLS: true, KafkaSASL: "SCRAM-SHA-512", RecordedBy: "worker-1 (pid 7, instance ledger-0)"}
 	before := time.Now()
 	require.NoError(t, s.Record(ctx, db.Pool, first))
 	got, ok, err := s.Load(ctx, db.Pool, "ledger")

@@ -73,6 +73,19 @@ type HookPartitionLag interface {
 // PartitionLag describes a partition's lag.
 type PartitionLag = kafkaoncetype.PartitionLag
 
+// HookRetriesWaiting is called while the consumer runs, every 10 seconds
+// or so, with how many of its messages set aside to be retried later
+// (RetryLater, Config.RetryLater) wait for a retry, and when the first is
+// due: a gauge apart from dead letters, which wait for an operator. The
+// count is the consumer's, read from Postgres, so every running member
+// reports the same number: aggregate it with max, not sum.
+type HookRetriesWaiting interface {
+	OnRetriesWaiting(ctx context.Context, w RetriesWaiting)
+}
+
+// RetriesWaiting counts a consumer's messages waiting to be retried.
+type RetriesWaiting = kafkaoncetype.RetriesWaiting
+
 // HookPartitionStopped is called when a partition stops because of a
 // message that cannot be processed (err wraps a *MessageError or another
 // cause; see PartitionError).
@@ -268,6 +281,9 @@ func sortHooks(hs []Hook) (engine.Hooks, error) {
 		}
 		if v, ok := h.(HookPartitionLag); ok {
 			out.Lag = append(out.Lag, v.OnPartitionLag)
+		}
+		if v, ok := h.(HookRetriesWaiting); ok {
+			out.Waiting = append(out.Waiting, v.OnRetriesWaiting)
 		}
 		if v, ok := h.(HookBatchScope); ok {
 			out.BatchScope = append(out.BatchScope, v.ScopeBatch)

@@ -203,14 +203,60 @@ WHERE consumer = $1 AND id = ANY($2) AND redriven_at IS NULL AND settled_at IS N
 	return tag.RowsAffected(), nil
 }
 
-// Count returns how many letters a consumer has, and how many of them are
-// open (neither redriven nor settled).
-func (s *Store) Count(ctx context.Context, q Querier, consumer string) (total, pending int64, err error) {
-	err = q.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE redriven_at IS NULL AND settled_at IS NULL) FROM `+s.table+` WHERE consumer = $1`, consumer).Scan(&total, &pending)
+// Counts are a consumer's letters, told apart by what they wait for.
+type Counts struct {
+	// Letters counts the dead letters (every class but ClassRetryLater),
+	// and Open those of them neither redriven nor settled: what waits for
+	// an operator.
+	Letters, Open int64
+	// Waiting counts the messages set aside to be retried later whose
+	// retries are still to come (see Waiting), and NextRetry is when the
+	// first of them is due (zero without any).
+	Waiting   int64
+	NextRetry time.Time
+	// AppliedOnRetry counts the messages set aside for later that a retry
+	// applied.
+	AppliedOnRetry int64
+}
+
+// Count counts a consumer's letters (see Counts).
+func (s *Store) Count(ctx context.Context, q Querier, consumer string) (Counts, error) {
+	var c Counts
+	var next *time.Time
+	err := q.QueryRow(ctx, `SELECT
+    count(*) FILTER (WHERE error_class <> $2),
+    count(*) FILTER (WHERE error_class <> $2 AND redriven_at IS NULL AND settled_at IS NULL),
+    count(*) FILTER (WHERE `+waitingToRetry+`),
+    min(retry_at) FILTER (WHERE `+waitingToRetry+`),
+    count(*) FILTER (WHERE error_class = $2 AND redriven_at IS NOT NULL)
+FROM `+s.table+` WHERE consumer = $1`, consumer, string(ClassRetryLater)).Scan(&c.Letters, &c.Open, &c.Waiting, &next, &c.AppliedOnRetry)
 	if err != nil {
-		return 0, 0, fmt.Errorf("deadletter: count: %w", err)
+		return Counts{}, fmt.Errorf("deadletter: count: %w", err)
 	}
-	return total, pending, nil
+	if next != nil {
+		c.NextRetry = *next
+	}
+	return c, nil
+}
+
+// waitingToRetry is the condition of a letter whose retries are still to
+// come: the one of the partial index dead_letters_retry_due (migration
+// 021), so that Waiting reads that index alone.
+const waitingToRetry = `retry_at IS NOT NULL AND redriven_at IS NULL AND settled_at IS NULL`
+
+// Waiting counts the consumer's messages set aside to be retried later
+// whose retries are still to come, and says when the first is due (zero
+// without any). A letter whose retries ran out is a dead letter of class
+// ClassRetriesExhausted, and is not counted.
+func (s *Store) Waiting(ctx context.Context, q Querier, consumer string) (n int64, next time.Time, err error) {
+	var at *time.Time
+	if err := q.QueryRow(ctx, `SELECT count(*), min(retry_at) FROM `+s.table+` WHERE consumer = $1 AND `+waitingToRetry, consumer).Scan(&n, &at); err != nil {
+		return 0, time.Time{}, fmt.Errorf("deadletter: count the messages waiting to be retried: %w", err)
+	}
+	if at != nil {
+		next = *at
+	}
+	return n, next, nil
 }
 
 // ClassCount counts a consumer's letters of one class.
@@ -220,12 +266,16 @@ type ClassCount struct {
 	Total    int64
 	// Pending counts the open ones: neither redriven nor settled.
 	Pending int64
+	// Waiting counts the open ones whose retries are still to come (of
+	// ClassRetryLater only).
+	Waiting int64
 }
 
 // CountByClass counts every consumer's letters by class, ordered by
 // consumer and class.
 func (s *Store) CountByClass(ctx context.Context, q Querier) ([]ClassCount, error) {
-	rows, err := q.Query(ctx, `SELECT consumer, error_class, count(*), count(*) FILTER (WHERE redriven_at IS NULL AND settled_at IS NULL)
+	rows, err := q.Query(ctx, `SELECT consumer, error_class, count(*), count(*) FILTER (WHERE redriven_at IS NULL AND settled_at IS NULL),
+    count(*) FILTER (WHERE `+waitingToRetry+`)
 FROM `+s.table+` GROUP BY consumer, error_class ORDER BY consumer, error_class`)
 	if err != nil {
 		return nil, fmt.Errorf("deadletter: count by class: %w", err)

@@ -56,6 +56,14 @@ type PartitionPaused struct {
 	Resumed bool
 }
 
+// RetriesWaiting counts a consumer's messages set aside to be retried
+// later whose retries are still to come.
+type RetriesWaiting struct {
+	Waiting int64
+	// NextDue is when the first of them is retried; zero when none waits.
+	NextDue time.Time
+}
+
 // PartitionLag is how far a partition is from the end of what its
 // consumer will apply.
 type PartitionLag struct {

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/deadletter"
 )
 
 // Metrics: promhooks's, one for one, through the OpenTelemetry API. Where
@@ -25,7 +26,8 @@ type metrics struct {
 	batchSize                                          metric.Int64Histogram
 	txDuration, handlerDuration                        metric.Float64Histogram
 	lag, stopped, held, paused, batchLimit, serialized metric.Int64Gauge
-	lastCommit                                         metric.Float64Gauge
+	lastCommit, nextDue                                metric.Float64Gauge
+	waiting                                            metric.Int64Gauge
 
 	base attribute.KeyValue // kafkaonce.consumer
 	// sets caches the attribute sets recorded per message, by topic: most
@@ -51,7 +53,7 @@ func (m *metrics) init(meter metric.Meter, consumerAttr attribute.KeyValue) erro
 		err = firstErr(err, e)
 		return g
 	}
-	m.consumed = counter("messaging.client.consumed.messages", "{message}", "Messages processed to an end: applied, skipped as duplicates, or set aside in dead_letters (kafkaonce.outcome).")
+	m.consumed = counter("messaging.client.consumed.messages", "{message}", "Messages processed to an end: applied, skipped as duplicates, set aside in dead_letters for an operator, or set aside to be retried later (kafkaonce.outcome).")
 	m.conflicts = counter("kafkaonce.messages.conflicting", "{message}", "Messages whose id was already used for different content.")
 	m.failures = counter("kafkaonce.message.failures", "{failure}", "Failed attempts at messages, by class (error.type).")
 	m.retries = counter("kafkaonce.message.retries", "{failure}", "Failed attempts that will be retried.")
@@ -75,6 +77,9 @@ func (m *metrics) init(meter metric.Meter, consumerAttr attribute.KeyValue) erro
 	m.batchLimit = gauge("kafkaonce.partition.batch_limit", "{message}", "Most messages the partition's next transaction covers: MaxBatch, or less under contention.")
 	m.serialized = gauge("kafkaonce.partition.serialized", "1", "1 while the partition's transactions wait their turn at the consumer's gate because of contention.")
 	m.lastCommit, e = meter.Float64Gauge("kafkaonce.partition.last_commit.timestamp", metric.WithUnit("s"), metric.WithDescription("When a batch of the partition last committed, in seconds since the Unix epoch."))
+	err = firstErr(err, e)
+	m.waiting = gauge("kafkaonce.retries.waiting", "{message}", "Messages set aside to be retried later whose retries are still to come; the consumer's count, the same from every member.")
+	m.nextDue, e = meter.Float64Gauge("kafkaonce.retries.next_due.timestamp", metric.WithUnit("s"), metric.WithDescription("When the first message waiting to be retried is due, in seconds since the Unix epoch; 0 when none waits."))
 	return firstErr(err, e)
 }
 
@@ -132,9 +137,22 @@ func (h *Hooks) OnMessageSkipped(ctx context.Context, m *consumer.Message, reaso
 }
 
 func (h *Hooks) OnMessageDeadLettered(ctx context.Context, m *consumer.Message, l consumer.DeadLettered) {
+	outcome := "dead_lettered"
+	if l.Class == deadletter.ClassRetryLater {
+		outcome = "retry_later"
+	}
 	h.consumed.Add(ctx, 1, h.with(kafka, opNameKey.String("process"), topicKey.String(m.Topic),
-		attrOutcome.String("dead_lettered"), attrClass.String(string(l.Class))))
+		attrOutcome.String(outcome), attrClass.String(string(l.Class))))
 	h.deadEvent(ctx, m, l)
+}
+
+func (h *Hooks) OnRetriesWaiting(ctx context.Context, w consumer.RetriesWaiting) {
+	h.waiting.Record(ctx, w.Waiting, h.with())
+	var due float64
+	if !w.NextDue.IsZero() {
+		due = float64(w.NextDue.UnixNano()) / 1e9
+	}
+	h.nextDue.Record(ctx, due, h.with())
 }
 
 func (h *Hooks) OnFingerprintConflict(ctx context.Context, err *consumer.FingerprintConflictError) {

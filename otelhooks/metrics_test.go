@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -182,6 +183,40 @@ func TestConflictAndSuspectMetrics(t *testing.T) {
 	require.Equal(t, map[string]float64{dest: 1}, c.series["kafkaonce.messages.conflicting"])
 	require.Equal(t, map[string]float64{dest: 1}, c.series["kafkaonce.suspect_duplicates"])
 	require.Equal(t, 1.0, c.series["messaging.client.consumed.messages"]["kafkaonce.dead_letter.class=conflict,kafkaonce.outcome=dead_lettered,"+dest+",messaging.operation.name=process,messaging.system=kafka"])
+}
+
+// A message set aside to be retried later has its own outcome, not
+// dead_lettered, and the gauges of those waiting read the consumer's count.
+func TestRetriesLaterAreNotDeadLetters(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	k := testenv.NewKafka(t)
+	topic := k.Topic(t, 1)
+	k.Produce(t, topic, plain("later", "1"), plain("ok", "2"))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	h, err := otelhooks.New("ledger", otelhooks.WithMeterProvider(mp))
+	require.NoError(t, err)
+	before := time.Now()
+	handle := func(_ context.Context, _ pgx.Tx, m *consumer.Message) error {
+		if m.ID == "later" {
+			return consumer.RetryLater(errors.New("partner down"), time.Hour)
+		}
+		return nil
+	}
+	var c collected
+	run(t, db, k, topic, h, handle, func() bool {
+		c = collect(t, reader)
+		return c.series["kafkaonce.retries.waiting"][""] == 1
+	})
+	dest := "messaging.destination.name=" + topic
+	require.Equal(t, 1.0, c.series["messaging.client.consumed.messages"]["kafkaonce.dead_letter.class=retry_later,kafkaonce.outcome=retry_later,"+dest+",messaging.operation.name=process,messaging.system=kafka"])
+	for series := range c.series["messaging.client.consumed.messages"] {
+		require.NotContains(t, series, "outcome=dead_lettered")
+	}
+	due := time.Unix(0, int64(c.series["kafkaonce.retries.next_due.timestamp"][""]*1e9))
+	require.WithinDuration(t, before.Add(time.Hour), due, time.Minute)
 }
 
 func TestNewRejectsAnEmptyName(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/deadletter"
 )
 
 // Spans. A batch transaction covers messages written under many traces,
@@ -129,6 +130,10 @@ func (h *Hooks) deadEvent(ctx context.Context, m *consumer.Message, l consumer.D
 	attrs := msgAttrs(m, attrClass.String(string(l.Class)), attrAttempt.Int(l.Attempts))
 	if l.Err != nil {
 		attrs = append(attrs, attrError.String(l.Err.Error()))
+	}
+	if l.Class == deadletter.ClassRetryLater {
+		event(ctx, "message set aside to retry later", attrs...)
+		return
 	}
 	event(ctx, "message dead-lettered", attrs...)
 }

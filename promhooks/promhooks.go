@@ -13,7 +13,10 @@
 //	kafkaonce_messages_applied_total{topic}
 //	kafkaonce_messages_skipped_total{topic,reason}
 //	kafkaonce_messages_conflicting_total{topic}
-//	kafkaonce_messages_dead_lettered_total{topic,class}
+//	kafkaonce_messages_dead_lettered_total{topic,class}  set aside for an operator (not to be retried later)
+//	kafkaonce_messages_set_aside_to_retry_total{topic}  set aside to be retried later (consumer.RetryLater)
+//	kafkaonce_retries_waiting                    messages set aside to be retried later whose retries are to come
+//	kafkaonce_retries_next_due_timestamp_seconds when the first of them is retried (0: none waits)
 //	kafkaonce_message_failures_total{topic,class,permanent}
 //	kafkaonce_message_retries_total{topic}
 //	kafkaonce_suspect_duplicates_total{topic}
@@ -44,13 +47,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/deadletter"
 )
 
 // Hooks records a consumer's activity in Prometheus metrics. Pass it in
 // consumer.Config.Hooks.
 type Hooks struct {
 	applied, conflicts, retries, suspects  *prometheus.CounterVec
-	skipped, dead, failures                *prometheus.CounterVec
+	skipped, dead, failures, setAside      *prometheus.CounterVec
+	waiting, nextDue                       prometheus.Gauge
 	batchSize                              prometheus.Observer
 	txDuration                             *prometheus.HistogramVec
 	handlerDuration                        *prometheus.HistogramVec
@@ -77,10 +82,15 @@ func New(reg prometheus.Registerer, consumerName string) (*Hooks, error) {
 		applied:   counter("messages_applied_total", "Messages whose effects committed.", "topic"),
 		skipped:   counter("messages_skipped_total", "Messages skipped as duplicates, by reason.", "topic", "reason"),
 		conflicts: counter("messages_conflicting_total", "Messages whose id was already used for different content.", "topic"),
-		dead:      counter("messages_dead_lettered_total", "Messages set aside in dead_letters, by class.", "topic", "class"),
-		failures:  counter("message_failures_total", "Failed attempts at messages, by class.", "topic", "class", "permanent"),
-		retries:   counter("message_retries_total", "Failed attempts that will be retried.", "topic"),
-		suspects:  counter("suspect_duplicates_total", "Messages whose content was seen shortly before under another id.", "topic"),
+		dead:      counter("messages_dead_lettered_total", "Messages set aside in dead_letters for an operator, by class (not those set aside to be retried later).", "topic", "class"),
+		setAside:  counter("messages_set_aside_to_retry_total", "Messages set aside to be retried later by the consumer (consumer.RetryLater, Config.RetryLater).", "topic"),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kafkaonce", Name: "retries_waiting", ConstLabels: labels,
+			Help: "Messages set aside to be retried later whose retries are still to come; the consumer's count, the same from every member."}),
+		nextDue: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kafkaonce", Name: "retries_next_due_timestamp_seconds", ConstLabels: labels,
+			Help: "When the first message waiting to be retried is due, in seconds since the Unix epoch; 0 when none waits."}),
+		failures: counter("message_failures_total", "Failed attempts at messages, by class.", "topic", "class", "permanent"),
+		retries:  counter("message_retries_total", "Failed attempts that will be retried.", "topic"),
+		suspects: counter("suspect_duplicates_total", "Messages whose content was seen shortly before under another id.", "topic"),
 		txDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "kafkaonce", Name: "transaction_duration_seconds",
 			Help: "Duration of batch transactions.", ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}, []string{"outcome"}),
 		handlerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "kafkaonce", Name: "handler_duration_seconds",
@@ -99,7 +109,7 @@ func New(reg prometheus.Registerer, consumerName string) (*Hooks, error) {
 	commits := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kafkaonce", Name: "offset_commits_total", Help: "Offset commits to Kafka.", ConstLabels: labels})
 	commitErrors := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kafkaonce", Name: "offset_commit_errors_total", Help: "Offset commits to Kafka that failed.", ConstLabels: labels})
 	h.batchSize, h.commits, h.commitErrors = batchSize, commits, commitErrors
-	for _, c := range []prometheus.Collector{h.applied, h.skipped, h.conflicts, h.dead, h.failures, h.retries, h.suspects,
+	for _, c := range []prometheus.Collector{h.applied, h.skipped, h.conflicts, h.dead, h.setAside, h.waiting, h.nextDue, h.failures, h.retries, h.suspects,
 		batchSize, h.txDuration, h.handlerDuration, commits, commitErrors, h.lag, h.lastCommit, h.stopped, h.held, h.paused,
 		h.contention, h.batchLimit, h.serialized} {
 		if err := reg.Register(c); err != nil {
@@ -140,7 +150,20 @@ func (h *Hooks) OnFingerprintConflict(_ context.Context, err *consumer.Fingerpri
 }
 
 func (h *Hooks) OnMessageDeadLettered(_ context.Context, m *consumer.Message, l consumer.DeadLettered) {
+	if l.Class == deadletter.ClassRetryLater {
+		h.setAside.WithLabelValues(m.Topic).Inc()
+		return
+	}
 	h.dead.WithLabelValues(m.Topic, string(l.Class)).Inc()
+}
+
+func (h *Hooks) OnRetriesWaiting(_ context.Context, w consumer.RetriesWaiting) {
+	h.waiting.Set(float64(w.Waiting))
+	if w.NextDue.IsZero() {
+		h.nextDue.Set(0)
+		return
+	}
+	h.nextDue.Set(float64(w.NextDue.UnixNano()) / 1e9)
 }
 
 func (h *Hooks) OnMessageFailed(_ context.Context, m *consumer.Message, f consumer.Failure) {

@@ -71,7 +71,7 @@ func TestMetricsAfterAKnownRun(t *testing.T) {
 # HELP kafkaonce_messages_applied_total Messages whose effects committed.
 # TYPE kafkaonce_messages_applied_total counter
 kafkaonce_messages_applied_total{consumer="ledger",topic="`+topic+`"} 4
-# HELP kafkaonce_messages_dead_lettered_total Messages set aside in dead_letters, by class.
+# HELP kafkaonce_messages_dead_lettered_total Messages set aside in dead_letters for an operator, by class (not those set aside to be retried later).
 # TYPE kafkaonce_messages_dead_lettered_total counter
 kafkaonce_messages_dead_lettered_total{class="permanent",consumer="ledger",topic="`+topic+`"} 1
 # HELP kafkaonce_messages_skipped_total Messages skipped as duplicates, by reason.
@@ -210,6 +210,51 @@ func waitGauge(t *testing.T, reg *prometheus.Registry, name string, want float64
 		require.True(t, time.Now().Before(deadline), what)
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// A message set aside to be retried later is counted apart from dead
+// letters, and the gauge of those waiting reads the consumer's count, with
+// when the first is due.
+func TestRetriesLaterAreNotDeadLetters(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	k := testenv.NewKafka(t)
+	topic := k.Topic(t, 1)
+	m := func(id string) kafka.Message {
+		return kafka.Message{Value: []byte(id), Headers: []kafka.Header{{Key: "message-id", Value: []byte(id)}}}
+	}
+	k.Produce(t, topic, m("later-1"), m("later-2"), m("poison"), m("ok"))
+
+	reg := prometheus.NewPedanticRegistry()
+	hooks, err := promhooks.New(reg, "ledger")
+	require.NoError(t, err)
+	c, err := consumer.New(db.Pool, &consumer.Config{
+		Name: "ledger", GroupID: testenv.Name(t, "g"), Brokers: k.Brokers, Topics: []string{topic}, Schema: db.Schema,
+		SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Handler: consumer.HandlerFunc(func(_ context.Context, _ pgx.Tx, m *consumer.Message) error {
+			switch m.ID {
+			case "later-1", "later-2":
+				return consumer.RetryLater(errors.New("partner down"), time.Hour)
+			case "poison":
+				return consumer.Permanent(errors.New("malformed"))
+			}
+			return nil
+		}),
+		Hooks: []consumer.Hook{hooks},
+	})
+	require.NoError(t, err)
+	before := time.Now()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	waitGauge(t, reg, "kafkaonce_retries_waiting", 2, "the gauge never counted the two messages waiting to be retried")
+	require.Equal(t, 2.0, testutil.ToFloat64(counterWith(t, reg, "kafkaonce_messages_set_aside_to_retry_total")))
+	require.Equal(t, 1.0, testutil.ToFloat64(counterWith(t, reg, "kafkaonce_messages_dead_lettered_total")), "only the poison is a dead letter")
+	due := time.Unix(0, int64(testutil.ToFloat64(counterWith(t, reg, "kafkaonce_retries_next_due_timestamp_seconds"))*1e9))
+	require.WithinDuration(t, before.Add(time.Hour), due, time.Minute)
 }
 
 // kafkaonce_partition_held is 1 while a producer's open transaction holds

@@ -170,6 +170,42 @@ func TestStatusShowsEachPartition(t *testing.T) {
 	require.Contains(t, out, "total lag: 3")
 }
 
+// Messages set aside to be retried later are not dead letters: status and
+// the page count them apart, waiting with the time the next is due.
+func TestStatusTellsRetriesFromDeadLetters(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	w.produce(5, "r")
+	w.consume(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		switch m.ID {
+		case "r0", "r1", "r2":
+			return consumer.RetryLater(errors.New("partner down"), time.Hour)
+		case "r3":
+			return consumer.Permanent(errors.New("malformed"))
+		}
+		return nil
+	}, 5)
+
+	out, errOut, code := w.cli("status", "--consumer", w.name, "--json")
+	require.Equal(t, 0, code, errOut)
+	var r statusReport
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	require.EqualValues(t, 1, r.DeadLetters, "only the permanent failure is a dead letter")
+	require.EqualValues(t, 1, r.Pending)
+	require.EqualValues(t, 3, r.Retries.Waiting)
+	require.WithinDuration(t, time.Now().Add(time.Hour), r.Retries.NextDue, time.Minute)
+
+	out, _, code = w.cli("status", "--consumer", w.name)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "dead letters: 1 (1 open: neither redriven nor settled)")
+	require.Contains(t, out, "set aside to retry later: 3 waiting, next due at "+r.Retries.NextDue.UTC().Format(time.RFC3339)+", 0 applied on a retry")
+
+	srv := w.servePage(w.env(), serveOptions{})
+	_, body := get(t, srv, "/")
+	require.Contains(t, body, "dead letters 1 (1 open); set aside to retry later 3 waiting, next due ")
+	require.Contains(t, body, "<td>retry_later</td><td class=\"n\">3</td><td class=\"n\">3</td><td class=\"n\">3</td>")
+}
+
 // status reads Postgres and Kafka. What Kafka cannot give (a topic it does
 // not have, a cluster that does not answer) is named with why, the rest is
 // shown as Postgres holds it, and the exit code is 1.

@@ -70,18 +70,30 @@ type partitionStatus struct {
 	Paused *pauseView `json:"paused,omitempty"`
 }
 
+// retriesCount is what status says of the messages set aside to be
+// retried later.
+type retriesCount struct {
+	Waiting int64 `json:"waiting"`
+	// NextDue is when the first waiting one is retried.
+	NextDue time.Time `json:"next_due,omitzero"`
+	Applied int64     `json:"applied_on_retry"`
+}
+
 type statusReport struct {
-	Consumer      string            `json:"consumer"`
-	Group         string            `json:"group"`
-	Schema        string            `json:"schema"`
-	SchemaVersion int               `json:"schema_version"`
-	Claims        dedupe.Stats      `json:"claims"`
-	DeadLetters   int64             `json:"dead_letters"`
-	Pending       int64             `json:"dead_letters_pending"`
-	Suspects      int64             `json:"suspect_duplicates"`
-	Keys          keyCounts         `json:"idempotency_keys"`
-	Recent        []dedupe.Suspect  `json:"recent_suspect_duplicates,omitempty"`
-	Partitions    []partitionStatus `json:"partitions"`
+	Consumer      string       `json:"consumer"`
+	Group         string       `json:"group"`
+	Schema        string       `json:"schema"`
+	SchemaVersion int          `json:"schema_version"`
+	Claims        dedupe.Stats `json:"claims"`
+	// DeadLetters and Pending count the dead letters and the open ones;
+	// messages set aside to be retried later are counted in Retries.
+	DeadLetters int64             `json:"dead_letters"`
+	Pending     int64             `json:"dead_letters_pending"`
+	Retries     retriesCount      `json:"retry_later"`
+	Suspects    int64             `json:"suspect_duplicates"`
+	Keys        keyCounts         `json:"idempotency_keys"`
+	Recent      []dedupe.Suspect  `json:"recent_suspect_duplicates,omitempty"`
+	Partitions  []partitionStatus `json:"partitions"`
 	// Pauses are the consumer's pauses (kafkaonce pause).
 	Pauses []pauseView `json:"pauses"`
 	// Recorded are the settings the consumer recorded when it last
@@ -214,9 +226,12 @@ func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sc
 	if r.Claims, err = claims.Stats(ctx, pool, consumerName); err != nil {
 		return r, err
 	}
-	if r.DeadLetters, r.Pending, err = letters.Count(ctx, pool, consumerName); err != nil {
+	lc, err := letters.Count(ctx, pool, consumerName)
+	if err != nil {
 		return r, err
 	}
+	r.DeadLetters, r.Pending = lc.Letters, lc.Open
+	r.Retries = retriesCount{Waiting: lc.Waiting, NextDue: lc.NextRetry, Applied: lc.AppliedOnRetry}
 	if r.Suspects, err = claims.CountSuspects(ctx, pool, consumerName); err != nil {
 		return r, err
 	}
@@ -431,6 +446,14 @@ type keyCounts struct {
 	GivenUp int64 `json:"given_up"`
 }
 
+// nextDue says when the first waiting retry is due, if any waits.
+func nextDue(at time.Time) string {
+	if at.IsZero() {
+		return ""
+	}
+	return ", next due at " + at.UTC().Format(time.RFC3339)
+}
+
 func printStatus(w io.Writer, r statusReport) {
 	fmt.Fprintf(w, "consumer %s (group %s), schema %s at version %d\n", r.Consumer, r.Group, r.Schema, r.SchemaVersion)
 	fmt.Fprintf(w, "claims: %d (applied %d, dead-lettered %d, suspect duplicates skipped %d)", r.Claims.Total, r.Claims.Applied, r.Claims.DeadLettered, r.Claims.SuspectDuplicates)
@@ -439,6 +462,7 @@ func printStatus(w io.Writer, r statusReport) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "dead letters: %d (%d open: neither redriven nor settled)\n", r.DeadLetters, r.Pending)
+	fmt.Fprintf(w, "set aside to retry later: %d waiting%s, %d applied on a retry\n", r.Retries.Waiting, nextDue(r.Retries.NextDue), r.Retries.Applied)
 	fmt.Fprintf(w, "suspect duplicates recorded: %d\n", r.Suspects)
 	fmt.Fprintf(w, "idempotency keys (HTTP, whole schema): %d (%d expired, %d phased runs in progress, %d of them stalled, %d given up)\n",
 		r.Keys.Total, r.Keys.Expired, r.Keys.Running, r.Keys.Stalled, r.Keys.GivenUp)

@@ -27,6 +27,7 @@ type Hooks struct {
 	Held       []func(context.Context, kafkaoncetype.PartitionHeld)
 	Paused     []func(context.Context, kafkaoncetype.PartitionPaused)
 	Lag        []func(context.Context, kafkaoncetype.PartitionLag)
+	Waiting    []func(context.Context, kafkaoncetype.RetriesWaiting)
 	// BatchScope and HandlerScope wrap a batch transaction and a handler
 	// call in a context of the hook's (see scopes.go).
 	BatchScope   []func(context.Context, kafkaoncetype.BatchInfo, []*kafkaoncetype.Message) (context.Context, func())
@@ -37,5 +38,5 @@ type Hooks struct {
 func (h *Hooks) Len() int {
 	return len(h.Assigned) + len(h.Stopped) + len(h.Start) + len(h.End) + len(h.Applied) +
 		len(h.Skipped) + len(h.Conflict) + len(h.Committed) + len(h.Failed) + len(h.Dead) +
-		len(h.Suspect) + len(h.Handler) + len(h.Contention) + len(h.Held) + len(h.Paused) + len(h.Lag) + len(h.BatchScope) + len(h.HandlerScope)
+		len(h.Suspect) + len(h.Handler) + len(h.Contention) + len(h.Held) + len(h.Paused) + len(h.Lag) + len(h.Waiting) + len(h.BatchScope) + len(h.HandlerScope)
 }

@@ -7,11 +7,17 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/maintenance"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // redrivePollInterval is how often a running consumer looks for redrives
 // requested by an operator.
 const redrivePollInterval = 2 * time.Second
+
+// retriesWaitingEvery is how often a running consumer counts its messages
+// waiting to be retried for HookRetriesWaiting: a count over the partial
+// index of those letters, cheap, but no need to repeat it every poll.
+const retriesWaitingEvery = 10 * time.Second
 
 // runMaintenance runs the consumer's background chores until ctx is done:
 // redrives requested by operators, and pruning when configured (see
@@ -27,6 +33,7 @@ func (c *Consumer) runMaintenance(ctx context.Context) {
 		prune = t.C
 		c.prune(ctx) // once at start, then every interval
 	}
+	var counted time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -46,9 +53,33 @@ func (c *Consumer) runMaintenance(ctx context.Context) {
 			if res.Applied+res.AlreadyApplied+len(res.Failed) > 0 {
 				c.log.Info("retries of messages set aside for later done", slog.Int("applied", res.Applied), slog.Int("already_applied", res.AlreadyApplied), slog.Int("failed", len(res.Failed)))
 			}
+			if len(c.hooks.Waiting) > 0 && time.Since(counted) >= retriesWaitingEvery {
+				counted = time.Now()
+				c.reportRetriesWaiting(ctx)
+			}
 		case <-prune:
 			c.prune(ctx)
 		}
+	}
+}
+
+// reportRetriesWaiting counts the consumer's messages waiting to be
+// retried for HookRetriesWaiting. A failed count reports nothing: the next
+// one tries again.
+func (c *Consumer) reportRetriesWaiting(ctx context.Context) {
+	var w kafkaoncetype.RetriesWaiting
+	err := c.readOnly(ctx, func(q querier) (err error) {
+		w.Waiting, w.NextDue, err = c.letters.Waiting(ctx, q, c.cfg.Name)
+		return err
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Warn("cannot count the messages waiting to be retried", slog.String("error", err.Error()))
+		}
+		return
+	}
+	for _, h := range c.hooks.Waiting {
+		h(ctx, w)
 	}
 }
 

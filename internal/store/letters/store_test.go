@@ -65,16 +65,81 @@ func TestInsertListAndMark(t *testing.T) {
 	unpublished, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c", Unpublished: true})
 	require.NoError(t, err)
 	require.Len(t, unpublished, 2)
-	total, open, err := s.Count(ctx, db.Pool, "c")
+	counts, err := s.Count(ctx, db.Pool, "c")
 	require.NoError(t, err)
-	require.EqualValues(t, 3, total)
-	require.EqualValues(t, 2, open)
+	require.Equal(t, deadletter.Counts{Letters: 3, Open: 2}, counts)
 
 	got, err := s.Get(ctx, db.Pool, all[0].ID)
 	require.NoError(t, err)
 	require.NotNil(t, got.RedrivenAt)
 	_, err = s.Get(ctx, db.Pool, 999999)
 	require.ErrorIs(t, err, deadletter.ErrNotFound)
+}
+
+// Messages set aside to be retried later are counted apart from dead
+// letters: waiting while their retries are to come, applied once one
+// succeeds; one whose retries ran out is a dead letter.
+func TestCountsTellRetriesFromDeadLetters(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	s, err := letters.NewStore(db.Schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	letter := func(off int64, class deadletter.Class, retryIn time.Duration) deadletter.Letter {
+		l := deadletter.Letter{Offset: off, MessageID: "m" + string(rune('a'+off)), Value: []byte("v"), Class: class, Error: "partner down",
+			Attempts: 1, FirstFailedAt: now, LastFailedAt: now}
+		if retryIn > 0 {
+			at := now.Add(retryIn)
+			l.RetryAt = &at
+		}
+		return l
+	}
+	b := &pgx.Batch{}
+	require.NoError(t, s.QueueInsert(b, "c", "t", 0, []deadletter.Letter{
+		letter(0, deadletter.ClassRetryLater, time.Hour),
+		letter(1, deadletter.ClassRetryLater, time.Minute),
+		letter(2, deadletter.ClassRetryLater, 2*time.Minute),
+		letter(3, deadletter.ClassPermanent, 0),
+	}))
+	require.NoError(t, db.Pool.SendBatch(ctx, b).Close())
+	all, err := s.List(ctx, db.Pool, deadletter.Filter{Consumer: "c"})
+	require.NoError(t, err)
+	require.Len(t, all, 4)
+
+	counts, err := s.Count(ctx, db.Pool, "c")
+	require.NoError(t, err)
+	require.Equal(t, deadletter.Counts{Letters: 1, Open: 1, Waiting: 3, NextRetry: now.Add(time.Minute)}, normalized(counts))
+	n, next, err := s.Waiting(ctx, db.Pool, "c")
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n)
+	require.Equal(t, now.Add(time.Minute), next.UTC())
+
+	// A retry applies the first due; the next one's retries run out.
+	require.NoError(t, s.MarkRedriven(ctx, db.Pool, all[1].ID))
+	recorded, err := s.RetryFailed(ctx, db.Pool, all[2].ID, 0, nil, deadletter.ClassRetriesExhausted, "still down")
+	require.NoError(t, err)
+	require.True(t, recorded)
+	counts, err = s.Count(ctx, db.Pool, "c")
+	require.NoError(t, err)
+	require.Equal(t, deadletter.Counts{Letters: 2, Open: 2, Waiting: 1, NextRetry: now.Add(time.Hour), AppliedOnRetry: 1}, normalized(counts))
+
+	byClass, err := s.CountByClass(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Contains(t, byClass, deadletter.ClassCount{Consumer: "c", Class: deadletter.ClassRetryLater, Total: 2, Pending: 1, Waiting: 1})
+	require.Contains(t, byClass, deadletter.ClassCount{Consumer: "c", Class: deadletter.ClassRetriesExhausted, Total: 1, Pending: 1})
+
+	none, err := s.Count(ctx, db.Pool, "nobody")
+	require.NoError(t, err)
+	require.Equal(t, deadletter.Counts{}, none)
+}
+
+// normalized puts c's time in UTC, for comparison.
+func normalized(c deadletter.Counts) deadletter.Counts {
+	if !c.NextRetry.IsZero() {
+		c.NextRetry = c.NextRetry.UTC()
+	}
+	return c
 }
 
 func TestLongErrorsAreCut(t *testing.T) {

@@ -1,7 +1,8 @@
-// Package consumertest helps test a consumer.Handler against a real
-// Postgres database, without Kafka: build a synthetic message, run the
+// Package consumertest helps test a consumer.Handler or BatchHandler
+// against a real Postgres database: build a synthetic message, run the
 // handler in a transaction that is rolled back when the test ends, and look
-// at its effects inside that transaction.
+// at its effects inside that transaction; or deliver messages to a real
+// consumer through an in-process Kafka broker (HandleBatch, ReplayTwice).
 //
 //	func TestTransferHandler(t *testing.T) {
 //		tx := consumertest.Tx(t, pool)
@@ -14,10 +15,16 @@
 //
 // Handle runs the handler through the consumer's own code for calling
 // handlers (see Handle). It does not claim the message id: deduplication
-// is the consumer's job and is tested in kafkaonce itself. ReplayTwice
-// checks a handler's effects happen once: it runs the handler in an attempt
-// that is rolled back, then through a consumer, then again through a replay
-// of the topic, and compares your tables.
+// is the consumer's job and is tested in kafkaonce itself. HandleBatch
+// runs a BatchHandler (or a Handler) as production does, through a real
+// consumer reading an in-process Kafka broker: the batch is handled in the
+// consumer's guarded transaction after its claims, a failing message is
+// retried or set aside as the consumer's policies say, and the result says
+// what became of each message; a later call in the same test delivers
+// again, and its messages are skipped. ReplayTwice checks a handler's
+// effects happen once: it runs the handler in an attempt that is rolled
+// back, then through a consumer, then again through a replay of the topic,
+// and compares your tables.
 //
 // # What Handle does not check
 //

@@ -59,3 +59,42 @@ func ExampleHandle_permanent() {
 		t.Fatalf("a credit that does not decode would be retried, not set aside: %v", err)
 	}
 }
+
+// A test of a BatchHandler: HandleBatch delivers the messages to a real
+// consumer, which calls the handler with the batch in its own transaction,
+// after the claims. A message that fails is set aside on its own, its
+// neighbours applied; a second delivery of the same messages is skipped.
+func ExampleHandleBatch() {
+	var t *testing.T       // the test's *testing.T
+	var pool *pgxpool.Pool // a pool to a test database
+	credits := consumer.BatchHandlerFunc(func(ctx context.Context, b *consumer.Batch) error {
+		accounts, amounts := make([]string, len(b.Messages)), make([]int64, len(b.Messages))
+		for i, m := range b.Messages {
+			var c struct {
+				Amount int64 `json:"amount"`
+			}
+			if err := json.Unmarshal(m.Value, &c); err != nil {
+				return consumer.Permanent(fmt.Errorf("decode credit: %w", err))
+			}
+			accounts[i], amounts[i] = string(m.Key), c.Amount
+		}
+		b.Queue(`UPDATE app.accounts AS a SET balance = a.balance + d.amount
+FROM (SELECT id, sum(amount) AS amount FROM unnest($1::text[], $2::bigint[]) AS u(id, amount) GROUP BY id) AS d
+WHERE a.id = d.id`, accounts, amounts)
+		return nil
+	})
+	cfg := &consumer.Config{Name: "credits", BatchHandler: credits}
+	msgs := []*consumer.Message{
+		consumertest.NewMessage([]byte(`{"amount":5}`), consumertest.WithID("c-1"), consumertest.WithKey([]byte("alice"))),
+		consumertest.NewMessage([]byte("not json"), consumertest.WithID("c-2"), consumertest.WithKey([]byte("alice"))),
+		consumertest.NewMessage([]byte(`{"amount":7}`), consumertest.WithID("c-3"), consumertest.WithKey([]byte("bob"))),
+	}
+
+	r := consumertest.HandleBatch(t, pool, cfg, msgs)
+	if r.Applied != 2 || r.Outcomes[1].Fate != consumertest.DeadLettered {
+		t.Fatalf("want c-1 and c-3 applied, c-2 set aside: %v", r.Outcomes)
+	}
+	if again := consumertest.HandleBatch(t, pool, cfg, msgs); again.Applied != 0 {
+		t.Fatalf("a second delivery applied messages again: %v", again.Outcomes)
+	}
+}

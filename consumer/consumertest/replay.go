@@ -12,8 +12,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -112,21 +110,7 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*co
 		run.Name = scopedName(run.Name)
 		tb.Cleanup(func() { forgetConsumer(tb, db, run.Schema, run.Name) })
 	}
-	// Every setting about reaching Kafka and where to start is the
-	// in-process broker's, not the program's: a TLS Dialer or StartLatest
-	// from a production Config would read nothing here.
-	run.Brokers, run.Topics = broker.Brokers, []string{topic}
-	run.GroupID = "replay-twice"
-	run.Dialer, run.StartOffset = nil, consumer.StartEarliest
-	if run.DeadLetterTopic != "" {
-		if err := devenv.CreateTopic(ctx, broker.Brokers, run.DeadLetterTopic, 1); err != nil {
-			tb.Fatalf("consumertest: create the dead-letter topic: %v", err)
-		}
-	}
-	run.SessionTimeout, run.HeartbeatInterval = 6*time.Second, 200*time.Millisecond
-	if run.Logger == nil {
-		run.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
+	onBroker(tb, &run, broker.Brokers, topic, "replay-twice")
 
 	first := runUntilSettled(tb, db, run, perPartition, o.Timeout, "first run")
 	result := ReplayResult{Consumer: run.Name, Applied: int(first.applied.Load()), Skipped: int(first.skipped.Load()), DeadLettered: int(first.deadLettered.Load())}
@@ -172,6 +156,26 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*co
 	return result
 }
 
+// onBroker points run at topic on an in-process broker. Every setting
+// about reaching Kafka and where to start is the broker's, not the
+// program's: a TLS Dialer or StartLatest from a production Config would
+// read nothing there. A DeadLetterTopic cfg names is created on it.
+func onBroker(tb testing.TB, run *consumer.Config, brokers []string, topic, group string) {
+	tb.Helper()
+	run.Brokers, run.Topics = brokers, []string{topic}
+	run.GroupID = group
+	run.Dialer, run.StartOffset = nil, consumer.StartEarliest
+	if run.DeadLetterTopic != "" {
+		if err := devenv.CreateTopic(context.Background(), brokers, run.DeadLetterTopic, 1); err != nil {
+			tb.Fatalf("consumertest: create the dead-letter topic: %v", err)
+		}
+	}
+	run.SessionTimeout, run.HeartbeatInterval = 6*time.Second, 200*time.Millisecond
+	if run.Logger == nil {
+		run.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+}
+
 // whySetAside says why the consumer's first dead letters were set aside:
 // their class and error, for a failure text that stands on its own (the
 // schema may be gone by the time anyone reads it).
@@ -215,12 +219,15 @@ type ReplayResult struct {
 	Applied, Skipped, DeadLettered int
 }
 
-// scopedName is name with a suffix unique to this call, cut to fit
+// scopedName is name with a suffix unique to this call.
+func scopedName(name string) string { return scopedNameWith(name, "~replay-") }
+
+// scopedNameWith is name, then tag, then a random suffix, cut to fit
 // consumer.MaxNameLen.
-func scopedName(name string) string {
+func scopedNameWith(name, tag string) string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	suffix := "~replay-" + hex.EncodeToString(b[:])
+	suffix := tag + hex.EncodeToString(b[:])
 	if len(name)+len(suffix) > consumer.MaxNameLen {
 		name = strings.ToValidUTF8(name[:consumer.MaxNameLen-len(suffix)], "")
 	}
@@ -404,143 +411,6 @@ func produce(tb testing.TB, brokers []string, topic string, msgs []*consumer.Mes
 	if err := client.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
 		tb.Fatalf("consumertest: produce: %v", err)
 	}
-}
-
-// settled counts messages the consumer finished with, by how, and keeps
-// what keeps the others from settling.
-type settled struct {
-	applied, skipped, deadLettered atomic.Int64
-
-	mu        sync.Mutex
-	stopped   *consumer.PartitionError
-	lastFail  string
-	failCount int
-	// firstStart holds where each partition's processing started at its
-	// first assignment in this run: the messages below it were processed
-	// before (a kept position), and no hook reports them. Later
-	// assignments start where this run's own commits left off, which the
-	// hooks reported message by message.
-	firstStart map[int]int64
-	// reported holds the offsets of each partition that a hook reported
-	// settled in this run.
-	reported map[int]map[int64]bool
-}
-
-func newSettled() *settled {
-	return &settled{firstStart: map[int]int64{}, reported: map[int]map[int64]bool{}}
-}
-
-func (s *settled) OnPartitionAssigned(_ context.Context, a consumer.PartitionAssignment) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.firstStart[a.Partition]; !ok {
-		s.firstStart[a.Partition] = a.Start
-	}
-}
-
-// report notes that m settled.
-func (s *settled) report(m *consumer.Message) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.reported[m.Partition] == nil {
-		s.reported[m.Partition] = map[int64]bool{}
-	}
-	s.reported[m.Partition][m.Offset] = true
-}
-
-// done reports whether every message of perPartition (offsets 0 to n-1 of
-// each partition) is settled: below where its partition first started in
-// this run, or reported by a hook.
-func (s *settled) done(perPartition map[int]int) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for p, n := range perPartition {
-		start, ok := s.firstStart[p]
-		if !ok {
-			return false
-		}
-		for o := start; o < int64(n); o++ {
-			if !s.reported[p][o] {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-func (s *settled) OnMessageApplied(_ context.Context, m *consumer.Message) {
-	s.applied.Add(1)
-	s.report(m)
-}
-func (s *settled) OnMessageSkipped(_ context.Context, m *consumer.Message, _ consumer.SkipReason) {
-	s.skipped.Add(1)
-	s.report(m)
-}
-func (s *settled) OnMessageDeadLettered(_ context.Context, m *consumer.Message, _ consumer.DeadLettered) {
-	s.deadLettered.Add(1)
-	s.report(m)
-}
-func (s *settled) OnPartitionStopped(_ context.Context, err *consumer.PartitionError) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stopped = err
-}
-func (s *settled) OnMessageFailed(_ context.Context, m *consumer.Message, f consumer.Failure) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.failCount++
-	s.lastFail = fmt.Sprintf("message %q (%s), attempt %d: %v", m.ID, m.Position(), f.Attempt, f.Err)
-}
-
-func (s *settled) total() int64 { return s.applied.Load() + s.skipped.Load() + s.deadLettered.Load() }
-
-// stuck says why the run cannot settle, or "".
-func (s *settled) stuck() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped != nil {
-		return fmt.Sprintf("a partition stopped, so its messages cannot settle: %v", s.stopped)
-	}
-	return ""
-}
-
-func runUntilSettled(tb testing.TB, db consumer.DB, cfg consumer.Config, perPartition map[int]int, timeout time.Duration, what string) *settled {
-	tb.Helper()
-	n := 0
-	for _, c := range perPartition {
-		n += c
-	}
-	count := newSettled()
-	cfg.Hooks = append(append([]consumer.Hook(nil), cfg.Hooks...), count)
-	c, err := consumer.New(db, &cfg)
-	if err != nil {
-		tb.Fatalf("consumertest: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	deadline := time.Now().Add(timeout)
-	for !count.done(perPartition) && count.stuck() == "" && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		tb.Fatalf("consumertest: %s: %v", what, err)
-	}
-	if why := count.stuck(); why != "" {
-		tb.Fatalf("consumertest: %s: %d of %d messages settled: %s", what, count.total(), n, why)
-	}
-	if got := count.total(); !count.done(perPartition) {
-		count.mu.Lock()
-		last, fails := count.lastFail, count.failCount
-		count.mu.Unlock()
-		if fails > 0 {
-			tb.Fatalf("consumertest: %s: %d of %d messages settled within %v; %d failed attempts, the last: %s (a transient error is retried until it succeeds or the attempts run out; mark errors that retrying cannot cure with consumer.Permanent)",
-				what, got, n, timeout, fails, last)
-		}
-		tb.Fatalf("consumertest: %s: %d of %d messages settled within %v, with no failed attempt: raise ReplayOptions.Timeout if the handler is slow", what, got, n, timeout)
-	}
-	return count
 }
 
 // digests returns, per table, its row count and a digest of its rows.

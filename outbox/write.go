@@ -2,12 +2,9 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/fnv"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -62,39 +59,18 @@ func New(schemaName string) (*Outbox, error) {
 // Write adds messages to the outbox in tx and returns their ids. They are
 // delivered once tx commits, and never if it rolls back. When ctx carries
 // a span, each row carries its trace context (see HeaderTraceParent).
+// A message the outbox cannot store (no Destination, text Postgres
+// refuses, an id given twice) is refused before anything is sent, naming
+// the field.
 func (o *Outbox) Write(ctx context.Context, tx Execer, msgs ...Message) ([]string, error) {
-	n := len(msgs)
-	ids, dests, buckets, headers := make([]string, n), make([]string, n), make([]int32, n), make([]string, n)
-	keys, values := make([][]byte, n), make([][]byte, n)
-	for i, m := range msgs {
-		if m.Destination == "" {
-			return nil, errors.New("outbox: Message.Destination must name a topic or a delivery function")
-		}
-		id := m.ID
-		if id == "" {
-			u, err := uuid.NewV7()
-			if err != nil {
-				return nil, fmt.Errorf("outbox: new id: %w", err)
-			}
-			id = u.String()
-		}
-		h := withTraceContext(ctx, m.Headers)
-		if h == nil {
-			h = []Header{}
-		}
-		raw, err := json.Marshal(h)
-		if err != nil {
-			return nil, fmt.Errorf("outbox: encode headers: %w", err)
-		}
-		ids[i], dests[i], buckets[i], headers[i] = id, m.Destination, bucketOf(m.Key), string(raw)
-		keys[i], values[i] = m.Key, m.Value
-	}
-	_, err := tx.Exec(ctx, `INSERT INTO `+o.table+` (id, destination, message_key, key_bucket, message_value, headers)
-SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int[], $5::bytea[], $6::jsonb[])`, ids, dests, keys, buckets, values, headers)
+	r, err := prepare(ctx, msgs)
 	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, o.insert(), r.args()...); err != nil {
 		return nil, fmt.Errorf("outbox: write: %w", err)
 	}
-	return ids, nil
+	return r.ids, nil
 }
 
 // bucketOf hashes a key to its bucket. No key, nil or empty, is one key to

@@ -124,6 +124,10 @@ func NewBatch(tx pgx.Tx, msgs []*Message, queue func(sql string, args ...any)) *
 // for anything it must read. A queued statement that fails fails the
 // batch, as an error returned by HandleBatch does. Queue may be called from
 // several goroutines of the call; after the call it drops the statement.
+//
+// Outbox rows travel the same way: outbox.Outbox.Queue(ctx, b, msgs...)
+// checks the messages as Write does and queues their INSERT here, so they
+// commit with the batch, or not at all.
 func (b *Batch) Queue(sql string, args ...any) {
 	if b.queue != nil {
 		b.queue(sql, args...)

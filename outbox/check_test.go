@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 	"github.com/kafkaonce/kafkaonce/outbox"
 )
@@ -33,6 +34,12 @@ func TestOutboxRefusesWhatItCannotStore(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			_, werr := box.Write(context.Background(), db.Pool, tc.msgs...)
 			require.ErrorContains(t, werr, tc.want)
+
+			var queued int
+			b := consumer.NewBatch(nil, nil, func(string, ...any) { queued++ })
+			_, qerr := box.Queue(context.Background(), b, tc.msgs...)
+			require.EqualError(t, qerr, werr.Error(), "Queue refuses it in the same words")
+			require.Zero(t, queued, "nothing queued")
 		})
 	}
 	require.Zero(t, pending(t, db), "nothing written")

@@ -61,7 +61,7 @@ func New(schemaName string) (*Outbox, error) {
 // a span, each row carries its trace context (see HeaderTraceParent).
 // A message the outbox cannot store (no Destination, text Postgres
 // refuses, an id given twice) is refused before anything is sent, naming
-// the field.
+// the field; Queue checks the same.
 func (o *Outbox) Write(ctx context.Context, tx Execer, msgs ...Message) ([]string, error) {
 	r, err := prepare(ctx, msgs)
 	if err != nil {

@@ -4,7 +4,11 @@
 // A kafkaonce handler must not publish to Kafka or call an API directly:
 // the handler may run again (its transaction rolled back and retried), and
 // the call cannot be rolled back. Instead it writes an outbox row with the
-// transaction it was given; the row commits or rolls back with the effect.
+// transaction it was given (Outbox.Write), or, from a BatchHandler that
+// only queues its statements, queues it with them (Outbox.Queue, keeping
+// the batch's one round trip); the row commits or rolls back with the
+// effect. Both refuse, before sending anything, a message the table
+// cannot store, naming the field.
 // A Relay then delivers committed rows:
 //
 //   - to a Kafka topic, with the row's id as the message-id header, so a

@@ -52,12 +52,14 @@ type positionChange struct {
 }
 
 type positionsPlan struct {
-	Action     string           `json:"action"`
-	Consumer   string           `json:"consumer"`
-	Schema     string           `json:"schema"`
-	Group      string           `json:"group"`
-	Topic      string           `json:"topic"`
-	Members    int              `json:"active_members"`
+	Action   string `json:"action"`
+	Consumer string `json:"consumer"`
+	Schema   string `json:"schema"`
+	Group    string `json:"group"`
+	Topic    string `json:"topic"`
+	Members  int    `json:"active_members"`
+	// Static are the instance ids of the static members among them.
+	Static     []string         `json:"static_members,omitempty"`
 	Partitions []positionChange `json:"partitions"`
 	Executed   bool             `json:"executed"`
 }
@@ -109,7 +111,7 @@ type positionsScene struct {
 	c            *conn
 	store        *offsets.Store
 	group, topic string
-	members      int
+	members      []kafkaadmin.Member
 	parts        []int
 	bounds       map[int]kafkaadmin.Bounds
 	commits      map[int]kafkaadmin.Commit
@@ -177,12 +179,12 @@ func (s *settings) readScene(ctx context.Context, f *positionsFlags) (*positions
 	if err != nil {
 		return fail(err)
 	}
-	sc.members = len(g.Members)
+	sc.members = g.Members
 	return sc, nil
 }
 
 func (sc *positionsScene) plan(s *settings, action, consumerName string) positionsPlan {
-	return positionsPlan{Action: action, Consumer: consumerName, Schema: s.schema, Group: sc.group, Topic: sc.topic, Members: sc.members}
+	return positionsPlan{Action: action, Consumer: consumerName, Schema: s.schema, Group: sc.group, Topic: sc.topic, Members: len(sc.members), Static: instanceIDs(sc.members)}
 }
 
 // change fills in a partition's row, from what the scene read, for a
@@ -207,21 +209,25 @@ func (sc *positionsScene) change(p int, target int64) positionChange {
 
 // carryOut shows the plan, refuses a skip not allowed, runs the checks
 // replay runs, and then execute; after says what follows the change.
-func (s *settings) carryOut(f *positionsFlags, plan positionsPlan, execute func() error, after string) error {
+func (s *settings) carryOut(ctx context.Context, f *positionsFlags, sc *positionsScene, plan positionsPlan, execute func() error, after string) error {
 	if !s.json {
 		printPositionsPlan(s.st.out, plan)
 	}
 	if _, skipped := plan.totals(); skipped > 0 && !f.allowSkip && !f.act.dryRun {
 		return fmt.Errorf("the %s passes over %d offsets never processed (the plan's SKIPPED column): pass --allow-skip to skip them for good, or choose another --to", plan.Action, skipped)
 	}
-	ok, err := s.clearToAct(f.act, actGate{group: plan.Group, members: plan.Members,
+	gate := actGate{group: plan.Group, members: sc.members,
 		forced: "a member processing a partition goes on from where it is and overwrites the change; a paused partition reads it at its resume",
-		verb:   plan.Action + " the positions", question: strings.ToUpper(plan.Action[:1]) + plan.Action[1:] + " the stored positions? [y/N] "})
+		verb:   plan.Action + " the positions", question: strings.ToUpper(plan.Action[:1]) + plan.Action[1:] + " the stored positions? [y/N] "}
+	ok, err := s.clearToAct(f.act, gate)
 	if err != nil {
 		return err
 	}
 	if !ok {
 		return s.emitJSONOnly(plan)
+	}
+	if err := s.removeStatic(ctx, sc.c.admin, f.act, gate); err != nil {
+		return err
 	}
 	if err := execute(); err != nil {
 		return err
@@ -301,7 +307,7 @@ when a consumer moved one meanwhile, nothing changes.
 					fmt.Fprintln(w, "every position is at its target already; nothing changed")
 				})
 			}
-			return s.carryOut(&f, plan, func() error { return executeReset(ctx, sc, plan) },
+			return s.carryOut(ctx, &f, sc, plan, func() error { return executeReset(ctx, sc, plan) },
 				"a member starting a partition goes on from its new position")
 		},
 	}
@@ -422,7 +428,7 @@ nothing changes.`,
 				pc.From = from
 				plan.Partitions = append(plan.Partitions, pc)
 			}
-			return s.carryOut(&f, plan, func() error { return executeForget(ctx, sc, plan) },
+			return s.carryOut(ctx, &f, sc, plan, func() error { return executeForget(ctx, sc, plan) },
 				"a member starting a partition starts where the plan says")
 		},
 	}
@@ -482,7 +488,7 @@ var startsFromText = map[string]string{
 }
 
 func printPositionsPlan(w io.Writer, p positionsPlan) {
-	fmt.Fprintf(w, "positions %s on %s for consumer %s (schema %s, group %s, %d active members)\n\n", p.Action, p.Topic, p.Consumer, p.Schema, p.Group, p.Members)
+	fmt.Fprintf(w, "positions %s on %s for consumer %s (schema %s, group %s, %d active members%s)\n\n", p.Action, p.Topic, p.Consumer, p.Schema, p.Group, p.Members, staticNote(p.Static))
 	header := "PARTITION\tLOG START\tLOG END\tCOMMITTED\tSTORED\tNEW POSITION\tREAD AGAIN\tSKIPPED"
 	if p.Action == "forget" {
 		header = "PARTITION\tLOG START\tLOG END\tCOMMITTED\tSTORED\tNEXT START\tFROM\tREAD AGAIN\tSKIPPED"

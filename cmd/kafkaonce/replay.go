@@ -47,11 +47,13 @@ type replayPartition struct {
 }
 
 type replayPlan struct {
-	Consumer   string            `json:"consumer"`
-	Schema     string            `json:"schema"`
-	Group      string            `json:"group"`
-	Topic      string            `json:"topic"`
-	Members    int               `json:"active_members"`
+	Consumer string `json:"consumer"`
+	Schema   string `json:"schema"`
+	Group    string `json:"group"`
+	Topic    string `json:"topic"`
+	Members  int    `json:"active_members"`
+	// Static are the instance ids of the static members among them.
+	Static     []string          `json:"static_members,omitempty"`
 	Partitions []replayPartition `json:"partitions"`
 	Executed   bool              `json:"executed"`
 	// ClaimsCountedBy is the id rule the claims were looked up by, and
@@ -135,7 +137,7 @@ its name; --topic to its topic, when it records exactly one.`,
 				return err
 			}
 			positions, _ := offsets.NewStore(s.schema)
-			plan := replayPlan{Consumer: consumerName, Schema: s.schema, Group: group, Topic: topic, Members: len(g.Members)}
+			plan := replayPlan{Consumer: consumerName, Schema: s.schema, Group: group, Topic: topic, Members: len(g.Members), Static: instanceIDs(g.Members)}
 			for _, p := range parts {
 				stored, ok, err := positions.Load(ctx, pool, consumerName, topic, p)
 				if err != nil {
@@ -166,13 +168,17 @@ its name; --topic to its topic, when it records exactly one.`,
 			if !s.json {
 				printReplayPlan(s.st.out, plan)
 			}
-			ok, err := s.clearToAct(act, actGate{group: group, members: plan.Members, forced: "Kafka refuses resets of active groups",
-				verb: "rewind", question: "Rewind the group? [y/N] "})
+			gate := actGate{group: group, members: g.Members, forced: "Kafka refuses resets of active groups",
+				verb: "rewind", question: "Rewind the group? [y/N] "}
+			ok, err := s.clearToAct(act, gate)
 			if err != nil {
 				return err
 			}
 			if !ok {
 				return s.emitJSONOnly(plan)
+			}
+			if err := s.removeStatic(ctx, admin, act, gate); err != nil {
+				return err
 			}
 			if err := executeReplay(ctx, pool, positions, admin, plan, targets); err != nil {
 				return err
@@ -287,7 +293,7 @@ func (s *settings) emitJSONOnly(v any) error {
 }
 
 func printReplayPlan(w io.Writer, p replayPlan) {
-	fmt.Fprintf(w, "replay of %s for consumer %s (schema %s, group %s, %d active members)\n\n", p.Topic, p.Consumer, p.Schema, p.Group, p.Members)
+	fmt.Fprintf(w, "replay of %s for consumer %s (schema %s, group %s, %d active members%s)\n\n", p.Topic, p.Consumer, p.Schema, p.Group, p.Members, staticNote(p.Static))
 	var rows [][]string
 	var skipped, claimed, conflicts, fresh, unchecked, lost int64
 	n := func(v int64) string { return strconv.FormatInt(v, 10) }

@@ -166,34 +166,6 @@ func (a *Admin) Commits(ctx context.Context, group, topic string, partitions []i
 	return out, nil
 }
 
-// Group is a consumer group's state.
-type Group struct {
-	State   string
-	Members []string // member ids
-}
-
-// DescribeGroup returns a group's state and members.
-func (a *Admin) DescribeGroup(ctx context.Context, group string) (Group, error) {
-	ctx, cancel := kafkaclient.Bounded(ctx)
-	defer cancel()
-	resp, err := a.adm.DescribeGroups(ctx, group)
-	if err != nil {
-		return Group{}, fmt.Errorf("kafka: describe group %s: %w", group, err)
-	}
-	g, ok := resp[group]
-	if !ok || errors.Is(g.Err, kerr.GroupIDNotFound) {
-		return Group{State: "Dead"}, nil
-	}
-	if g.Err != nil {
-		return Group{}, fmt.Errorf("kafka: describe group %s: %w", group, g.Err)
-	}
-	out := Group{State: g.State}
-	for _, m := range g.Members {
-		out.Members = append(out.Members, m.MemberID)
-	}
-	return out, nil
-}
-
 // CommitOffsets sets a group's offsets from outside the group, as a reset
 // does. Kafka accepts it only while the group has no members. Kafka answers
 // each partition on its own: when it refused some, the error is a

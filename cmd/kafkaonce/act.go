@@ -31,6 +31,22 @@ func (f *actFlags) register(cmd *cobra.Command, force string) {
 		"remove the group's static members (Config.InstanceID) before acting, once their workers are stopped: they stay in the group until their session timeout otherwise")
 }
 
+// planHead is what the plan of a command that acts on a group (replay,
+// positions) says first: whose, where, and the group's members.
+type planHead struct {
+	Consumer string `json:"consumer"`
+	Schema   string `json:"schema"`
+	Group    string `json:"group"`
+	Topic    string `json:"topic"`
+	Members  int    `json:"active_members"`
+	// Static are the instance ids of the static members among them.
+	Static []string `json:"static_members,omitempty"`
+}
+
+func newPlanHead(consumerName, schemaName, group, topic string, members []kafkaadmin.Member) planHead {
+	return planHead{Consumer: consumerName, Schema: schemaName, Group: group, Topic: topic, Members: len(members), Static: instanceIDs(members)}
+}
+
 // actGate is what a command checks once its plan is shown.
 type actGate struct {
 	group string

@@ -52,14 +52,8 @@ type positionChange struct {
 }
 
 type positionsPlan struct {
-	Action   string `json:"action"`
-	Consumer string `json:"consumer"`
-	Schema   string `json:"schema"`
-	Group    string `json:"group"`
-	Topic    string `json:"topic"`
-	Members  int    `json:"active_members"`
-	// Static are the instance ids of the static members among them.
-	Static     []string         `json:"static_members,omitempty"`
+	Action string `json:"action"`
+	planHead
 	Partitions []positionChange `json:"partitions"`
 	Executed   bool             `json:"executed"`
 }
@@ -184,7 +178,7 @@ func (s *settings) readScene(ctx context.Context, f *positionsFlags) (*positions
 }
 
 func (sc *positionsScene) plan(s *settings, action, consumerName string) positionsPlan {
-	return positionsPlan{Action: action, Consumer: consumerName, Schema: s.schema, Group: sc.group, Topic: sc.topic, Members: len(sc.members), Static: instanceIDs(sc.members)}
+	return positionsPlan{Action: action, planHead: newPlanHead(consumerName, s.schema, sc.group, sc.topic, sc.members)}
 }
 
 // change fills in a partition's row, from what the scene read, for a

@@ -47,13 +47,7 @@ type replayPartition struct {
 }
 
 type replayPlan struct {
-	Consumer string `json:"consumer"`
-	Schema   string `json:"schema"`
-	Group    string `json:"group"`
-	Topic    string `json:"topic"`
-	Members  int    `json:"active_members"`
-	// Static are the instance ids of the static members among them.
-	Static     []string          `json:"static_members,omitempty"`
+	planHead
 	Partitions []replayPartition `json:"partitions"`
 	Executed   bool              `json:"executed"`
 	// ClaimsCountedBy is the id rule the claims were looked up by, and
@@ -137,7 +131,7 @@ its name; --topic to its topic, when it records exactly one.`,
 				return err
 			}
 			positions, _ := offsets.NewStore(s.schema)
-			plan := replayPlan{Consumer: consumerName, Schema: s.schema, Group: group, Topic: topic, Members: len(g.Members), Static: instanceIDs(g.Members)}
+			plan := replayPlan{planHead: newPlanHead(consumerName, s.schema, group, topic, g.Members)}
 			for _, p := range parts {
 				stored, ok, err := positions.Load(ctx, pool, consumerName, topic, p)
 				if err != nil {

@@ -343,22 +343,28 @@ func (a *auditor) partition(ctx context.Context, ap *auditPartition, r *auditRep
 	letters, _ := deadletter.NewStore(a.schema)
 	window := recent.New(100000, a.window)
 	horizon := time.Now().Add(-a.retention)
-	// The range is read as the consumer reads it: committed records only,
-	// every offset accounted for. Offsets without a record (compaction,
-	// transaction markers, records of aborted transactions) are passed;
-	// records deleted by retention before they were read come back as a
-	// DeletedError, and the read goes on from the log's new start.
+	return a.scan(ctx, ap, func(chunk []kafkaclient.Record) error {
+		err := a.classify(ctx, claims, letters, window, horizon, chunk, ap, r)
+		a.progress.add(int64(len(chunk)))
+		return err
+	})
+}
+
+// scan reads ap's range as the consumer reads it, committed records only,
+// every offset accounted for, and hands each chunk of records to fn.
+// Offsets without a record (compaction, transaction markers, records of
+// aborted transactions) are passed; records deleted by retention before
+// they were read come back as a DeletedError, and the read goes on from
+// the log's new start. What could not be read is counted in ap.Unread and
+// said in ap.Incomplete; only a failure of fn, or ctx's end, is returned.
+func (a *auditor) scan(ctx context.Context, ap *auditPartition, fn func([]kafkaclient.Record) error) error {
 	var deleted int64
 	var deletedBelow int64
 	next := ap.From
 	var stopped error
 	for next < ap.To && stopped == nil {
 		var err error
-		next, err = a.read(ctx, ap, next, func(chunk []kafkaclient.Record) error {
-			err := a.classify(ctx, claims, letters, window, horizon, chunk, ap, r)
-			a.progress.add(int64(len(chunk)))
-			return err
-		})
+		next, err = a.read(ctx, ap, next, fn)
 		var gone *kafkaclient.DeletedError
 		var failed *classifyError
 		switch {

@@ -21,9 +21,12 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
@@ -99,6 +102,17 @@ func (w *world) consume(h consumer.HandlerFunc, want int64) {
 			cfg.Handler = h
 		}
 	}, want)
+}
+
+// logEnd is the end of the partition's log.
+func (w *world) logEnd(partition int) int64 {
+	w.t.Helper()
+	admin, err := kafkaadmin.New(kafkaclient.Config{Brokers: w.kafka.Brokers})
+	require.NoError(w.t, err)
+	defer admin.Close()
+	b, err := admin.LogBounds(context.Background(), w.topic, []int{partition})
+	require.NoError(w.t, err)
+	return b[partition].End
 }
 
 func (w *world) minPosition() int64 {
@@ -497,6 +511,47 @@ func TestReplayForwardSkipsForGood(t *testing.T) {
 	w.consume(nil, 20)
 	w.requireEffectsOnce(15) // g0..g4 skipped on purpose
 	require.Zero(t, w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("effects")+` WHERE message_id IN ('g0','g1','g2','g3','g4')`))
+}
+
+// The replay plan counts messages as the consumer is handed them, not
+// offsets: a transactional producer's commit markers and aborted records
+// take offsets that no handler ever sees.
+func TestReplayPlanCountsMessagesNotOffsets(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	tx, err := kgo.NewClient(kgo.SeedBrokers(w.kafka.Brokers...), kgo.TransactionalID(testenv.Name(t, "tx")), kgo.DefaultProduceTopic(w.topic))
+	require.NoError(t, err)
+	defer tx.Close()
+	inTransaction := func(commit bool, ids ...string) {
+		require.NoError(t, tx.BeginTransaction())
+		for _, id := range ids {
+			require.NoError(t, tx.ProduceSync(context.Background(), &kgo.Record{Value: []byte(id), Headers: []kgo.RecordHeader{{Key: "message-id", Value: []byte(id)}}}).FirstErr())
+		}
+		require.NoError(t, tx.EndTransaction(context.Background(), kgo.TransactionEndTry(commit)))
+	}
+	inTransaction(true, "c0", "c1", "c2")        // offsets 0-2, marker 3
+	inTransaction(false, "a0", "a1", "a2", "a3") // offsets 4-7 aborted, marker 8
+	inTransaction(true, "d0", "d1")              // offsets 9-10, marker 11
+	waitUntil(t, time.Minute, "the markers in the log", func() bool { return w.logEnd(0) == 12 })
+	w.consume(nil, 12) // past the last marker
+
+	out, errOut, code := w.cli("replay", "--consumer", w.name, "--to", "earliest", "--dry-run", "--json")
+	require.Equal(t, 0, code, out+errOut)
+	var p replayPlan
+	require.NoError(t, json.Unmarshal([]byte(out), &p))
+	require.Len(t, p.Partitions, 1)
+	rp := p.Partitions[0]
+	require.EqualValues(t, 5, rp.Skipped, "the five committed messages, not the twelve offsets")
+	require.Zero(t, rp.New+rp.SkippedByClaim+rp.Conflicts+rp.Unread, "%+v", rp)
+	text, errOut, code := w.cli("replay", "--consumer", w.name, "--to", "earliest", "--dry-run")
+	require.Equal(t, 0, code, text+errOut)
+	require.Contains(t, text, "5 messages will be read again and skipped without calling the handler: 5 below the stored positions, 0 already claimed (applied, or set aside); 0 are new")
+
+	t.Run("a replay from the stored positions reads nothing again", func(t *testing.T) {
+		out, errOut, code := w.cli("replay", "--consumer", w.name, "--to", "12", "--dry-run")
+		require.Equal(t, 0, code, out+errOut)
+		require.Contains(t, out, "0 messages will be read again and skipped without calling the handler: 0 below the stored positions, 0 already claimed (applied, or set aside); 0 are new")
+	})
 }
 
 // The replay plan counts claims, as the audit does: a message past the

@@ -17,6 +17,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/cleanup"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
@@ -25,8 +26,10 @@ type replayPartition struct {
 	Committed int64 `json:"kafka_committed"`
 	Target    int64 `json:"target"`
 	Stored    int64 `json:"stored_position"`
-	// Skipped counts the messages the replay reads again that are below the stored
-	// position, so the consumer skips them without calling the handler.
+	// Skipped counts the messages the replay reads again that are below the
+	// stored position, so the consumer skips them without calling the
+	// handler. Every count is of messages, as the consumer is handed them:
+	// transaction markers and records of aborted transactions are not.
 	Skipped int64 `json:"skipped_by_position"`
 	// SkippedByClaim counts the messages past the stored position whose
 	// ids are claimed already, for the same content (applied, here or at
@@ -38,11 +41,12 @@ type replayPartition struct {
 	// New counts the messages past the stored position that are not
 	// claimed: processed for the first time.
 	New int64 `json:"new"`
-	// Unchecked counts the offsets of New whose claims could not be looked
-	// up: the log could not be read there (Unread of the audit).
-	Unchecked int64 `json:"claims_unchecked,omitempty"`
-	// Skipped: messages between the stored position and a target ahead of
-	// it, never processed: the stored position moves to the target too.
+	// Unread counts the offsets the plan could not read (a fetch failed,
+	// retention deleted them first): the counts leave them out.
+	Unread int64 `json:"unread_offsets,omitempty"`
+	// SkippedForGood counts the messages between the stored position and a
+	// target ahead of it, never processed: the stored position moves to
+	// the target too.
 	SkippedForGood int64 `json:"skipped_for_good"`
 }
 
@@ -140,23 +144,16 @@ its name; --topic to its topic, when it records exactly one.`,
 				if !ok {
 					stored = -1
 				}
-				rp := replayPartition{Partition: p, Committed: committed[p], Target: targets[p], Stored: stored}
-				end := bounds[p].End
-				rp.Skipped = max(min(stored, end)-rp.Target, 0)
-				rp.New = max(end-max(rp.Target, stored), 0)
-				if stored >= 0 && rp.Target > stored {
-					rp.SkippedForGood = rp.Target - stored
-				}
-				plan.Partitions = append(plan.Partitions, rp)
+				plan.Partitions = append(plan.Partitions, replayPartition{Partition: p, Committed: committed[p], Target: targets[p], Stored: stored})
+			}
+			a := &auditor{pool: pool, admin: admin, schema: s.schema, consumer: consumerName, topic: topic, id: ids.rule,
+				progress: newProgress(s.st, "counting the messages")}
+			if err := countPlan(ctx, a, &plan, bounds, idErr == nil); err != nil {
+				return err
 			}
 			if idErr != nil {
 				plan.ClaimsNotCounted = idErr.Error()
 			} else {
-				a := &auditor{pool: pool, admin: admin, schema: s.schema, consumer: consumerName, topic: topic, id: ids.rule,
-					progress: newProgress(s.st, "counting claims")}
-				if err := countClaims(ctx, a, &plan, bounds); err != nil {
-					return err
-				}
 				plan.ClaimsCountedBy = describeRule(auditReport{Consumer: consumerName, MessageIDRule: ids.rule.String(), MessageIDRuleFrom: ids.from})
 			}
 			if !s.json {
@@ -194,31 +191,73 @@ its name; --topic to its topic, when it records exactly one.`,
 	return cmd
 }
 
-// countClaims looks up, as the audit does, the claims of the messages each
-// partition of the plan reads past its stored position, and moves those
-// claimed already from New to SkippedByClaim or Conflicts.
-func countClaims(ctx context.Context, a *auditor, plan *replayPlan, bounds map[int]kafkaadmin.Bounds) error {
+// countPlan counts, partition by partition, the messages the replay
+// hands the consumer, by reading the log as the consumer reads it:
+// committed records only, so that transaction markers and the records of
+// aborted transactions, which take offsets and are never handed to a
+// handler, are not counted. Below the stored position they are read again
+// and skipped by position; between a stored position and a target ahead
+// of it they are skipped for good; past both, with claims, the ones
+// claimed already are looked up as the audit does (skipped by claim, or
+// conflicts) and the rest are new. Offsets it cannot read are counted in
+// Unread, and left out of the counts.
+func countPlan(ctx context.Context, a *auditor, plan *replayPlan, bounds map[int]kafkaadmin.Bounds, claims bool) error {
 	var total int64
 	for _, rp := range plan.Partitions {
-		total += rp.New
+		total += max(bounds[rp.Partition].End-lowest(rp), 0)
 	}
 	a.progress.start(total)
 	defer a.progress.done()
+	count := func(rp *replayPartition, from, to int64) (int64, error) {
+		ap := auditPartition{Partition: rp.Partition, From: from, To: to, Stored: rp.Stored}
+		if from >= to {
+			return 0, nil
+		}
+		err := a.scan(ctx, &ap, func(chunk []kafkaclient.Record) error {
+			ap.Read += int64(len(chunk))
+			a.progress.add(int64(len(chunk)))
+			return nil
+		})
+		rp.Unread += ap.Unread
+		return ap.Read, err
+	}
 	for i := range plan.Partitions {
 		rp := &plan.Partitions[i]
-		if rp.New == 0 {
+		end := bounds[rp.Partition].End
+		var err error
+		if rp.Stored >= 0 {
+			if rp.Skipped, err = count(rp, rp.Target, min(rp.Stored, end)); err != nil {
+				return fmt.Errorf("count the messages of %s/%d: %w", plan.Topic, rp.Partition, err)
+			}
+			if rp.SkippedForGood, err = count(rp, rp.Stored, min(rp.Target, end)); err != nil {
+				return fmt.Errorf("count the messages of %s/%d: %w", plan.Topic, rp.Partition, err)
+			}
+		}
+		from := max(rp.Target, rp.Stored)
+		if !claims {
+			if rp.New, err = count(rp, from, end); err != nil {
+				return fmt.Errorf("count the messages of %s/%d: %w", plan.Topic, rp.Partition, err)
+			}
 			continue
 		}
-		ap := auditPartition{Partition: rp.Partition, From: max(rp.Target, rp.Stored), To: bounds[rp.Partition].End, Stored: rp.Stored}
+		ap := auditPartition{Partition: rp.Partition, From: from, To: end, Stored: rp.Stored}
 		if err := a.partition(ctx, &ap, &auditReport{}); err != nil {
 			return fmt.Errorf("count the claims of %s/%d: %w", plan.Topic, rp.Partition, err)
 		}
 		rp.SkippedByClaim = ap.Applied + ap.Duplicates + ap.DeadLettered
 		rp.Conflicts = ap.Conflicts
-		rp.New -= rp.SkippedByClaim + rp.Conflicts
-		rp.Unchecked = ap.Unread
+		rp.New = ap.Read - rp.SkippedByClaim - rp.Conflicts
+		rp.Unread += ap.Unread
 	}
 	return nil
+}
+
+// lowest is the first offset the plan reads in rp.
+func lowest(rp replayPartition) int64 {
+	if rp.Stored >= 0 {
+		return min(rp.Target, rp.Stored)
+	}
+	return rp.Target
 }
 
 // executeReplay moves the stored positions the plan moves forward and
@@ -240,7 +279,9 @@ func executeReplay(ctx context.Context, pool *pgxpool.Pool, positions *offsets.S
 	// the consumer would process them anyway (the stored position decides
 	// where a partition starts).
 	for _, rp := range plan.Partitions {
-		if rp.SkippedForGood > 0 {
+		// By offsets, not by the messages counted: a target past offsets
+		// that hold no message moves the stored position too.
+		if rp.Stored >= 0 && rp.Target > rp.Stored {
 			if err := positions.ResetFrom(ctx, tx, plan.Consumer, plan.Topic, rp.Partition, rp.Stored, rp.Target); err != nil {
 				if errors.Is(err, offsets.ErrMoved) {
 					return fmt.Errorf("%w: a consumer is processing it; nothing changed: stop the consumers and run replay again to see the new plan", err)
@@ -289,14 +330,14 @@ func (s *settings) emitJSONOnly(v any) error {
 func printReplayPlan(w io.Writer, p replayPlan) {
 	fmt.Fprintf(w, "replay of %s for consumer %s (schema %s, group %s, %d active members%s)\n\n", p.Topic, p.Consumer, p.Schema, p.Group, p.Members, staticNote(p.Static))
 	var rows [][]string
-	var skipped, claimed, conflicts, fresh, unchecked, lost int64
+	var skipped, claimed, conflicts, fresh, unread, lost int64
 	n := func(v int64) string { return strconv.FormatInt(v, 10) }
 	for _, rp := range p.Partitions {
 		skipped += rp.Skipped
 		claimed += rp.SkippedByClaim
 		conflicts += rp.Conflicts
 		fresh += rp.New
-		unchecked += rp.Unchecked
+		unread += rp.Unread
 		lost += rp.SkippedForGood
 		rows = append(rows, []string{strconv.Itoa(rp.Partition), optional(rp.Committed), n(rp.Target), optional(rp.Stored),
 			n(rp.Skipped), n(rp.SkippedByClaim), n(rp.Conflicts), n(rp.New), n(rp.SkippedForGood)})
@@ -310,8 +351,8 @@ func printReplayPlan(w io.Writer, p replayPlan) {
 	if p.ClaimsNotCounted != "" {
 		fmt.Fprintf(w, "claims not counted, so the new messages may include some already claimed, which the consumer will skip: %s\n", p.ClaimsNotCounted)
 	}
-	if unchecked > 0 {
-		fmt.Fprintf(w, "claims not counted for %d of the new messages: the log could not be read there; some of them may be claimed already, and the consumer will skip those\n", unchecked)
+	if unread > 0 {
+		fmt.Fprintf(w, "%d offsets could not be read (a fetch failed, or retention deleted them first): the counts leave out the messages there\n", unread)
 	}
 	if conflicts > 0 {
 		fmt.Fprintf(w, "WARNING: %d messages have an id claimed for other content: the consumer sets them aside as conflict letters (or stops at them, with StopPartition); kafkaonce audit lists them\n", conflicts)

@@ -41,8 +41,12 @@ type positionChange struct {
 	// Target is the new position (reset), or where the next member starts
 	// (forget; -1 when Config.StartOffset decides, which is not recorded).
 	Target int64 `json:"target"`
-	// From says, for forget, why the next member starts at Target.
-	From string `json:"starts_from,omitempty"`
+	// From says, for forget, why the next member starts at Target; for a
+	// reset of a partition without a stored position, why a member would
+	// start at Start (-1 for a partition with a stored position), which
+	// the counts are from.
+	From  string `json:"starts_from,omitempty"`
+	Start int64  `json:"start_without_position"`
 	// ReadAgain counts the offsets between Target and the stored position
 	// that the consumer reads again; its claims decide what is applied.
 	ReadAgain int64 `json:"read_again"`
@@ -184,7 +188,7 @@ func (sc *positionsScene) plan(s *settings, action, consumerName string) positio
 // change fills in a partition's row, from what the scene read, for a
 // partition moving to target (-1: not known).
 func (sc *positionsScene) change(p int, target int64) positionChange {
-	pc := positionChange{Partition: p, LogStart: -1, LogEnd: -1, Committed: -1, Stored: -1, Target: target}
+	pc := positionChange{Partition: p, LogStart: -1, LogEnd: -1, Committed: -1, Stored: -1, Target: target, Start: -1}
 	if b, ok := sc.bounds[p]; ok {
 		pc.LogStart, pc.LogEnd = b.Start, b.End
 	}
@@ -197,6 +201,26 @@ func (sc *positionsScene) change(p int, target int64) positionChange {
 	if pc.Stored >= 0 && target >= 0 {
 		pc.ReadAgain = max(pc.Stored-target, 0)
 		pc.SkippedForGood = max(target-pc.Stored, 0)
+	}
+	return pc
+}
+
+// changeUnstored is change for a partition without a stored position,
+// which a member would start where the consumer decides at assignment
+// (see nextStart): the counts are from there. Where Config.StartOffset
+// decides, which the tool cannot know, they are from the log's start
+// (StartEarliest, the default), so that a move forward is never taken
+// for one that skips nothing.
+func (sc *positionsScene) changeUnstored(p int, target int64, storeID, consumerName string) positionChange {
+	pc := sc.change(p, target)
+	start, from := nextStart(sc, p, storeID, consumerName)
+	if start < 0 {
+		start = max(pc.LogStart, 0)
+	}
+	pc.Start, pc.From = start, from
+	if target >= 0 {
+		pc.ReadAgain = max(start-target, 0)
+		pc.SkippedForGood = max(target-start, 0)
 	}
 	return pc
 }
@@ -291,9 +315,17 @@ when a consumer moved one meanwhile, nothing changes.
 			if err != nil {
 				return err
 			}
+			storeID, err := schema.StoreID(ctx, sc.c.pool, s.schema)
+			if err != nil {
+				return err
+			}
 			plan := sc.plan(s, "reset", f.consumer)
 			for _, p := range parts {
-				plan.Partitions = append(plan.Partitions, sc.change(p, targets[p]))
+				if _, stored := sc.stored[p]; stored {
+					plan.Partitions = append(plan.Partitions, sc.change(p, targets[p]))
+					continue
+				}
+				plan.Partitions = append(plan.Partitions, sc.changeUnstored(p, targets[p], storeID, f.consumer))
 			}
 			if !slices.ContainsFunc(plan.Partitions, func(pc positionChange) bool { return pc.Stored != pc.Target }) {
 				return s.emit(plan, func(w io.Writer) {
@@ -481,6 +513,15 @@ var startsFromText = map[string]string{
 	fromStartPolicy: "StartOffset",
 }
 
+// startsWithout says why a partition without a stored position starts
+// where it does.
+var startsWithout = map[string]string{
+	fromFirstStart:  "its first start, which the group's offset records",
+	fromLogStart:    "the log's start: the group's offset is this consumer's and records no first start",
+	fromGroupOffset: "the group's offset, committed by another client or reset",
+	fromStartPolicy: "no group offset: Config.StartOffset decides, taken here as StartEarliest, the default",
+}
+
 func printPositionsPlan(w io.Writer, p positionsPlan) {
 	fmt.Fprintf(w, "positions %s on %s for consumer %s (schema %s, group %s, %d active members%s)\n\n", p.Action, p.Topic, p.Consumer, p.Schema, p.Group, p.Members, staticNote(p.Static))
 	header := "PARTITION\tLOG START\tLOG END\tCOMMITTED\tSTORED\tNEW POSITION\tREAD AGAIN\tSKIPPED"
@@ -524,6 +565,11 @@ func printPositionsPlan(w io.Writer, p positionsPlan) {
 		fmt.Fprintf(w, "WARNING: %d offsets between the stored positions and the new ones will never be processed (--allow-skip)\n", skipped)
 	}
 	if p.Action == "reset" {
+		for _, pc := range p.Partitions {
+			if pc.Stored < 0 {
+				fmt.Fprintf(w, "partition %d has no stored position: a member would start at %d (%s), and the plan counts from there\n", pc.Partition, pc.Start, startsWithout[pc.From])
+			}
+		}
 		fmt.Fprintln(w, "the group's offsets in Kafka are left as they are: the stored position decides where a partition starts, and the consumer commits the group's offset from it")
 	}
 }

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 )
 
 // positionsPlanOf runs a positions command with --json and reads its plan.
@@ -38,7 +41,7 @@ func TestPositionsReset(t *testing.T) {
 
 		p := w.positionsPlanOf("positions", "reset", "--consumer", w.name, "--partition", "0", "--to", "4", "--yes")
 		require.True(t, p.Executed)
-		require.Equal(t, []positionChange{{Partition: 0, LogStart: 0, LogEnd: 10, Committed: 10, Stored: 10, Target: 4, ReadAgain: 6}}, p.Partitions)
+		require.Equal(t, []positionChange{{Partition: 0, LogStart: 0, LogEnd: 10, Committed: 10, Stored: 10, Target: 4, Start: -1, ReadAgain: 6}}, p.Partitions)
 		require.EqualValues(t, 4, w.position(0))
 		require.EqualValues(t, 10, w.position(1), "only --partition moves")
 		w.consume(nil, 10)
@@ -95,7 +98,7 @@ func TestPositionsForget(t *testing.T) {
 
 		p := w.positionsPlanOf("positions", "forget", "--consumer", w.name, "--yes")
 		require.True(t, p.Executed)
-		require.Equal(t, []positionChange{{Partition: 0, LogStart: 0, LogEnd: 10, Committed: 10, Stored: 10, Target: 0, From: fromFirstStart, ReadAgain: 10}}, p.Partitions)
+		require.Equal(t, []positionChange{{Partition: 0, LogStart: 0, LogEnd: 10, Committed: 10, Stored: 10, Target: 0, From: fromFirstStart, Start: -1, ReadAgain: 10}}, p.Partitions)
 		require.EqualValues(t, -1, w.position(0))
 		w.consume(nil, 10)
 		w.requireEffectsOnce(10)
@@ -206,4 +209,47 @@ func TestPositionsChangeNothingMovedSinceThePlan(t *testing.T) {
 			require.EqualValues(t, before+1, w.position(0), "the position the consumer moved is kept")
 		})
 	}
+}
+
+// A partition added to the topic after the consumer ran has no stored
+// position: the consumer would process it from its log start. A reset
+// --to latest then passes over every message in it, never processed, so
+// docs/operations.md says the plan counts them (SKIPPED) and the command
+// refuses without --allow-skip. It must not skip them silently.
+func TestPositionsResetOfAPartitionWithoutAPositionCountsWhatItSkips(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 1)
+	w.produce(6, "a")
+	w.consume(nil, 6)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(w.kafka.Client(t)).CreatePartitions(ctx, 1, w.topic)
+	require.NoError(t, err)
+	require.NoError(t, resp.Error())
+	require.Eventually(t, func() bool { n, err := kafkaPartitions(w); return err == nil && n == 2 }, 30*time.Second, 50*time.Millisecond)
+	var msgs []kafka.Message
+	for i := range 4 {
+		id := "n" + strconv.Itoa(i)
+		msgs = append(msgs, kafka.Message{Partition: 1, Key: []byte(id), Value: []byte("v" + id), Headers: []kafka.Header{{Key: "message-id", Value: []byte(id)}}})
+	}
+	w.kafka.Produce(t, w.topic, msgs...)
+	require.EqualValues(t, -1, w.position(1), "the new partition has no stored position yet")
+
+	out, errOut, code := w.cli("positions", "reset", "--consumer", w.name, "--to", "latest", "--yes")
+	require.Equal(t, 2, code, "the reset passes over n0..n3, never processed: it must be refused without --allow-skip: %s", errOut)
+	require.Contains(t, out, "WARNING: 4 offsets between the stored positions and the new ones will never be processed", "the plan must count the skipped offsets")
+	require.Contains(t, out, "partition 1 has no stored position: a member would start at 0 (")
+
+	w.consume(nil, 4)
+	var applied []string
+	rows, err := w.db.Pool.Query(ctx, `SELECT message_id FROM `+w.db.Table("effects")+` WHERE message_id LIKE 'n%' ORDER BY 1`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		applied = append(applied, id)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"n0", "n1", "n2", "n3"}, applied, "the new partition's messages were skipped without --allow-skip")
 }

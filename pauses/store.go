@@ -81,8 +81,13 @@ func (s *Store) pause(ctx context.Context, q Querier, consumer string, scope Sco
 	}
 	topic, partition := scope.row()
 	var paused bool
-	err := q.QueryRow(ctx, `INSERT INTO `+s.table+` AS p (consumer, topic, partition, paused_at, paused_by, reason, until)
-VALUES ($1, $2, $3, now(), $4, $5, now() + $6::bigint * interval '1 microsecond')
+	// The row's paused_at is this statement's own clock reading, v.at: a
+	// row it inserts or replaces has it, one it keeps an earlier one (a
+	// pause made earlier, in this transaction too, whose now() is the same
+	// for every statement). So it alone tells a new pause from one kept.
+	err := q.QueryRow(ctx, `WITH v AS (SELECT clock_timestamp() AS at)
+INSERT INTO `+s.table+` AS p (consumer, topic, partition, paused_at, paused_by, reason, until)
+SELECT $1, $2, $3, v.at, $4, $5, v.at + $6::bigint * interval '1 microsecond' FROM v
 ON CONFLICT (consumer, topic, partition) DO UPDATE SET
     paused_at = CASE WHEN p.until <= now() THEN excluded.paused_at ELSE p.paused_at END,
     paused_by = CASE WHEN p.until <= now() THEN excluded.paused_by ELSE p.paused_by END,
@@ -90,7 +95,7 @@ ON CONFLICT (consumer, topic, partition) DO UPDATE SET
     until     = CASE WHEN p.until <= now() THEN excluded.until
                      WHEN p.until IS NULL OR excluded.until IS NULL THEN NULL
                      ELSE greatest(p.until, excluded.until) END
-RETURNING p.paused_at = now()`, consumer, topic, partition, pgtext.Cut(by, MaxText), pgtext.Cut(reason, MaxText), micros).Scan(&paused)
+RETURNING p.paused_at = (SELECT at FROM v)`, consumer, topic, partition, pgtext.Cut(by, MaxText), pgtext.Cut(reason, MaxText), micros).Scan(&paused)
 	if err != nil {
 		return false, fmt.Errorf("pauses: pause %s of %s: %w", scope, consumer, err)
 	}

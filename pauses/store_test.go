@@ -149,6 +149,27 @@ func TestStore(t *testing.T) {
 		require.True(t, list[0].Until.IsZero())
 	})
 
+	t.Run("a scope paused earlier in the same transaction is paused already", func(t *testing.T) {
+		for _, second := range []func(q pauses.Querier) (bool, error){
+			func(q pauses.Querier) (bool, error) {
+				return s.Pause(ctx, q, "g", pauses.Topic("emails"), "someone else", "again")
+			},
+			func(q pauses.Querier) (bool, error) {
+				return s.PauseFor(ctx, q, "g", pauses.Topic("emails"), time.Hour, "someone else", "again")
+			},
+		} {
+			tx, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			paused, err := s.Pause(ctx, tx, "g", pauses.Topic("emails"), "ops", "first")
+			require.NoError(t, err)
+			require.True(t, paused)
+			paused, err = second(tx)
+			require.NoError(t, err)
+			require.False(t, paused, "the first statement of the transaction paused it")
+			require.NoError(t, tx.Rollback(ctx))
+		}
+	})
+
 	t.Run("a pause for no time is refused, saying what to use", func(t *testing.T) {
 		for _, d := range []time.Duration{0, -time.Minute, time.Nanosecond} {
 			_, err := s.PauseFor(ctx, db.Pool, "f", pauses.All(), d, "", "")

@@ -117,7 +117,7 @@ func (s *Store) Resume(ctx context.Context, q Querier, consumer string, scope Sc
 	err = q.QueryRow(ctx, `WITH lifted AS (
     DELETE FROM `+s.table+` WHERE consumer = $1 AND topic = $2 AND partition = $3 RETURNING until
 )
-SELECT count(*) FROM lifted WHERE until IS NULL OR until > now()`, consumer, topic, partition).Scan(&held)
+SELECT count(*) FROM lifted WHERE `+holds, consumer, topic, partition).Scan(&held)
 	if err != nil {
 		return false, fmt.Errorf("pauses: resume %s of %s: %w", scope, consumer, err)
 	}
@@ -133,7 +133,7 @@ func (s *Store) List(ctx context.Context, q Querier, consumer string) ([]Pause, 
 		return nil, err
 	}
 	rows, err := q.Query(ctx, `SELECT topic, partition, paused_at, paused_by, reason, until FROM `+s.table+`
-WHERE consumer = $1 AND (until IS NULL OR until > now()) ORDER BY topic, partition`, consumer)
+WHERE consumer = $1 AND `+holds+` ORDER BY topic, partition`, consumer)
 	if err != nil {
 		return nil, fmt.Errorf("pauses: list %s: %w", consumer, err)
 	}
@@ -155,6 +155,26 @@ WHERE consumer = $1 AND (until IS NULL OR until > now()) ORDER BY topic, partiti
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("pauses: list %s: %w", consumer, err)
+	}
+	return out, nil
+}
+
+// holds is the condition of a row whose pause holds: one past its end, by
+// the database server's clock, is lifted. Every statement that reads
+// pauses uses it, so that none counts a pause the others call ended.
+const holds = `(until IS NULL OR until > now())`
+
+// Count returns how many pauses hold for each consumer that has any.
+func (s *Store) Count(ctx context.Context, q Querier) (map[string]int, error) {
+	rows, err := q.Query(ctx, `SELECT consumer, count(*) FROM `+s.table+` WHERE `+holds+` GROUP BY consumer`)
+	if err != nil {
+		return nil, fmt.Errorf("pauses: count: %w", err)
+	}
+	out := map[string]int{}
+	var name string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&name, &n}, func() error { out[name] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("pauses: count: %w", err)
 	}
 	return out, nil
 }

@@ -170,6 +170,20 @@ func TestStore(t *testing.T) {
 		}
 	})
 
+	t.Run("Count counts the pauses that hold, by consumer", func(t *testing.T) {
+		_, err := s.Pause(ctx, db.Pool, "h", pauses.Topic("a"), "", "")
+		require.NoError(t, err)
+		_, err = s.PauseFor(ctx, db.Pool, "h", pauses.Topic("b"), time.Hour, "", "")
+		require.NoError(t, err)
+		_, err = s.PauseFor(ctx, db.Pool, "h", pauses.Topic("c"), 50*time.Millisecond, "", "")
+		require.NoError(t, err)
+		waitListed(t, s, db, "h", 2)
+		counts, err := s.Count(ctx, db.Pool)
+		require.NoError(t, err)
+		require.Equal(t, 2, counts["h"], "the pause that ended is not counted")
+		require.NotContains(t, counts, "nobody")
+	})
+
 	t.Run("a pause for no time is refused, saying what to use", func(t *testing.T) {
 		for _, d := range []time.Duration{0, -time.Minute, time.Nanosecond} {
 			_, err := s.PauseFor(ctx, db.Pool, "f", pauses.All(), d, "", "")

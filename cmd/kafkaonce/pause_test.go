@@ -102,11 +102,28 @@ func TestPauseAndResume(t *testing.T) {
 
 		_, errOut, code = w.cli("pause", "--consumer", w.name, "--topic", w.topic, "--partition", "0", "--for", "1s")
 		require.Equal(t, 0, code, errOut)
+		srv := w.servePage(w.env(), serveOptions{})
+		pausesProbed := func() int {
+			resp, body := get(t, srv, "/readyz")
+			require.Equal(t, http.StatusOK, resp.StatusCode, body)
+			var ready struct {
+				Consumers []consumerProbe `json:"consumers"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(body), &ready))
+			for _, c := range ready.Consumers {
+				if c.Name == w.name {
+					return c.Paused
+				}
+			}
+			return -1
+		}
+		require.Equal(t, 1, pausesProbed(), "the readiness probe counts the pause while it holds")
 		waitUntil(t, time.Minute, "the pause to end by itself", func() bool {
 			out, _, code := w.cli("--json", "status", "--consumer", w.name)
 			var r statusReport
 			return code == 0 && json.Unmarshal([]byte(out), &r) == nil && len(r.Pauses) == 0
 		})
+		require.Zero(t, pausesProbed(), "the readiness probe counts a pause that ended")
 		out, errOut, code = w.cli("resume", "--consumer", w.name, "--topic", w.topic, "--partition", "0")
 		require.Equal(t, 0, code, errOut)
 		require.Contains(t, out, "had no pause of its own; nothing changed", "a pause that ended is not resumed")

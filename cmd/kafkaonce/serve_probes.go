@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/pauses"
 )
 
 // probeTimeout bounds the database question of a readiness probe.
@@ -44,11 +45,19 @@ func (p *page) probes(mux *http.ServeMux) {
 }
 
 func (p *page) consumerProbes(ctx context.Context) ([]consumerProbe, error) {
-	runs, pauses := schema.Table(p.s.schema, "partition_runs"), schema.Table(p.s.schema, "pauses")
+	store, err := pauses.NewStore(p.s.schema)
+	if err != nil {
+		return nil, err
+	}
+	// The pauses that hold, as the consumers and status count them.
+	paused, err := store.Count(ctx, p.c.pool)
+	if err != nil {
+		return nil, err
+	}
+	runs := schema.Table(p.s.schema, "partition_runs")
 	rows, err := p.c.pool.Query(ctx, `SELECT name,
   (SELECT count(*) FROM `+runs+` r WHERE r.consumer = c.name AND r.stopped_at IS NOT NULL),
-  (SELECT count(*) FROM `+runs+` r WHERE r.consumer = c.name AND r.held_at IS NOT NULL),
-  (SELECT count(*) FROM `+pauses+` pz WHERE pz.consumer = c.name)
+  (SELECT count(*) FROM `+runs+` r WHERE r.consumer = c.name AND r.held_at IS NOT NULL)
 FROM `+schema.Table(p.s.schema, "consumers")+` c ORDER BY name`)
 	if err != nil {
 		return nil, err
@@ -57,9 +66,10 @@ FROM `+schema.Table(p.s.schema, "consumers")+` c ORDER BY name`)
 	out := []consumerProbe{}
 	for rows.Next() {
 		var c consumerProbe
-		if err := rows.Scan(&c.Name, &c.Stopped, &c.Held, &c.Paused); err != nil {
+		if err := rows.Scan(&c.Name, &c.Stopped, &c.Held); err != nil {
 			return nil, err
 		}
+		c.Paused = paused[c.Name]
 		out = append(out, c)
 	}
 	return out, rows.Err()

@@ -175,7 +175,11 @@ type HookMessageFailed interface {
 type Failure = kafkaoncetype.Failure
 
 // HookMessageDeadLettered is called for every message set aside in the
-// dead_letters table, after the transaction that did it committed.
+// dead_letters table, after the transaction that did it committed: with
+// class ClassRetryLater for one set aside to be retried later, and again,
+// with the class it ends with (ClassRetriesExhausted, or a permanent
+// failure's), when such a message's retries end without applying it and
+// it waits for an operator from then on.
 type HookMessageDeadLettered interface {
 	OnMessageDeadLettered(ctx context.Context, msg *Message, l DeadLettered)
 }

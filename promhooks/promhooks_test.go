@@ -257,6 +257,46 @@ func TestRetriesLaterAreNotDeadLetters(t *testing.T) {
 	require.WithinDuration(t, before.Add(time.Hour), due, time.Minute)
 }
 
+// A message set aside for later whose retries run out is an ordinary dead
+// letter from then on, waiting for an operator: the dead letters' counter
+// counts it then, and the gauge of those waiting no longer does.
+func TestARetryLaterWhoseRetriesRunOutIsADeadLetter(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	k := testenv.NewKafka(t)
+	topic := k.Topic(t, 1)
+	k.Produce(t, topic, kafka.Message{Value: []byte("x"), Headers: []kafka.Header{{Key: "message-id", Value: []byte("flaky")}}})
+
+	reg := prometheus.NewPedanticRegistry()
+	hooks, err := promhooks.New(reg, "ledger")
+	require.NoError(t, err)
+	c, err := consumer.New(db.Pool, &consumer.Config{
+		Name: "ledger", GroupID: testenv.Name(t, "g"), Brokers: k.Brokers, Topics: []string{topic}, Schema: db.Schema,
+		SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		RetryLater: consumer.RetryLaterPolicy{MaxRetries: 1},
+		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error {
+			return consumer.RetryLater(errors.New("partner down"), 10*time.Millisecond)
+		}),
+		Hooks: []consumer.Hook{hooks},
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	deadline := time.Now().Add(45 * time.Second)
+	for db.Int(t, `SELECT count(*) FROM `+db.Table("dead_letters")+` WHERE error_class = 'retries_exhausted'`) == 0 {
+		require.True(t, time.Now().Before(deadline), "the retry never ran out")
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Equal(t, 1.0, testutil.ToFloat64(counterWith(t, reg, "kafkaonce_messages_set_aside_to_retry_total")))
+	waitGauge(t, reg, "kafkaonce_retries_waiting", 0, "the message whose retries ran out stays in the gauge of those waiting")
+	require.Equal(t, 1.0, testutil.ToFloat64(counterWith(t, reg, "kafkaonce_messages_dead_lettered_total")),
+		"the message is a dead letter (retries_exhausted), waiting for an operator")
+}
+
 // kafkaonce_partition_held is 1 while a producer's open transaction holds
 // the partition back, and 0 once it ended.
 func TestHeldMetric(t *testing.T) {

@@ -49,10 +49,15 @@ func (c *Consumer) Redrive(ctx context.Context, f deadletter.Filter) (kafkaoncet
 		case err != nil:
 			res.Failed = append(res.Failed, kafkaoncetype.RedriveError{LetterID: l.ID, Err: err})
 			retry := l.Class == deadletter.ClassRetryLater && l.RetryAt != nil
-			if retry && errors.Is(err, errRetryRecorded) {
+			var rec *retryRecord
+			if retry && errors.As(err, &rec) {
 				// A retry whose handler failed, as expected of some: its
-				// record said when the next is due, or that they ran out.
+				// record, committed, says when the next is due, or that
+				// they ran out.
 				c.log.Debug("retry later failed", slog.Int64("dead_letter", l.ID), slog.String("message_id", l.MessageID), slog.String("error", err.Error()))
+				if rec.recorded {
+					c.reportRetryFailed(ctx, rec.letter, rec.next, rec.final, rec.cause)
+				}
 			} else {
 				c.log.Warn("redrive failed; the letter stays", slog.Int64("dead_letter", l.ID), slog.String("error", err.Error()))
 			}
@@ -121,14 +126,24 @@ func (c *Consumer) retryFailed(ctx context.Context, l *deadletter.Letter, cause 
 		return
 	}
 	if recorded { // else settled, redriven or retried by another member since
-		c.logRetryFailed(l, next, final)
+		c.reportRetryFailed(ctx, l, next, final, cause)
 	}
 }
 
-func (c *deps) logRetryFailed(l *deadletter.Letter, next *time.Time, final deadletter.Class) {
+// reportRetryFailed reports a failed retry whose record committed: the
+// next is due at next, or, with next nil, the message is an ordinary dead
+// letter of class final from now on, waiting for an operator, which the
+// dead-letter hooks report as they report a message set aside by a batch
+// (so that metrics of dead letters count it).
+func (c *deps) reportRetryFailed(ctx context.Context, l *deadletter.Letter, next *time.Time, final deadletter.Class, cause error) {
 	if next == nil {
 		c.log.Warn("a message set aside for later is an ordinary dead letter now: its retries ran out, or it failed for good",
 			slog.Int64("dead_letter", l.ID), slog.String("message_id", l.MessageID), slog.Int("retries", l.Retries+1), slog.String("class", string(final)))
+		m := messageOfLetter(l)
+		m.ID = l.MessageID
+		for _, h := range c.hooks.Dead {
+			h(ctx, m, kafkaoncetype.DeadLettered{Class: final, Err: cause, Attempts: l.Attempts + l.Retries + 1})
+		}
 		return
 	}
 	c.log.Info("retry of a message set aside for later failed; tried again later", slog.Int64("dead_letter", l.ID),
@@ -138,6 +153,20 @@ func (c *deps) logRetryFailed(l *deadletter.Letter, next *time.Time, final deadl
 // errRetryRecorded wraps the handler's error of a retry whose failure was
 // recorded in its own transaction, under the letter's lock.
 var errRetryRecorded = errors.New("retry failed")
+
+// retryRecord is a failed retry recorded in its own transaction: reported
+// (reportRetryFailed) once that transaction committed, if recorded (else
+// another member retried, or an operator settled, the letter since).
+type retryRecord struct {
+	letter   *deadletter.Letter
+	next     *time.Time
+	final    deadletter.Class
+	cause    error
+	recorded bool
+}
+
+func (r *retryRecord) Error() string   { return errRetryRecorded.Error() + ": " + r.cause.Error() }
+func (r *retryRecord) Unwrap() []error { return []error{errRetryRecorded, r.cause} }
 
 // errNotDue ends a retry whose letter, once locked, is not due any more:
 // another member retried it meanwhile.
@@ -277,7 +306,8 @@ func (c *Consumer) redriveOne(ctx context.Context, letterID int64, due bool) (ap
 
 // recordRetryFailed rolls the retry's transaction back to before its claim
 // and its handler, and records the failure there, so that its COMMIT
-// commits the count and the next retry_at. A failure of the database, or a
+// commits the count and the next retry_at; the *retryRecord it returns is
+// reported once the COMMIT succeeded. A failure of the database, or a
 // transaction that cannot be rolled back to the savepoint, is returned as
 // it is: nothing is counted.
 func (c *Consumer) recordRetryFailed(ctx context.Context, tx pgx.Tx, l *deadletter.Letter, cause error) error {
@@ -292,10 +322,7 @@ func (c *Consumer) recordRetryFailed(ctx context.Context, tx pgx.Tx, l *deadlett
 	if err != nil {
 		return errors.Join(cause, err)
 	}
-	if recorded {
-		c.logRetryFailed(l, next, final)
-	}
-	return fmt.Errorf("%w: %w", errRetryRecorded, cause)
+	return &retryRecord{letter: l, next: next, final: final, cause: cause, recorded: recorded}
 }
 
 // afterUserCode has the server check the session a handler left in tx

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -107,6 +108,44 @@ func TestAWaitingKeyHoldsBackOnlyItsOwnRows(t *testing.T) {
 	require.Less(t, rounds, int64(2*time.Second/outbox.DefaultPollInterval), "the relay spins with nothing due")
 	require.EqualValues(t, 1, db.Int(t, `SELECT count(*) FROM `+db.Table("outbox")+` WHERE attempts > 0`), "only the key's head was attempted")
 	require.EqualValues(t, 6, pending(t, db), "the waiting key's rows stay")
+}
+
+// A row with a key or a destination too large for an index entry (a third
+// of a page) fails like any other: it waits for its retry, holding back
+// only its own key's rows, and the relay goes on with the other keys. The
+// index of waiting rows keeps neither, so marking it waiting cannot fail.
+func TestARowWithALargeKeyWaitsLikeAnyOther(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	random := rand.New(rand.NewPCG(1, 2))
+	big := make([]byte, 8000) // random: an index entry cannot compress it
+	for i := range big {
+		big[i] = byte(random.Uint32())
+	}
+	var d strings.Builder
+	for range 4000 {
+		d.WriteByte("abcdefghijklmnopqrstuvwxyz0123456789"[random.IntN(36)])
+	}
+	dest := "api-" + d.String()
+	var mu sync.Mutex
+	delivered := map[string]bool{}
+	deliver := func(_ context.Context, d *outbox.Delivery) error {
+		if bytes.Equal(d.Key, big) {
+			return outbox.RetryAfter(errors.New("HTTP 503"), time.Hour)
+		}
+		mu.Lock()
+		delivered[string(d.Value)] = true
+		mu.Unlock()
+		return nil
+	}
+	write(t, db, outbox.Message{Destination: dest, Key: big, Value: []byte("big")},
+		outbox.Message{Destination: "api", Key: []byte("small"), Value: []byte("small")})
+	startRelay(t, db.Pool, db.Schema, outbox.RelayConfig{Deliver: deliver})
+	waitFor(t, func() bool {
+		return db.Int(t, `SELECT count(*) FROM `+db.Table("outbox")+` WHERE attempts = 1 AND next_attempt_at > now()`) == 1
+	}, "the large key's row to wait for its retry")
+	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return delivered["small"] }, "the other key's row to be delivered")
+	require.EqualValues(t, 1, pending(t, db), "the large key's row waits")
 }
 
 // ownKafka is an in-process broker of the test's own, whose requests the

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -30,6 +31,8 @@ func TestOutboxRefusesWhatItCannotStore(t *testing.T) {
 		"header name not UTF-8":       {[]outbox.Message{{Destination: "email", Headers: []outbox.Header{{Key: "k\xfe", Value: []byte{0xff}}}}}, "Message.Headers: header name \"k\\xfe\""},
 		"one id for two messages":     {[]outbox.Message{ok, ok}, `outbox: messages 1 and 2 both have ID "ok-1"`},
 		"the fix is named, for an id": {[]outbox.Message{{ID: "\xc3", Destination: "email"}}, "hex- or base64-encode bytes"},
+		"an id too long for the index": {[]outbox.Message{{ID: strings.Repeat("ab", outbox.MaxIDBytes/2) + "c", Destination: "email"}},
+			"Message.ID is 1001 bytes, more than the 1000 the outbox's unique index of ids holds: derive a shorter id"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, werr := box.Write(context.Background(), db.Pool, tc.msgs...)
@@ -43,4 +46,7 @@ func TestOutboxRefusesWhatItCannotStore(t *testing.T) {
 		})
 	}
 	require.Zero(t, pending(t, db), "nothing written")
+
+	_, err = box.Write(context.Background(), db.Pool, outbox.Message{ID: strings.Repeat("ab", outbox.MaxIDBytes/2), Destination: "email"})
+	require.NoError(t, err, "an id of MaxIDBytes is stored")
 }

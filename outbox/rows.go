@@ -76,6 +76,12 @@ func prepare(ctx context.Context, msgs []Message) (*rows, error) {
 	return r, nil
 }
 
+// MaxIDBytes is the longest Message.ID the outbox takes. Ids are unique
+// through a btree index, whose entries hold at most a third of a page
+// (about 2.7 kB, after compression, which an id made of a hash does not
+// get); a bound well below that is one the caller can rely on.
+const MaxIDBytes = 1000
+
 // check names the first field of m the outbox cannot store as it is.
 func check(m *Message) error {
 	switch {
@@ -85,6 +91,8 @@ func check(m *Message) error {
 		return fmt.Errorf("Message.Destination %q is not valid UTF-8 or holds a NUL byte, which Postgres text cannot store: name the topic or delivery function in UTF-8", m.Destination)
 	case !pgtext.Storable(m.ID):
 		return fmt.Errorf("Message.ID %q is not valid UTF-8 or holds a NUL byte, which Postgres text cannot store: build the id from text (hex- or base64-encode bytes)", m.ID)
+	case len(m.ID) > MaxIDBytes:
+		return fmt.Errorf("Message.ID is %d bytes, more than the %d the outbox's unique index of ids holds: derive a shorter id (a hash of what caused the message, hex-encoded)", len(m.ID), MaxIDBytes)
 	}
 	for _, h := range m.Headers {
 		if !pgtext.Storable(h.Key) {

@@ -179,7 +179,9 @@ type Config struct {
 
 	// SASL, when set, authenticates every connection to the brokers:
 	// PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER or AWS_MSK_IAM (see
-	// kafkaconn.SASL and docs/security.md). Defaults to none.
+	// kafkaconn.SASL and docs/security.md). PLAIN needs TLS, unless
+	// SASL.AllowPlaintext is set for a development broker on loopback.
+	// Defaults to none.
 	SASL *kafkaconn.SASL
 
 	// Dialer is kafka-go's, for KafkaClient KafkaGo only: when set, it
@@ -472,7 +474,7 @@ func (c *Config) validate() error {
 	if c.Dialer != nil && (c.TLS != nil || c.SASL != nil) {
 		bad("Dialer and TLS or SASL are both set: set the Dialer's own TLS and SASLMechanism, or leave Dialer unset")
 	}
-	if err := c.SASL.Check(); err != nil {
+	if err := c.SASL.CheckOver(c.TLS); err != nil {
 		bad("%v", err)
 	}
 	if c.InstanceID != "" {

@@ -105,6 +105,9 @@ func TestNewRejectsBadConfigNamingTheField(t *testing.T) {
 		{"SASL SCRAM without a password", func(c *consumer.Config) { c.SASL = &kafkaconn.SASL{Mechanism: kafkaconn.ScramSHA512, Username: "u"} }, []string{"SASL SCRAM-SHA-512 needs Username and Password"}},
 		{"SASL OAUTHBEARER without a token", func(c *consumer.Config) { c.SASL = &kafkaconn.SASL{Mechanism: kafkaconn.OAuthBearer} }, []string{"SASL OAUTHBEARER needs Token"}},
 		{"SASL AWS without credentials", func(c *consumer.Config) { c.SASL = &kafkaconn.SASL{Mechanism: kafkaconn.AWSMSKIAM} }, []string{"SASL AWS_MSK_IAM needs AWS", "EnvAWSCredentials"}},
+		{"SASL PLAIN without TLS", func(c *consumer.Config) {
+			c.SASL = &kafkaconn.SASL{Mechanism: kafkaconn.Plain, Username: "u", Password: "p"}
+		}, []string{"SASL PLAIN without TLS would send the password in clear", "set TLS", "SASL.AllowPlaintext"}},
 		{"SASL of an unknown mechanism", func(c *consumer.Config) { c.SASL = &kafkaconn.SASL{Mechanism: "GSSAPI"} }, []string{`SASL.Mechanism "GSSAPI" is not one kafkaonce speaks`}},
 		{"metadata too old", func(c *consumer.Config) { c.MetadataMaxAge = 2 * time.Hour }, []string{"MetadataMaxAge must be between 1s and 1h (got 2h0m0s)"}},
 		{"open transactions reported too soon", func(c *consumer.Config) { c.OpenTransactionAfter = time.Millisecond }, []string{"OpenTransactionAfter must be at least 100ms (got 1ms)"}},

@@ -56,7 +56,9 @@ func TestCanaryPasswordsNeverLeak(t *testing.T) {
 	secured, err := devenv.StartFakeKafka(kfake.EnableSASL(), kfake.Superuser("PLAIN", "ledger", kafkaCanary), kfake.SeedTopics(1, "orders", "orders.dlq"))
 	require.NoError(t, err)
 	t.Cleanup(func() { secured.Close() })
-	auth := &kafkaconn.SASL{Mechanism: kafkaconn.Plain, Username: "ledger", Password: kafkaCanary}
+	// PLAIN to a loopback broker without TLS: the one place it may go in
+	// clear, and the one mechanism whose password is on the wire to leak.
+	auth := &kafkaconn.SASL{Mechanism: kafkaconn.Plain, Username: "ledger", Password: kafkaCanary, AllowPlaintext: true}
 
 	// A Postgres role with the canary as its password, in the DSN.
 	db := testenv.NewDB(t)

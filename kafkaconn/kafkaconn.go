@@ -18,7 +18,8 @@ type Mechanism string
 
 // The SASL mechanisms kafkaonce speaks.
 const (
-	// Plain sends Username and Password as they are: use it over TLS only.
+	// Plain sends Username and Password as they are: over TLS only, unless
+	// SASL.AllowPlaintext says otherwise (see CheckOver).
 	Plain Mechanism = "PLAIN"
 	// ScramSHA256 and ScramSHA512 prove the password without sending it.
 	ScramSHA256 Mechanism = "SCRAM-SHA-256"
@@ -43,6 +44,11 @@ type SASL struct {
 	// called for every new connection, so temporary credentials may
 	// rotate. EnvAWSCredentials reads the standard environment variables.
 	AWS func(ctx context.Context) (AWSCredentials, error)
+	// AllowPlaintext lets Plain send the password over a connection
+	// without TLS, where anyone on the path reads it: for a development
+	// broker on loopback only. Without it, a Plain setting without TLS is
+	// refused (see CheckOver).
+	AllowPlaintext bool
 }
 
 // AWSCredentials sign AWS_MSK_IAM authentication.
@@ -75,6 +81,20 @@ func (s *SASL) Check() error {
 		return errors.New("SASL.Mechanism must be set: kafkaconn.Plain, ScramSHA256, ScramSHA512, OAuthBearer or AWSMSKIAM")
 	default:
 		return fmt.Errorf("SASL.Mechanism %q is not one kafkaonce speaks: use kafkaconn.Plain, ScramSHA256, ScramSHA512, OAuthBearer or AWSMSKIAM", s.Mechanism)
+	}
+	return nil
+}
+
+// CheckOver is Check, for connections that tlsCfg encrypts (nil: none). It
+// refuses Plain without TLS, unless AllowPlaintext is set: PLAIN sends the
+// password as it is, so without TLS anyone on the path reads it. The
+// other mechanisms prove the password or sign, and need no TLS to keep it.
+func (s *SASL) CheckOver(tlsCfg *tls.Config) error {
+	if err := s.Check(); err != nil {
+		return err
+	}
+	if s != nil && s.Mechanism == Plain && tlsCfg == nil && !s.AllowPlaintext {
+		return errors.New("SASL PLAIN without TLS would send the password in clear: set TLS (kafkaconn.TLSConfig), use SCRAM-SHA-512, or, for a development broker on loopback only, set SASL.AllowPlaintext")
 	}
 	return nil
 }

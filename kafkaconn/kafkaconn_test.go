@@ -2,6 +2,7 @@ package kafkaconn_test
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"path/filepath"
 	"testing"
@@ -69,6 +70,37 @@ func TestSASLCheck(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := c.sasl.Check()
+			if c.want == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, c.want)
+		})
+	}
+}
+
+// PLAIN sends the password as it is: without TLS only when asked to.
+func TestSASLCheckOver(t *testing.T) {
+	t.Parallel()
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	plain := func(allow bool) *kafkaconn.SASL {
+		return &kafkaconn.SASL{Mechanism: kafkaconn.Plain, Username: "u", Password: "p", AllowPlaintext: allow}
+	}
+	for _, c := range []struct {
+		name string
+		sasl *kafkaconn.SASL
+		tls  *tls.Config
+		want string // "" for valid
+	}{
+		{"None", nil, nil, ""},
+		{"PlainOverTLS", plain(false), tlsCfg, ""},
+		{"PlainWithoutTLS", plain(false), nil, "SASL PLAIN without TLS would send the password in clear: set TLS"},
+		{"PlainWithoutTLSAllowed", plain(true), nil, ""},
+		{"ScramWithoutTLS", &kafkaconn.SASL{Mechanism: kafkaconn.ScramSHA512, Username: "u", Password: "p"}, nil, ""},
+		{"CheckFailsFirst", &kafkaconn.SASL{Mechanism: kafkaconn.Plain, Username: "u"}, nil, "PLAIN needs Username and Password"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.sasl.CheckOver(c.tls)
 			if c.want == "" {
 				require.NoError(t, err)
 				return

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
+	"github.com/kafkaonce/kafkaonce/kafkaconn"
 	"github.com/kafkaonce/kafkaonce/outbox"
 )
 
@@ -396,6 +397,8 @@ func TestNewRelayValidates(t *testing.T) {
 	_, err = outbox.NewRelay(db.Pool, &outbox.RelayConfig{Brokers: []string{"x:1"}, BatchSize: -1, Schema: "Bad"})
 	require.ErrorContains(t, err, "BatchSize must be between")
 	require.ErrorContains(t, err, "Schema must match")
+	_, err = outbox.NewRelay(db.Pool, &outbox.RelayConfig{Brokers: []string{"x:1"}, SASL: &kafkaconn.SASL{Mechanism: kafkaconn.Plain, Username: "u", Password: "p"}})
+	require.ErrorContains(t, err, "SASL PLAIN without TLS would send the password in clear")
 	_, err = outbox.NewRelay(db.Pool, &outbox.RelayConfig{Brokers: []string{"x:1"}, DeliveryTimeout: -time.Second})
 	require.ErrorContains(t, err, "DeliveryTimeout must be positive")
 	o, _ := outbox.New(db.Schema)

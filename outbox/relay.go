@@ -214,7 +214,7 @@ func NewRelay(db DB, cfg *RelayConfig) (*Relay, error) {
 	if c.Dialer != nil && (c.TLS != nil || c.SASL != nil) {
 		bad("Dialer and TLS or SASL are both set: set the Dialer's own TLS and SASLMechanism, or leave Dialer unset")
 	}
-	if err := c.SASL.Check(); err != nil {
+	if err := c.SASL.CheckOver(c.TLS); err != nil {
 		bad("%v", err)
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {

@@ -61,7 +61,10 @@ type settings struct {
 	tlsFiles    kafkaconn.TLSFiles
 	saslMech    string
 	saslUser    string
-	json        bool
+	// plaintextSASL lets --kafka-sasl plain go without TLS (a loopback
+	// development broker): otherwise refused, as in consumer.Config.
+	plaintextSASL bool
+	json          bool
 	// root is the root command, whose global flags tell a flag given from
 	// its default.
 	root *cobra.Command
@@ -134,6 +137,7 @@ run.`,
 	f.StringVar(&s.tlsFiles.ServerName, "kafka-server-name", "", "name to check the brokers' certificates against (default: each broker's host)")
 	f.StringVar(&s.saslMech, "kafka-sasl", "", "SASL mechanism: "+strings.Join(saslFlagValues, ", ")+" (password from $KAFKA_PASSWORD, token from $KAFKA_OAUTH_TOKEN, AWS credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; default: as --consumer records, when its brokers are used)")
 	f.StringVar(&s.saslUser, "kafka-user", "", "SASL user name (plain, scram-sha-256, scram-sha-512)")
+	f.BoolVar(&s.plaintextSASL, "kafka-allow-plaintext-sasl", false, "let --kafka-sasl plain send the password without TLS, for a development broker on loopback only")
 	f.BoolVar(&s.json, "json", false, "print JSON instead of text")
 	root.AddCommand(migrateCmd(s), statusCmd(s), auditCmd(s), replayCmd(s), deadLettersCmd(s), pauseCmd(s), resumeCmd(s), pruneCmd(s), keysCmd(s), outboxCmd(s), serveCmd(s), topicRecreatedCmd(s), positionsCmd(s), devCmd(s))
 	return root, s
@@ -187,11 +191,17 @@ func (s *settings) kafkaConfig(k kafkaSettings) (kafkaclient.Config, error) {
 	if k.sasl == "" {
 		return cfg, nil
 	}
-	auth := &kafkaconn.SASL{Mechanism: kafkaconn.Mechanism(strings.ToUpper(k.sasl)), Username: s.saslUser, Password: s.st.getenv("KAFKA_PASSWORD")}
+	auth := &kafkaconn.SASL{Mechanism: kafkaconn.Mechanism(strings.ToUpper(k.sasl)), Username: s.saslUser, Password: s.st.getenv("KAFKA_PASSWORD"), AllowPlaintext: s.plaintextSASL}
 	switch auth.Mechanism {
 	case kafkaconn.Plain, kafkaconn.ScramSHA256, kafkaconn.ScramSHA512:
 		if auth.Username == "" || auth.Password == "" {
 			return cfg, fmt.Errorf("--kafka-sasl %s needs --kafka-user and KAFKA_PASSWORD", k.sasl)
+		}
+		// User and password are there, so what CheckOver refuses is
+		// PLAIN without TLS: said here in the flags' words, not the Go
+		// fields'.
+		if auth.CheckOver(cfg.TLS) != nil {
+			return cfg, errors.New("--kafka-sasl plain without TLS would send the password in clear: pass --kafka-tls (or --kafka-ca-file), use --kafka-sasl scram-sha-512, or, for a development broker on loopback only, --kafka-allow-plaintext-sasl")
 		}
 	case kafkaconn.OAuthBearer:
 		token := s.st.getenv("KAFKA_OAUTH_TOKEN")

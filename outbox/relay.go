@@ -245,7 +245,8 @@ func NewRelay(db DB, cfg *RelayConfig) (*Relay, error) {
 		if err != nil {
 			return nil, fmt.Errorf("outbox: %w", err)
 		}
-		_, tr := kafkago.Connection(kafkaclient.Config{TLS: c.TLS, SASL: mech, ClientID: "kafkaonce-relay"}, c.Dialer)
+		dials := kafkaclient.NewDials(r.log, c.TLS != nil || (c.Dialer != nil && c.Dialer.TLS != nil))
+		_, tr := kafkago.Connection(kafkaclient.Config{TLS: c.TLS, SASL: mech, ClientID: "kafkaonce-relay", Dials: dials}, c.Dialer)
 		r.writer = &kafka.Writer{Addr: kafka.TCP(c.Brokers...), Transport: tr, Balancer: &kafka.Hash{},
 			RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: c.BatchSize, BatchBytes: maxBatchBytes, MaxAttempts: 1}
 	}

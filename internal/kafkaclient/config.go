@@ -34,6 +34,9 @@ type Config struct {
 	// get: partitions added to a topic are seen, and assigned, within it.
 	MetadataMaxAge time.Duration
 	Logger         *slog.Logger
+	// Dials is told of every connection the client opens to a broker,
+	// and how it went (nil: the client makes its own; see Dials).
+	Dials *Dials
 }
 
 // GroupConfig says which group RunGroup joins, and how.

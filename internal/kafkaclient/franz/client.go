@@ -18,8 +18,13 @@ package franz
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -54,17 +59,21 @@ func New(cfg kafkaclient.Config) (*Client, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Dials == nil {
+		cfg.Dials = kafkaclient.NewDials(log, cfg.TLS != nil)
+	}
 	base := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.WithLogger(logger{log.With(slog.String("component", "franz-go"))}),
-		kgo.DialTimeout(10 * time.Second),
+		// The TLS handshake is done by kafkaclient's dialer, so that its
+		// failure is told apart; the hook reports each connection, set up
+		// (SASL included) or failed, to Dials.
+		kgo.Dialer(kafkaclient.DialFunc(nil, cfg.TLS.Clone())),
+		kgo.WithHooks(connectHook{cfg.Dials, cfg.SASL != nil}),
 		kgo.RequestTimeoutOverhead(10 * time.Second),
 	}
 	if cfg.ClientID != "" {
 		base = append(base, kgo.ClientID(cfg.ClientID))
-	}
-	if cfg.TLS != nil {
-		base = append(base, kgo.DialTLSConfig(cfg.TLS.Clone()))
 	}
 	if cfg.SASL != nil {
 		base = append(base, kgo.SASL(cfg.SASL))
@@ -77,6 +86,30 @@ func New(cfg kafkaclient.Config) (*Client, error) {
 		return nil, fmt.Errorf("franz: %w", err)
 	}
 	return &Client{cfg: cfg, base: base, log: log, admin: admin, committed: map[kafkaclient.TopicPartition]*committedFetch{}}, nil
+}
+
+// Dials is the watch of the client's connections.
+func (c *Client) Dials() *kafkaclient.Dials { return c.cfg.Dials }
+
+// connectHook tells Dials how each connection to a broker went.
+type connectHook struct {
+	dials *kafkaclient.Dials
+	sasl  bool
+}
+
+func (h connectHook) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, conn net.Conn, err error) {
+	if errors.Is(err, kgo.ErrClientClosed) {
+		return // closing, which says nothing of the broker
+	}
+	// A broker that hangs up on SASL (a wrong password, with some
+	// brokers) is an EOF once the connection is open, but so is a TLS
+	// listener's answer to the first request: franz-go says which in
+	// its first-read error's message alone (the kind is unexported).
+	var eof *kgo.ErrFirstReadEOF
+	if h.sasl && conn != nil && errors.Is(err, io.EOF) && !(errors.As(err, &eof) && strings.Contains(eof.Error(), "api versions")) {
+		err = fmt.Errorf("%w: %w", kafkaclient.ErrSASLHungUp, err)
+	}
+	h.dials.Report(net.JoinHostPort(meta.Host, strconv.Itoa(int(meta.Port))), err)
 }
 
 // Kgo returns the client's kgo client for requests of its own (bounds,

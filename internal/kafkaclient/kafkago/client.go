@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -58,25 +59,53 @@ type Client struct {
 // connection instead of one made from cfg's TLS and SASL (kafka-go users
 // bring theirs).
 func New(cfg kafkaclient.Config, dialer *kafka.Dialer) (*Client, error) {
-	dialer, tr := Connection(cfg, dialer)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Dials == nil {
+		cfg.Dials = kafkaclient.NewDials(log, cfg.TLS != nil || (dialer != nil && dialer.TLS != nil))
+	}
+	dialer, tr := Connection(cfg, dialer)
 	return &Client{cfg: cfg, dialer: dialer, tr: tr, log: log,
 		admin: &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Timeout: 15 * time.Second, Transport: tr}}, nil
 }
 
 // Connection returns the kafka-go dialer and transport for cfg's TLS and
 // SASL, or for dialer's when it is not nil.
+//
+// Both open connections through kafkaclient.DialFunc, which does the TLS
+// handshake (kafka-go's own is then off) and tells cfg.Dials how each
+// connection went (see watchedConn): kafka-go hides the dial errors of
+// its groups and readers in retries. A dialer of the user's is copied,
+// never changed.
 func Connection(cfg kafkaclient.Config, dialer *kafka.Dialer) (*kafka.Dialer, *kafka.Transport) {
 	if dialer == nil {
-		dialer = &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true, TLS: cfg.TLS, ClientID: cfg.ClientID}
+		dialer = &kafka.Dialer{Timeout: kafkaclient.DialTimeout, DualStack: true, TLS: cfg.TLS, ClientID: cfg.ClientID}
 		if cfg.SASL != nil {
 			dialer.SASLMechanism = mechanism{cfg.SASL}
 		}
+	} else {
+		own := *dialer
+		dialer = &own
 	}
-	tr := &kafka.Transport{TLS: dialer.TLS, SASL: dialer.SASLMechanism, ClientID: dialer.ClientID, MetadataTTL: time.Second}
+	var base func(ctx context.Context, network, addr string) (net.Conn, error)
+	if dialer.DialFunc != nil {
+		base = dialer.DialFunc
+	} else {
+		base = (&net.Dialer{LocalAddr: dialer.LocalAddr, FallbackDelay: dialer.FallbackDelay, KeepAlive: dialer.KeepAlive}).DialContext
+	}
+	open := kafkaclient.DialFunc(base, dialer.TLS)
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := open(ctx, network, addr)
+		if err != nil {
+			cfg.Dials.Report(addr, err)
+			return nil, err
+		}
+		return &watchedConn{Conn: conn, report: func(err error) { cfg.Dials.Report(addr, err) }}, nil
+	}
+	dialer.DialFunc, dialer.TLS = dial, nil
+	tr := &kafka.Transport{Dial: dial, SASL: dialer.SASLMechanism, ClientID: dialer.ClientID, MetadataTTL: time.Second}
 	if dialer.Timeout > 0 {
 		tr.DialTimeout = dialer.Timeout
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"time"
 
 	kgosasl "github.com/segmentio/kafka-go/sasl"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -33,12 +32,11 @@ func (c *Client) topicID(ctx context.Context, topic string) (kafkaclient.TopicID
 // topicMetadata reads a topic's id and how many partitions it has.
 func (c *Client) topicMetadata(ctx context.Context, topic string) (kafkaclient.TopicID, int, error) {
 	c.ids.once.Do(func() {
-		opts := []kgo.Opt{kgo.SeedBrokers(c.cfg.Brokers...), kgo.DialTimeout(10 * time.Second)}
+		// The dialer's DialFunc does its TLS (see Connection), and tells
+		// Dials how each connection went.
+		opts := []kgo.Opt{kgo.SeedBrokers(c.cfg.Brokers...), kgo.Dialer(c.dialer.DialFunc)}
 		if c.dialer.ClientID != "" {
 			opts = append(opts, kgo.ClientID(c.dialer.ClientID))
-		}
-		if c.dialer.TLS != nil {
-			opts = append(opts, kgo.DialTLSConfig(c.dialer.TLS.Clone()))
 		}
 		switch m := c.dialer.SASLMechanism.(type) {
 		case nil:

@@ -34,6 +34,26 @@ type Health struct {
 	// DatabaseError is the last Postgres check's failure, "" when it
 	// answered.
 	DatabaseError string `json:"database_error,omitempty"`
+	// LastDialError is the last failed connection to a broker, while
+	// connections to it fail (nil once one works again): what a member
+	// that cannot join its group meets, in words ("TLS handshake failed:
+	// is the broker's listener TLS?").
+	LastDialError *DialError `json:"last_dial_error,omitempty"`
 	// CheckedAt is when the report was made.
 	CheckedAt time.Time `json:"checked_at"`
+}
+
+// DialError is a broker's connections failing, as Health reports it.
+type DialError struct {
+	// Broker is the address dialed, host:port.
+	Broker string `json:"broker"`
+	// Cause says what the failure most likely means, and what to check.
+	Cause string `json:"cause"`
+	// Error is the last attempt's error, as the Kafka client gave it.
+	Error string `json:"error"`
+	// Since is the first failed attempt in a row, At the last one, and
+	// Attempts how many failed in a row.
+	Since    time.Time `json:"since"`
+	At       time.Time `json:"at"`
+	Attempts int       `json:"attempts"`
 }

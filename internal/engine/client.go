@@ -44,5 +44,6 @@ func (c *deps) clientConfig() (kafkaclient.Config, error) {
 		MaxBatch:       c.cfg.MaxBatch,
 		MetadataMaxAge: c.cfg.MetadataMaxAge,
 		Logger:         c.log,
+		Dials:          c.dials,
 	}, nil
 }

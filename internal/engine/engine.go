@@ -65,7 +65,10 @@ type deps struct {
 	pauseStore *pauses.Store
 	// health is what Health reads (see health.go).
 	health *health
-	retry  retry.Policy
+	// dials watches the connections of every Kafka client of the
+	// consumer: it logs the failures, and Health reports the last.
+	dials *kafkaclient.Dials
+	retry retry.Policy
 	// batchUsesTx is set once the BatchHandler used Batch.Tx during a
 	// one-trip attempt: batches then always open their transaction first.
 	batchUsesTx atomic.Bool
@@ -129,6 +132,7 @@ func New(db DB, c Config) (*Consumer, error) {
 		gate:       pace.NewGate(),
 		gateKey:    gateKey(c.Schema, c.Name),
 	}
+	out.dials = kafkaclient.NewDials(out.log, c.TLS != nil || (c.Dialer != nil && c.Dialer.TLS != nil))
 	out.user = newUserCode(&c, out.log)
 	out.setSession(&c, false)
 	tries.Session = func(b *pgx.Batch) { out.session().queue(b) }

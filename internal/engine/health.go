@@ -105,9 +105,17 @@ func (c *Consumer) Health(ctx context.Context, askDB bool) kafkaoncetype.Health 
 		}
 	}
 	h.Live = len(h.Problems) == 0
+	failing := c.dials.Failing()
+	if failing != nil {
+		h.LastDialError = &kafkaoncetype.DialError{Broker: failing.Broker, Cause: failing.Cause.Explain(), Error: failing.Err.Error(),
+			Since: failing.Since, At: failing.At, Attempts: failing.Attempts}
+	}
 	switch {
 	case !h.Running:
 		h.Problems = append(h.Problems, "not running: Run has not started, or has returned")
+	case !h.InGroup && h.LastDialError != nil:
+		// Why it cannot join, rather than that it is trying.
+		h.Problems = append(h.Problems, fmt.Sprintf("not in consumer group %s: cannot connect to the brokers: %s", c.cfg.GroupID, failing))
 	case !h.InGroup:
 		h.Problems = append(h.Problems, fmt.Sprintf("not in consumer group %s: joining, or rejoining after losing its partitions", c.cfg.GroupID))
 	}

@@ -285,7 +285,7 @@ func TestStatusWithoutKafkaShowsWhatPostgresHolds(t *testing.T) {
 		require.Equal(t, w.topic, r.KafkaUnread[0].Topic)
 		require.Equal(t, []string{"partitions", "log_bounds", "committed_offsets"}, r.KafkaUnread[0].NotRead)
 		require.Contains(t, r.KafkaUnread[0].Error, "kafka: metadata of "+w.topic)
-		require.Contains(t, r.KafkaUnread[0].Error, "the brokers did not answer in time")
+		require.Contains(t, r.KafkaUnread[0].Error, "cannot connect to the brokers: the broker did not answer in time")
 		require.Contains(t, text, "KAFKA NOT READ for topic "+w.topic+": its partitions, log bounds and the committed offsets of group "+w.name+" (kafka: metadata of "+w.topic)
 		require.Contains(t, text, "total lag: unknown")
 		require.Regexp(t, `(?m)^`+w.topic+` +0 +- +- +- +10 +- `, text, "the stored position, and - for what Kafka did not give")

@@ -66,7 +66,7 @@ func TestTheCLIConnectsWithTLSFilesAndSASL(t *testing.T) {
 	out, errOut, code = w.cliWith(env, "status", "--consumer", w.name, "--kafka-ca-file", p.CAFile, "--kafka-sasl", "scram-sha-256", "--kafka-user", "ops")
 	require.Equal(t, 1, code, out+errOut)
 	require.Contains(t, out, "claims: 3 (applied 3")
-	require.Contains(t, out, "KAFKA NOT READ for topic orders: its partitions, log bounds and the committed offsets of group "+w.name+" (kafka: metadata of orders: remote error: tls: certificate required)")
+	require.Contains(t, out, "KAFKA NOT READ for topic orders: its partitions, log bounds and the committed offsets of group "+w.name+" (kafka: metadata of orders: remote error: tls: certificate required: cannot connect to the brokers: TLS handshake failed: the broker refused the client certificate, or wants one (mTLS)")
 	_, errOut, code = w.cliWith(env, "status", "--consumer", w.name, "--kafka-sasl", "gssapi")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--kafka-sasl must be one of plain, scram-sha-256, scram-sha-512, oauthbearer, aws_msk_iam")

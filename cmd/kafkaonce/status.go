@@ -20,6 +20,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/idempotency"
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
 	"github.com/kafkaonce/kafkaonce/offsets"
@@ -401,7 +402,11 @@ func readTopicKafka(ctx context.Context, admin *kafkaadmin.Admin, group, topic s
 	fail := func(read int, err error) topicKafka {
 		k.err = err
 		why := err.Error()
-		if errors.Is(err, context.DeadlineExceeded) {
+		// "context deadline exceeded" is what a client retrying a dial
+		// that cannot work says: the dial's own failure says why.
+		if f := admin.Client().Dials().Failing(); f != nil && (f.Cause != kafkaclient.DialFailed || errors.Is(err, context.DeadlineExceeded)) {
+			why += ": cannot connect to the brokers: " + f.String()
+		} else if errors.Is(err, context.DeadlineExceeded) {
 			why += ": the brokers did not answer in time"
 		}
 		k.unread = &kafkaUnread{Topic: topic, NotRead: slices.Clone(kafkaReads[read:]), Error: why}

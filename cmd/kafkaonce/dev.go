@@ -36,6 +36,11 @@ the same tables, topics and group offsets. It migrates kafkaonce's tables
 (--schema, default "kafkaonce"), prints the variables to export, and runs until
 Ctrl-C or SIGTERM, then stops both and removes what it started.
 
+--print-env prints the line to export of the dev running on the ports given
+(the defaults: --pg-port and --kafka-port as dev was started with), and exits:
+what to eval in another terminal, since dev's own output ends only when dev
+does.
+
 Given a command after --, dev runs it with DATABASE_URL and KAFKA_BROKERS set,
 stops both servers when it exits, and exits with its status.
 
@@ -48,8 +53,9 @@ data lives as long as dev runs), or Apache Kafka in a container with
 Desktop, Colima, Podman; KAFKAONCE_DOCKER=off skips them). DATABASE_URL and
 KAFKA_BROKERS are not read: dev always starts its own.
 
-  eval "$(kafkaonce dev | head -1)"   # in one terminal, or copy the line
-  go run ./examples/quickstart         # in another, after the export
+  kafkaonce dev                        # in one terminal: runs until Ctrl-C
+  eval "$(kafkaonce dev --print-env)"  # in another: prints the line and exits
+  go run ./examples/quickstart         # there, after the export
 
   kafkaonce dev --kafka-container -- go test ./...   # tests against a real broker`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -57,6 +63,17 @@ KAFKA_BROKERS are not read: dev always starts its own.
 				return fmt.Errorf("dev takes no arguments before --: put the command to run after -- (kafkaonce dev -- %s)", strings.Join(args, " "))
 			}
 			o.command = args
+			if o.printEnv {
+				if len(args) > 0 {
+					return errors.New("--print-env runs no command: leave out what follows --")
+				}
+				exports, err := readDevEnv(devEnvFile(s, o.pgPort, o.kafkaPort), o.pgPort, o.kafkaPort)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(s.st.out, exports)
+				return nil
+			}
 			return runDev(cmd.Context(), s, o)
 		},
 	}
@@ -65,6 +82,7 @@ KAFKA_BROKERS are not read: dev always starts its own.
 	f.IntVar(&o.kafkaPort, "kafka-port", defaultDevKafkaPort, "loopback port of the Kafka broker")
 	f.BoolVar(&o.postgresContainer, "postgres-container", false, "run Postgres in a container (needs a container engine) even where local binaries are installed")
 	f.BoolVar(&o.kafkaContainer, "kafka-container", false, "run Apache Kafka in a container (needs a container engine) instead of the in-process broker")
+	f.BoolVar(&o.printEnv, "print-env", false, "print the line to export of the dev running on --pg-port and --kafka-port, and exit (for eval in another terminal)")
 	return cmd
 }
 
@@ -72,6 +90,7 @@ KAFKA_BROKERS are not read: dev always starts its own.
 type devOptions struct {
 	pgPort, kafkaPort                 int
 	postgresContainer, kafkaContainer bool
+	printEnv                          bool
 	command                           []string
 }
 
@@ -128,14 +147,34 @@ func runDev(ctx context.Context, s *settings, o devOptions) error {
 		fmt.Fprintf(s.st.err, "postgres: %s on 127.0.0.1:%d; kafka: %s at %s; running %s\n", pg.Source, o.pgPort, kf.Source, brokers, strings.Join(o.command, " "))
 		return runWithEnv(ctx, s, o.command, pg.URL, brokers)
 	}
-	// The first line is the one to eval; the rest say what runs.
-	fmt.Fprintf(s.st.out, "export DATABASE_URL='%s' KAFKA_BROKERS='%s'\n", pg.URL, brokers)
+	// The first line is the one to export, which --print-env prints in
+	// another terminal; the rest say what runs.
+	exports := fmt.Sprintf("export DATABASE_URL='%s' KAFKA_BROKERS='%s'", pg.URL, brokers)
+	remove, err := writeDevEnv(devEnvFile(s, o.pgPort, o.kafkaPort), exports)
+	if err != nil {
+		return err
+	}
+	defer remove()
+	fmt.Fprintln(s.st.out, exports)
 	fmt.Fprintf(s.st.err, "postgres: %s on 127.0.0.1:%d; schema %s at version %d\n", pg.Source, o.pgPort, name, version)
 	fmt.Fprintf(s.st.err, "kafka: %s at %s\n", kf.Source, brokers)
+	fmt.Fprintf(s.st.err, "in another terminal: eval \"$(kafkaonce dev --print-env%s)\"\n", portFlags(o))
 	fmt.Fprintln(s.st.err, "running until Ctrl-C or SIGTERM; both stop then, and what they stored goes with them")
 	<-ctx.Done()
 	fmt.Fprintln(s.st.err, "stopping")
 	return nil
+}
+
+// portFlags are the port flags that name o's ports, when not the defaults.
+func portFlags(o devOptions) string {
+	var f string
+	if o.pgPort != defaultDevPostgresPort {
+		f += fmt.Sprintf(" --pg-port %d", o.pgPort)
+	}
+	if o.kafkaPort != defaultDevKafkaPort {
+		f += fmt.Sprintf(" --kafka-port %d", o.kafkaPort)
+	}
+	return f
 }
 
 // runWithEnv runs command with the servers' variables set and dev's

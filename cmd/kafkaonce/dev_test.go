@@ -81,6 +81,13 @@ func TestDevOutlivesAKilledWorker(t *testing.T) {
 	require.Equal(t, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", pgPort), dbURL)
 	require.Equal(t, fmt.Sprintf("127.0.0.1:%d", kafkaPort), brokers)
 	require.Contains(t, errb.String(), "schema kafkaonce at version")
+	ports := []string{"--pg-port", strconv.Itoa(pgPort), "--kafka-port", strconv.Itoa(kafkaPort)}
+	printed, err := devPrintEnv(ports...)
+	require.NoError(t, err, "dev --print-env, in another terminal, while dev runs")
+	require.Equal(t, m[0], printed, "--print-env prints the line dev printed, and exits")
+	require.Contains(t, errb.String(), `in another terminal: eval "$(kafkaonce dev --print-env`+" "+strings.Join(ports, " ")+`)"`)
+	_, err = devPrintEnv("--pg-port", strconv.Itoa(pgPort+100), "--kafka-port", strconv.Itoa(kafkaPort))
+	require.ErrorContains(t, err, fmt.Sprintf("no kafkaonce dev is running on ports %d and %d", pgPort+100, kafkaPort))
 
 	pool, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
@@ -140,11 +147,28 @@ func TestDevOutlivesAKilledWorker(t *testing.T) {
 		t.Fatal("dev did not stop")
 	}
 	require.Contains(t, errb.String(), "stopping")
+	_, err = devPrintEnv(ports...)
+	require.ErrorContains(t, err, "no kafkaonce dev is running", "dev removed its line as it stopped")
 	probe, err := pgx.Connect(context.Background(), dbURL+"&connect_timeout=2")
 	if err == nil {
 		probe.Close(context.Background())
 		t.Fatal("Postgres still answers after dev stopped")
 	}
+}
+
+// devPrintEnv runs kafkaonce dev --print-env with args, as in another
+// terminal, and returns what it printed.
+func devPrintEnv(args ...string) (string, error) {
+	var out, errb lockedBuffer
+	st := streams{in: strings.NewReader(""), out: &out, err: &errb, terminal: func() bool { return false }, getenv: func(string) string { return "" }}
+	root, _ := newRootSettings(st)
+	root.SetArgs(append([]string{"dev", "--print-env"}, args...))
+	root.SetOut(&out)
+	root.SetErr(&errb)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := root.ExecuteContext(ctx)
+	return out.String(), err
 }
 
 // TestDevWorker is the worker TestDevOutlivesAKilledWorker runs as a child

@@ -308,6 +308,12 @@ type Config struct {
 	// Defaults to DefaultHandlerTimeout.
 	HandlerTimeout time.Duration
 
+	// CircuitBreaker, when its Failures is set, pauses a topic (or the
+	// whole consumer) by itself when its messages fail too often, and tries
+	// it again after a cool-down (see CircuitBreaker). Zero fields take
+	// their defaults.
+	CircuitBreaker CircuitBreaker
+
 	// OnPermanentFailure decides the fate of a message that cannot be
 	// applied. Either way nothing is lost and the error is logged and
 	// reported to hooks. Defaults to DeadLetter.
@@ -385,6 +391,13 @@ func (c *Config) withDefaults() Config {
 		setDefault(&out.RetryLater.MaxRetries, DefaultRetryLaterMaxRetries)
 	}
 	setDefault(&out.RetryLater.MaxDelay, DefaultRetryLaterMaxDelay)
+	if out.CircuitBreaker.Failures > 0 {
+		b := &out.CircuitBreaker
+		b.Classes = slices.Clone(b.Classes)
+		setDefault(&b.Window, kafkaoncetype.DefaultBreakerWindow)
+		setDefault(&b.CoolDown, kafkaoncetype.DefaultBreakerCoolDown)
+		setDefault(&b.MaxCoolDown, max(kafkaoncetype.DefaultBreakerMaxCoolDown, b.CoolDown))
+	}
 	setDefault(&out.SuspectDuplicateWindow, DefaultSuspectDuplicateWindow)
 	setDefault(&out.MetadataMaxAge, DefaultMetadataMaxAge)
 	setDefault(&out.OpenTransactionAfter, DefaultOpenTransactionAfter)
@@ -543,6 +556,7 @@ func (c *Config) validate() error {
 	if c.RetryLater.After > 0 && c.OnPermanentFailure == StopPartition {
 		bad("RetryLater.After sets failing messages aside, and OnPermanentFailure StopPartition stops the partition instead: a consumer that must not skip a message cannot retry it later; leave RetryLater.After zero, or use DeadLetter")
 	}
+	checkBreaker(c.CircuitBreaker, bad)
 	if c.HandlerTimeout < 10*time.Millisecond {
 		bad("HandlerTimeout must be at least 10ms (got %v)", c.HandlerTimeout)
 	}
@@ -665,6 +679,7 @@ func (c *Config) engineConfig(hooks engine.Hooks) engine.Config {
 		RetryLaterMaxElapsed:     c.RetryLater.MaxElapsed,
 		HandlerTimeout:           c.HandlerTimeout,
 		OnPermanentFailure:       c.OnPermanentFailure,
+		CircuitBreaker:           c.CircuitBreaker,
 		DeadLetterTopic:          c.DeadLetterTopic,
 		SuspectDuplicateWindow:   c.SuspectDuplicateWindow,
 		SuspectDuplicates:        c.SuspectDuplicates,

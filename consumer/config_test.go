@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/kafkaconn"
 )
 
@@ -114,6 +115,17 @@ func TestNewRejectsBadConfigNamingTheField(t *testing.T) {
 		{"a stall bound shorter than a fetch", func(c *consumer.Config) { c.StallAfter = time.Millisecond }, []string{"StallAfter must be at least 1s (got 1ms)"}},
 		{"retries later without end", func(c *consumer.Config) { c.RetryLater.MaxRetries = 5000 }, []string{"RetryLater.MaxRetries must be between 1 and 1000 (got 5000)"}},
 		{"retries later for a negative time", func(c *consumer.Config) { c.RetryLater.MaxElapsed = -time.Hour }, []string{"RetryLater.MaxElapsed must not be negative (got -1h0m0s)"}},
+		{"a breaker of negative failures", func(c *consumer.Config) { c.CircuitBreaker.Failures = -1 }, []string{"CircuitBreaker.Failures must not be negative (got -1)"}},
+		{"a breaker set but off", func(c *consumer.Config) { c.CircuitBreaker.CoolDown = time.Minute }, []string{"CircuitBreaker is set but its Failures is 0", "set Failures"}},
+		{"a breaker's tiny window", func(c *consumer.Config) {
+			c.CircuitBreaker = consumer.CircuitBreaker{Failures: 3, Window: time.Millisecond}
+		}, []string{"CircuitBreaker.Window must be at least 1s (got 1ms)"}},
+		{"a breaker's cap below its cool-down", func(c *consumer.Config) {
+			c.CircuitBreaker = consumer.CircuitBreaker{Failures: 3, CoolDown: time.Hour, MaxCoolDown: time.Minute}
+		}, []string{"CircuitBreaker.MaxCoolDown must not be shorter than CoolDown (got 1m0s and 1h0m0s)"}},
+		{"a breaker's unknown class", func(c *consumer.Config) {
+			c.CircuitBreaker = consumer.CircuitBreaker{Failures: 3, Classes: []deadletter.Class{"transient"}}
+		}, []string{`CircuitBreaker.Classes: "transient" is not a class kafkaonce reports`, "deadletter.ClassRetriesExhausted"}},
 		{"a first retry later than any", func(c *consumer.Config) { c.RetryLater.After = 2 * time.Hour }, []string{"RetryLater.After must be between 0 and RetryLater.MaxDelay (got 2h0m0s and 1h0m0s)"}},
 		{"idle timeout within the handler's", func(c *consumer.Config) { c.IdleInTransactionTimeout = 20 * time.Second }, []string{"IdleInTransactionTimeout must be longer than HandlerTimeout (got 20s and 30s)"}},
 	}

@@ -35,3 +35,7 @@ const (
 	// (the process died, or its connection did, while the handler ran).
 	ClassCrashed Class = "crashed"
 )
+
+// Classes are every class kafkaonce writes.
+var Classes = []Class{ClassPermanent, ClassPanic, ClassUndecodable, ClassData, ClassTxMisuse, ClassInvalidID,
+	ClassConflict, ClassRetriesExhausted, ClassRetryLater, ClassCrashed}

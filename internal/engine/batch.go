@@ -342,4 +342,5 @@ func (w *worker) reportFailure(ctx context.Context, msg *kafkaoncetype.Message, 
 	for _, h := range w.hooks.Failed {
 		h(ctx, msg, kafkaoncetype.Failure{Err: f.err, Class: f.kind, Attempt: max(f.attempts, 1), Permanent: f.class == classPermanent && !later})
 	}
+	w.breakerFailed(ctx, msg, f)
 }

@@ -40,13 +40,14 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 	for _, i := range st.failedInTx {
 		w.reportFailure(ctx, &items[i].msg, st.fails[i])
 	}
-	deadLettered := false
+	deadLettered, applied := false, false
 	for i := range items {
 		switch st.fates[i] {
 		case fateApplied:
 			for _, h := range w.hooks.Applied {
 				h(ctx, &items[i].msg)
 			}
+			applied = true
 		case fateSkipped, fateSkippedInBatch, fateSkippedSuspect:
 			reason := kafkaoncetype.SkipAlreadyClaimed
 			switch st.fates[i] {
@@ -84,6 +85,9 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 	}
 	if deadLettered {
 		w.wakePublisher()
+	}
+	if applied {
+		w.breaker.applied(w.topic, time.Now())
 	}
 	w.next, w.positionKnown = items[len(items)-1].end, true
 	w.mark(w.next)

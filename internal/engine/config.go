@@ -74,7 +74,10 @@ type Config struct {
 	RetryLaterMaxElapsed time.Duration
 	HandlerTimeout       time.Duration
 
-	OnPermanentFailure     kafkaoncetype.FailurePolicy
+	OnPermanentFailure kafkaoncetype.FailurePolicy
+	// CircuitBreaker is consumer.Config's, its defaults given (see
+	// breaker.go).
+	CircuitBreaker         kafkaoncetype.CircuitBreaker
 	DeadLetterTopic        string
 	SuspectDuplicateWindow time.Duration
 	SuspectDuplicates      kafkaoncetype.SuspectPolicy

@@ -63,6 +63,8 @@ type deps struct {
 	// pauses are the consumer's pauses as last read from pauseStore.
 	pauses     *pauseSet
 	pauseStore *pauses.Store
+	// breaker pauses a topic whose messages fail too often (nil: off).
+	breaker *breaker
 	// health is what Health reads (see health.go).
 	health *health
 	// dials watches the connections of every Kafka client of the
@@ -128,6 +130,7 @@ func New(db DB, c Config) (*Consumer, error) {
 		pauses:     newPauseSet(),
 		health:     &health{},
 		pauseStore: paused,
+		breaker:    newBreaker(c.CircuitBreaker),
 		retry:      retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
 		gate:       pace.NewGate(),
 		gateKey:    gateKey(c.Schema, c.Name),

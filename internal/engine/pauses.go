@@ -131,12 +131,18 @@ func (c *Consumer) Pause(ctx context.Context, scope pauses.Scope, d time.Duratio
 	if err := c.knownTopic(scope); err != nil {
 		return err
 	}
+	return c.pauseAs(ctx, scope, d, pausedBy(), reason)
+}
+
+// pauseAs stores a pause of scope by by, for d (0: until resumed), and
+// applies it in this process at once.
+func (c *deps) pauseAs(ctx context.Context, scope pauses.Scope, d time.Duration, by, reason string) error {
 	err := c.inTx(ctx, func(q querier) error {
 		var err error
 		if d == 0 {
-			_, err = c.pauseStore.Pause(ctx, q, c.cfg.Name, scope, pausedBy(), reason)
+			_, err = c.pauseStore.Pause(ctx, q, c.cfg.Name, scope, by, reason)
 		} else {
-			_, err = c.pauseStore.PauseFor(ctx, q, c.cfg.Name, scope, d, pausedBy(), reason)
+			_, err = c.pauseStore.PauseFor(ctx, q, c.cfg.Name, scope, d, by, reason)
 		}
 		return err
 	})

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
-	"github.com/kafkaonce/kafkaonce/internal/devenv"
 )
 
 // BatchOptions adjusts HandleBatch.
@@ -129,24 +128,11 @@ func HandleBatch(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*co
 		run.Name, delivery = testConsumer(tb, db, run.Schema, run.Name)
 	}
 
-	broker, err := devenv.StartFakeKafka()
-	if err != nil {
-		tb.Fatalf("consumertest: %v", err)
-	}
-	defer broker.Close()
 	// A topic of its own per call: the positions the consumer stored for
 	// an earlier call's topic do not apply to this one.
 	topic := "handle-batch-" + strconv.Itoa(delivery)
-	perPartition := map[int]int{}
-	partitions := 1
-	for _, m := range msgs {
-		partitions = max(partitions, m.Partition+1)
-		perPartition[m.Partition]++
-	}
-	if err := devenv.CreateTopic(ctx, broker.Brokers, topic, partitions); err != nil {
-		tb.Fatalf("consumertest: %v", err)
-	}
-	produce(tb, broker.Brokers, topic, msgs)
+	broker, perPartition := brokerWith(ctx, tb, topic, msgs)
+	defer broker.Close()
 	onBroker(tb, &run, broker.Brokers, topic, "handle-batch")
 
 	seen := runUntilSettled(tb, db, run, perPartition, o.Timeout, "HandleBatch")

@@ -87,22 +87,9 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*co
 		idents[i] = pgx.Identifier(strings.Split(t, ".")).Sanitize()
 	}
 
-	broker, err := devenv.StartFakeKafka()
-	if err != nil {
-		tb.Fatalf("consumertest: %v", err)
-	}
-	defer broker.Close()
 	const topic = "replay-twice"
-	perPartition := map[int]int{}
-	partitions := 1
-	for _, m := range msgs {
-		partitions = max(partitions, m.Partition+1)
-		perPartition[m.Partition]++
-	}
-	if err := devenv.CreateTopic(ctx, broker.Brokers, topic, partitions); err != nil {
-		tb.Fatalf("consumertest: %v", err)
-	}
-	produce(tb, broker.Brokers, topic, msgs)
+	broker, perPartition := brokerWith(ctx, tb, topic, msgs)
+	defer broker.Close()
 
 	rollBackOnce(tb, db, &run, fetch(tb, broker.Brokers, topic, perPartition, o.Timeout), tables, idents)
 
@@ -127,7 +114,7 @@ func ReplayTwice(tb testing.TB, db consumer.DB, cfg *consumer.Config, msgs []*co
 	}
 	defer admin.Close()
 	start := map[int]int64{}
-	for p := 0; p < partitions; p++ {
+	for p := range perPartition { // a partition without messages has nothing to rewind
 		start[p] = 0
 	}
 	if err := admin.CommitOffsets(ctx, run.GroupID, topic, start); err != nil {
@@ -391,6 +378,29 @@ func validID(src consumer.MessageIDSource, m *consumer.Message) (id string, ok b
 	}()
 	id, err := src.MessageID(m)
 	return id, err == nil && consumer.ValidateMessageID(id) == nil
+}
+
+// brokerWith starts an in-process broker with topic, partitioned as msgs
+// need, and msgs produced to it; it returns the broker, for the caller to
+// close, and how many messages each partition holds.
+func brokerWith(ctx context.Context, tb testing.TB, topic string, msgs []*consumer.Message) (*devenv.Kafka, map[int]int) {
+	tb.Helper()
+	broker, err := devenv.StartFakeKafka()
+	if err != nil {
+		tb.Fatalf("consumertest: %v", err)
+	}
+	perPartition := map[int]int{}
+	partitions := 1
+	for _, m := range msgs {
+		partitions = max(partitions, m.Partition+1)
+		perPartition[m.Partition]++
+	}
+	if err := devenv.CreateTopic(ctx, broker.Brokers, topic, partitions); err != nil {
+		broker.Close()
+		tb.Fatalf("consumertest: %v", err)
+	}
+	produce(tb, broker.Brokers, topic, msgs)
+	return broker, perPartition
 }
 
 func produce(tb testing.TB, brokers []string, topic string, msgs []*consumer.Message) {

@@ -84,15 +84,17 @@ func (s *Store) pause(ctx context.Context, q Querier, consumer string, scope Sco
 	// The row's paused_at is this statement's own clock reading, v.at: a
 	// row it inserts or replaces has it, one it keeps an earlier one (a
 	// pause made earlier, in this transaction too, whose now() is the same
-	// for every statement). So it alone tells a new pause from one kept.
+	// for every statement). So it alone tells a new pause from one kept,
+	// and whether the row's pause had ended (until <= v.at, which
+	// excluded.paused_at holds), whenever the transaction began.
 	err := q.QueryRow(ctx, `WITH v AS (SELECT clock_timestamp() AS at)
 INSERT INTO `+s.table+` AS p (consumer, topic, partition, paused_at, paused_by, reason, until)
 SELECT $1, $2, $3, v.at, $4, $5, v.at + $6::bigint * interval '1 microsecond' FROM v
 ON CONFLICT (consumer, topic, partition) DO UPDATE SET
-    paused_at = CASE WHEN p.until <= now() THEN excluded.paused_at ELSE p.paused_at END,
-    paused_by = CASE WHEN p.until <= now() THEN excluded.paused_by ELSE p.paused_by END,
-    reason    = CASE WHEN p.until <= now() THEN excluded.reason ELSE p.reason END,
-    until     = CASE WHEN p.until <= now() THEN excluded.until
+    paused_at = CASE WHEN p.until <= excluded.paused_at THEN excluded.paused_at ELSE p.paused_at END,
+    paused_by = CASE WHEN p.until <= excluded.paused_at THEN excluded.paused_by ELSE p.paused_by END,
+    reason    = CASE WHEN p.until <= excluded.paused_at THEN excluded.reason ELSE p.reason END,
+    until     = CASE WHEN p.until <= excluded.paused_at THEN excluded.until
                      WHEN p.until IS NULL OR excluded.until IS NULL THEN NULL
                      ELSE greatest(p.until, excluded.until) END
 RETURNING p.paused_at = (SELECT at FROM v)`, consumer, topic, partition, pgtext.Cut(by, MaxText), pgtext.Cut(reason, MaxText), micros).Scan(&paused)
@@ -161,8 +163,11 @@ WHERE consumer = $1 AND `+holds+` ORDER BY topic, partition`, consumer)
 
 // holds is the condition of a row whose pause holds: one past its end, by
 // the database server's clock, is lifted. Every statement that reads
-// pauses uses it, so that none counts a pause the others call ended.
-const holds = `(until IS NULL OR until > now())`
+// pauses uses it, so that none counts a pause the others call ended. The
+// clock is read as the statement runs (clock_timestamp, as pause stamps
+// the rows), not at its transaction's start (now()): a long transaction
+// would otherwise see pauses hold that ended since it began.
+const holds = `(until IS NULL OR until > clock_timestamp())`
 
 // Count returns how many pauses hold for each consumer that has any.
 func (s *Store) Count(ctx context.Context, q Querier) (map[string]int, error) {

@@ -232,3 +232,79 @@ func scopes(ps []pauses.Pause) []string {
 	}
 	return out
 }
+
+// A pause past its end, by the database server's clock, is lifted: it is
+// replaced by the next pause (which reports true and carries its own
+// author and reason), and Resume reports false for it. That holds when the
+// caller pauses in a transaction of its own (the Querier the Store takes),
+// however long that transaction has been open: the statement stamps the
+// row with clock_timestamp(), so the pause's end is on the real clock.
+func TestAPauseThatEndedIsLiftedInALongTransaction(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	s, err := pauses.NewStore(db.Schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	t.Run("paused again in the same transaction, after the first pause ended", func(t *testing.T) {
+		scope := pauses.Topic("emails")
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		paused, err := s.PauseFor(ctx, tx, "same-tx", scope, time.Millisecond, "ops", "a blip")
+		require.NoError(t, err)
+		require.True(t, paused)
+		// The pause ends 1ms after its clock_timestamp(): wait well past it.
+		_, err = tx.Exec(ctx, "SELECT pg_sleep(0.2)")
+		require.NoError(t, err)
+
+		list, err := s.List(ctx, tx, "same-tx")
+		require.NoError(t, err)
+		require.Empty(t, list, "a pause that ended 200ms ago by the server's clock is listed as holding: %+v", list)
+
+		paused, err = s.PauseFor(ctx, tx, "same-tx", scope, time.Hour, "oncall", "the partner is down")
+		require.NoError(t, err)
+		require.True(t, paused, "a pause over one that ended is a new pause")
+		list, err = s.List(ctx, tx, "same-tx")
+		require.NoError(t, err)
+		require.Len(t, list, 1)
+		require.Equal(t, "oncall", list[0].By, "the hour-long pause is credited to the 1ms one's author")
+	})
+
+	t.Run("paused in a transaction opened before another's short pause ended", func(t *testing.T) {
+		scope := pauses.Partition("payments", 1)
+		long, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer long.Rollback(ctx)
+		_, err = long.Exec(ctx, "SELECT 1") // the transaction's now() is taken
+		require.NoError(t, err)
+
+		paused, err := s.PauseFor(ctx, db.Pool, "other-tx", scope, time.Millisecond, "ops", "a blip")
+		require.NoError(t, err)
+		require.True(t, paused)
+		waitListed(t, s, db, "other-tx", 0) // ended, by the server's clock
+
+		paused, err = s.PauseFor(ctx, long, "other-tx", scope, time.Hour, "oncall", "the partner is down")
+		require.NoError(t, err)
+		require.NoError(t, long.Commit(ctx))
+		list, err := s.List(ctx, db.Pool, "other-tx")
+		require.NoError(t, err)
+		require.Len(t, list, 1)
+		require.True(t, paused, "a pause over one that ended is a new pause; listed: %+v", list[0])
+		require.Equal(t, "oncall", list[0].By, "the hour-long pause is credited to the 1ms one's author")
+	})
+
+	t.Run("resumed in the same transaction after it ended", func(t *testing.T) {
+		scope := pauses.Topic("sms")
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		_, err = s.PauseFor(ctx, tx, "resume-tx", scope, time.Millisecond, "ops", "a blip")
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "SELECT pg_sleep(0.2)")
+		require.NoError(t, err)
+		resumed, err := s.Resume(ctx, tx, "resume-tx", scope)
+		require.NoError(t, err)
+		require.False(t, resumed, "resumed a pause that had ended")
+	})
+}

@@ -22,6 +22,8 @@ type Dials struct {
 
 	mu      sync.Mutex
 	brokers map[string]*DialFailure
+	// connected is when a connection to any broker last worked.
+	connected time.Time
 }
 
 // DialFailure is a broker's connections failing.
@@ -59,6 +61,7 @@ func (d *Dials) Report(broker string, err error) {
 	defer d.mu.Unlock()
 	f := d.brokers[broker]
 	if err == nil {
+		d.connected = now
 		if f != nil {
 			delete(d.brokers, broker)
 			d.log.Info("kafka: connected to the broker again", slog.String("broker", broker), slog.Int("failed_attempts", f.Attempts),
@@ -96,7 +99,12 @@ func (f *DialFailure) key() string {
 }
 
 // Failing returns the last failure of a broker whose connections fail,
-// nil when none does.
+// nil when none does, or when a connection to any broker worked since: the
+// brokers can be reached then. A failure is kept per address as dialed,
+// and the address a client was given to start from (a load balancer, a
+// DNS alias, "localhost") is often not the one the broker advertises,
+// which the client dials from then on: a success there never clears the
+// first address's failure, and only the time tells it is over.
 func (d *Dials) Failing() *DialFailure {
 	if d == nil {
 		return nil
@@ -105,7 +113,7 @@ func (d *Dials) Failing() *DialFailure {
 	defer d.mu.Unlock()
 	var last *DialFailure
 	for _, f := range d.brokers {
-		if last == nil || f.At.After(last.At) {
+		if f.At.After(d.connected) && (last == nil || f.At.After(last.At)) {
 			last = f
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -209,4 +210,56 @@ next:
 		out = append(out, line)
 	}
 	return out
+}
+
+// A broker that goes away and comes back on the same listener clears the
+// dial failure once the client is connected to it again, whatever name the
+// brokers list gives it: here the seed "localhost:P", which the broker
+// advertises as "127.0.0.1:P" (a bootstrap name that is not the advertised
+// one is the common case: a load balancer, a DNS alias, a cloud bootstrap
+// address). Failing reports a failure "while one lasts", and the health
+// report's last_dial_error holds it "until a connection to it works again".
+func TestAnOutageThatEndedLeavesNoDialFailure(t *testing.T) {
+	eachClient(t, func(t *testing.T, client string) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		port := ln.Addr().(*net.TCPAddr).Port
+		require.NoError(t, ln.Close())
+		start := func() *devenv.Kafka {
+			k, err := devenv.StartFakeKafka(kfake.Ports(port), kfake.SeedTopics(1, "t"))
+			require.NoError(t, err)
+			return k
+		}
+		k := start()
+		logs := &lines{}
+		log := slog.New(slog.NewTextHandler(logs, nil))
+		dials := kafkaclient.NewDials(log, false)
+		c := clientOf(t, client, kafkaclient.Config{Brokers: []string{"localhost:" + strconv.Itoa(port)}, MaxBatch: 100, FetchMaxBytes: 1 << 20, Logger: log, Dials: dials})
+		bounds := func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_, err := c.TopicBounds(ctx, "t")
+			return err
+		}
+		waitUntil(t, "the broker answering", func() bool { return bounds() == nil })
+		require.Nil(t, dials.Failing())
+
+		// The outage: every dial is refused for a few seconds.
+		_ = k.Close()
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+			_ = bounds()
+		}
+		require.NotNil(t, dials.Failing())
+
+		// The broker is back, on the same port, and answers the client.
+		k = start()
+		t.Cleanup(func() { _ = k.Close() })
+		waitUntil(t, "the broker answering again", func() bool { return bounds() == nil })
+		back := time.Now()
+		for time.Now().Before(back.Add(30*time.Second)) && dials.Failing() != nil {
+			require.NoError(t, bounds(), "the broker answers")
+			time.Sleep(100 * time.Millisecond)
+		}
+		require.Nil(t, dials.Failing(), "%s after the broker answered again, still failing: %v\n%s", time.Since(back).Round(time.Second), dials.Failing(), logs)
+	})
 }

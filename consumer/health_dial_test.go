@@ -53,7 +53,7 @@ func TestHealthNamesTheDialFailure(t *testing.T) {
 		code, body := probe(t, consumer.HealthHandler(c), http.MethodGet, "/health/readyz")
 		require.Equal(t, http.StatusServiceUnavailable, code)
 		d := body["consumers"].([]any)[0].(map[string]any)["last_dial_error"].(map[string]any)
-		require.Equal(t, cause, d["cause"])
+		require.True(t, strings.HasPrefix(d["cause"].(string), cause), "%v", d["cause"])
 		require.Equal(t, plaintext.Brokers[0], d["broker"])
 		require.NotEmpty(t, d["error"])
 		require.NotEmpty(t, d["since"])

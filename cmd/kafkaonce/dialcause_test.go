@@ -19,6 +19,7 @@ func TestStatusNamesWhyItCannotConnect(t *testing.T) {
 	})()
 	out, errOut, code := w.cli("status", "--consumer", w.name, "--kafka-tls")
 	require.Equal(t, 1, code, out+errOut)
-	require.Contains(t, out, "cannot connect to the brokers: TLS handshake failed: is the broker's listener TLS? ("+w.kafka.Brokers[0])
+	require.Contains(t, out, "cannot connect to the brokers: TLS handshake failed: is the broker's listener TLS?")
+	require.Contains(t, out, "("+w.kafka.Brokers[0]+", failing since ")
 	require.NotContains(t, out, "did not answer in time")
 }

@@ -39,6 +39,11 @@ const (
 	DialNoSuchHost
 	DialTimedOut
 	DialSASLFailed
+	// DialHandshakeTimedOut is a TLS handshake the broker accepted the
+	// connection for and never answered: a plaintext listener that waits
+	// for the rest of what it takes for a request's size, or a TLS broker
+	// that is hung. The client cannot tell them apart, so it names both.
+	DialHandshakeTimedOut
 )
 
 // Explain says what c means, and what to check.
@@ -60,6 +65,8 @@ func (c DialCause) Explain() string {
 		return "the broker did not answer in time: is the address right, or a firewall in the way?"
 	case DialSASLFailed:
 		return "SASL authentication failed: check the mechanism, the user and the password"
+	case DialHandshakeTimedOut:
+		return "TLS handshake failed: is the broker's listener TLS? It sent no TLS answer in time: a plaintext listener waits for the rest of a request, and a hung broker does not answer either"
 	}
 	return "cannot connect"
 }
@@ -131,8 +138,9 @@ func classifyHandshake(err error) DialCause {
 		return DialClientCertRefused
 	case timedOut(err):
 		// A plaintext broker that waits for more of what it takes for a
-		// request's size: the handshake never gets an answer.
-		return DialTLSToPlaintext
+		// request's size, or a hung one: the handshake never gets an
+		// answer either way.
+		return DialHandshakeTimedOut
 	}
 	return DialFailed
 }

@@ -35,7 +35,7 @@ func TestClassifyDial(t *testing.T) {
 		{"handshake EOF", handshake(io.EOF), true, kafkaclient.DialTLSToPlaintext},
 		{"handshake reset", handshake(opErr(syscall.ECONNRESET)), true, kafkaclient.DialTLSToPlaintext},
 		{"handshake answered in plaintext", handshake(tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}), true, kafkaclient.DialTLSToPlaintext},
-		{"handshake without an answer", handshake(context.DeadlineExceeded), true, kafkaclient.DialTLSToPlaintext},
+		{"handshake without an answer", handshake(context.DeadlineExceeded), true, kafkaclient.DialHandshakeTimedOut},
 		{"a Dialer's own handshake answered in plaintext", tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}, true, kafkaclient.DialTLSToPlaintext},
 		{"unknown CA", handshake(&tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}), true, kafkaclient.DialUntrustedCert},
 		{"wrong host name", handshake(x509.HostnameError{Host: "b"}), true, kafkaclient.DialUntrustedCert},

@@ -47,7 +47,7 @@ func TestDialFailuresAreToldApartAndLoggedOnce(t *testing.T) {
 		want    kafkaclient.DialCause
 		text    string
 	}{
-		{name: "TLS client, plaintext broker", brokers: plaintextBroker, tls: clientTLS, want: kafkaclient.DialTLSToPlaintext, text: "TLS handshake failed: is the broker's listener TLS?"},
+		{name: "TLS client, plaintext broker", brokers: plaintextBroker, tls: clientTLS, want: kafkaclient.DialHandshakeTimedOut, text: "TLS handshake failed: is the broker's listener TLS?"},
 		{name: "plaintext client, TLS broker", brokers: tlsBroker, want: kafkaclient.DialPlaintextToTLS, text: "is its listener TLS (set TLS)"},
 		{name: "plaintext client, TLS listener", brokers: []string{tlsListener(t, serverTLS)}, want: kafkaclient.DialPlaintextToTLS, text: "is its listener TLS (set TLS)"},
 		{name: "TLS client, a CA that did not sign the broker", brokers: tlsBroker, tls: &tls.Config{MinVersion: tls.VersionTLS12}, want: kafkaclient.DialUntrustedCert, text: "the broker's certificate is not trusted"},
@@ -261,5 +261,55 @@ func TestAnOutageThatEndedLeavesNoDialFailure(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		require.Nil(t, dials.Failing(), "%s after the broker answered again, still failing: %v\n%s", time.Since(back).Round(time.Second), dials.Failing(), logs)
+	})
+}
+
+// A TLS broker that does not answer in time (hung, overloaded: its TCP
+// connection is accepted, nothing more comes) is "no answer in time", not
+// "is the broker's listener TLS?": docs/operations.md tells the two causes
+// apart, and the advice of the second sends the operator to the client's
+// TLS settings, which are right. The listener here accepts connections
+// and never says a word, as a stalled broker does.
+func TestAHungTLSBrokerIsNotCalledPlaintext(t *testing.T) {
+	eachClient(t, func(t *testing.T, client string) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		var mu sync.Mutex
+		var held []net.Conn
+		t.Cleanup(func() {
+			ln.Close()
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range held {
+				c.Close()
+			}
+		})
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				held = append(held, c)
+				mu.Unlock()
+			}
+		}()
+		pki := testenv.NewPKI(t).CAFile
+		clientTLS, err := kafkaconn.TLSConfig(kafkaconn.TLSFiles{CAFile: pki})
+		require.NoError(t, err)
+		logs := &lines{}
+		log := slog.New(slog.NewTextHandler(logs, nil))
+		dials := kafkaclient.NewDials(log, true)
+		c := clientOf(t, client, kafkaclient.Config{Brokers: []string{ln.Addr().String()}, TLS: clientTLS, MaxBatch: 100, FetchMaxBytes: 1 << 20, Logger: log, Dials: dials})
+		waitUntil(t, "a failed dial", func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 12*time.Second)
+			defer cancel()
+			_, _ = c.TopicBounds(ctx, "t")
+			return dials.Failing() != nil
+		})
+		f := dials.Failing()
+		require.Equal(t, kafkaclient.DialHandshakeTimedOut, f.Cause, "%s", f)
+		require.Contains(t, f.String(), "a hung broker does not answer either", "the cause names both readings of a handshake without an answer")
 	})
 }

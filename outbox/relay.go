@@ -136,7 +136,17 @@ type RelayConfig struct {
 	Logger *slog.Logger
 	// OnDelivered, when set, is called for every delivered row after its
 	// deletion committed (for metrics such as commit-to-delivery delay).
+	// HookDelivered reports the same, with the destination and attempts.
 	OnDelivered func(id string, createdAt time.Time)
+
+	// Hooks observe the relay: deliveries, failed attempts and the
+	// backlog (see Hook; promhooks.NewRelay and otelhooks.NewRelay turn
+	// them into metrics).
+	Hooks []Hook
+	// BacklogInterval is how often Run counts the backlog for
+	// HookBacklog; the counts run only when a hook implements it.
+	// Defaults to DefaultBacklogInterval.
+	BacklogInterval time.Duration
 }
 
 // Relay delivers outbox rows.
@@ -148,6 +158,7 @@ type Relay struct {
 	writer  *kafka.Writer
 	budget  *budget
 	backoff retry.Policy
+	hooks   relayHooks
 	// afterDeliver runs between delivering and committing (tests: a crash
 	// there).
 	afterDeliver func()
@@ -194,6 +205,7 @@ func NewRelay(db DB, cfg *RelayConfig) (*Relay, error) {
 	defD(&c.RetryInitialInterval, DefaultRetryInitialInterval)
 	defD(&c.RetryMaxInterval, DefaultRetryMaxInterval)
 	defD(&c.DeliveryTimeout, DefaultDeliveryTimeout)
+	defD(&c.BacklogInterval, DefaultBacklogInterval)
 	if c.RetryBudget == 0 {
 		c.RetryBudget = DefaultRetryBudget
 	}
@@ -235,11 +247,18 @@ func NewRelay(db DB, cfg *RelayConfig) (*Relay, error) {
 	if c.LockBuckets < 1 || c.LockBuckets > Buckets {
 		bad("LockBuckets must be between 1 and %d (got %d)", Buckets, c.LockBuckets)
 	}
+	if c.BacklogInterval < 0 {
+		bad("BacklogInterval must be positive, or zero for DefaultBacklogInterval (got %v)", c.BacklogInterval)
+	}
+	hooks, err := sortHooks(c.Hooks)
+	if err != nil {
+		bad("%v", err)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	r := &Relay{db: db, cfg: c, table: schema.Table(c.Schema, "outbox"), log: c.Logger.With(slog.String("component", "outbox relay")),
-		budget: newBudget(c.RetryBudget, c.MinRetriesPerMinute), backoff: retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval}}
+		budget: newBudget(c.RetryBudget, c.MinRetriesPerMinute), backoff: retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval}, hooks: hooks}
 	if c.Deliver == nil {
 		mech, err := kafkaclient.Mechanism(c.SASL)
 		if err != nil {
@@ -257,6 +276,11 @@ func NewRelay(db DB, cfg *RelayConfig) (*Relay, error) {
 // run at once, in one process or many.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.Close()
+	if len(r.hooks.backlog) > 0 {
+		var wg sync.WaitGroup
+		wg.Go(func() { r.reportBacklog(ctx) })
+		defer wg.Wait()
+	}
 	backoff := retry.Policy{Initial: 100 * time.Millisecond, Max: 5 * time.Second}.New()
 	for ctx.Err() == nil {
 		n, err := r.Round(ctx)
@@ -327,7 +351,8 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 	if r.afterDeliver != nil {
 		r.afterDeliver()
 	}
-	if err := r.record(ctx, tx, rows, outcomes); err != nil {
+	now, err := r.record(ctx, tx, rows, outcomes)
+	if err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -342,6 +367,7 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 			}
 		}
 	}
+	r.report(ctx, rows, outcomes, now)
 	return len(rows), nil
 }
 
@@ -505,8 +531,8 @@ func (r *Relay) publish(ctx context.Context, rows []row, outcomes []outcome) {
 				outcomes[i] = outcome{held: true}
 				continue
 			}
-			outcomes[i] = outcome{park: true, err: fmt.Errorf("outbox: message of %d bytes is larger than the %d bytes the relay sends to Kafka in one request; it can never be published: make it smaller",
-				size, maxBatchBytes)}
+			outcomes[i] = outcome{park: true, err: withClass(FailureTooLarge, fmt.Errorf("outbox: message of %d bytes is larger than the %d bytes the relay sends to Kafka in one request; it can never be published: make it smaller",
+				size, maxBatchBytes))}
 			failed[k] = true
 			continue
 		}
@@ -531,7 +557,7 @@ func (r *Relay) write(ctx context.Context, rows []row, outcomes []outcome, idx [
 	wctx, cancel := context.WithTimeout(ctx, r.cfg.DeliveryTimeout)
 	err := r.writer.WriteMessages(wctx, msgs...)
 	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
-		err = fmt.Errorf("outbox: the write to Kafka exceeded DeliveryTimeout (%v): %w", r.cfg.DeliveryTimeout, err)
+		err = withClass(FailureTimeout, fmt.Errorf("outbox: the write to Kafka exceeded DeliveryTimeout (%v): %w", r.cfg.DeliveryTimeout, err))
 	}
 	timedOut := wctx.Err() != nil
 	cancel()
@@ -595,7 +621,7 @@ func (r *Relay) splitByTopic(ctx context.Context, rows []row, outcomes []outcome
 func (r *Relay) judgeKafka(rw *row, o *outcome, err error, failed map[string]bool) {
 	if tooLarge(err) {
 		// Sent alone: it can never fit.
-		err = permanent.Mark(fmt.Errorf("outbox: the broker rejects the message as larger than the topic's max.message.bytes (or its segment.bytes); it can never be published: make it smaller, or raise the topic's limit and retry the row: %w", err))
+		err = withClass(FailureTooLarge, permanent.Mark(fmt.Errorf("outbox: the broker rejects the message as larger than the topic's max.message.bytes (or its segment.bytes); it can never be published: make it smaller, or raise the topic's limit and retry the row: %w", err)))
 	}
 	*o = r.judge(rw, err)
 	if err != nil {
@@ -681,14 +707,14 @@ func (r *Relay) call(ctx context.Context, d *Delivery) error {
 	go func() {
 		defer func() {
 			if p := recover(); p != nil {
-				done <- fmt.Errorf("outbox: the delivery function panicked: %v", p)
+				done <- withClass(FailurePanic, fmt.Errorf("outbox: the delivery function panicked: %v", p))
 			}
 		}()
 		done <- r.cfg.Deliver(cctx, d)
 	}()
 	timedOut := func(err error) error {
 		if err != nil && cctx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
-			return fmt.Errorf("outbox: Deliver exceeded DeliveryTimeout (%v): %w", r.cfg.DeliveryTimeout, err)
+			return withClass(FailureTimeout, fmt.Errorf("outbox: Deliver exceeded DeliveryTimeout (%v): %w", r.cfg.DeliveryTimeout, err))
 		}
 		return err
 	}
@@ -703,8 +729,8 @@ func (r *Relay) call(ctx context.Context, d *Delivery) error {
 	case err := <-done:
 		return timedOut(err)
 	case <-grace.C:
-		return fmt.Errorf("outbox: Deliver did not return within DeliveryTimeout (%v) and %v after its context was cancelled; it was abandoned, and the row is retried",
-			r.cfg.DeliveryTimeout, deliveryGrace)
+		return withClass(FailureTimeout, fmt.Errorf("outbox: Deliver did not return within DeliveryTimeout (%v) and %v after its context was cancelled; it was abandoned, and the row is retried",
+			r.cfg.DeliveryTimeout, deliveryGrace))
 	}
 }
 
@@ -727,8 +753,9 @@ func (r *Relay) judge(rw *row, err error) outcome {
 }
 
 // record deletes delivered rows and schedules or parks the others, in the
-// round's transaction.
-func (r *Relay) record(ctx context.Context, tx pgx.Tx, rows []row, outcomes []outcome) error {
+// round's transaction, and returns the database's clock then: what a
+// delivery's latency is measured to, by the clock of the rows' created_at.
+func (r *Relay) record(ctx context.Context, tx pgx.Tx, rows []row, outcomes []outcome) (time.Time, error) {
 	var done, retrySeqs, parkSeqs []int64
 	var waits []float64
 	var retryErrs, parkErrs []string
@@ -754,7 +781,9 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, rows []row, outcomes []ou
 			retryErrs = append(retryErrs, o.err.Error())
 		}
 	}
+	// The clock goes first, in the same round trip.
 	b := &pgx.Batch{}
+	b.Queue(`SELECT clock_timestamp()`)
 	if len(done) > 0 {
 		b.Queue(`DELETE FROM `+r.table+` WHERE seq = ANY($1)`, done)
 	}
@@ -771,11 +800,14 @@ FROM unnest($1::bigint[], $2::text[]) AS u(seq, err) WHERE o.seq = u.seq`, parkS
 		b.Queue(`UPDATE `+r.table+` o SET next_attempt_at = greatest(o.next_attempt_at, now() + make_interval(secs => u.wait))
 FROM unnest($1::bigint[], $2::float8[]) AS u(seq, wait) WHERE o.seq = u.seq`, deferSeqs, deferWaits)
 	}
-	if b.Len() == 0 {
-		return nil
+	br := tx.SendBatch(ctx, b)
+	var now time.Time
+	err := br.QueryRow().Scan(&now)
+	if cerr := br.Close(); err == nil {
+		err = cerr
 	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("outbox: record results: %w", err)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("outbox: record results: %w", err)
 	}
-	return nil
+	return now, nil
 }

@@ -34,6 +34,17 @@
 //	kafkaonce_partition_batch_limit{topic,partition}     most messages the partition's next transaction covers
 //	kafkaonce_partition_serialized{topic,partition}      1 while its transactions wait their turn at the consumer's gate
 //
+// NewRelay does the same for an outbox relay (outbox.RelayConfig.Hooks),
+// with the label relay:
+//
+//	kafkaonce_outbox_delivered_total{destination}
+//	kafkaonce_outbox_delivery_errors_total{destination,class,parked}
+//	kafkaonce_outbox_delivery_latency_seconds{destination}  histogram, from the row's creation to its delivery
+//	kafkaonce_outbox_pending                     rows to deliver, waiting ones included
+//	kafkaonce_outbox_waiting                     rows waiting for a retry
+//	kafkaonce_outbox_parked                      rows parked until an operator retries them
+//	kafkaonce_outbox_oldest_pending_age_seconds  age of the oldest row to deliver
+//
 // docs/metrics.md has example alerts.
 package promhooks
 

@@ -21,6 +21,9 @@ var (
 	attrBatchLimit  = attribute.Key("kafkaonce.batch_limit")
 	attrSerialized  = attribute.Key("kafkaonce.serialized")
 	attrError       = attribute.Key("kafkaonce.error")
+	attrRelay       = attribute.Key("kafkaonce.relay")
+	attrDestination = attribute.Key("kafkaonce.outbox.destination")
+	attrParked      = attribute.Key("kafkaonce.outbox.parked")
 
 	kafka      = semconv.MessagingSystemKafka
 	postgres   = semconv.DBSystemNamePostgreSQL

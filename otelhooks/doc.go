@@ -44,5 +44,7 @@
 // The same as package promhooks, by the semantic conventions' names where
 // they have one (messaging.client.consumed.messages,
 // messaging.process.duration), kafkaonce.* otherwise; docs/metrics.md maps
-// one to the other.
+// one to the other. NewRelay records an outbox relay's metrics
+// (kafkaonce.outbox.*: deliveries, failed attempts, latency, the backlog);
+// pass it in outbox.RelayConfig.Hooks.
 package otelhooks

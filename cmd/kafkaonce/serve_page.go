@@ -80,6 +80,8 @@ func newPage(s *settings, c *conn, o serveOptions) (*page, error) {
 		// (an outbox id is free text: "/", "?" and "#" included).
 		"segment": url.PathEscape,
 		"state":   func(l deadletter.Letter) string { return letterState(&l) },
+		"backlog": backlogCount,
+		"age":     age,
 	}).ParseFS(webFiles, "web/*.html")
 	if err != nil {
 		return nil, err
@@ -226,14 +228,16 @@ type letterClass struct {
 
 type overviewData struct {
 	chrome
-	Consumers     []consumerView
-	Classes       []deadletter.ClassCount
-	Letters       []letterClass
-	MoreLetters   bool
-	Suspects      []suspectView
-	Conflicts     []deadletter.Letter
-	OutboxPending int64
-	Parked        []outbox.Parked
+	Consumers   []consumerView
+	Classes     []deadletter.ClassCount
+	Letters     []letterClass
+	MoreLetters bool
+	Suspects    []suspectView
+	Conflicts   []deadletter.Letter
+	// Backlog is read from the outbox table at each request, not from a
+	// relay: the page shows it with no relay running, or many.
+	Backlog outbox.Backlog
+	Parked  []outbox.Parked
 }
 
 func (p *page) overview(w http.ResponseWriter, r *http.Request) {
@@ -298,7 +302,7 @@ func (p *page) overview(w http.ResponseWriter, r *http.Request) {
 	if d.Conflicts, err = p.letters.List(ctx, pool, deadletter.Filter{Class: deadletter.ClassConflict, Limit: pageLetters, WithoutPayload: true}); err != nil {
 		d.Errors = append(d.Errors, p.redact(err))
 	}
-	if d.OutboxPending, err = p.outbox.Pending(ctx, pool); err != nil {
+	if d.Backlog, err = p.outbox.Backlog(ctx, pool); err != nil {
 		d.Errors = append(d.Errors, p.redact(err))
 	}
 	if d.Parked, err = p.outbox.Parked(ctx, pool, pageParked); err != nil {
@@ -377,6 +381,23 @@ func when(t any) string {
 		return when(*v)
 	}
 	return fmt.Sprint(t)
+}
+
+// backlogCount shows a count of outbox.Backlog, which stops at
+// outbox.BacklogLimit.
+func backlogCount(n int64) string {
+	if n >= outbox.BacklogLimit {
+		return fmt.Sprintf("%d or more", n)
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// age shows how long a row has waited, to the second.
+func age(d time.Duration) string {
+	if d < time.Second {
+		return "under a second"
+	}
+	return d.Round(time.Second).String()
 }
 
 // preview shows bytes as text when they are printable UTF-8, else as

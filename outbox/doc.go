@@ -41,4 +41,16 @@
 // Each delivery has a deadline, RelayConfig.DeliveryTimeout, since a round
 // holds its transaction and its buckets until its deliveries return: a
 // receiver that hangs is cut off, and the row retried.
+//
+// # Observing the relay
+//
+// RelayConfig.Hooks take values implementing HookDelivered (each row
+// delivered, with its latency from created_at), HookDeliveryFailed (each
+// failed attempt, with a FailureClass fit for a metric label, and whether
+// it parked the row) and HookBacklog (what is left: pending, waiting for a
+// retry, parked, the oldest row's age, counted in Postgres every
+// BacklogInterval, each count bounded by BacklogLimit so a huge backlog
+// stays cheap to count). promhooks.NewRelay and otelhooks.NewRelay turn
+// them into metrics (docs/metrics.md); Outbox.Backlog gives the same
+// counts on demand, as kafkaonce serve's page shows them.
 package outbox

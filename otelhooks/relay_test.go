@@ -33,10 +33,7 @@ func relayMetrics(t *testing.T, db *testenv.DB, cfg outbox.RelayConfig, msgs ...
 	cfg.Schema, cfg.Logger, cfg.Hooks, cfg.BacklogInterval = db.Schema, quiet, []outbox.Hook{h}, 20*time.Millisecond
 	r, err := outbox.NewRelay(db.Pool, &cfg)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	testenv.Background(t, r.Run)
 	return reader
 }
 

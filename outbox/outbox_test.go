@@ -47,10 +47,7 @@ func runRelay(t *testing.T, db *testenv.DB, cfg outbox.RelayConfig) *outbox.Rela
 	cfg.Logger = quiet
 	r, err := outbox.NewRelay(db.Pool, &cfg)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	testenv.Background(t, r.Run)
 	return r
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
 	"github.com/kafkaonce/kafkaonce/outbox"
 )
 
@@ -47,10 +48,7 @@ func TestServeShowsTheOutboxBacklog(t *testing.T) {
 	relay, err := outbox.NewRelay(w.db.Pool, &outbox.RelayConfig{Schema: w.db.Schema, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Deliver: func(context.Context, *outbox.Delivery) error { return nil }})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(ctx) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	testenv.Background(t, relay.Run)
 	waitUntil(t, 30*time.Second, "the backlog drained to its waiting row", func() bool {
 		_, body = get(t, srv, "/")
 		return strings.Contains(body, "1 rows to deliver, 1 of them waiting for a retry; 1 parked; the oldest written")

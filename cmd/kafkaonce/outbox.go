@@ -20,17 +20,21 @@ func outboxCmd(s *settings) *cobra.Command {
 	return cmd
 }
 
-// outboxBacklog is what the outbox holds: rows waiting, and rows parked.
+// outboxBacklog is what the outbox holds: rows to deliver (some waiting
+// for a retry), and rows parked, counted and the oldest listed.
 type outboxBacklog struct {
-	Pending int64           `json:"pending"`
-	Parked  []outbox.Parked `json:"parked"`
+	Pending     int64           `json:"pending"`
+	Waiting     int64           `json:"waiting"`
+	ParkedCount int64           `json:"parked_count"`
+	OldestAge   float64         `json:"oldest_pending_age_seconds"`
+	Parked      []outbox.Parked `json:"parked"`
 }
 
 func outboxParkedCmd(s *settings) *cobra.Command {
 	var limit int
 	cmd := &cobra.Command{
 		Use:   "parked",
-		Short: "Count the rows waiting for delivery, and list the parked rows, oldest first",
+		Short: "Count the rows to deliver, those waiting for a retry and the parked ones, and list the parked rows, oldest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -39,10 +43,11 @@ func outboxParkedCmd(s *settings) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			var b outboxBacklog
-			if b.Pending, err = box.Pending(ctx, pool); err != nil {
+			counts, err := box.Backlog(ctx, pool)
+			if err != nil {
 				return err
 			}
+			b := outboxBacklog{Pending: counts.Pending, Waiting: counts.Waiting, ParkedCount: counts.Parked, OldestAge: counts.OldestPendingAge.Seconds()}
 			if b.Parked, err = box.Parked(ctx, pool, limit); err != nil {
 				return err
 			}
@@ -50,9 +55,16 @@ func outboxParkedCmd(s *settings) *cobra.Command {
 				b.Parked = []outbox.Parked{}
 			}
 			return s.emit(b, func(w io.Writer) {
-				fmt.Fprintf(w, "%d rows waiting for delivery, %d parked\n", b.Pending, len(b.Parked))
+				fmt.Fprintf(w, "%s rows to deliver (%s of them waiting for a retry), %s parked", backlogCount(b.Pending), backlogCount(b.Waiting), backlogCount(b.ParkedCount))
+				if counts.OldestPendingAge > 0 {
+					fmt.Fprintf(w, "; the oldest written %s ago", counts.OldestPendingAge.Round(time.Second))
+				}
+				fmt.Fprintln(w)
 				if len(b.Parked) == 0 {
 					return
+				}
+				if int64(len(b.Parked)) < b.ParkedCount {
+					fmt.Fprintf(w, "the oldest %d parked (--limit):\n", len(b.Parked))
 				}
 				var rows [][]string
 				for _, p := range b.Parked {

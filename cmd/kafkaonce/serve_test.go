@@ -440,11 +440,11 @@ func TestDeadLettersSettleAndOutboxRetry(t *testing.T) {
 
 	out, errOut, code = w.cli("outbox", "parked")
 	require.Equal(t, 0, code, errOut)
-	require.Contains(t, out, "0 rows waiting for delivery, 1 parked")
+	require.Contains(t, out, "0 rows to deliver (0 of them waiting for a retry), 1 parked")
 	require.Contains(t, out, parked)
 	out, _, code = w.cli("outbox", "retry", parked)
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "put 1 of 1 row(s) back")
 	out, _, _ = w.cli("outbox", "parked")
-	require.Contains(t, out, "1 rows waiting for delivery, 0 parked")
+	require.Contains(t, out, "1 rows to deliver (0 of them waiting for a retry), 0 parked")
 }

@@ -15,9 +15,13 @@ import (
 	"github.com/kafkaonce/kafkaonce/consumer"
 )
 
-// roundTrips counts round trips to Postgres on the wire: a burst of writes
-// followed by a read is one, however many statements it carries.
-type roundTrips struct{ n atomic.Int64 }
+// roundTrips counts round trips to Postgres on the wire, connection by
+// connection: a burst of writes followed by a read is one, however many
+// statements it carries.
+type roundTrips struct {
+	mu    sync.Mutex
+	conns []*countingConn
+}
 
 func (r *roundTrips) dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	var d net.Dialer
@@ -25,12 +29,27 @@ func (r *roundTrips) dial(ctx context.Context, network, addr string) (net.Conn, 
 	if err != nil {
 		return nil, err
 	}
-	return &countingConn{Conn: c, n: &r.n}, nil
+	cc := &countingConn{Conn: c}
+	r.mu.Lock()
+	r.conns = append(r.conns, cc)
+	r.mu.Unlock()
+	return cc, nil
+}
+
+// counts are each connection's round trips so far.
+func (r *roundTrips) counts() map[*countingConn]int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[*countingConn]int64, len(r.conns))
+	for _, c := range r.conns {
+		out[c] = c.n.Load()
+	}
+	return out
 }
 
 type countingConn struct {
 	net.Conn
-	n       *atomic.Int64
+	n       atomic.Int64
 	writing atomic.Bool
 }
 
@@ -46,22 +65,32 @@ func (c *countingConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
-// perBatch records the round trips between each batch's start and end.
+// perBatch records the round trips of each batch, between its start and
+// its end: those of the connection that made the most, which is the
+// batch's (its transaction holds one connection throughout). The
+// consumer's background reads of the same pool (its pauses each second,
+// its redrives every two) go through other connections, so one that
+// lands during a batch is not counted as the batch's.
 type perBatch struct {
 	rt     *roundTrips
 	mu     sync.Mutex
-	start  int64
+	start  map[*countingConn]int64
 	counts []int64
 }
 
-func (p *perBatch) OnBatchStart(context.Context, consumer.BatchInfo) { p.start = p.rt.n.Load() }
+func (p *perBatch) OnBatchStart(context.Context, consumer.BatchInfo) { p.start = p.rt.counts() }
 
 func (p *perBatch) OnBatchEnd(_ context.Context, _ consumer.BatchInfo, r consumer.BatchResult) {
-	if r.Err == nil {
-		p.mu.Lock()
-		p.counts = append(p.counts, p.rt.n.Load()-p.start)
-		p.mu.Unlock()
+	if r.Err != nil {
+		return
 	}
+	var most int64
+	for c, n := range p.rt.counts() {
+		most = max(most, n-p.start[c])
+	}
+	p.mu.Lock()
+	p.counts = append(p.counts, most)
+	p.mu.Unlock()
 }
 
 func (p *perBatch) median() int64 {

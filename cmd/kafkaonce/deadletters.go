@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/internal/consumerstatus"
 )
 
 // letters opens the database and the dead-letter store, on the schema
@@ -114,22 +115,8 @@ func letterList(ls []deadletter.Letter) []deadletter.Letter {
 	return ls
 }
 
-func letterState(l *deadletter.Letter) string {
-	switch {
-	case l.RedrivenAt != nil:
-		return "redriven " + l.RedrivenAt.UTC().Format(time.RFC3339)
-	case l.SettledAt != nil:
-		return "settled " + l.SettledAt.UTC().Format(time.RFC3339)
-	case l.RedriveRequestedAt != nil:
-		return "redrive requested"
-	case l.RedriveError != "":
-		return "redrive failed"
-	case l.RetryAt != nil:
-		return fmt.Sprintf("retry at %s (%d failed)", l.RetryAt.UTC().Format(time.RFC3339), l.Retries)
-	default:
-		return "pending"
-	}
-}
+// letterState is how the lists and the page say where a letter stands.
+var letterState = consumerstatus.LetterState
 
 func orDash(s string) string {
 	if s == "" {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/consumerstatus"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
@@ -167,15 +168,7 @@ func (s *settings) loadRecord(ctx context.Context, pool *pgxpool.Pool, consumerN
 // loadRecords returns what every consumer of the schema recorded (nothing
 // in a schema older than the record).
 func (s *settings) loadRecords(ctx context.Context, pool *pgxpool.Pool) ([]recorded.Settings, error) {
-	v, err := schema.Version(ctx, pool, s.schema)
-	if err != nil || v < schema.LatestVersion() {
-		return nil, err
-	}
-	store, err := recorded.NewStore(s.schema)
-	if err != nil {
-		return nil, fmt.Errorf("--schema %w", err)
-	}
-	return store.List(ctx, pool)
+	return consumerstatus.Records(ctx, pool, s.schema)
 }
 
 // noRecord says why a setting could not come from the consumer's record.
@@ -185,15 +178,7 @@ func noRecord(consumerName string) string {
 
 // groupOf is the consumer group: --group, else the recorded one, else the
 // consumer's name (Config.GroupID's default).
-func groupOf(flag string, rec *recorded.Settings, consumerName string) string {
-	switch {
-	case flag != "":
-		return flag
-	case rec != nil:
-		return rec.GroupID
-	}
-	return consumerName
-}
+var groupOf = consumerstatus.GroupOf
 
 // topicOf is the one topic a command reads: --topic, else the consumer's
 // only recorded topic.

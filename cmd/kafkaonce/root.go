@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/kafkaonce/kafkaonce/internal/consumerstatus"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
@@ -380,9 +381,5 @@ func parseDuration(s string) (time.Duration, error) {
 	return v, nil
 }
 
-func optional(v int64) string {
-	if v < 0 {
-		return "-"
-	}
-	return strconv.FormatInt(v, 10)
-}
+// optional shows a number that is -1 when unknown as "-".
+var optional = consumerstatus.Optional

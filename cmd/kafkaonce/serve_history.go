@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kafkaonce/kafkaonce/internal/consumerstatus"
 	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
 )
 
@@ -56,7 +57,7 @@ func (h *history) of(name string) []sample {
 
 // sampleOf reads what the chart shows of a status report.
 func sampleOf(r statusReport, at time.Time) sample {
-	s := sample{at: at, known: len(r.kafkaProblems()) == 0}
+	s := sample{at: at, known: len(r.KafkaProblems()) == 0}
 	for _, p := range r.Partitions {
 		s.lag += max(p.Lag, 0)
 		s.processed += max(p.Stored, 0)
@@ -81,7 +82,7 @@ func (p *page) sampleAll(ctx context.Context) {
 	now := time.Now()
 	for _, name := range names {
 		rec := recordOf[name]
-		r, err := status(ctx, p.c.pool, p.c.admin, p.s.schema, name, groupOf(p.o.groups[name], rec, name), rec, nil)
+		r, err := consumerstatus.Read(ctx, p.c.pool, p.c.admin, p.s.schema, name, groupOf(p.o.groups[name], rec, name), rec, nil)
 		if err != nil {
 			continue // the page says why when it is asked
 		}

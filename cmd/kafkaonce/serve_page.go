@@ -21,6 +21,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/consumerstatus"
 	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
 	"github.com/kafkaonce/kafkaonce/offsets"
 	"github.com/kafkaonce/kafkaonce/outbox"
@@ -260,10 +261,10 @@ func (p *page) overview(w http.ResponseWriter, r *http.Request) {
 	for _, name := range names {
 		rec := recordOf[name]
 		cv := consumerView{Name: name}
-		rep, err := status(ctx, pool, p.c.admin, p.s.schema, name, groupOf(p.o.groups[name], rec, name), rec, nil)
+		rep, err := consumerstatus.Read(ctx, pool, p.c.admin, p.s.schema, name, groupOf(p.o.groups[name], rec, name), rec, nil)
 		if err != nil {
 			cv.Err = p.redact(err)
-		} else if lines := rep.kafkaProblems(); len(lines) > 0 {
+		} else if lines := rep.KafkaProblems(); len(lines) > 0 {
 			cv.Err = p.redactText(strings.Join(lines, "; "))
 		}
 		for i := range rep.Partitions {

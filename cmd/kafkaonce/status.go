@@ -1,164 +1,28 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
-	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
-	"github.com/kafkaonce/kafkaonce/deadletter"
-	"github.com/kafkaonce/kafkaonce/dedupe"
-	"github.com/kafkaonce/kafkaonce/idempotency"
-	"github.com/kafkaonce/kafkaonce/internal/attempts"
-	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
-	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
-	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/internal/consumerstatus"
 	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
-	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
-type partitionStatus struct {
-	Topic     string `json:"topic"`
-	Partition int    `json:"partition"`
-	// LogStart and LogEnd are the log's bounds, -1 when Kafka did not give
-	// them (see statusReport.KafkaUnread).
-	LogStart int64 `json:"log_start"`
-	LogEnd   int64 `json:"log_end"`
-	// Committed is the group's committed offset, -1 when none or when
-	// Kafka did not give it.
-	Committed int64 `json:"kafka_committed"`
-	// Stored is the processed position in Postgres, -1 when none.
-	Stored int64 `json:"stored_position"`
-	// Lag is how many messages are not processed yet, -1 when unknown
-	// (Kafka did not give the log's bounds).
-	Lag int64 `json:"lag"`
-	// StoppedAt is set while the partition is stopped at a message it
-	// must not skip (its run recorded it; the next assignment clears it),
-	// and StopReason says why.
-	StoppedAt  *time.Time `json:"stopped_at,omitempty"`
-	StopReason string     `json:"stop_reason,omitempty"`
-	// HeldAt is set while a producer's open transaction holds the
-	// partition back: the offset of its first record, where processing
-	// waits since HeldSince (the run records it once the wait passed the
-	// consumer's OpenTransactionAfter).
-	HeldAt    *int64     `json:"held_at,omitempty"`
-	HeldSince *time.Time `json:"held_since,omitempty"`
-	// LastCommit is when a transaction of the consumer last moved the
-	// stored position (the position's updated_at); absent with no position.
-	LastCommit *time.Time `json:"last_commit,omitempty"`
-	// BatchLimit is the most messages the partition's transactions cover
-	// now, when contention made its run adapt; absent otherwise (its
-	// batches are then Config.MaxBatch).
-	BatchLimit *int `json:"batch_limit,omitempty"`
-	// ContentionRetries counts the transactions of the partition's current
-	// (or last) run that lost a race for rows and ran again.
-	ContentionRetries int64 `json:"contention_retries"`
-	// LastContention is when the last of them lost.
-	LastContention *time.Time `json:"last_contention,omitempty"`
-	// SerializedUntil is until when the consumer's transactions take turns
-	// at its gate, as this partition last saw it.
-	SerializedUntil *time.Time `json:"serialized_until,omitempty"`
-	// Paused is the pause that holds the partition, if one does.
-	Paused *pauseView `json:"paused,omitempty"`
-}
-
-// retriesCount is what status says of the messages set aside to be
-// retried later.
-type retriesCount struct {
-	Waiting int64 `json:"waiting"`
-	// NextDue is when the first waiting one is retried.
-	NextDue time.Time `json:"next_due,omitzero"`
-	Applied int64     `json:"applied_on_retry"`
-}
-
-type statusReport struct {
-	Consumer      string       `json:"consumer"`
-	Group         string       `json:"group"`
-	Schema        string       `json:"schema"`
-	SchemaVersion int          `json:"schema_version"`
-	Claims        dedupe.Stats `json:"claims"`
-	// DeadLetters and Pending count the dead letters and the open ones;
-	// messages set aside to be retried later are counted in Retries.
-	DeadLetters int64             `json:"dead_letters"`
-	Pending     int64             `json:"dead_letters_pending"`
-	Retries     retriesCount      `json:"retry_later"`
-	Suspects    int64             `json:"suspect_duplicates"`
-	Keys        keyCounts         `json:"idempotency_keys"`
-	Recent      []dedupe.Suspect  `json:"recent_suspect_duplicates,omitempty"`
-	Partitions  []partitionStatus `json:"partitions"`
-	// Pauses are the consumer's pauses (kafkaonce pause).
-	Pauses []pauseView `json:"pauses"`
-	// Recorded are the settings the consumer recorded when it last
-	// started; absent when it recorded none.
-	Recorded *recordedView `json:"recorded_settings,omitempty"`
-	// KafkaUnread names, topic by topic, what Kafka did not give and why;
-	// the partitions of such a topic show what Postgres holds. Absent when
-	// Kafka gave everything.
-	KafkaUnread []kafkaUnread `json:"kafka_not_read,omitempty"`
-}
-
-// kafkaUnread is what status could not read from Kafka for a topic.
-type kafkaUnread struct {
-	Topic string `json:"topic"`
-	// NotRead lists what is missing: "partitions", "log_bounds",
-	// "committed_offsets" (of the report's group).
-	NotRead []string `json:"not_read"`
-	Error   string   `json:"error"`
-}
-
-// Kafka's side of a topic, in the order status reads it: a failure leaves
-// the rest unread.
-var kafkaReads = []string{"partitions", "log_bounds", "committed_offsets"}
-
-// kafkaProblems says, a line per topic, what Kafka did not give and why.
-func (r statusReport) kafkaProblems() []string {
-	names := map[string]string{"partitions": "its partitions", "log_bounds": "log bounds", "committed_offsets": "the committed offsets of group " + r.Group}
-	var lines []string
-	for _, u := range r.KafkaUnread {
-		var what []string
-		for _, n := range u.NotRead {
-			what = append(what, names[n])
-		}
-		list := strings.Join(what, ", ")
-		if i := strings.LastIndex(list, ", "); i >= 0 {
-			list = list[:i] + " and " + list[i+2:]
-		}
-		lines = append(lines, fmt.Sprintf("KAFKA NOT READ for topic %s: %s (%s)", u.Topic, list, u.Error))
-	}
-	return lines
-}
-
-// recordedView shows a consumer's recorded settings.
-type recordedView struct {
-	// MessageIDRule is the rule's text, or "custom" for a function of the
-	// consumer's own.
-	MessageIDRule string    `json:"message_id_rule"`
-	Group         string    `json:"group"`
-	Topics        []string  `json:"topics"`
-	Brokers       []string  `json:"brokers"`
-	KafkaTLS      bool      `json:"kafka_tls"`
-	KafkaSASL     string    `json:"kafka_sasl,omitempty"`
-	RecordedAt    time.Time `json:"recorded_at"`
-	// RecordedBy names the worker that recorded them.
-	RecordedBy string `json:"recorded_by,omitempty"`
-}
-
-func viewOf(rec *recorded.Settings) *recordedView {
-	if rec == nil {
-		return nil
-	}
-	return &recordedView{MessageIDRule: rec.MessageIDRule, Group: rec.GroupID, Topics: rec.Topics, Brokers: rec.Brokers,
-		KafkaTLS: rec.KafkaTLS, KafkaSASL: rec.KafkaSASL, RecordedAt: rec.RecordedAt, RecordedBy: rec.RecordedBy}
-}
+// What status prints, read by internal/consumerstatus, which the page
+// (package opspage) shows too.
+type (
+	statusReport    = consumerstatus.Report
+	partitionStatus = consumerstatus.Partition
+	kafkaUnread     = consumerstatus.Unread
+	pauseView       = consumerstatus.PauseView
+)
 
 func statusCmd(s *settings) *cobra.Command {
 	var consumerName, group string
@@ -190,7 +54,7 @@ exit code is then 1.`,
 				return err
 			}
 			defer c.close()
-			r, err := status(ctx, c.pool, c.admin, s.schema, consumerName, groupOf(group, c.record, consumerName), c.record, topics)
+			r, err := consumerstatus.Read(ctx, c.pool, c.admin, s.schema, consumerName, groupOf(group, c.record, consumerName), c.record, topics)
 			if err != nil {
 				return err
 			}
@@ -210,245 +74,6 @@ exit code is then 1.`,
 	cmd.Flags().StringVar(&group, "group", "", "the consumer group (default: the recorded one, else the consumer's name)")
 	cmd.Flags().StringSliceVar(&topics, "topic", nil, "a topic to show (repeatable; default: the topics with stored positions, and the recorded ones)")
 	return cmd
-}
-
-func status(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, schemaName, consumerName, group string, rec *recorded.Settings, extra []string) (statusReport, error) {
-	r := statusReport{Consumer: consumerName, Group: group, Schema: schemaName, Recorded: viewOf(rec)}
-	var err error
-	if r.SchemaVersion, err = schema.Version(ctx, pool, schemaName); err != nil {
-		return r, err
-	}
-	if r.SchemaVersion < schema.LatestVersion() {
-		return r, fmt.Errorf("schema %s is at version %d, this tool needs %d: run kafkaonce migrate", schemaName, r.SchemaVersion, schema.LatestVersion())
-	}
-	claims, _ := dedupe.NewStore(schemaName)
-	positions, _ := offsets.NewStore(schemaName)
-	letters, _ := deadletter.NewStore(schemaName)
-	if r.Claims, err = claims.Stats(ctx, pool, consumerName); err != nil {
-		return r, err
-	}
-	lc, err := letters.Count(ctx, pool, consumerName)
-	if err != nil {
-		return r, err
-	}
-	r.DeadLetters, r.Pending = lc.Letters, lc.Open
-	r.Retries = retriesCount{Waiting: lc.Waiting, NextDue: lc.NextRetry, Applied: lc.AppliedOnRetry}
-	if r.Suspects, err = claims.CountSuspects(ctx, pool, consumerName); err != nil {
-		return r, err
-	}
-	if r.Recent, err = claims.Suspects(ctx, pool, consumerName, 5); err != nil {
-		return r, err
-	}
-	keys, _ := idempotency.NewStore(schemaName)
-	counts, err := keys.Count(ctx, pool)
-	if err != nil {
-		return r, err
-	}
-	r.Keys = keyCounts(counts)
-	stored, err := positions.List(ctx, pool, consumerName)
-	if err != nil {
-		return r, err
-	}
-	tries, _ := attempts.NewStore(schemaName)
-	paces, err := tries.Paces(ctx, pool, consumerName)
-	if err != nil {
-		return r, err
-	}
-	stops, err := tries.Stops(ctx, pool, consumerName)
-	if err != nil {
-		return r, err
-	}
-	holds, err := tries.Holds(ctx, pool, consumerName)
-	if err != nil {
-		return r, err
-	}
-	// Read with the rest of Postgres, before Kafka, which may use up the
-	// time a page's request has.
-	paused, err := readPauses(ctx, pool, schemaName, consumerName)
-	if err != nil {
-		return r, err
-	}
-	holdOf := map[string]map[int]attempts.HeldPartition{}
-	for _, h := range holds {
-		if holdOf[h.Topic] == nil {
-			holdOf[h.Topic] = map[int]attempts.HeldPartition{}
-		}
-		holdOf[h.Topic][h.Partition] = h
-	}
-	stopOf := map[string]map[int]attempts.Stop{}
-	for _, st := range stops {
-		if stopOf[st.Topic] == nil {
-			stopOf[st.Topic] = map[int]attempts.Stop{}
-		}
-		stopOf[st.Topic][st.Partition] = st
-	}
-	paceOf := map[string]map[int]attempts.PartitionPace{}
-	for _, p := range paces {
-		if paceOf[p.Topic] == nil {
-			paceOf[p.Topic] = map[int]attempts.PartitionPace{}
-		}
-		paceOf[p.Topic][p.Partition] = p
-	}
-	storedAt := map[string]map[int]offsets.Position{}
-	topicSet := map[string]bool{}
-	for _, p := range stored {
-		if storedAt[p.Topic] == nil {
-			storedAt[p.Topic] = map[int]offsets.Position{}
-		}
-		storedAt[p.Topic][p.Partition] = p
-		topicSet[p.Topic] = true
-	}
-	for _, t := range extra {
-		topicSet[t] = true
-	}
-	if rec != nil {
-		for _, t := range rec.Topics {
-			topicSet[t] = true
-		}
-	}
-	var topics []string
-	for t := range topicSet {
-		topics = append(topics, t)
-	}
-	sort.Strings(topics)
-	// down names the topic Kafka failed for other than by not having it:
-	// each request to a cluster that does not answer waits for its
-	// timeout, so the topics after it are not asked.
-	down := ""
-	for _, topic := range topics {
-		var k topicKafka
-		if down == "" {
-			k = readTopicKafka(ctx, admin, group, topic)
-		} else {
-			k.unread = &kafkaUnread{Topic: topic, NotRead: slices.Clone(kafkaReads), Error: "not asked after Kafka failed for topic " + down}
-		}
-		if k.unread != nil {
-			r.KafkaUnread = append(r.KafkaUnread, *k.unread)
-			var gone *kafkaadmin.NoTopicError
-			if down == "" && !errors.As(k.err, &gone) {
-				down = topic
-			}
-		}
-		parts := k.parts
-		if parts == nil {
-			// The partitions Postgres knows of.
-			known := map[int]bool{}
-			for p := range storedAt[topic] {
-				known[p] = true
-			}
-			for p := range paceOf[topic] {
-				known[p] = true
-			}
-			for p := range stopOf[topic] {
-				known[p] = true
-			}
-			for p := range holdOf[topic] {
-				known[p] = true
-			}
-			for p := range known {
-				parts = append(parts, p)
-			}
-			sort.Ints(parts)
-		}
-		for _, p := range parts {
-			ps := partitionStatus{Topic: topic, Partition: p, LogStart: -1, LogEnd: -1, Committed: -1, Stored: -1, Lag: -1}
-			if b, ok := k.bounds[p]; ok {
-				ps.LogStart, ps.LogEnd = b.Start, b.End
-			}
-			if c, ok := k.committed[p]; ok {
-				ps.Committed = c
-			}
-			if v, ok := storedAt[topic][p]; ok {
-				ps.Stored = v.Next
-				at := v.UpdatedAt
-				ps.LastCommit = &at
-			}
-			if pc, ok := paceOf[topic][p]; ok {
-				showPace(&ps, pc)
-			}
-			if st, ok := stopOf[topic][p]; ok {
-				at := st.At
-				ps.StoppedAt, ps.StopReason = &at, st.Reason
-			}
-			if h, ok := holdOf[topic][p]; ok {
-				at, since := h.At, h.Since
-				ps.HeldAt, ps.HeldSince = &at, &since
-			}
-			if k.bounds != nil {
-				done := max(ps.Committed, ps.Stored, ps.LogStart)
-				ps.Lag = max(ps.LogEnd-done, 0)
-			}
-			r.Partitions = append(r.Partitions, ps)
-		}
-	}
-	addPauses(&r, paused)
-	return r, nil
-}
-
-// topicKafka is Kafka's side of a topic, as far as it was read: a nil map
-// was not read, and unread says what was not, and err why.
-type topicKafka struct {
-	parts     []int
-	bounds    map[int]kafkaadmin.Bounds
-	committed map[int]int64
-	unread    *kafkaUnread
-	err       error
-}
-
-// readTopicKafka reads a topic's partitions, their log bounds and group's
-// committed offsets, stopping at the first failure.
-func readTopicKafka(ctx context.Context, admin *kafkaadmin.Admin, group, topic string) topicKafka {
-	var k topicKafka
-	fail := func(read int, err error) topicKafka {
-		k.err = err
-		why := err.Error()
-		// "context deadline exceeded" is what a client retrying a dial
-		// that cannot work says: the dial's own failure says why.
-		if f := admin.Client().Dials().Failing(); f != nil && (f.Cause != kafkaclient.DialFailed || errors.Is(err, context.DeadlineExceeded)) {
-			why += ": cannot connect to the brokers: " + f.String()
-		} else if errors.Is(err, context.DeadlineExceeded) {
-			why += ": the brokers did not answer in time"
-		}
-		k.unread = &kafkaUnread{Topic: topic, NotRead: slices.Clone(kafkaReads[read:]), Error: why}
-		return k
-	}
-	parts, err := admin.Partitions(ctx, topic)
-	if err != nil {
-		return fail(0, err)
-	}
-	k.parts = parts
-	if k.bounds, err = admin.LogBounds(ctx, topic, parts); err != nil {
-		return fail(1, err)
-	}
-	if k.committed, err = admin.Committed(ctx, group, topic, parts); err != nil {
-		return fail(2, err)
-	}
-	return k
-}
-
-func showPace(ps *partitionStatus, pc attempts.PartitionPace) {
-	ps.ContentionRetries = pc.ContentionRetries
-	if pc.Adapted {
-		limit := pc.BatchLimit
-		ps.BatchLimit = &limit
-	}
-	if !pc.LastContention.IsZero() {
-		last := pc.LastContention
-		ps.LastContention = &last
-	}
-	if !pc.SerializedUntil.IsZero() {
-		until := pc.SerializedUntil
-		ps.SerializedUntil = &until
-	}
-}
-
-// keyCounts counts the schema's idempotency keys (package idempotency).
-type keyCounts struct {
-	Total   int64 `json:"total"`
-	Expired int64 `json:"expired"`
-	Running int64 `json:"running"`
-	Stalled int64 `json:"stalled"`
-	GivenUp int64 `json:"given_up"`
 }
 
 // nextDue says when the first waiting retry is due, if any waits.
@@ -537,7 +162,7 @@ func printStatus(w io.Writer, r statusReport) {
 // printKafkaProblems says what Kafka did not give, and that what is shown
 // of those topics comes from Postgres.
 func printKafkaProblems(w io.Writer, r statusReport) {
-	lines := r.kafkaProblems()
+	lines := r.KafkaProblems()
 	for _, l := range lines {
 		fmt.Fprintln(w, l)
 	}

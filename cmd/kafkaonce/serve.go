@@ -72,7 +72,6 @@ the consumers record, when they all record the same.`,
 				mode = "actions allowed"
 			}
 			fmt.Fprintf(s.st.out, "serving on http://%s (%s)\n", l.Addr(), mode)
-			go page.sampleEvery(ctx, historyEvery)
 			srv := &http.Server{Handler: page.handler(), ReadHeaderTimeout: 10 * time.Second}
 			go func() {
 				<-ctx.Done()

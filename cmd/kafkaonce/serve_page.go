@@ -46,8 +46,6 @@ type page struct {
 	// form, and a POST must carry both.
 	token string
 	log   *slog.Logger
-	// history is what the page's own sampling saw (see serve_history.go).
-	history history
 }
 
 // Limits of what one page shows; the CLI lists the rest.
@@ -206,7 +204,7 @@ type consumerView struct {
 	Name   string
 	Report statusReport
 	Lag    int64
-	// Chart is the consumer's lag and commits over the last hour.
+	// Chart is the consumer's claims per minute over the last hour.
 	Chart template.HTML
 	// Stopped are the partitions stopped at a message, with why; Held
 	// those an open transaction holds back.
@@ -229,12 +227,14 @@ type letterClass struct {
 
 type overviewData struct {
 	chrome
-	Consumers   []consumerView
-	Classes     []deadletter.ClassCount
-	Letters     []letterClass
-	MoreLetters bool
-	Suspects    []suspectView
-	Conflicts   []deadletter.Letter
+	Consumers []consumerView
+	Classes   []deadletter.ClassCount
+	// LetterCharts are the letters of each class per hour, over a day.
+	LetterCharts []template.HTML
+	Letters      []letterClass
+	MoreLetters  bool
+	Suspects     []suspectView
+	Conflicts    []deadletter.Letter
 	// Backlog is read from the outbox table at each request, not from a
 	// relay: the page shows it with no relay running, or many.
 	Backlog outbox.Backlog
@@ -245,10 +245,18 @@ func (p *page) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	d := overviewData{chrome: p.chrome(r, "kafkaonce")}
 	pool := p.c.pool
+	now := time.Now()
 	names, err := p.positions.Consumers(ctx, pool)
 	if err != nil {
 		p.fail(w, err)
 		return
+	}
+	classes, err := lettersPerClass(ctx, pool, p.s.schema, names, now)
+	if err != nil {
+		d.Errors = append(d.Errors, p.redact(err))
+	}
+	for _, cs := range classes {
+		d.LetterCharts = append(d.LetterCharts, chart(cs.series, "letters of class "+cs.class+" per hour", "last 24 hours"))
 	}
 	records, err := p.s.loadRecords(ctx, pool)
 	if err != nil {
@@ -279,7 +287,11 @@ func (p *page) overview(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		cv.Report = rep
-		cv.Chart = chart(p.history.of(name))
+		if claims, err := claimsPerMinute(ctx, pool, p.s.schema, name, now); err != nil {
+			d.Errors = append(d.Errors, p.redact(err))
+		} else {
+			cv.Chart = chart(claims, "claims per minute", "last hour")
+		}
 		d.Consumers = append(d.Consumers, cv)
 		suspects, err := p.claims.Suspects(ctx, pool, name, pageSuspects)
 		if err != nil {

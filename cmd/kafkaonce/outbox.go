@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kafkaonce/kafkaonce/internal/consumerstatus"
 	"github.com/kafkaonce/kafkaonce/outbox"
 )
 
@@ -55,7 +56,7 @@ func outboxParkedCmd(s *settings) *cobra.Command {
 				b.Parked = []outbox.Parked{}
 			}
 			return s.emit(b, func(w io.Writer) {
-				fmt.Fprintf(w, "%s rows to deliver (%s of them waiting for a retry), %s parked", backlogCount(b.Pending), backlogCount(b.Waiting), backlogCount(b.ParkedCount))
+				fmt.Fprintf(w, "%s rows to deliver (%s of them waiting for a retry), %s parked", consumerstatus.BacklogCount(b.Pending), consumerstatus.BacklogCount(b.Waiting), consumerstatus.BacklogCount(b.ParkedCount))
 				if counts.OldestPendingAge > 0 {
 					fmt.Fprintf(w, "; the oldest written %s ago", counts.OldestPendingAge.Round(time.Second))
 				}

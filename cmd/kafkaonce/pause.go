@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/kafkaonce/kafkaonce/internal/consumerstatus"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/pauses"
 )
@@ -264,17 +265,7 @@ func covers(wide, narrow pauses.Scope) bool {
 }
 
 // scopeFlags are the flags that name scope.
-func scopeFlags(scope pauses.Scope) string {
-	p, one := scope.Partition()
-	switch {
-	case scope.Topic() == "":
-		return ""
-	case !one:
-		return " --topic " + scope.Topic()
-	default:
-		return fmt.Sprintf(" --topic %s --partition %d", scope.Topic(), p)
-	}
-}
+var scopeFlags = consumerstatus.ScopeFlags
 
 // whoAmI names the operator for a pause's record.
 func whoAmI() string {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -182,32 +183,49 @@ var saslFlagValues = []string{"plain", "scram-sha-256", "scram-sha-512", "oauthb
 // SASL mechanism.
 func (s *settings) kafkaConfig(k kafkaSettings) (kafkaclient.Config, error) {
 	cfg := kafkaclient.Config{Brokers: k.brokers, ClientID: "kafkaonce-cli", MaxBatch: 1000, FetchMaxBytes: 8 << 20}
+	tlsCfg, auth, err := s.kafkaAuth(k)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.TLS = tlsCfg
+	mech, err := kafkaclient.Mechanism(auth)
+	if err != nil {
+		return cfg, fmt.Errorf("--kafka-sasl: %w", err)
+	}
+	cfg.SASL = mech
+	return cfg, nil
+}
+
+// kafkaAuth is the TLS and SASL of k (nil for none), from the flags and
+// the environment.
+func (s *settings) kafkaAuth(k kafkaSettings) (*tls.Config, *kafkaconn.SASL, error) {
+	var tlsCfg *tls.Config
 	if k.tls || s.tlsFiles != (kafkaconn.TLSFiles{}) {
 		t, err := kafkaconn.TLSConfig(s.tlsFiles)
 		if err != nil {
-			return cfg, fmt.Errorf("--kafka-ca-file, --kafka-cert-file, --kafka-key-file: %w", err)
+			return nil, nil, fmt.Errorf("--kafka-ca-file, --kafka-cert-file, --kafka-key-file: %w", err)
 		}
-		cfg.TLS = t
+		tlsCfg = t
 	}
 	if k.sasl == "" {
-		return cfg, nil
+		return tlsCfg, nil, nil
 	}
 	auth := &kafkaconn.SASL{Mechanism: kafkaconn.Mechanism(strings.ToUpper(k.sasl)), Username: s.saslUser, Password: s.st.getenv("KAFKA_PASSWORD"), AllowPlaintext: s.plaintextSASL}
 	switch auth.Mechanism {
 	case kafkaconn.Plain, kafkaconn.ScramSHA256, kafkaconn.ScramSHA512:
 		if auth.Username == "" || auth.Password == "" {
-			return cfg, fmt.Errorf("--kafka-sasl %s needs --kafka-user and KAFKA_PASSWORD", k.sasl)
+			return nil, nil, fmt.Errorf("--kafka-sasl %s needs --kafka-user and KAFKA_PASSWORD", k.sasl)
 		}
 		// User and password are there, so what CheckOver refuses is
 		// PLAIN without TLS: said here in the flags' words, not the Go
 		// fields'.
-		if auth.CheckOver(cfg.TLS) != nil {
-			return cfg, errors.New("--kafka-sasl plain without TLS would send the password in clear: pass --kafka-tls (or --kafka-ca-file), use --kafka-sasl scram-sha-512, or, for a development broker on loopback only, --kafka-allow-plaintext-sasl")
+		if auth.CheckOver(tlsCfg) != nil {
+			return nil, nil, errors.New("--kafka-sasl plain without TLS would send the password in clear: pass --kafka-tls (or --kafka-ca-file), use --kafka-sasl scram-sha-512, or, for a development broker on loopback only, --kafka-allow-plaintext-sasl")
 		}
 	case kafkaconn.OAuthBearer:
 		token := s.st.getenv("KAFKA_OAUTH_TOKEN")
 		if token == "" {
-			return cfg, errors.New("--kafka-sasl oauthbearer needs the bearer token in KAFKA_OAUTH_TOKEN")
+			return nil, nil, errors.New("--kafka-sasl oauthbearer needs the bearer token in KAFKA_OAUTH_TOKEN")
 		}
 		auth.Token = func(context.Context) (string, error) { return token, nil }
 	case kafkaconn.AWSMSKIAM:
@@ -220,14 +238,9 @@ func (s *settings) kafkaConfig(k kafkaSettings) (kafkaclient.Config, error) {
 			return c, nil
 		}
 	default:
-		return cfg, fmt.Errorf("--kafka-sasl must be one of %s (got %q)", strings.Join(saslFlagValues, ", "), k.sasl)
+		return nil, nil, fmt.Errorf("--kafka-sasl must be one of %s (got %q)", strings.Join(saslFlagValues, ", "), k.sasl)
 	}
-	mech, err := kafkaclient.Mechanism(auth)
-	if err != nil {
-		return cfg, fmt.Errorf("--kafka-sasl: %w", err)
-	}
-	cfg.SASL = mech
-	return cfg, nil
+	return tlsCfg, auth, nil
 }
 
 // conn is what most commands need: a pool on the settled schema, the named

@@ -63,6 +63,7 @@ the consumers record, when they all record the same.`,
 			if err != nil {
 				return err
 			}
+			defer page.close()
 			l, err := net.Listen("tcp", o.listen)
 			if err != nil {
 				return fmt.Errorf("--listen %s: %w", o.listen, err)
@@ -125,9 +126,10 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// connectServe opens Postgres on the settled schema and Kafka, whose
-// brokers, when neither --brokers nor KAFKA_BROKERS gives them, are those
-// every consumer of the schema records.
+// connectServe opens Postgres on the settled schema and settles Kafka's
+// settings, whose brokers, when neither --brokers nor KAFKA_BROKERS gives
+// them, are those every consumer of the schema records. The page makes its
+// own Kafka client.
 func (s *settings) connectServe(ctx context.Context) (*conn, error) {
 	c, err := s.connectDB(ctx, "")
 	if err != nil {
@@ -148,7 +150,7 @@ func (s *settings) connectServe(ctx context.Context) (*conn, error) {
 	if shared != nil {
 		who = "every consumer of schema " + s.schema
 	}
-	if err := s.connectKafkaAs(c, shared, who); err != nil {
+	if c.kafka, err = s.kafkaSettings(shared, who); err != nil {
 		c.close()
 		return nil, err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/internal/faultproxy"
+	"github.com/kafkaonce/kafkaonce/opspage"
 	"github.com/kafkaonce/kafkaonce/outbox"
 )
 
@@ -64,7 +65,7 @@ func TestServeRemoteOnEveryInterfaceAnswersARebindingHost(t *testing.T) {
 			req.Host = rebound
 			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 			req.Header.Set("Origin", "http://"+rebound)
-			req.AddCookie(&http.Cookie{Name: csrfCookie, Value: token})
+			req.AddCookie(&http.Cookie{Name: opspage.CSRFCookie, Value: token})
 			res2, _ := sendNoRedirect(t, srv, req)
 			settled := w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("dead_letters")+` WHERE id = $1 AND settled_at IS NOT NULL`, bad3)
 			t.Errorf("--listen %s: Host %s was served (200) and the rebinding page's POST answered %d; letter %s settled: %v",

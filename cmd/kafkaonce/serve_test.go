@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/opspage"
 	"github.com/kafkaonce/kafkaonce/outbox"
 )
 
@@ -80,6 +81,7 @@ func (w *world) servePageOf(env map[string]string, o serveOptions, args ...strin
 	}
 	p, err := newPage(s, c, o)
 	require.NoError(w.t, err)
+	w.t.Cleanup(p.close)
 	srv := httptest.NewServer(p.handler())
 	w.t.Cleanup(srv.Close)
 	return p, srv
@@ -212,7 +214,7 @@ func post(t *testing.T, srv *httptest.Server, path, origin, cookie, token string
 		req.Header.Set("Origin", origin)
 	}
 	if cookie != "" {
-		req.AddCookie(&http.Cookie{Name: csrfCookie, Value: cookie})
+		req.AddCookie(&http.Cookie{Name: opspage.CSRFCookie, Value: cookie})
 	}
 	client := *srv.Client()
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
@@ -275,7 +277,7 @@ func tokenOf(t *testing.T, res *http.Response, body string) string {
 	token, _, _ := strings.Cut(rest, `"`)
 	var cookie *http.Cookie
 	for _, c := range res.Cookies() {
-		if c.Name == csrfCookie {
+		if c.Name == opspage.CSRFCookie {
 			cookie = c
 		}
 	}
@@ -447,4 +449,12 @@ func TestDeadLettersSettleAndOutboxRetry(t *testing.T) {
 	require.Contains(t, out, "put 1 of 1 row(s) back")
 	out, _, _ = w.cli("outbox", "parked")
 	require.Contains(t, out, "1 rows to deliver (0 of them waiting for a retry), 0 parked")
+}
+
+// consumerProbe is a consumer of the readiness probe's answer.
+type consumerProbe struct {
+	Name    string `json:"name"`
+	Stopped int    `json:"stopped_partitions"`
+	Held    int    `json:"held_partitions"`
+	Paused  int    `json:"pauses"`
 }

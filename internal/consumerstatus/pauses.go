@@ -2,6 +2,7 @@ package consumerstatus
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -54,5 +55,19 @@ func addPauses(r *Report, list []pauses.Pause) {
 			v := viewOfPause(p)
 			ps.Paused = &v
 		}
+	}
+}
+
+// ScopeFlags are the CLI's flags that name scope: the page names the
+// command that does what it does.
+func ScopeFlags(scope pauses.Scope) string {
+	p, one := scope.Partition()
+	switch {
+	case scope.Topic() == "":
+		return ""
+	case !one:
+		return " --topic " + scope.Topic()
+	default:
+		return fmt.Sprintf(" --topic %s --partition %d", scope.Topic(), p)
 	}
 }

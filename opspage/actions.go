@@ -1,4 +1,4 @@
-package main
+package opspage
 
 import (
 	"crypto/subtle"
@@ -11,8 +11,9 @@ import (
 	"github.com/kafkaonce/kafkaonce/deadletter"
 )
 
-// csrfCookie carries the page's token back with an action's POST.
-const csrfCookie = "kafkaonce_csrf"
+// CSRFCookie is the cookie that carries the page's token back with an
+// action's POST. It is set for the page's prefix only.
+const CSRFCookie = "kafkaonce_csrf"
 
 // action is one thing the page can change: what its confirmation page says
 // it will do, and the call that does it, the same as the CLI command's.
@@ -27,7 +28,7 @@ type action struct {
 }
 
 // actions registers the actions: a GET of the path asks for confirmation,
-// a POST performs it. Without --allow-actions both are refused, and no
+// a POST performs it. Unless actions are allowed both are refused, and no
 // page links to them.
 func (p *page) actions(mux *http.ServeMux) {
 	for path, a := range map[string]action{
@@ -38,8 +39,8 @@ func (p *page) actions(mux *http.ServeMux) {
 		"/consumers/{name}/resume": p.resume(),
 	} {
 		mux.HandleFunc("GET "+path, func(w http.ResponseWriter, r *http.Request) {
-			if !p.o.allowActions {
-				http.Error(w, readOnly, http.StatusForbidden)
+			if !p.o.AllowActions {
+				http.Error(w, p.o.ReadOnlyHint, http.StatusForbidden)
 				return
 			}
 			d, ok := a.confirm(w, r)
@@ -47,12 +48,12 @@ func (p *page) actions(mux *http.ServeMux) {
 				return
 			}
 			d.chrome = p.chrome(r, d.Title) // the title confirm chose, and the rest
-			d.Back = a.back(r)
+			d.Back = p.base + a.back(r)
 			p.render(w, "confirm.html", d)
 		})
 		mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) {
-			if !p.o.allowActions {
-				http.Error(w, readOnly, http.StatusForbidden)
+			if !p.o.AllowActions {
+				http.Error(w, p.o.ReadOnlyHint, http.StatusForbidden)
 				return
 			}
 			if err := p.checkPost(w, r); err != nil {
@@ -69,12 +70,10 @@ func (p *page) actions(mux *http.ServeMux) {
 				p.fail(w, err)
 				return
 			}
-			http.Redirect(w, r, a.back(r)+"?done="+notice, http.StatusSeeOther)
+			http.Redirect(w, r, p.base+a.back(r)+"?done="+notice, http.StatusSeeOther)
 		})
 	}
 }
-
-const readOnly = "the page is read-only: start kafkaonce serve with --allow-actions to redrive, settle, un-park, pause and resume"
 
 // formError is an action's refusal of what its request asked: the asker
 // can fix it (400), where any other error is the page's (500).
@@ -95,7 +94,7 @@ func (p *page) checkPost(w http.ResponseWriter, r *http.Request) error {
 	if err := r.ParseForm(); err != nil {
 		return errors.New("refused: the form could not be read")
 	}
-	c, err := r.Cookie(csrfCookie)
+	c, err := r.Cookie(CSRFCookie)
 	if err != nil || !sameToken(c.Value, p.token) || !sameToken(r.PostForm.Get("csrf"), p.token) {
 		return errors.New("refused: the form's token is missing or stale (the server restarted?): reload the page and try again")
 	}
@@ -137,7 +136,7 @@ func (p *page) letterBack(r *http.Request) string { return "/letters/" + r.PathV
 func (p *page) openLetter(w http.ResponseWriter, r *http.Request) (deadletter.Letter, bool) {
 	l, ok := p.findLetter(w, r)
 	if ok && !letterOpen(&l) {
-		http.Redirect(w, r, p.letterBack(r)+"?done=unchanged", http.StatusSeeOther)
+		http.Redirect(w, r, p.base+p.letterBack(r)+"?done=unchanged", http.StatusSeeOther)
 		return l, false
 	}
 	return l, ok
@@ -154,11 +153,11 @@ func (p *page) redrive() action {
 				}}, ok
 		},
 		do: func(r *http.Request) (string, error) {
-			l, err := p.letters.Get(r.Context(), p.c.pool, idOf(r))
+			l, err := p.letters.Get(r.Context(), p.pool, idOf(r))
 			if err != nil {
 				return "", err
 			}
-			n, err := p.letters.RequestRedrive(r.Context(), p.c.pool, l.Consumer, []int64{l.ID})
+			n, err := p.letters.RequestRedrive(r.Context(), p.pool, l.Consumer, []int64{l.ID})
 			return changed(n, "redrive"), err
 		},
 		back: p.letterBack,
@@ -176,11 +175,11 @@ func (p *page) settle() action {
 				}}, ok
 		},
 		do: func(r *http.Request) (string, error) {
-			l, err := p.letters.Get(r.Context(), p.c.pool, idOf(r))
+			l, err := p.letters.Get(r.Context(), p.pool, idOf(r))
 			if err != nil {
 				return "", err
 			}
-			n, err := p.letters.Settle(r.Context(), p.c.pool, l.Consumer, []int64{l.ID})
+			n, err := p.letters.Settle(r.Context(), p.pool, l.Consumer, []int64{l.ID})
 			return changed(n, "settled"), err
 		},
 		back: p.letterBack,
@@ -198,7 +197,7 @@ func (p *page) unpark() action {
 				}}, true
 		},
 		do: func(r *http.Request) (string, error) {
-			n, err := p.outbox.Retry(r.Context(), p.c.pool, r.PathValue("id"))
+			n, err := p.outbox.Retry(r.Context(), p.pool, r.PathValue("id"))
 			return changed(n, "unparked"), err
 		},
 		back: func(*http.Request) string { return "/" },

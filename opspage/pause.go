@@ -1,4 +1,4 @@
-package main
+package opspage
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kafkaonce/kafkaonce/internal/consumerstatus"
 	"github.com/kafkaonce/kafkaonce/pauses"
 )
 
@@ -50,7 +51,7 @@ func (p *page) pauseAction(verb string, ask bool, what func(name string, scope p
 			if err != nil {
 				return "", &formError{err.Error()}
 			}
-			store, err := pauses.NewStore(p.s.schema)
+			store, err := pauses.NewStore(p.schema)
 			if err != nil {
 				return "", err
 			}
@@ -68,20 +69,20 @@ func (p *page) pause() action {
 	return p.pauseAction("Pause", true,
 		func(name string, scope pauses.Scope) []string {
 			return []string{
-				fmt.Sprintf("This pauses %s of consumer %s, as kafkaonce pause --consumer %s%s does.", scope, name, name, scopeFlags(scope)),
+				fmt.Sprintf("This pauses %s of consumer %s, as kafkaonce pause --consumer %s%s does.", scope, name, name, consumerstatus.ScopeFlags(scope)),
 				"Every running member of the consumer obeys within a second or so: each partition covered finishes the transaction it is in, stops waiting between retries, then keeps its assignment, fetches nothing and holds no transaction open, across rebalances and restarts, until it is resumed.",
 			}
 		},
 		func(r *http.Request, store *pauses.Store, name string, scope pauses.Scope) (bool, error) {
-			by, reason := "kafkaonce serve, from "+r.RemoteAddr, r.PostForm.Get("reason")
+			by, reason := p.o.Operator(r), r.PostForm.Get("reason")
 			lasting, err := pauseLasting(r.PostForm.Get("for"))
 			switch {
 			case err != nil:
 				return false, err
 			case lasting > 0:
-				return store.PauseFor(r.Context(), p.c.pool, name, scope, lasting, by, reason)
+				return store.PauseFor(r.Context(), p.pool, name, scope, lasting, by, reason)
 			}
-			return store.Pause(r.Context(), p.c.pool, name, scope, by, reason)
+			return store.Pause(r.Context(), p.pool, name, scope, by, reason)
 		}, "paused")
 }
 
@@ -103,11 +104,11 @@ func (p *page) resume() action {
 	return p.pauseAction("Resume", false,
 		func(name string, scope pauses.Scope) []string {
 			return []string{
-				fmt.Sprintf("This lifts the pause of %s of consumer %s, as kafkaonce resume --consumer %s%s does.", scope, name, name, scopeFlags(scope)),
+				fmt.Sprintf("This lifts the pause of %s of consumer %s, as kafkaonce resume --consumer %s%s does.", scope, name, name, consumerstatus.ScopeFlags(scope)),
 				"The partitions no other pause covers fetch again from where they stopped, within a second or so: nothing is skipped, and nothing applied is applied again.",
 			}
 		},
 		func(r *http.Request, store *pauses.Store, name string, scope pauses.Scope) (bool, error) {
-			return store.Resume(r.Context(), p.c.pool, name, scope)
+			return store.Resume(r.Context(), p.pool, name, scope)
 		}, "resumed")
 }

@@ -1,4 +1,4 @@
-package main
+package opspage
 
 import (
 	"context"
@@ -37,7 +37,7 @@ func (p *page) probes(mux *http.ServeMux) {
 		consumers, err := p.consumerProbes(ctx)
 		if err != nil {
 			writeProbe(w, http.StatusServiceUnavailable, map[string]any{"ready": false,
-				"problems": []string{"postgres: no answer within " + probeTimeout.String() + ": " + redact(err.Error(), p.s.databaseURL, "")}})
+				"problems": []string{"postgres: no answer within " + probeTimeout.String() + ": " + p.redact(err)}})
 			return
 		}
 		writeProbe(w, http.StatusOK, map[string]any{"ready": true, "problems": []string{}, "consumers": consumers})
@@ -45,20 +45,20 @@ func (p *page) probes(mux *http.ServeMux) {
 }
 
 func (p *page) consumerProbes(ctx context.Context) ([]consumerProbe, error) {
-	store, err := pauses.NewStore(p.s.schema)
+	store, err := pauses.NewStore(p.schema)
 	if err != nil {
 		return nil, err
 	}
 	// The pauses that hold, as the consumers and status count them.
-	paused, err := store.Count(ctx, p.c.pool)
+	paused, err := store.Count(ctx, p.pool)
 	if err != nil {
 		return nil, err
 	}
-	runs := schema.Table(p.s.schema, "partition_runs")
-	rows, err := p.c.pool.Query(ctx, `SELECT name,
+	runs := schema.Table(p.schema, "partition_runs")
+	rows, err := p.pool.Query(ctx, `SELECT name,
   (SELECT count(*) FROM `+runs+` r WHERE r.consumer = c.name AND r.stopped_at IS NOT NULL),
   (SELECT count(*) FROM `+runs+` r WHERE r.consumer = c.name AND r.held_at IS NOT NULL)
-FROM `+schema.Table(p.s.schema, "consumers")+` c ORDER BY name`)
+FROM `+schema.Table(p.schema, "consumers")+` c ORDER BY name`)
 	if err != nil {
 		return nil, err
 	}

@@ -21,7 +21,7 @@ import (
 // hour of one consumer's letters) by a LIMIT, so that a consumer applying
 // far more than the cap, or a flood of letters, costs at most
 // buckets × cap index entries. Measured on tables of a million rows
-// (docs/operations.md, "Mounting the page"): a consumer whose whole million
+// (docs/operations.md, serve, "Charts"): a consumer whose whole million
 // claims fell in the last hour, 220 ms; one whose million spread over ten
 // days, 1.4 ms; a day of 250,000 letters, 70 ms.
 const (

@@ -7,13 +7,16 @@ import "time"
 // message fail, and retrying each in turn only holds partitions and piles
 // up letters. The pause is an ordinary pause (package pauses), stored in
 // Postgres with its reason, obeyed by every member, shown by status and
-// the page, and lifted by hand as any other (kafkaonce resume). It ends by
-// itself after CoolDown: the failing topic is then tried again (a probe),
-// and the first failure of the probe pauses it again for twice as long,
-// up to MaxCoolDown, while a message applied closes the breaker. A pause
-// drops nothing and reorders nothing: each partition finishes the batch it
-// is in, stops waiting between the retries of a failing message, and goes
-// on from where it stopped once resumed.
+// the page, and lifted by hand as any other (kafkaonce resume: the breaker
+// then counts afresh). It ends by itself after CoolDown: the failing topic
+// is then tried again (a probe), and the first failure of the probe
+// pauses it again for twice as long, up to MaxCoolDown, while a message
+// applied closes the breaker. A pause drops nothing and reorders nothing:
+// each partition finishes the batch it is in, stops waiting between the
+// retries of a failing message, and goes on from where it stopped once
+// resumed. From its trip until it closes, the breaker holds the failing
+// message: its pauses and probes do not spend the message's attempts
+// (Retry.MaxAttempts, Retry.MaxElapsed), so it is not set aside for them.
 //
 // Each member counts the failures it sees; any member that trips pauses
 // the topic for all. The zero CircuitBreaker is off.

@@ -46,7 +46,7 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 		if err := w.attempts.Fail(work, w.db, key, string(prior.kind), prior.err.Error()); err != nil {
 			w.log.Warn("could not record the failure of an attempt", w.logAttrs(slog.Int64("offset", it.msg.Offset), slog.String("error", err.Error()))...)
 		}
-		if rec.Attempts >= w.cfg.MaxAttempts || w.elapsedOut(rec) {
+		if (rec.Attempts >= w.cfg.MaxAttempts || w.elapsedOut(rec)) && !w.breaker.holding(w.topic) {
 			f := exhausted(prior)
 			f.attempts, f.first = rec.Attempts, rec.FirstAttemptAt
 			return w.setAside(stop, work, one, f)
@@ -63,7 +63,7 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 			if rec, err = w.recordAttempt(stop, work, key, it.msg.ID, 1); err != nil {
 				return err
 			}
-			if w.exhausted(rec) {
+			if w.exhausted(rec) && !w.breaker.holding(w.topic) {
 				return w.setAside(stop, work, one, exhaustedFrom(rec, last, w.cfg.MaxAttempts))
 			}
 		}
@@ -93,7 +93,7 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 			w.log.Warn("could not record the failure of an attempt", w.logAttrs(slog.Int64("offset", it.msg.Offset), slog.String("error", err.Error()))...)
 		}
 		last, count = f, true
-		if rec.Attempts >= w.cfg.MaxAttempts || w.elapsedOut(rec) {
+		if (rec.Attempts >= w.cfg.MaxAttempts || w.elapsedOut(rec)) && !w.breaker.holding(w.topic) {
 			return w.setAside(stop, work, one, exhausted(f))
 		}
 	}

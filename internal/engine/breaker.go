@@ -61,24 +61,24 @@ func (b *breaker) counts(class kafkaoncetype.Class) bool {
 	return class != "" && (len(b.cfg.Classes) == 0 || slices.Contains(b.cfg.Classes, class))
 }
 
-// failed counts a failure of class on topic at now, and says whether it
-// trips the breaker, for how long, and how many failures it counted.
-func (b *breaker) failed(topic string, class kafkaoncetype.Class, now time.Time) (trip bool, pause time.Duration, counted int) {
+// failed counts a failure of class on topic at now, paused saying whether
+// a pause covers the failing partition now, and says whether it trips the
+// breaker, for how long, and how many failures it counted.
+func (b *breaker) failed(topic string, class kafkaoncetype.Class, now time.Time, paused bool) (trip bool, pause time.Duration, counted int) {
 	if b == nil || !b.counts(class) {
 		return false, 0, 0
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := b.scopes[b.scopeOf(topic)]
-	if s == nil {
-		s = &breakerScope{coolDown: b.cfg.CoolDown}
-		b.scopes[b.scopeOf(topic)] = s
-	}
+	s := b.scope(topic)
 	switch {
-	case now.Before(s.openTill):
-		// The pause is on its way, or lifted by hand: the failures of the
-		// batch in progress are the ones that tripped it.
+	case now.Before(s.openTill) && paused:
+		// The failures of batches in progress when it tripped.
 		return false, 0, 0
+	case now.Before(s.openTill):
+		// The pause was lifted by hand (or never stored): the breaker
+		// counts afresh, as one that never tripped.
+		*s = breakerScope{coolDown: b.cfg.CoolDown}
 	case !s.openTill.IsZero():
 		// The pause ended: this failure is the probe's.
 		s.probing, s.openTill = true, time.Time{}
@@ -99,19 +99,61 @@ func (b *breaker) failed(topic string, class kafkaoncetype.Class, now time.Time)
 	return true, s.coolDown, counted
 }
 
-// applied closes topic's breaker at now when the pause it made has ended:
-// a message applied after it is the probe that succeeded.
-func (b *breaker) applied(topic string, now time.Time) {
+// applied closes topic's breaker at now when the pause it made has ended
+// (a message applied after it is the probe that succeeded) or was lifted
+// by hand (paused false before its end: the operator chose to go on). A
+// message applied while the pause holds was in a batch under way when the
+// breaker tripped, and changes nothing.
+func (b *breaker) applied(topic string, now time.Time, paused bool) {
 	if b == nil {
 		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := b.scopes[b.scopeOf(topic)]
-	if s == nil || now.Before(s.openTill) || (!s.probing && s.openTill.IsZero()) {
+	s := b.scope(topic)
+	if now.Before(s.openTill) && paused || !s.probing && s.openTill.IsZero() {
 		return
 	}
 	*s = breakerScope{coolDown: b.cfg.CoolDown}
+}
+
+// resumed tells the breaker that topic's partition fetches again at now.
+// Before the end of the pause the breaker made, that is an operator's
+// resume: the operator chose to go on, and the breaker counts afresh, as
+// one that never tripped (its first failure is no failed probe). After
+// it, the pause ended by itself, and the probe is on.
+func (b *breaker) resumed(topic string, now time.Time) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s := b.scope(topic); now.Before(s.openTill) {
+		*s = breakerScope{coolDown: b.cfg.CoolDown}
+	}
+}
+
+// holding reports whether the breaker has tripped for topic and not closed
+// since: its messages are not set aside for running out of attempts, since
+// the breaker's pauses, and the probes after them, are what spends them.
+func (b *breaker) holding(topic string) bool {
+	if b == nil {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.scope(topic)
+	return s.probing || !s.openTill.IsZero()
+}
+
+// scope is topic's state; b.mu is held.
+func (b *breaker) scope(topic string) *breakerScope {
+	s := b.scopes[b.scopeOf(topic)]
+	if s == nil {
+		s = &breakerScope{coolDown: b.cfg.CoolDown}
+		b.scopes[b.scopeOf(topic)] = s
+	}
+	return s
 }
 
 // breakerFailed counts a failure of msg for the breaker, and pauses the
@@ -121,7 +163,7 @@ func (b *breaker) applied(topic string, now time.Time) {
 // logged: the breaker stays open until the pause would have ended, and
 // the messages are retried as without one.
 func (w *worker) breakerFailed(ctx context.Context, msg *kafkaoncetype.Message, f *failure) {
-	trip, d, counted := w.breaker.failed(msg.Topic, f.kind, time.Now())
+	trip, d, counted := w.breaker.failed(msg.Topic, f.kind, time.Now(), w.pausedNow())
 	if !trip {
 		return
 	}
@@ -141,6 +183,13 @@ func (w *worker) breakerFailed(ctx context.Context, msg *kafkaoncetype.Message, 
 	if err := w.pauseAs(pctx, scope, d, breakerBy(w.cfg.Name), why); err != nil {
 		w.log.Warn("circuit breaker: could not store the pause; the messages are retried as without one", w.logAttrs(slog.String("error", err.Error()))...)
 	}
+}
+
+// pausedNow reports whether a pause covers the worker's partition, as the
+// consumer last read its pauses.
+func (w *worker) pausedNow() bool {
+	_, paused, _, _ := w.pauses.state(w.topic, w.partition)
+	return paused
 }
 
 // breakerBy names the circuit breaker as the author of its pauses.

@@ -87,7 +87,7 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 		w.wakePublisher()
 	}
 	if applied {
-		w.breaker.applied(w.topic, time.Now())
+		w.breaker.applied(w.topic, time.Now(), w.pausedNow())
 	}
 	w.next, w.positionKnown = items[len(items)-1].end, true
 	w.mark(w.next)

@@ -201,6 +201,7 @@ func (w *worker) waitWhilePaused(stop context.Context) (paused bool) {
 		p, paused, loaded, changed := w.pauses.state(w.topic, w.partition)
 		if loaded && !paused {
 			if reported != nil {
+				w.breaker.resumed(w.topic, time.Now())
 				w.log.Info("partition resumed", w.logAttrs()...)
 				w.reportPause(stop, kafkaoncetype.PartitionPaused{Topic: w.topic, Partition: w.partition, Resumed: true})
 			}

@@ -207,3 +207,79 @@ func TestNewHandlerNamesWhatIsMissing(t *testing.T) {
 	_, err = opspage.NewHandler(nil, nil)
 	require.ErrorContains(t, err, "pool")
 }
+
+// The handler takes paths with the prefix (docs/operations.md "Mounting
+// the page"), from a router that need not clean them (chi, gorilla with
+// SkipClean, or the page as a server's whole handler behind a middleware).
+// A path with a double slash or a dot segment under the prefix is
+// redirected to its clean form: that redirect, like every other, must stay
+// under the prefix.
+func TestHandlerRedirectsOfUncleanPathsStayUnderThePrefix(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	k := testenv.NewKafka(t)
+	page, err := opspage.NewHandler(db.Pool, &opspage.Options{Schema: db.Schema, Prefix: prefix, AllowActions: true, Brokers: k.Brokers})
+	require.NoError(t, err)
+	t.Cleanup(page.Close)
+	for _, p := range []string{prefix + "//letters/1", prefix + "/./", prefix + "/letters/1/../../../x", "//letters/1"} { // the last: stripped already
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "http://ops.example/", nil)
+		req.URL.Path = p
+		page.ServeHTTP(rec, req)
+		loc := rec.Header().Get("Location")
+		require.NotEmpty(t, loc, "GET %s is not redirected to its clean path", p)
+		require.True(t, strings.HasPrefix(loc, prefix+"/"), "GET %s redirects to %q, outside %s", p, loc, prefix)
+	}
+}
+
+// A prefix with a character that needs escaping in a URL (here "ü"; NewHandler
+// takes it): the token's cookie must still be sent back to the page's
+// paths ("Every link, form, redirect and the token's cookie (Path) start
+// with Options.Prefix"), so that an action with the page's own form and
+// token works.
+func TestActionsWorkUnderAPrefixThatNeedsEscaping(t *testing.T) {
+	t.Parallel()
+	const pre = "/ops/kafkaonce-ü"
+	db := testenv.NewDB(t)
+	k := testenv.NewKafka(t)
+	topic := k.Topic(t, 1)
+	name := testenv.Name(t, "c")
+	db.Exec(t, `INSERT INTO `+db.Table("dead_letters")+` (consumer, topic, partition, kafka_offset, message_id, message_value, error_class, error, attempts, first_failed_at, last_failed_at)
+VALUES ($1, $2, 0, 1, 'm1', 'v', 'permanent', 'partner said no', 1, now(), now())`, name, topic)
+	id := strconv.FormatInt(db.Int(t, `SELECT id FROM `+db.Table("dead_letters")+` WHERE consumer = $1`, name), 10)
+	page, err := opspage.NewHandler(db.Pool, &opspage.Options{Schema: db.Schema, Prefix: pre, AllowActions: true, Brokers: k.Brokers})
+	require.NoError(t, err)
+	t.Cleanup(page.Close)
+	mux := http.NewServeMux()
+	mux.Handle(pre+"/", page)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+
+	jar, err := cookiejar.New(nil)
+	require.NoError(t, err)
+	c := srv.Client()
+	c.Jar = jar
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	escaped := (&url.URL{Path: pre}).EscapedPath()
+	get := func(path string) (*http.Response, string) {
+		res, err := c.Get(srv.URL + escaped + path)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res, string(b)
+	}
+	res, body := get("/letters/" + id + "/settle")
+	require.Equal(t, http.StatusOK, res.StatusCode, body)
+	token := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(body)
+	require.NotNil(t, token, body)
+
+	req, err := http.NewRequest("POST", srv.URL+escaped+"/letters/"+id+"/settle", strings.NewReader(url.Values{"csrf": {token[1]}}.Encode()))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", srv.URL)
+	res, err = c.Do(req)
+	require.NoError(t, err)
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	require.Equal(t, http.StatusSeeOther, res.StatusCode, "the page's own form, with its token, was refused: %s", b)
+}

@@ -41,6 +41,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"path"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -150,17 +152,51 @@ func NewHandler(pool *pgxpool.Pool, opts *Options) (*Handler, error) {
 // or with the prefix stripped already.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	base := h.page.base
-	rest, under := strings.CutPrefix(r.URL.Path, base)
-	switch {
-	case base == "" || !under || rest != "" && rest[0] != '/':
-		h.routes.ServeHTTP(w, r)
-	case rest == "":
+	// The path as sent, escaped: an outbox id holds "/" and "." escaped,
+	// which are no segments of the path.
+	path, prefix := r.URL.EscapedPath(), (&url.URL{Path: base}).EscapedPath()
+	rest, under := strings.CutPrefix(path, prefix)
+	if base == "" || !under || rest != "" && rest[0] != '/' {
+		rest, under = path, false // stripped already, or no prefix
+	}
+	if under && rest == "" {
 		// The prefix without its slash: the page's links are relative
 		// to the prefix with it.
-		http.Redirect(w, r, base+"/", http.StatusMovedPermanently)
-	default:
-		h.stripped.ServeHTTP(w, r)
+		http.Redirect(w, r, prefix+"/", http.StatusMovedPermanently)
+		return
 	}
+	if clean := cleanPath(rest); clean != rest {
+		// Cleaned here, as net/http's mux would, but to a path under the
+		// prefix: the page's own mux, behind the stripped prefix, would
+		// redirect to the clean path without it.
+		target := prefix + clean
+		if r.URL.RawQuery != "" {
+			target += "?" + r.URL.RawQuery
+		}
+		http.Redirect(w, r, target, http.StatusTemporaryRedirect)
+		return
+	}
+	if under {
+		h.stripped.ServeHTTP(w, r)
+		return
+	}
+	h.routes.ServeHTTP(w, r)
+}
+
+// cleanPath is p with double slashes and dot segments resolved, keeping a
+// trailing slash, as net/http's mux cleans a path.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	clean := path.Clean(p)
+	if strings.HasSuffix(p, "/") && clean != "/" {
+		clean += "/"
+	}
+	return clean
 }
 
 // Close releases the page's Kafka connections. The pool is the caller's.

@@ -154,10 +154,28 @@ func (p *page) chrome(r *http.Request, title string) chrome {
 	return chrome{Base: p.base, Title: title, Schema: p.schema, Actions: p.o.AllowActions, Token: p.token, Notice: notices[r.URL.Query().Get("done")]}
 }
 
+// cookiePath is the path the token's cookie is scoped to: prefix, or, when
+// prefix holds a character a URL escapes, the part of it before the
+// segment that holds the first. Browsers compare a cookie's path with the
+// request's path as sent (escaped), other clients (Go's cookie jar) with
+// it unescaped, and net/http drops the bytes of a Path that are not ASCII:
+// a path that is the same both ways matches for all.
+func cookiePath(prefix string) string {
+	escaped := (&url.URL{Path: prefix}).EscapedPath()
+	if escaped == prefix {
+		return prefix
+	}
+	i := 0
+	for i < len(prefix) && i < len(escaped) && prefix[i] == escaped[i] {
+		i++
+	}
+	return prefix[:strings.LastIndexByte(prefix[:i], '/')+1]
+}
+
 // render writes a page, and the cookie that an action's POST must send back.
 func (p *page) render(w http.ResponseWriter, name string, data any) {
 	if p.o.AllowActions {
-		http.SetCookie(w, &http.Cookie{Name: CSRFCookie, Value: p.token, Path: p.base + "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+		http.SetCookie(w, &http.Cookie{Name: CSRFCookie, Value: p.token, Path: cookiePath(p.base + "/"), HttpOnly: true, SameSite: http.SameSiteStrictMode})
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	var b strings.Builder

@@ -359,13 +359,18 @@ func TestPausesFlappingLoseNothing(t *testing.T) {
 		waitFor(t, 120*time.Second, "progress under flapping", func() bool { return e.distinctEffects() >= int64(len(ids))/2 })
 		ids = append(ids, e.produceIDs("f"+string(rune('0'+round)), 400)...)
 	}
-	e.waitEffects(len(ids), 180*time.Second)
+	// Progress under flapping is what the rounds show; the rest is
+	// processed once the flapping stops (against a real broker, a
+	// partition resumed for a few milliseconds at a time may not get a
+	// fetch in before the next pause), and then nothing may be missing or
+	// applied twice.
 	close(stop)
 	wg.Wait()
 	t.Logf("%d pauses and resumes", flaps.Load())
 	for _, scope := range scopes {
 		require.NoError(t, c.Resume(ctx, scope))
 	}
+	e.waitEffects(len(ids), 180*time.Second)
 	e.waitCommitted(map[int]int64{0: 500, 1: 500, 2: 500, 3: 500}, 60*time.Second)
 	e.check(expectation{ids: ids})
 }

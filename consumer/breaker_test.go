@@ -126,7 +126,9 @@ func TestCircuitBreakerResumedEarlyThenAppliedIsClosed(t *testing.T) {
 		return s.applyHandler().Handle(ctx, tx, m)
 	}), func(cfg *consumer.Config) {
 		cfg.Retry = consumer.RetryPolicy{InitialInterval: 20 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: 1000, MaxElapsed: time.Hour}
-		cfg.CircuitBreaker = consumer.CircuitBreaker{Failures: 3, Window: time.Minute, CoolDown: 2 * time.Second, MaxCoolDown: 8 * time.Second}
+		// A cool-down well past the consumer's poll of its pauses (each second): the
+		// resume is seen before the breaker's pause would have ended.
+		cfg.CircuitBreaker = consumer.CircuitBreaker{Failures: 3, Window: time.Minute, CoolDown: 5 * time.Second, MaxCoolDown: 20 * time.Second}
 	})
 	var first consumer.PartitionPaused
 	s.run()

@@ -163,6 +163,9 @@ func (b *breaker) scope(topic string) *breakerScope {
 // logged: the breaker stays open until the pause would have ended, and
 // the messages are retried as without one.
 func (w *worker) breakerFailed(ctx context.Context, msg *kafkaoncetype.Message, f *failure) {
+	if w.breaker == nil {
+		return
+	}
 	trip, d, counted := w.breaker.failed(msg.Topic, f.kind, time.Now(), w.pausedNow())
 	if !trip {
 		return

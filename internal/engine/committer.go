@@ -86,7 +86,7 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 	if deadLettered {
 		w.wakePublisher()
 	}
-	if applied {
+	if applied && w.breaker != nil { // no clock read nor pause lookup per batch without one
 		w.breaker.applied(w.topic, time.Now(), w.pausedNow())
 	}
 	w.next, w.positionKnown = items[len(items)-1].end, true

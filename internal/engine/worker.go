@@ -73,12 +73,6 @@ type worker struct {
 	// offsets, which carries it (see origin.go).
 	origin int64
 	meta   string
-	// firstJustStored means assign is deciding again because a first start
-	// was stored just now (by this worker for the whole topic, or by
-	// another member), so the position it reads is the first start. (A
-	// member fast enough to process a batch in between makes it later
-	// than the first start; the window is one round trip.)
-	firstJustStored bool
 
 	// Buffers reused from batch to batch: dropped when an attempt that
 	// may still read them is abandoned.
@@ -382,142 +376,98 @@ func (w *worker) fetchError(err error) error {
 	return err
 }
 
-// assign decides where to start, from the group's committed offset, the
-// stored position and the log's bounds, and whether to start carefully.
-// Errors reaching Postgres or Kafka are retried until stop.
+// assign decides where to start (decideStart, in start.go) from the
+// group's committed offset, the stored position and the log's bounds,
+// acts on the decision, and says whether to start carefully. Errors
+// reaching Postgres or Kafka are retried until stop.
 func (w *worker) assign(stop, work context.Context) (int64, error) {
-	var v logView
-	err := w.retryUntil(stop, "partition assignment: cannot read positions", func() (err error) {
-		v, err = w.readLog(stop, work)
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	if err := w.checkTopic(stop, work, v.hasPos, v.storedTopic, v.topicID); err != nil {
-		return 0, err
-	}
-	pos, hasPos, logStart, logEnd := v.pos, v.hasPos, v.logStart, v.logEnd
-	w.hwm = logEnd // until the first fetch says more
-	w.sawEnd(v.stable)
-
-	w.kafkaOffset = v.committed
-	a := kafkaoncetype.PartitionAssignment{Topic: w.topic, Partition: w.partition, KafkaOffset: w.kafkaOffset, StoredPosition: -1, LogStart: logStart, LogEnd: logEnd}
-	start := w.kafkaOffset // -1: none committed
-	w.positionKnown = hasPos
-	mark, marked, ours := w.groupMark(v)
-	switch {
-	case hasPos && w.firstJustStored:
-		// Decided again after a first start was stored just now (below):
-		// the position is that first start.
-		w.setOrigin(pos)
-	case hasPos && ours && mark.First >= 0:
-		// A position moved back below the first start (offsets.Store.Reset)
-		// moves the origin with it.
-		w.setOrigin(min(mark.First, pos))
-	default:
-		w.setOrigin(-1)
-	}
-	w.firstJustStored = false
-	if !hasPos && start >= 0 {
-		switch {
-		case ours:
-			// Committed against a position this database stored, and no
-			// longer has: the database lost the partition's rows, as it
-			// loses a position behind the group offset (below), only
-			// wholly. Trusting the group offset would pass over every
-			// message whose effects went with them.
-			start = w.lostStart(v, mark)
-		case marked:
-			w.adoptForeign(v, mark)
+	f := startFacts{store: w.storeID, consumer: w.cfg.Name, first: noStart}
+	var p startPlan
+	for {
+		err := w.retryUntil(stop, "partition assignment: cannot read positions", func() (err error) {
+			f.log, err = w.readLog(stop, work)
+			return err
+		})
+		if err != nil {
+			return 0, err
 		}
-	}
-	if hasPos {
-		a.StoredPosition = pos
-		switch {
-		case start < 0 || start < pos:
-			if start >= 0 {
-				w.log.Info("group offset is behind the stored position (rewound, or the last offset commit was lost); starting at the stored position, skipping messages already processed",
-					w.logAttrs(slog.Int64("kafka_offset", start), slog.Int64("stored_position", pos), slog.Int64("skipped", pos-start))...)
+		if err := w.checkTopic(stop, work, f.log.hasPos, f.log.storedTopic, f.log.topicID); err != nil {
+			return 0, err
+		}
+		f.first = noStart
+		p = decideStart(f)
+		if p.start == noStart {
+			first, again, err := w.firstStart(stop, work, f.log)
+			if err != nil {
+				return 0, err
 			}
-			start = pos
-			// Bring the group's offset up to date so that lag tools agree.
-			w.mark(pos)
-		case start > pos:
-			// The database does not have what Kafka says was processed: it
-			// lost committed transactions (restored from a backup, failed
-			// over to a lagging replica, asynchronous commit), and with them
-			// the effects, the claims and the position, together. Processing
-			// again from the stored position loses nothing and applies
-			// nothing twice. (To skip messages on purpose, move the stored
-			// position: kafkaonce replay does.)
-			w.log.Warn("group offset is ahead of the stored position: the database is missing processed messages (restored from a backup? a failover to a lagging replica?); processing again from the stored position",
-				w.logAttrs(slog.Int64("kafka_offset", start), slog.Int64("stored_position", pos), slog.Int64("reprocessed", start-pos))...)
-			start = pos
-			w.mark(pos)
-		case v.committedMeta != w.meta:
-			// The group's offset is the position, without this worker's
-			// mark (committed by an older kafkaonce, or reset by a tool):
-			// committed again with it, so that a loss of the row is
-			// recognised even on a partition that gets no new message.
-			w.mark(pos)
+			if again {
+				// The topic's first starts were stored just now, this
+				// partition's with them: decided again from it.
+				f.firstJustStored = true
+				continue
+			}
+			f.first = first
+			p = decideStart(f)
 		}
+		if p.store {
+			// Stored before the hooks hear of it, so that they hear of the
+			// start processing really begins at, once.
+			stored, err := w.storeStart(stop, work, p.start)
+			if err != nil {
+				return 0, err
+			}
+			if stored != p.start {
+				// Another member stored a start since this one read none:
+				// it stands, and the assignment is decided again from it.
+				f.firstJustStored = true
+				continue
+			}
+		}
+		break
 	}
-	if start < 0 {
-		first, again, err := w.firstStart(stop, work, v)
-		if err != nil {
-			return 0, err
-		}
-		if again {
-			// The topic's first starts were stored just now, this
-			// partition's with them: decided again from it.
-			w.firstJustStored = true
-			return w.assign(stop, work)
-		}
-		start = first
+	v, start := f.log, p.start
+	w.hwm = v.logEnd // until the first fetch says more
+	w.sawEnd(v.stable)
+	w.kafkaOffset = v.committed
+	w.positionKnown = v.hasPos || p.store
+	if p.store {
+		w.topicStored = !w.topicID.IsZero()
 	}
-	if !hasPos && !v.outside(start) {
-		// Decided before the hooks hear of it, so that they hear of the
-		// start processing really begins at, once.
-		stored, err := w.storeStart(stop, work, start)
-		if err != nil {
-			return 0, err
-		}
-		if stored != start {
-			// Another member stored a start since this one read none: it
-			// stands, and the assignment is decided again from it.
-			w.firstJustStored = true
-			return w.assign(stop, work)
-		}
-		w.positionKnown, w.topicStored = true, !w.topicID.IsZero()
-		w.setOrigin(start)
+	w.setOrigin(p.origin)
+	w.tellStart(v, p)
+	if p.commit {
 		w.mark(start)
 	}
-	a.Start = start
+	a := kafkaoncetype.PartitionAssignment{Topic: w.topic, Partition: w.partition, KafkaOffset: v.committed, StoredPosition: -1,
+		LogStart: v.logStart, LogEnd: v.logEnd, Start: start}
+	if v.hasPos {
+		a.StoredPosition = v.pos
+	}
 	for _, h := range w.hooks.Assigned {
 		h(stop, a)
 	}
-	if v.outside(start) && stop.Err() != nil {
+	if p.problem != startFine && stop.Err() != nil {
 		// The generation ended: the partition may be another member's
 		// by now, and these reads are its business.
 		return 0, errInterrupted
 	}
-	if start > logEnd {
+	switch p.problem {
+	case startAheadOfLog:
 		which := "stored position"
-		if !hasPos || start != pos {
+		if !v.hasPos {
 			which = "group's committed offset"
 		}
 		return 0, &kafkaoncetype.PartitionError{Topic: w.topic, Partition: w.partition, Err: fmt.Errorf(
 			"%w: the %s is %d but the log ends at %d, so the topic was probably deleted and re-created or truncated; processing would skip its new messages. Once you have checked, reset the position (offsets.Store.Reset) to where processing should resume",
-			kafkaoncetype.ErrPositionAheadOfLog, which, start, logEnd)}
-	}
-	if start < logStart {
-		return 0, w.deletedError(start, logStart)
+			kafkaoncetype.ErrPositionAheadOfLog, which, start, v.logEnd)}
+	case startDeleted:
+		return 0, w.deletedError(start, v.logStart)
 	}
 
 	var starts int
 	var inProgress bool
-	err = w.retryUntil(stop, "partition assignment: cannot record the start", func() (err error) {
+	err := w.retryUntil(stop, "partition assignment: cannot record the start", func() (err error) {
 		w.runID, starts, inProgress, w.attemptsUpTo, err = w.attempts.Assigned(work, w.db, w.cfg.Name, w.topic, w.partition, start)
 		return err
 	})
@@ -527,7 +477,7 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 	w.started = true
 	w.pace = pace.New(w.cfg.MaxBatch, w.gate)
 	w.paceShown = attempts.Pace{Run: w.runID, BatchLimit: w.pace.Limit(false)}
-	if starts >= 2 || inProgress {
+	if startsCarefully(starts, inProgress) {
 		// The previous run did not get past this offset: it may have died on
 		// a message of its first batch. Go one message at a time, counting
 		// attempts, so a message that kills the process is found and set
@@ -536,30 +486,28 @@ func (w *worker) assign(stop, work context.Context) (int64, error) {
 		w.log.Warn("the previous run of this partition did not get past this offset; processing the next messages one at a time, counting attempts",
 			w.logAttrs(slog.Int64("offset", start), slog.Int("starts", starts))...)
 	}
-	w.log.Info("partition assigned", w.logAttrs(slog.Int64("offset", start), slog.Int64("log_end", logEnd))...)
+	w.log.Info("partition assigned", w.logAttrs(slog.Int64("offset", start), slog.Int64("log_end", v.logEnd))...)
 	return start, nil
 }
 
 // checkTopic compares the topic id stored with the partition's position
-// with the topic's id now (current), before anything is read: another id
-// means the topic was deleted and created again since the position was
-// stored, and the position counts offsets of the old topic, which would
-// pass over the new topic's first messages. The partition stops with
-// ErrTopicRecreated; the stored id stays, so every member and every
-// restart stops it again until an operator acknowledges the re-creation
-// (offsets.Store.TopicRecreated clears the id). A position with no id
-// stored takes the topic's, from then on. The worker fetches the topic
-// of id current from then on.
+// with the topic's id now (current), before anything is read (see
+// decideTopic): another id means the topic was deleted and created again
+// since the position was stored, and the position counts offsets of the
+// old topic, which would pass over the new topic's first messages. The
+// partition stops with ErrTopicRecreated; the stored id stays, so every
+// member and every restart stops it again until an operator acknowledges
+// the re-creation (offsets.Store.TopicRecreated clears the id). A
+// position with no id stored takes the topic's, from then on. The worker
+// fetches the topic of id current from then on.
 func (w *worker) checkTopic(stop, work context.Context, hasPos bool, stored, current kafkaclient.TopicID) error {
 	w.topicID, w.topicStored = current, hasPos && !stored.IsZero()
-	switch {
-	case !hasPos || current.IsZero():
-		return nil
-	case stored.Differs(current):
+	switch decideTopic(hasPos, stored, current) {
+	case topicRecreated:
 		return &kafkaoncetype.PartitionError{Topic: w.topic, Partition: w.partition, Err: fmt.Errorf(
 			"%w: the stored position counts offsets of topic id %s, and the topic's id is now %s; processing from it would pass over the new topic's messages below it. Once you have checked, run kafkaonce topic-recreated (offsets.Store.TopicRecreated) with the consumer stopped",
 			kafkaoncetype.ErrTopicRecreated, stored, current)}
-	case stored.IsZero():
+	case topicAdopt:
 		return w.retryUntil(stop, "partition assignment: cannot store the topic id", func() error { return w.storeTopic(work) })
 	}
 	return nil
@@ -586,37 +534,34 @@ func storedTopic(st positions.Stored) kafkaclient.TopicID {
 }
 
 // firstStart is where a partition with neither a stored position nor a
-// committed offset starts: its log's start under StartEarliest. Under
-// StartLatest, the log's last stable offset (its end, unless a transaction
-// is open: the records of that transaction come after the start, as
-// Kafka's own readers of committed records count them) if this is the
-// consumer's first start on the topic, and then the first starts of all
-// the topic's partitions are stored at once (again is set: decide from the
-// stored position): their last stable offsets, except for those with a
-// committed offset, which their own first start takes (stored now, it
-// would be passed over as a rewind). Else the partition did not exist when
-// the consumer first started on the topic, since that stored a position
-// for every partition there was, so all of its messages came after that
-// start, and it starts at its log's start.
+// committed offset starts (see decideFirstStart): its log's start, or,
+// at the consumer's first start on the topic under StartLatest, again is
+// set once the first starts of all the topic's partitions are stored
+// (topicFirstStarts): the plan is then made from the stored position.
+// Under StartLatest, a partition of a topic the consumer already started
+// on did not exist at that start, since that stored a position for every
+// partition there was, so all of its messages came after it.
 func (w *worker) firstStart(stop, work context.Context, v logView) (start int64, again bool, err error) {
-	if w.cfg.StartOffset == kafkaoncetype.StartEarliest {
-		return v.logStart, false, nil
-	}
+	latest := w.cfg.StartOffset == kafkaoncetype.StartLatest
 	var started bool
-	err = w.retryUntil(stop, "partition assignment: cannot read the topic's positions", func() error {
-		b := &pgx.Batch{}
-		w.offsets.QueueTopicStarted(b, w.cfg.Name, w.topic, &started)
-		if err := w.inOneTrip(work, b); err != nil {
-			return fmt.Errorf("offsets: read the positions of %s: %w", w.topic, err)
+	if latest {
+		err = w.retryUntil(stop, "partition assignment: cannot read the topic's positions", func() error {
+			b := &pgx.Batch{}
+			w.offsets.QueueTopicStarted(b, w.cfg.Name, w.topic, &started)
+			if err := w.inOneTrip(work, b); err != nil {
+				return fmt.Errorf("offsets: read the positions of %s: %w", w.topic, err)
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, false, err
 		}
-		return nil
-	})
-	if err != nil {
-		return 0, false, err
 	}
-	if started {
-		w.log.Info("partition added to the topic after this consumer first started on it: processing it from its log start, whatever kafkaoncetype.StartOffset says",
-			w.logAttrs(slog.Int64("log_start", v.logStart))...)
+	if decideFirstStart(latest, started) == fromLogStartRule {
+		if latest {
+			w.log.Info("partition added to the topic after this consumer first started on it: processing it from its log start, whatever kafkaoncetype.StartOffset says",
+				w.logAttrs(slog.Int64("log_start", v.logStart))...)
+		}
 		return v.logStart, false, nil
 	}
 	err = w.retryUntil(stop, "partition assignment: cannot store the topic's first starts", func() error {
@@ -628,15 +573,8 @@ func (w *worker) firstStart(stop, work context.Context, v logView) (start int64,
 		if err != nil {
 			return err
 		}
-		starts := make([]int64, len(bounds))
-		for i, b := range bounds {
-			starts[i] = b.Stable
-			if committed[i] >= 0 {
-				starts[i] = -1 // its own first start takes the committed offset
-			}
-		}
 		b := &pgx.Batch{}
-		w.offsets.QueueInitTopic(b, w.cfg.Name, w.topic, starts, bounds[0].TopicID)
+		w.offsets.QueueInitTopic(b, w.cfg.Name, w.topic, topicFirstStarts(bounds, committed), bounds[0].TopicID)
 		if err := w.inOneTrip(work, b); err != nil {
 			return fmt.Errorf("offsets: store the first starts of %s: %w", w.topic, err)
 		}

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
-	"github.com/kafkaonce/kafkaonce/internal/cleanup"
 	"github.com/kafkaonce/kafkaonce/internal/commitmark"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
@@ -382,7 +381,7 @@ func inOneTx(ctx context.Context, sc *positionsScene, change func(pgx.Tx) error)
 	if err != nil {
 		return fmt.Errorf("%w; nothing changed", err)
 	}
-	defer func() { _ = cleanup.Rollback(ctx, tx) }()
+	defer rollback(ctx, tx)
 	if err := change(tx); err != nil {
 		return err
 	}

@@ -15,7 +15,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
-	"github.com/kafkaonce/kafkaonce/internal/cleanup"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/offsets"
@@ -274,7 +273,7 @@ func executeReplay(ctx context.Context, pool *pgxpool.Pool, positions *offsets.S
 	if err != nil {
 		return fmt.Errorf("%w; nothing changed", err)
 	}
-	defer func() { _ = cleanup.Rollback(ctx, tx) }()
+	defer rollback(ctx, tx)
 	// Moving forward skips messages: the stored position must move too, or
 	// the consumer would process them anyway (the stored position decides
 	// where a partition starts).

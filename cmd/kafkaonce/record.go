@@ -12,7 +12,6 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/consumerstatus"
-	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
 	"github.com/kafkaonce/kafkaonce/offsets"
@@ -243,9 +242,9 @@ type kafkaSettings struct {
 // --kafka-sasl say otherwise. Credentials are never recorded: SASL still
 // needs --kafka-user and KAFKA_PASSWORD.
 func (s *settings) kafkaSettings(rec *recorded.Settings, who string) (kafkaSettings, error) {
-	k := kafkaSettings{brokers: devenv.SplitBrokers(s.brokers), from: "--brokers", tls: s.kafkaTLS, sasl: s.saslMech}
+	k := kafkaSettings{brokers: splitBrokers(s.brokers), from: "--brokers", tls: s.kafkaTLS, sasl: s.saslMech}
 	if len(k.brokers) == 0 {
-		k.brokers, k.from = devenv.SplitBrokers(s.st.getenv("KAFKA_BROKERS")), "KAFKA_BROKERS"
+		k.brokers, k.from = splitBrokers(s.st.getenv("KAFKA_BROKERS")), "KAFKA_BROKERS"
 	}
 	if len(k.brokers) > 0 {
 		if rec != nil && !slices.ContainsFunc(k.brokers, func(b string) bool { return slices.Contains(rec.Brokers, b) }) {
@@ -278,6 +277,19 @@ func (s *settings) kafkaSettings(rec *recorded.Settings, who string) (kafkaSetti
 		}
 	}
 	return k, nil
+}
+
+// splitBrokers parses a comma-separated broker list (--brokers,
+// KAFKA_BROKERS), ignoring blanks, as the library's dev environment reads
+// KAFKA_BROKERS.
+func splitBrokers(s string) []string {
+	var out []string
+	for _, b := range strings.Split(s, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 // sharedKafka is the Kafka connection every consumer of the schema

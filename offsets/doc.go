@@ -16,6 +16,9 @@
 // who deliberately want messages processed again, sets them anywhere
 // (Store.Reset) or deletes a topic's (Store.Forget); and, for a topic
 // deleted and re-created, starts the new one afresh (Store.TopicRecreated).
+// It also reads the mark a consumer commits with each group offset
+// (ParseCommitMark, Store.StoreID), which says where a partition that has
+// no stored position starts.
 //
 // Each call takes a Querier, which *pgxpool.Pool, *pgx.Conn and pgx.Tx
 // all satisfy, rather than one of those types: the call runs on its own

@@ -27,7 +27,9 @@ type Position struct {
 
 // Store reads and sets consumer_offsets in one schema.
 type Store struct {
-	table string
+	// schemaName is for StoreID.
+	schemaName string
+	table      string
 	// The tables TopicRecreated changes too.
 	claims, consumers, letters, attempts string
 }
@@ -37,7 +39,7 @@ func NewStore(schemaName string) (*Store, error) {
 	if err := schema.ValidateName(schemaName); err != nil {
 		return nil, fmt.Errorf("offsets: schema name %w", err)
 	}
-	s := &Store{table: schema.Table(schemaName, "consumer_offsets")}
+	s := &Store{schemaName: schemaName, table: schema.Table(schemaName, "consumer_offsets")}
 	s.claims, s.consumers, s.letters, s.attempts = tables(schemaName)
 	return s, nil
 }

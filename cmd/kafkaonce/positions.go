@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
-	"github.com/kafkaonce/kafkaonce/internal/commitmark"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/offsets"
@@ -314,7 +313,7 @@ when a consumer moved one meanwhile, nothing changes.
 			if err != nil {
 				return err
 			}
-			storeID, err := schema.StoreID(ctx, sc.c.pool, s.schema)
+			storeID, err := sc.store.StoreID(ctx, sc.c.pool)
 			if err != nil {
 				return err
 			}
@@ -442,7 +441,7 @@ nothing changes.`,
 			if len(sc.stored) == 0 {
 				return fmt.Errorf("consumer %s has no stored positions on topic %s: nothing to forget; check --topic (kafkaonce status --consumer %s lists its positions)", f.consumer, sc.topic, f.consumer)
 			}
-			storeID, err := schema.StoreID(ctx, sc.c.pool, s.schema)
+			storeID, err := sc.store.StoreID(ctx, sc.c.pool)
 			if err != nil {
 				return err
 			}
@@ -470,7 +469,7 @@ func nextStart(sc *positionsScene, p int, storeID, consumerName string) (int64, 
 	if !ok || c.Offset < 0 {
 		return -1, fromStartPolicy
 	}
-	m, marked := commitmark.Parse(c.Metadata)
+	m, marked := offsets.ParseCommitMark(c.Metadata)
 	switch {
 	case !marked || m.Store != storeID || m.Consumer != consumerName:
 		return c.Offset, fromGroupOffset

@@ -132,7 +132,7 @@ func (s *settings) settleMigrateSchema(ctx context.Context, pool *pgxpool.Pool) 
 	}
 	switch len(found) {
 	case 0:
-		s.schema = schema.DefaultName
+		s.schema = consumer.DefaultSchema
 		return nil
 	case 1:
 		s.schema = found[0]

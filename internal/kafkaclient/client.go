@@ -47,11 +47,15 @@ type Client interface {
 	Commit(ctx context.Context, offsets []Offset) error
 	// Publish writes records to topic and returns once the brokers have
 	// acknowledged every one of them (acks from all in-sync replicas),
-	// partitioning by key: records of one key stay in order. A record
-	// larger than MaxRecordBytes is not sent. When some records were
-	// written and others not, the error is a PublishErrors saying which
-	// (a record refused for its size wraps ErrTooLarge); after any other
-	// error, no record may be taken as written.
+	// partitioning by key. Records of one key stay in order: once one of
+	// them fails, none after it in the call is written (each fails, with
+	// that record's error or ErrHeldBack wrapping it), so a caller that
+	// sends the failed ones again never puts a key's record behind a later
+	// one. A record larger than MaxRecordBytes is not sent. When some
+	// records were written and others not, the error is a PublishErrors
+	// saying which (a record refused for its size wraps ErrTooLarge);
+	// after any other error, no record may be taken as written.
+	// Concurrent calls may wait for one another.
 	Publish(ctx context.Context, topic string, recs []Record) error
 	// Open starts fetching a partition at an offset.
 	Open(cfg FetchConfig) (*Fetcher, error)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -13,59 +14,105 @@ import (
 )
 
 // producer is the client's kgo producer, made on first use: idempotent
-// (the default), so a retry of a produce request the broker already
-// wrote is not written twice, and waiting for all in-sync replicas.
+// (kgo's default, never turned off here), so a retry of a produce request
+// the broker already wrote is not written twice and a partition's batches
+// are appended in order, and waiting for all in-sync replicas.
+//
+// It flushes by hand, one Publish at a time (mu): a call buffers all its
+// records before any is sent. A batch the broker refuses then fails with
+// every record buffered behind it in its partition (kgo fails them all,
+// to keep its sequence numbers whole), so none of a key's records after a
+// failed one is written. Sent while the call still buffered, a batch could
+// fail before the key's later records were buffered, and those would be
+// written.
 type producer struct {
 	once sync.Once
 	cl   *kgo.Client
 	err  error
+	mu   sync.Mutex
 }
 
 // Publish implements kafkaclient.Client. Each record has its own result:
-// one too large, refused here or by the broker, fails alone (with the
-// others of its batch, when the broker refused the batch), and the others
-// are written.
+// one too large, refused here or by the broker, fails with the records
+// behind it of its key (and, refused by the broker, with the others of its
+// batch and those behind them in its partition), and the others are
+// written.
 func (c *Client) Publish(ctx context.Context, topic string, recs []kafkaclient.Record) error {
 	c.producer.once.Do(func() {
 		c.producer.cl, c.producer.err = kgo.NewClient(append(c.base[:len(c.base):len(c.base)], kgo.RequiredAcks(kgo.AllISRAcks()),
 			// The batch limit is MaxRecordBytes, which every record sent
 			// fits (RecordBytes counts more than kgo does).
-			kgo.ProducerBatchMaxBytes(kafkaclient.MaxRecordBytes))...)
+			kgo.ProducerBatchMaxBytes(kafkaclient.MaxRecordBytes), kgo.ManualFlushing(),
+			// A key goes to the partition kafka-go's Hash balancer picks
+			// (FNV-1a, as Sarama), not kgo's default (murmur2, as Java's
+			// client): the outbox relay published with kafka-go before,
+			// and a key that moved partition could overtake its earlier
+			// records. Both clients then put a key in the same place.
+			kgo.RecordPartitioner(kgo.StickyKeyPartitioner(kgo.SaramaCompatHasher(fnv32a))))...)
 	})
 	if c.producer.err != nil {
 		return fmt.Errorf("franz: %w", c.producer.err)
 	}
+	c.producer.mu.Lock()
+	defer c.producer.mu.Unlock()
+	var mu sync.Mutex // guards errs and failed against the promises
 	errs := make(kafkaclient.PublishErrors, len(recs))
-	var krs []*kgo.Record
-	at := map[*kgo.Record]int{} // results come in the order they finish
+	failed, anyFailed := kafkaclient.FailedKeys{}, false
+	fail := func(i int, err error) {
+		errs[i] = fmt.Errorf("franz: produce to %s: %w", topic, err)
+		failed.Fail(recs[i].Key, err)
+		anyFailed = true
+	}
+	var wg sync.WaitGroup
 	for i := range recs {
 		r := &recs[i]
-		if n := kafkaclient.RecordBytes(r); n > kafkaclient.MaxRecordBytes {
-			errs[i] = fmt.Errorf("franz: produce to %s: %w", topic, kafkaclient.TooLarge(n))
+		mu.Lock()
+		err := failed.Held(r.Key)
+		if n := kafkaclient.RecordBytes(r); err == nil && n > kafkaclient.MaxRecordBytes {
+			err = kafkaclient.TooLarge(n)
+		}
+		if err != nil {
+			fail(i, err)
+		}
+		mu.Unlock()
+		if err != nil {
 			continue
 		}
 		kr := &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Timestamp: r.Time}
 		for _, h := range r.Headers {
 			kr.Headers = append(kr.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
 		}
-		krs, at[kr] = append(krs, kr), i
-	}
-	failed := len(krs) < len(recs)
-	if len(krs) > 0 {
-		for _, res := range c.producer.cl.ProduceSync(ctx, krs...) {
-			if res.Err == nil {
-				continue
+		wg.Add(1)
+		c.producer.cl.Produce(ctx, kr, func(_ *kgo.Record, err error) {
+			defer wg.Done()
+			if err == nil {
+				return
 			}
-			failed = true
-			err := res.Err
 			if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) {
 				err = fmt.Errorf("%w: %w", kafkaclient.ErrTooLarge, err)
 			}
-			errs[at[res.Record]] = fmt.Errorf("franz: produce to %s: %w", topic, err)
-		}
+			mu.Lock()
+			fail(i, err)
+			mu.Unlock()
+		})
 	}
-	if failed {
+	if err := c.producer.cl.Flush(ctx); err != nil {
+		// The records left go when the next call flushes, or fail with
+		// their context.
+		return fmt.Errorf("franz: produce to %s: %w", topic, err)
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if anyFailed {
 		return errs
 	}
 	return nil
+}
+
+// fnv32a is the hash of kafka-go's Hash balancer.
+func fnv32a(b []byte) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write(b)
+	return h.Sum32()
 }

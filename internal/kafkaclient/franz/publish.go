@@ -96,12 +96,28 @@ func (c *Client) Publish(ctx context.Context, topic string, recs []kafkaclient.R
 			mu.Unlock()
 		})
 	}
-	if err := c.producer.cl.Flush(ctx); err != nil {
-		// The records left go when the next call flushes, or fail with
-		// their context.
-		return fmt.Errorf("franz: produce to %s: %w", topic, err)
+	// Flush until this call's records are done, not until every record
+	// buffered is: one of an earlier call that gave up waiting may be
+	// stuck (for a topic that does not exist, say). The flush has ended
+	// before the next call buffers, which must not be sent meanwhile.
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	flushCtx, stopFlush := context.WithCancel(ctx)
+	flushed := make(chan struct{})
+	go func() { defer close(flushed); _ = c.producer.cl.Flush(flushCtx) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
 	}
-	wg.Wait()
+	stopFlush()
+	<-flushed
+	select {
+	case <-done:
+	default:
+		// The records left go when a later call flushes, or fail with
+		// their context.
+		return fmt.Errorf("franz: produce to %s: %w", topic, ctx.Err())
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	if anyFailed {

@@ -42,7 +42,7 @@ func BenchmarkRelay(b *testing.B) {
 		var delivered sync.WaitGroup
 		delivered.Add(b.N)
 		began := time.Now()
-		r, err := outbox.NewRelay(db.Pool, &outbox.RelayConfig{Schema: db.Schema, Brokers: k.Brokers, Logger: quiet, LockBuckets: outbox.Buckets,
+		r, err := outbox.NewRelay(db.Pool, &outbox.RelayConfig{Schema: db.Schema, KafkaClient: kafkaClient(), Brokers: k.Brokers, Logger: quiet, LockBuckets: outbox.Buckets,
 			BatchSize: 2000, OnDelivered: func(string, time.Time) { delivered.Done() }})
 		if err != nil {
 			b.Fatal(err)
@@ -65,7 +65,7 @@ func BenchmarkRelay(b *testing.B) {
 		o, _ := outbox.New(db.Schema)
 		var mu sync.Mutex
 		var delays []time.Duration
-		r, err := outbox.NewRelay(db.Pool, &outbox.RelayConfig{Schema: db.Schema, Brokers: k.Brokers, Logger: quiet, LockBuckets: outbox.Buckets,
+		r, err := outbox.NewRelay(db.Pool, &outbox.RelayConfig{Schema: db.Schema, KafkaClient: kafkaClient(), Brokers: k.Brokers, Logger: quiet, LockBuckets: outbox.Buckets,
 			OnDelivered: func(_ string, created time.Time) {
 				d := time.Since(created)
 				mu.Lock()

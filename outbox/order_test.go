@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
@@ -38,6 +39,7 @@ func startRelay(t *testing.T, db outbox.DB, schema string, cfg outbox.RelayConfi
 	t.Helper()
 	cfg.Schema = schema
 	cfg.Logger = quiet
+	cfg.KafkaClient = kafkaClient()
 	r, err := outbox.NewRelay(db, &cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -169,7 +171,7 @@ func failProduce(k *testenv.Kafka, marker string, code int16, always bool) {
 		hit := false
 		for _, tp := range req.Topics {
 			for _, p := range tp.Partitions {
-				hit = hit || bytes.Contains(p.Records, []byte(marker))
+				hit = hit || bytes.Contains(recordBytes(p.Records), []byte(marker))
 			}
 		}
 		if !hit {
@@ -179,7 +181,7 @@ func failProduce(k *testenv.Kafka, marker string, code int16, always bool) {
 		resp.SetVersion(req.GetVersion())
 		for _, tp := range req.Topics {
 			rt := kmsg.NewProduceResponseTopic()
-			rt.Topic = tp.Topic
+			rt.Topic, rt.TopicID = tp.Topic, tp.TopicID
 			for _, p := range tp.Partitions {
 				rp := kmsg.NewProduceResponseTopicPartition()
 				rp.Partition = p.Partition
@@ -190,6 +192,21 @@ func failProduce(k *testenv.Kafka, marker string, code int16, always bool) {
 		}
 		return resp, nil, true
 	})
+}
+
+// recordBytes is a produce request's record batch, its records
+// decompressed: franz-go compresses them (snappy by default), and a marker
+// may then be a back-reference to the key.
+func recordBytes(raw []byte) []byte {
+	var b kmsg.RecordBatch
+	if err := b.ReadFrom(raw); err != nil {
+		return raw
+	}
+	recs, err := kgo.DefaultDecompressor().Decompress(b.Records, kgo.CompressionCodecType(b.Attributes&0x07))
+	if err != nil {
+		return raw
+	}
+	return recs
 }
 
 // firstOccurrences lists the values of key's messages in the order they

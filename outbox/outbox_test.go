@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -40,10 +41,19 @@ func write(t *testing.T, db *testenv.DB, msgs ...outbox.Message) []string {
 	return ids
 }
 
+// kafkaClient is the client the suite's relays publish with (see
+// testenv.KafkaClient): the suite runs once with each.
+func kafkaClient() outbox.KafkaClient {
+	if testenv.KafkaClient() == "kafka-go" {
+		return outbox.KafkaGo
+	}
+	return outbox.FranzGo
+}
+
 // runRelay runs a relay in the background until the test ends.
 func runRelay(t *testing.T, db *testenv.DB, cfg outbox.RelayConfig) *outbox.Relay {
 	t.Helper()
-	cfg.Schema = db.Schema
+	cfg.Schema, cfg.KafkaClient = db.Schema, kafkaClient()
 	cfg.Logger = quiet
 	r, err := outbox.NewRelay(db.Pool, &cfg)
 	require.NoError(t, err)
@@ -125,7 +135,7 @@ func TestACrashBetweenPublishAndDeleteIsDeduplicatedDownstream(t *testing.T) {
 	}
 	write(t, db, msgs...)
 
-	r, err := outbox.NewRelay(db.Pool, &outbox.RelayConfig{Schema: db.Schema, Brokers: k.Brokers, Logger: quiet})
+	r, err := outbox.NewRelay(db.Pool, &outbox.RelayConfig{Schema: db.Schema, KafkaClient: kafkaClient(), Brokers: k.Brokers, Logger: quiet})
 	require.NoError(t, err)
 	defer r.Close()
 	r.SetAfterDeliver(func() { panic("relay killed after publishing") })
@@ -398,6 +408,19 @@ func TestNewRelayValidates(t *testing.T) {
 	require.ErrorContains(t, err, "SASL PLAIN without TLS would send the password in clear")
 	_, err = outbox.NewRelay(db.Pool, &outbox.RelayConfig{Brokers: []string{"x:1"}, DeliveryTimeout: -time.Second})
 	require.ErrorContains(t, err, "DeliveryTimeout must be positive")
+	t.Run("a kafka-go Dialer needs KafkaGo", func(t *testing.T) {
+		_, err := outbox.NewRelay(db.Pool, &outbox.RelayConfig{Brokers: []string{"x:1"}, Dialer: &kafka.Dialer{}})
+		require.ErrorContains(t, err, "Dialer is kafka-go's and is used only with KafkaClient: outbox.KafkaGo")
+		r, err := outbox.NewRelay(db.Pool, &outbox.RelayConfig{Brokers: []string{"x:1"}, KafkaClient: outbox.KafkaGo, Dialer: &kafka.Dialer{}})
+		require.NoError(t, err)
+		require.NoError(t, r.Close())
+		_, err = outbox.NewRelay(db.Pool, &outbox.RelayConfig{Brokers: []string{"x:1"}, KafkaClient: outbox.KafkaGo, Dialer: &kafka.Dialer{}, TLS: &tls.Config{}})
+		require.ErrorContains(t, err, "Dialer and TLS or SASL are both set")
+	})
+	t.Run("an unknown client", func(t *testing.T) {
+		_, err := outbox.NewRelay(db.Pool, &outbox.RelayConfig{Brokers: []string{"x:1"}, KafkaClient: 9})
+		require.ErrorContains(t, err, "KafkaClient must be outbox.FranzGo or outbox.KafkaGo (got 9)")
+	})
 	o, _ := outbox.New(db.Schema)
 	_, err = o.Write(context.Background(), db.Pool, outbox.Message{})
 	require.ErrorContains(t, err, "Destination must name")

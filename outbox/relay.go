@@ -8,22 +8,20 @@ import (
 	"sync"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/kafkaonce/kafkaonce/internal/cleanup"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
-	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/kafkago"
 	"github.com/kafkaonce/kafkaonce/internal/retry"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 )
 
 // Relay delivers outbox rows.
 type Relay struct {
-	db      DB
-	cfg     RelayConfig
-	table   string
-	log     *slog.Logger
-	writer  *kafka.Writer
+	db    DB
+	cfg   RelayConfig
+	table string
+	log   *slog.Logger
+	// client publishes to Kafka (nil with Deliver).
+	client  kafkaclient.Client
 	budget  *budget
 	backoff retry.Policy
 	hooks   relayHooks
@@ -36,13 +34,12 @@ type Relay struct {
 // Close releases the relay's Kafka connections. Run closes them when it
 // returns; call Close after using Round directly.
 func (r *Relay) Close() error {
-	var err error
 	r.closeOnce.Do(func() {
-		if r.writer != nil {
-			err = r.writer.Close()
+		if r.client != nil {
+			r.client.Close()
 		}
 	})
-	return err
+	return nil
 }
 
 // NewRelay validates cfg and returns a Relay.
@@ -91,8 +88,17 @@ func NewRelay(db DB, cfg *RelayConfig) (*Relay, error) {
 	if c.Deliver == nil && len(c.Brokers) == 0 {
 		bad("set Brokers to publish to Kafka, or Deliver to hand rows to a function")
 	}
-	if c.Dialer != nil && (c.TLS != nil || c.SASL != nil) {
-		bad("Dialer and TLS or SASL are both set: set the Dialer's own TLS and SASLMechanism, or leave Dialer unset")
+	switch c.KafkaClient {
+	case FranzGo:
+		if c.Dialer != nil {
+			bad("Dialer is kafka-go's and is used only with KafkaClient: outbox.KafkaGo; with franz-go (the default) set TLS and SASL instead")
+		}
+	case KafkaGo:
+		if c.Dialer != nil && (c.TLS != nil || c.SASL != nil) {
+			bad("Dialer and TLS or SASL are both set: set the Dialer's own TLS and SASLMechanism, or leave Dialer unset")
+		}
+	default:
+		bad("KafkaClient must be outbox.FranzGo or outbox.KafkaGo (got %d)", c.KafkaClient)
 	}
 	if err := c.SASL.CheckOver(c.TLS); err != nil {
 		bad("%v", err)
@@ -128,14 +134,9 @@ func NewRelay(db DB, cfg *RelayConfig) (*Relay, error) {
 	r := &Relay{db: db, cfg: c, table: schema.Table(c.Schema, "outbox"), log: c.Logger.With(slog.String("component", "outbox relay")),
 		budget: newBudget(c.RetryBudget, c.MinRetriesPerMinute), backoff: retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval}, hooks: hooks}
 	if c.Deliver == nil {
-		mech, err := kafkaclient.Mechanism(c.SASL)
-		if err != nil {
-			return nil, fmt.Errorf("outbox: %w", err)
+		if r.client, err = r.newClient(); err != nil {
+			return nil, err
 		}
-		dials := kafkaclient.NewDials(r.log, c.TLS != nil || (c.Dialer != nil && c.Dialer.TLS != nil))
-		_, tr := kafkago.Connection(kafkaclient.Config{TLS: c.TLS, SASL: mech, ClientID: "kafkaonce-relay", Dials: dials}, c.Dialer)
-		r.writer = &kafka.Writer{Addr: kafka.TCP(c.Brokers...), Transport: tr, Balancer: &kafka.Hash{},
-			RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: c.BatchSize, BatchBytes: maxBatchBytes, MaxAttempts: 1}
 	}
 	return r, nil
 }
@@ -197,7 +198,7 @@ func (r *Relay) Round(ctx context.Context) (int, error) {
 	}
 	outcomes := make([]outcome, len(rows))
 	r.spendBudget(rows, outcomes)
-	if r.writer != nil {
+	if r.client != nil {
 		r.publish(ctx, rows, outcomes)
 	} else {
 		r.deliver(ctx, rows, outcomes)

@@ -22,6 +22,7 @@ func newRelay(t *testing.T, db *testenv.DB, cfg outbox.RelayConfig) *outbox.Rela
 	t.Helper()
 	cfg.Schema = db.Schema
 	cfg.Logger = quiet
+	cfg.KafkaClient = kafkaClient()
 	r, err := outbox.NewRelay(db.Pool, &cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })

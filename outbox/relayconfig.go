@@ -8,6 +8,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kafkaonce/kafkaonce/kafkaconn"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // Defaults of RelayConfig.
@@ -24,6 +25,21 @@ const (
 	DefaultDeliveryTimeout      = 30 * time.Second
 )
 
+// KafkaClient selects the library the relay publishes to Kafka with:
+// FranzGo (the default) or KafkaGo, as consumer.Config.KafkaClient does.
+type KafkaClient = kafkaoncetype.KafkaClient
+
+const (
+	// FranzGo publishes with franz-go's idempotent producer: a produce
+	// request the client retries after the broker wrote it is not written
+	// twice.
+	FranzGo = kafkaoncetype.FranzGo
+	// KafkaGo publishes with segmentio/kafka-go, for programs that
+	// configure kafka-go already (see RelayConfig.Dialer). A retried
+	// request may write a record twice; consumers deduplicate it by id.
+	KafkaGo = kafkaoncetype.KafkaGo
+)
+
 // RelayConfig configures a Relay. Zero fields take the defaults named.
 type RelayConfig struct {
 	// Schema holds the outbox table. Defaults to "kafkaonce".
@@ -32,14 +48,17 @@ type RelayConfig struct {
 	// Brokers are where the relay publishes to Kafka: each row's
 	// Destination is the topic, its id the message-id header.
 	Brokers []string
+	// KafkaClient is the library the relay publishes with (see
+	// KafkaClient). Defaults to FranzGo.
+	KafkaClient KafkaClient
 	// TLS and SASL secure the connections to the brokers, as in
-	// consumer.Config (see docs/security.md). Default: plaintext, no
-	// authentication.
+	// consumer.Config (see docs/security.md), with either client. Default:
+	// plaintext, no authentication.
 	TLS  *tls.Config
 	SASL *kafkaconn.SASL
 	// Dialer, instead of TLS and SASL, is a kafka-go dialer whose TLS and
-	// SASL settings the relay uses: the relay publishes with kafka-go (see
-	// docs/design.md, "The outbox").
+	// SASL settings the relay uses, for KafkaClient KafkaGo only (NewRelay
+	// refuses it with franz-go, which takes TLS and SASL).
 	Dialer *kafka.Dialer
 	// MessageIDHeader names the header carrying the row id. Defaults to
 	// "message-id", the header kafkaonce consumers read by default.

@@ -27,15 +27,16 @@
 // concurrently have no order between them but the one the relay sees. A
 // failing row holds back nothing else: the other keys keep flowing, and a
 // relay with nothing ready sleeps. To
-// Kafka the relay writes in requests of at most 1 MiB, made one after the
-// other, so that a key's messages in one request are one batch, appended
-// or rejected as a whole (messages without a key go to any partition, and
-// have no order in Kafka).
+// Kafka the relay publishes with franz-go's idempotent producer, or with
+// kafka-go (RelayConfig.KafkaClient), in calls made one after the other,
+// and neither client writes a key's message after one of the key's that
+// failed (messages without a key go to any partition, and have no order
+// in Kafka).
 //
 // Rows that cannot be delivered (a permanent error, attempts exhausted, or
-// a message too large for Kafka ever to take: larger than 1 MiB, or than
-// the topic's max.message.bytes or segment.bytes, parked at its first
-// attempt) are parked
+// a message too large for Kafka ever to take: larger than 1,000,000 bytes
+// with its headers, or than the topic's max.message.bytes or
+// segment.bytes, parked at its first attempt) are parked
 // with the reason, never dropped: see Outbox.Parked and Outbox.Retry.
 //
 // Each delivery has a deadline, RelayConfig.DeliveryTimeout, since a round

@@ -43,8 +43,8 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 	if cfg == nil {
 		return nil, errors.New("consumer: cfg must not be nil: pass a *consumer.Config with at least Name, Brokers, Topics and Handler")
 	}
-	c := cfg.withDefaults()
-	if err := c.validate(); err != nil {
+	c := withDefaults(cfg)
+	if err := validate(&c); err != nil {
 		return nil, err
 	}
 	if p, ok := db.(interface{ Config() *pgxpool.Config }); ok {
@@ -56,7 +56,7 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	ec := c.engineConfig(hs)
+	ec := engineConfig(&c, hs)
 	if ec.Pruners, err = pruners(c.Schema); err != nil {
 		return nil, err
 	}

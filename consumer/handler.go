@@ -5,6 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/kafkaonce/kafkaonce/consumer/settings"
 	"github.com/kafkaonce/kafkaonce/internal/engine"
 )
 
@@ -42,9 +43,7 @@ import (
 // done. Messages of one partition are handled one at a time, in offset
 // order; different partitions are handled concurrently, each with its own
 // transaction.
-type Handler interface {
-	Handle(ctx context.Context, tx pgx.Tx, msg *Message) error
-}
+type Handler = settings.Handler
 
 // HandlerFunc adapts a function to the Handler interface.
 type HandlerFunc func(ctx context.Context, tx pgx.Tx, msg *Message) error
@@ -84,9 +83,7 @@ func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, msg *Message) error 
 // dead-lettered on its own and its neighbours are applied once. A
 // BatchHandler must therefore give the same result for messages handled
 // together or one at a time. Redrive calls it with one message.
-type BatchHandler interface {
-	HandleBatch(ctx context.Context, b *Batch) error
-}
+type BatchHandler = settings.BatchHandler
 
 // BatchHandlerFunc adapts a function to the BatchHandler interface.
 type BatchHandlerFunc func(ctx context.Context, b *Batch) error
@@ -94,44 +91,15 @@ type BatchHandlerFunc func(ctx context.Context, b *Batch) error
 // HandleBatch calls f(ctx, b).
 func (f BatchHandlerFunc) HandleBatch(ctx context.Context, b *Batch) error { return f(ctx, b) }
 
-// A Batch is what a BatchHandler applies. It belongs to one call: once
-// HandleBatch returns (or is abandoned after HandlerTimeout), Queue drops
-// what it is given and the consumer logs an error, and Tx refuses every
-// use, so a goroutine the handler left behind cannot add a statement to a
-// later transaction.
-type Batch struct {
-	// Tx is the consumer's transaction, as a Handler gets it.
-	Tx pgx.Tx
-	// Messages are the newly claimed messages, in offset order.
-	Messages []*Message
-
-	queue func(sql string, args ...any)
-}
+// A Batch is what a BatchHandler applies: its Tx and Messages, and Queue
+// for statements to send with the COMMIT (see settings.Batch).
+type Batch = settings.Batch
 
 // NewBatch returns a Batch over tx and msgs for calling a BatchHandler
 // outside a Consumer, as a test does; queue receives each statement the
 // handler queues (nil drops them). A Consumer makes its own.
 func NewBatch(tx pgx.Tx, msgs []*Message, queue func(sql string, args ...any)) *Batch {
-	return &Batch{Tx: tx, Messages: msgs, queue: queue}
-}
-
-// Queue adds a statement to run in the transaction after HandleBatch
-// returns. Queued statements are sent in one round trip together with the
-// consumer's own closing statements and the COMMIT, so a batch whose effects
-// are all queued costs one round trip to Postgres in all when its messages
-// are new (see BatchHandler), two otherwise: one to claim, one to apply and
-// commit. Use it for writes whose results the handler does not need; use Tx
-// for anything it must read. A queued statement that fails fails the
-// batch, as an error returned by HandleBatch does. Queue may be called from
-// several goroutines of the call; after the call it drops the statement.
-//
-// Outbox rows travel the same way: outbox.Outbox.Queue(ctx, b, msgs...)
-// checks the messages as Write does and queues their INSERT here, so they
-// commit with the batch, or not at all.
-func (b *Batch) Queue(sql string, args ...any) {
-	if b.queue != nil {
-		b.queue(sql, args...)
-	}
+	return settings.NewBatch(tx, msgs, queue)
 }
 
 // handleFunc is h as the engine calls it (nil when there is none).

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kafkaonce/kafkaonce/consumer/settings"
 	"github.com/kafkaonce/kafkaonce/internal/engine"
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
@@ -16,7 +17,7 @@ import (
 // Hooks are called synchronously from the partition's worker goroutine, so
 // they must be quick and must not block: a slow hook slows its partition.
 // Hooks of different partitions are called concurrently.
-type Hook any
+type Hook = settings.Hook
 
 // HookPartitionAssigned is called when this member starts processing a
 // partition, after it decided where to start. ctx is the partition's: it is

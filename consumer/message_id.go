@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kafkaonce/kafkaonce/consumer/settings"
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/engine"
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
@@ -37,9 +38,7 @@ import (
 // ids the same way without being told. A function of your own
 // (MessageIDFunc) cannot: tools must then be given the rule (kafkaonce
 // audit --id).
-type MessageIDSource interface {
-	MessageID(msg *Message) (string, error)
-}
+type MessageIDSource = settings.MessageIDSource
 
 // MessageIDFunc adapts a function to MessageIDSource, for ids that no
 // MessageIDRule derives. A consumer records its id derivation as "custom",

@@ -26,7 +26,7 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 	if it.idErr != nil {
 		return w.setAside(stop, work, one, invalidIDFailure(it.idErr))
 	}
-	if prior != nil && w.cfg.MaxAttempts <= 1 {
+	if prior != nil && w.cfg.Retry.MaxAttempts <= 1 {
 		return w.setAside(stop, work, one, exhausted(prior))
 	}
 	key := attempts.Key{Consumer: w.cfg.Name, Topic: w.topic, Partition: w.partition, Offset: it.msg.Offset}
@@ -46,7 +46,7 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 		if err := w.attempts.Fail(work, w.db, key, string(prior.kind), prior.err.Error()); err != nil {
 			w.log.Warn("could not record the failure of an attempt", w.logAttrs(slog.Int64("offset", it.msg.Offset), slog.String("error", err.Error()))...)
 		}
-		if (rec.Attempts >= w.cfg.MaxAttempts || w.elapsedOut(rec)) && !w.breaker.holding(w.topic) {
+		if (rec.Attempts >= w.cfg.Retry.MaxAttempts || w.elapsedOut(rec)) && !w.breaker.holding(w.topic) {
 			f := exhausted(prior)
 			f.attempts, f.first = rec.Attempts, rec.FirstAttemptAt
 			return w.setAside(stop, work, one, f)
@@ -64,7 +64,7 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 				return err
 			}
 			if w.exhausted(rec) && !w.breaker.holding(w.topic) {
-				return w.setAside(stop, work, one, exhaustedFrom(rec, last, w.cfg.MaxAttempts))
+				return w.setAside(stop, work, one, exhaustedFrom(rec, last, w.cfg.Retry.MaxAttempts))
 			}
 		}
 		p := w.newPlan(one)
@@ -93,7 +93,7 @@ func (w *worker) runAlone(stop, work context.Context, one []item, prior *failure
 			w.log.Warn("could not record the failure of an attempt", w.logAttrs(slog.Int64("offset", it.msg.Offset), slog.String("error", err.Error()))...)
 		}
 		last, count = f, true
-		if (rec.Attempts >= w.cfg.MaxAttempts || w.elapsedOut(rec)) && !w.breaker.holding(w.topic) {
+		if (rec.Attempts >= w.cfg.Retry.MaxAttempts || w.elapsedOut(rec)) && !w.breaker.holding(w.topic) {
 			return w.setAside(stop, work, one, exhausted(f))
 		}
 	}
@@ -114,11 +114,11 @@ func (w *worker) recordAttempt(stop, work context.Context, key attempts.Key, id 
 
 // exhausted reports whether the attempt just recorded is one too many.
 func (w *worker) exhausted(rec attempts.Record) bool {
-	return rec.Attempts > w.cfg.MaxAttempts || rec.Attempts > 1 && w.elapsedOut(rec)
+	return rec.Attempts > w.cfg.Retry.MaxAttempts || rec.Attempts > 1 && w.elapsedOut(rec)
 }
 
 func (w *worker) elapsedOut(rec attempts.Record) bool {
-	return w.cfg.RetryMaxElapsed > 0 && time.Since(rec.FirstAttemptAt) > w.cfg.RetryMaxElapsed
+	return w.cfg.Retry.MaxElapsed > 0 && time.Since(rec.FirstAttemptAt) > w.cfg.Retry.MaxElapsed
 }
 
 // exhausted turns the last failure of a message that ran out of attempts

@@ -121,7 +121,7 @@ func New(db DB, c Config) (*Consumer, error) {
 		db:         db,
 		cfg:        c,
 		log:        c.Logger.With(slog.String("consumer", c.Name)),
-		hooks:      c.Hooks,
+		hooks:      c.HookFuncs,
 		claims:     claims,
 		offsets:    positions,
 		letters:    letters,
@@ -131,7 +131,7 @@ func New(db DB, c Config) (*Consumer, error) {
 		health:     &health{},
 		pauseStore: paused,
 		breaker:    newBreaker(c.CircuitBreaker),
-		retry:      retry.Policy{Initial: c.RetryInitialInterval, Max: c.RetryMaxInterval},
+		retry:      retry.Policy{Initial: c.Retry.InitialInterval, Max: c.Retry.MaxInterval},
 		gate:       pace.NewGate(),
 		gateKey:    gateKey(c.Schema, c.Name),
 	}

@@ -26,14 +26,14 @@ func (c *deps) retryLater(f *failure) *failure {
 	d, marked := later.After(f.err)
 	switch {
 	case marked:
-	case c.cfg.RetryLaterAfter > 0 && !f.uncounted:
-		d = c.cfg.RetryLaterAfter
+	case c.cfg.RetryLater.After > 0 && !f.uncounted:
+		d = c.cfg.RetryLater.After
 	default:
 		return f
 	}
 	g := *f
 	g.class, g.kind, g.uncounted = classPermanent, deadletter.ClassRetryLater, false
-	g.retryAfter = min(max(d, 0), c.cfg.RetryLaterMaxDelay)
+	g.retryAfter = min(max(d, 0), c.cfg.RetryLater.MaxDelay)
 	return &g
 }
 
@@ -46,21 +46,21 @@ func (c *deps) retryLater(f *failure) *failure {
 // jitter (between half and all of it) so that letters set aside together
 // by one outage do not all come back at once.
 func (c *deps) nextRetry(l *deadletter.Letter, retries int, cause error, now time.Time) *time.Time {
-	if n := c.cfg.RetryLaterMaxRetries; n > 0 && retries >= n {
+	if n := c.cfg.RetryLater.MaxRetries; n > 0 && retries >= n {
 		return nil
 	}
 	var at time.Time
 	if d, marked := later.After(cause); marked {
-		at = now.Add(min(max(d, 0), c.cfg.RetryLaterMaxDelay))
+		at = now.Add(min(max(d, 0), c.cfg.RetryLater.MaxDelay))
 	} else {
 		last := time.Second
 		if l.RetryAt != nil {
 			last = max(l.RetryAt.Sub(l.LastFailedAt), time.Second)
 		}
-		d := min(2*last, c.cfg.RetryLaterMaxDelay)
+		d := min(2*last, c.cfg.RetryLater.MaxDelay)
 		at = now.Add(d/2 + rand.N(d/2+1))
 	}
-	if budget := c.cfg.RetryLaterMaxElapsed; budget > 0 {
+	if budget := c.cfg.RetryLater.MaxElapsed; budget > 0 {
 		end := l.FirstFailedAt.Add(budget)
 		if !now.Before(end) {
 			return nil

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kafkaonce/kafkaonce/consumer/settings"
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/later"
 	"github.com/kafkaonce/kafkaonce/internal/permanent"
@@ -35,7 +36,7 @@ func TestRetryLaterDecision(t *testing.T) {
 		{"a consumer that stops its partition retries in place", newFailure(classTransient, "", marked), 0, true, false, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			d := &deps{cfg: Config{RetryLaterAfter: c.policy, RetryLaterMaxDelay: time.Hour, OnPermanentFailure: kafkaoncetype.DeadLetter}}
+			d := &deps{cfg: Config{Config: settings.Config{RetryLater: kafkaoncetype.RetryLaterPolicy{After: c.policy, MaxDelay: time.Hour}, OnPermanentFailure: kafkaoncetype.DeadLetter}}}
 			if c.stop {
 				d.cfg.OnPermanentFailure = kafkaoncetype.StopPartition
 			}
@@ -53,7 +54,7 @@ func TestRetryLaterDecision(t *testing.T) {
 
 func TestNextRetry(t *testing.T) {
 	partner := errors.New("partner down")
-	d := &deps{cfg: Config{RetryLaterMaxRetries: 3, RetryLaterMaxDelay: 10 * time.Minute}}
+	d := &deps{cfg: Config{Config: settings.Config{RetryLater: kafkaoncetype.RetryLaterPolicy{MaxRetries: 3, MaxDelay: 10 * time.Minute}}}}
 	now := time.Now()
 	failed := now.Add(-time.Minute)
 	due := failed.Add(4 * time.Minute) // the last wait was 4m
@@ -114,7 +115,7 @@ func TestNextRetryWithinATimeBudget(t *testing.T) {
 		{"MaxRetries ends them first", 5, now.Add(-time.Hour), 5, partner, "none"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			d := &deps{cfg: Config{RetryLaterMaxRetries: c.maxRetries, RetryLaterMaxDelay: 10 * time.Minute, RetryLaterMaxElapsed: 24 * time.Hour}}
+			d := &deps{cfg: Config{Config: settings.Config{RetryLater: kafkaoncetype.RetryLaterPolicy{MaxRetries: c.maxRetries, MaxDelay: 10 * time.Minute, MaxElapsed: 24 * time.Hour}}}}
 			l := &deadletter.Letter{FirstFailedAt: c.firstFail, LastFailedAt: failed, RetryAt: &due}
 			next := d.nextRetry(l, c.retries, c.cause, now)
 			end := c.firstFail.Add(24 * time.Hour)
@@ -140,7 +141,7 @@ func TestNextRetryWithinATimeBudget(t *testing.T) {
 // the database's outside the handler, and inside it once the transaction's
 // connection is lost.
 func TestRetryOutcome(t *testing.T) {
-	d := &deps{cfg: Config{RetryLaterMaxRetries: 3, RetryLaterMaxDelay: 10 * time.Minute}}
+	d := &deps{cfg: Config{Config: settings.Config{RetryLater: kafkaoncetype.RetryLaterPolicy{MaxRetries: 3, MaxDelay: 10 * time.Minute}}}}
 	now := time.Now()
 	l := &deadletter.Letter{LastFailedAt: now.Add(-time.Minute)}
 	network := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/kafkaonce/kafkaonce/consumer/settings"
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
@@ -28,8 +29,8 @@ type setup struct {
 func newSetup(t *testing.T, n int) *setup {
 	t.Helper()
 	d := &deps{
-		cfg: Config{Name: "test", HandleBatch: func(context.Context, *Batch) error { return nil },
-			OnPermanentFailure: kafkaoncetype.DeadLetter},
+		cfg: Config{Config: settings.Config{Name: "test", OnPermanentFailure: kafkaoncetype.DeadLetter},
+			HandleBatch: func(context.Context, *Batch) error { return nil }},
 		log: slog.New(slog.DiscardHandler),
 	}
 	items := make([]item, n)

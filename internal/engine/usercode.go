@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/kafkaonce/kafkaonce/consumer/settings"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
@@ -35,7 +36,7 @@ type userCode struct {
 }
 
 func newUserCode(cfg *Config, log *slog.Logger) userCode {
-	return userCode{handle: cfg.Handle, handleBatch: cfg.HandleBatch, messageID: cfg.MessageID,
+	return userCode{handle: cfg.Handle, handleBatch: cfg.HandleBatch, messageID: cfg.DeriveID,
 		limits: usercall.Limits{Timeout: cfg.HandlerTimeout, Grace: handlerCutoffGrace}, log: log}
 }
 
@@ -153,7 +154,7 @@ func truncate(s string, n int) string {
 // set when the handler hung and was cut off: tx's connection is then
 // closed.
 func HandleAlone(ctx context.Context, timeout time.Duration, tx pgx.Tx, handle func(context.Context, pgx.Tx, *kafkaoncetype.Message) error, handleBatch func(context.Context, *Batch) error, msg *kafkaoncetype.Message) (err, abandoned error) {
-	u := newUserCode(&Config{Handle: handle, HandleBatch: handleBatch, HandlerTimeout: timeout}, slog.Default())
+	u := newUserCode(&Config{Handle: handle, HandleBatch: handleBatch, Config: settings.Config{HandlerTimeout: timeout}}, slog.Default())
 	err, ab := usercall.Run(ctx, u.limits, func(hctx, _ context.Context, uc *usercall.Attempt) error {
 		uc.SetConn(tx.Conn().PgConn().Conn())
 		return u.call(hctx, uc, 0, tx, msg)

@@ -17,11 +17,10 @@ import (
 	"github.com/kafkaonce/kafkaonce/deadletter"
 )
 
-// Every Config setting must reach the engine: consumer.engineConfig copies
-// them one by one into engine.Config, and one forgotten or crossed with
-// another would compile. Each subtest sets one setting (or a group) away
-// from its default and watches the engine behave by it.
-func TestEveryConfigSettingReachesTheEngine(t *testing.T) {
+// Settings take effect end to end: the engine holds the Config whole (no
+// field is copied on the way), and each subtest sets one setting (or a
+// group) away from its default and watches the consumer behave by it.
+func TestSettingsTakeEffect(t *testing.T) {
 	t.Parallel()
 
 	t.Run("session timeouts", func(t *testing.T) {

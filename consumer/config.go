@@ -108,6 +108,7 @@ func withDefaults(c *Config) Config {
 	out.Brokers = slices.Clone(c.Brokers)
 	out.Topics = slices.Clone(c.Topics)
 	out.Hooks = slices.Clone(c.Hooks)
+	out.Pruners = slices.Clone(c.Pruners)
 	setDefault(&out.GroupID, c.Name)
 	if f, ok := out.MessageID.(MessageIDFunc); out.MessageID == nil || ok && f == nil {
 		// A nil MessageIDFunc is as unset as a nil field: it would
@@ -343,6 +344,14 @@ func validate(c *Config) error {
 	}
 	if c.Prune.Batch < 1 || c.Prune.Batch > 100000 {
 		bad("Prune.Batch must be between 1 and 100000 (got %d)", c.Prune.Batch)
+	}
+	if len(c.Pruners) > 0 && c.Prune.Interval == 0 {
+		bad("Pruners are set but Prune.Interval is 0, so they would never run: set Prune.Interval, or leave Pruners empty and run kafkaonce prune")
+	}
+	for i, p := range c.Pruners {
+		if p.Step == nil {
+			bad("Pruners[%d] (%q) has no Step: take a feature's own, such as idempotency.Store.Pruner()", i, p.Table)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/kafkaconn"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // unusedPool is a real pool that is never dialled: New does not connect.
@@ -24,6 +25,9 @@ func unusedPool(t *testing.T) *pgxpool.Pool {
 	t.Cleanup(p.Close)
 	return p
 }
+
+// keysPruner stands for a feature's Pruner: the consumer only checks it.
+var keysPruner = consumer.Pruner{Table: "expired keys", Step: func(context.Context, kafkaoncetype.Querier, int) (int64, error) { return 0, nil }}
 
 func validConfig() *consumer.Config {
 	return &consumer.Config{
@@ -90,6 +94,10 @@ func TestNewRejectsBadConfigNamingTheField(t *testing.T) {
 		// depend on Prune.Interval, so neither does its validity.
 		{"prune retention too short", func(c *consumer.Config) { c.Prune.Retention = time.Minute }, []string{"Prune.Retention must be at least 24h0m0s"}},
 		{"prune batch too big", func(c *consumer.Config) { c.Prune.Interval, c.Prune.Batch = time.Hour, 1<<20 }, []string{"Prune.Batch must be between 1 and 100000"}},
+		{"pruners without an interval", func(c *consumer.Config) { c.Pruners = []consumer.Pruner{keysPruner} }, []string{"Pruners are set but Prune.Interval is 0"}},
+		{"a pruner without a step", func(c *consumer.Config) {
+			c.Prune.Interval, c.Pruners = time.Hour, []consumer.Pruner{keysPruner, {Table: "mine"}}
+		}, []string{`Pruners[1] ("mine") has no Step`}},
 		{"hook of no kind", func(c *consumer.Config) { c.Hooks = []consumer.Hook{42} }, []string{"Hooks[0] (int) implements no hook interface"}},
 		{"json id without a field", func(c *consumer.Config) { c.MessageID = consumer.IDFromJSONField("") }, []string{`MessageID JSON field path "" has an empty field name`}},
 		{"json id with an empty name", func(c *consumer.Config) { c.MessageID = consumer.IDFromJSONField("meta..id") }, []string{`MessageID JSON field path "meta..id" has an empty field name`, `"meta.id"`}},

@@ -56,11 +56,7 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	ec := engineConfig(&c, hs)
-	if ec.Pruners, err = pruners(c.Schema); err != nil {
-		return nil, err
-	}
-	e, err := engine.New(db, ec)
+	e, err := engine.New(db, engineConfig(&c, hs))
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/idempotency"
 )
 
 func TestBackgroundPruningKeepsRewindsSafe(t *testing.T) {
@@ -31,15 +32,23 @@ func TestBackgroundPruningKeepsRewindsSafe(t *testing.T) {
 			VALUES ('', $1, 'POST', '/', '\x00', 201, '', '', `+k.expires+`)`, k.key)
 	}
 
+	expired := func() int64 {
+		return e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("idempotency_keys")+` WHERE idem_key = 'expired'`)
+	}
 	cfg := e.config(e.applyHandler())
 	cfg.Prune.Interval = time.Hour // the first pass runs at start
 	r = e.start(cfg)
 	waitFor(t, 30*time.Second, "the old claims pruned", func() bool {
 		return e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("processed_messages")) == 10
 	})
-	waitFor(t, 30*time.Second, "the expired key pruned", func() bool {
-		return e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("idempotency_keys")+` WHERE idem_key = 'expired'`) == 0
-	})
+	r.stop()
+	require.EqualValues(t, 1, expired(), "keys are pruned only by a consumer given their Pruner")
+
+	keys, err := idempotency.NewStore(e.db.Schema)
+	require.NoError(t, err)
+	cfg.Pruners = []consumer.Pruner{keys.Pruner()}
+	r = e.start(cfg)
+	waitFor(t, 30*time.Second, "the expired key pruned", func() bool { return expired() == 0 })
 	r.stop()
 	require.EqualValues(t, 1, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("idempotency_keys")+` WHERE idem_key = 'live'`), "a live key is kept")
 

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // Querier runs the Store's statements: *pgxpool.Pool, *pgxpool.Conn,
@@ -163,6 +164,19 @@ func (s *Store) Count(ctx context.Context, q Querier) (Counts, error) {
 		return Counts{}, fmt.Errorf("idempotency: count keys: %w", err)
 	}
 	return c, nil
+}
+
+// Pruner is Prune as a consumer runs it: given in consumer.Config.Pruners,
+// a consumer with Prune.Interval set deletes the schema's expired keys in
+// the background, with its own old claims, so that an API needs no pruning
+// loop of its own.
+func (s *Store) Pruner() kafkaoncetype.Pruner {
+	return kafkaoncetype.Pruner{
+		Table: "expired idempotency_keys",
+		Step: func(ctx context.Context, q kafkaoncetype.Querier, limit int) (int64, error) {
+			return s.Prune(ctx, q, limit)
+		},
+	}
 }
 
 // Prune deletes up to limit expired keys, skipping rows locked by running

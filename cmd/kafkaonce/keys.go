@@ -184,7 +184,8 @@ func keysPruneCmd(s *settings) *cobra.Command {
 		Long: `prune deletes the idempotency keys whose retention ran out, a batch per
 transaction, skipping rows in use. An expired key is already free for a new
 request; pruning only reclaims its space. A consumer with Config.Prune set
-does the same in the background.`,
+and idempotency.Store.Pruner() in Config.Pruners does the same in the
+background.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if batch < 1 || batch > 100000 {

@@ -262,6 +262,13 @@ type Config struct {
 	// (see Pruning). Off unless Prune.Interval is set.
 	Prune kafkaoncetype.Pruning
 
+	// Pruners prune the tables of other features in the same pass as the
+	// claims, at each Prune.Interval: give idempotency.Store.Pruner() to
+	// prune the HTTP front door's expired keys of the schema, which a
+	// consumer no longer prunes unasked. Needs Prune.Interval. Defaults
+	// to none.
+	Pruners []kafkaoncetype.Pruner
+
 	// Hooks observe the consumer; see Hook. Defaults to none.
 	Hooks []Hook
 }

@@ -6,7 +6,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkaonce/kafkaonce/consumer/settings"
-	"github.com/kafkaonce/kafkaonce/internal/maintenance"
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
@@ -29,8 +28,4 @@ type Config struct {
 	MessageIDRule string
 	// HookFuncs are Config.Hooks, sorted by the events they observe.
 	HookFuncs Hooks
-
-	// Pruners prune the tables of other features (the HTTP front door's
-	// keys) with the consumer's own, at Prune.Interval.
-	Pruners []maintenance.Pruner
 }

@@ -84,17 +84,17 @@ func (c *Consumer) reportRetriesWaiting(ctx context.Context) {
 }
 
 // prune deletes this consumer's claims older than PruneRetention, then
-// runs the Pruners the features registered (Config.Pruners).
+// runs the Pruners the user handed in (Config.Pruners).
 func (c *Consumer) prune(ctx context.Context) {
 	before := time.Now().Add(-c.cfg.Prune.Retention)
 	claims := maintenance.Pruner{Table: "processed_messages", Step: func(ctx context.Context, q querier, limit int) (int64, error) {
 		return c.claims.Prune(ctx, q, c.cfg.Name, before, limit)
 	}}
-	if n := claims.Run(ctx, c.inTx, c.cfg.Prune.Batch, c.log); n > 0 {
+	if n := maintenance.Run(ctx, claims, c.inTx, c.cfg.Prune.Batch, c.log); n > 0 {
 		c.log.Info("pruned processed_messages", slog.Int64("deleted", n), slog.Time("before", before))
 	}
 	for _, p := range c.cfg.Pruners {
-		if n := p.Run(ctx, c.inTx, c.cfg.Prune.Batch, c.log); n > 0 {
+		if n := maintenance.Run(ctx, p, c.inTx, c.cfg.Prune.Batch, c.log); n > 0 {
 			c.log.Info("pruned "+p.Table, slog.Int64("deleted", n))
 		}
 	}

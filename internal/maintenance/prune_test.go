@@ -37,7 +37,7 @@ func TestPrunerRun(t *testing.T) {
 			s.txs++
 			return fn(nil)
 		}
-		return p.Run(ctx, inTx, 10, slog.New(slog.NewTextHandler(&s.logs, nil)))
+		return Run(ctx, p, inTx, 10, slog.New(slog.NewTextHandler(&s.logs, nil)))
 	}
 
 	t.Run("steps until one comes back short", func(t *testing.T) {

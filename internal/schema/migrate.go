@@ -11,7 +11,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 //go:embed migrations/*.sql
@@ -84,11 +85,9 @@ type Beginner interface {
 }
 
 // Querier runs statements; *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// It is kafkaoncetype's, so that a Pruner's Step takes what the engine's
+// transactions give.
+type Querier = kafkaoncetype.Querier
 
 // Migrate brings the schema named schemaName to LatestVersion and returns
 // that version. It runs in one transaction under an advisory lock keyed on the

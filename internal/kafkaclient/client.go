@@ -21,9 +21,23 @@ import (
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
-// Client is a Kafka client library as the engine uses it. Its methods may
-// be called from many goroutines at once.
+// Client is a Kafka client library as the engine uses it: a member of
+// the consumer group, a reader of partitions and a publisher. Its methods
+// may be called from many goroutines at once. The engine's parts each take
+// the piece they use (Group, Reader, Publisher), so that a test can hand
+// one a scripted fake of that piece alone.
 type Client interface {
+	Group
+	Reader
+	Publisher
+	// Close releases the client's connections. Fetchers must be closed
+	// first.
+	Close()
+}
+
+// Group is the member of the consumer group: its membership, the group's
+// committed offsets, and the commits of the member's own.
+type Group interface {
 	// RunGroup joins the consumer group and tells m of the partitions this
 	// member gains and loses, one call at a time, until ctx is done; then
 	// it revokes every partition still assigned (m.Revoked), leaves the
@@ -45,6 +59,21 @@ type Client interface {
 	// A *TopicGoneError names partitions refused because the broker does
 	// not know their topic (any more).
 	Commit(ctx context.Context, offsets []Offset) error
+}
+
+// Reader reads partitions: their records and their log bounds.
+type Reader interface {
+	// Open starts fetching a partition at an offset.
+	Open(cfg FetchConfig) (*Fetcher, error)
+	// Bounds reads a partition's log bounds.
+	Bounds(ctx context.Context, topic string, partition int) (Bounds, error)
+	// TopicBounds reads the bounds of every partition of a topic, indexed
+	// by partition.
+	TopicBounds(ctx context.Context, topic string) ([]Bounds, error)
+}
+
+// Publisher writes records to a topic.
+type Publisher interface {
 	// Publish writes records to topic and returns once the brokers have
 	// acknowledged every one of them (acks from all in-sync replicas),
 	// partitioning by key. Records of one key stay in order: once one of
@@ -57,16 +86,6 @@ type Client interface {
 	// after any other error, no record may be taken as written.
 	// Concurrent calls may wait for one another.
 	Publish(ctx context.Context, topic string, recs []Record) error
-	// Open starts fetching a partition at an offset.
-	Open(cfg FetchConfig) (*Fetcher, error)
-	// Bounds reads a partition's log bounds.
-	Bounds(ctx context.Context, topic string, partition int) (Bounds, error)
-	// TopicBounds reads the bounds of every partition of a topic, indexed
-	// by partition.
-	TopicBounds(ctx context.Context, topic string) ([]Bounds, error)
-	// Close releases the client's connections. Fetchers must be closed
-	// first.
-	Close()
 }
 
 // Membership is told of the partitions this member of the group gains and

@@ -120,8 +120,12 @@ func (w *worker) afterCommit(ctx context.Context, items []item, p *plan, st *bat
 // mark (see commitmark), which says it is that copy: a partition that has
 // lost its stored position can tell so from the group's offset.
 type committer struct {
-	*deps
-	wake chan struct{}
+	// group is the member the commits go through, in its generation.
+	group kafkaclient.Group
+	log   *slog.Logger
+	// hooks are Hooks.Committed, told of every commit and its result.
+	hooks []func(context.Context, []kafkaoncetype.TopicPartitionOffset, error)
+	wake  chan struct{}
 	// flushing is held while a commit is in flight: a partition released
 	// waits for it, so that no commit of its offsets lands after its new
 	// owner's.
@@ -135,8 +139,8 @@ type committer struct {
 // commitTimeout bounds one offset commit.
 const commitTimeout = 10 * time.Second
 
-func newCommitter(d *deps) *committer {
-	return &committer{deps: d, wake: make(chan struct{}, 1),
+func newCommitter(group kafkaclient.Group, log *slog.Logger, hooks []func(context.Context, []kafkaoncetype.TopicPartitionOffset, error)) *committer {
+	return &committer{group: group, log: log, hooks: hooks, wake: make(chan struct{}, 1),
 		owned: map[kafkaclient.TopicPartition]*partitionRun{}, pending: map[kafkaclient.TopicPartition]kafkaclient.Offset{}}
 }
 
@@ -232,11 +236,11 @@ func (m *committer) commit(ctx context.Context, batch map[kafkaclient.TopicParti
 		list = append(list, o)
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
-	err := m.client.Commit(cctx, list)
+	err := m.group.Commit(cctx, list)
 	cancel()
-	if len(m.hooks.Committed) > 0 {
+	if len(m.hooks) > 0 {
 		reported := flatten(list)
-		for _, h := range m.hooks.Committed {
+		for _, h := range m.hooks {
 			h(ctx, reported, err)
 		}
 	}

@@ -44,7 +44,7 @@ type partitionRun struct {
 }
 
 func newMembership(runCtx context.Context, d *deps, joined func()) *membership {
-	return &membership{deps: d, runCtx: runCtx, committer: newCommitter(d), joined: joined, runs: map[kafkaclient.TopicPartition]*partitionRun{}}
+	return &membership{deps: d, runCtx: runCtx, committer: newCommitter(d.client, d.log, d.hooks.Committed), joined: joined, runs: map[kafkaclient.TopicPartition]*partitionRun{}}
 }
 
 // Assigned starts a worker for each partition.

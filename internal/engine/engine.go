@@ -182,7 +182,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	go func() { defer close(pausesDone); c.pollPauses(maintCtx) }()
 	defer func() { stopMaint(); <-maintDone; <-pausesDone }()
 
-	m := newMembership(ctx, c.deps, joined)
+	m := newMembership(ctx, c.deps, client, joined)
 	c.health.outSince.Store(time.Now().UnixNano())
 	c.health.member.Store(m)
 	defer func() {

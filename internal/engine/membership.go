@@ -16,11 +16,19 @@ import (
 // rebalance moves only those that change owner) or all at once (an eager
 // one revokes everything): either way each partition's run is its own.
 type membership struct {
-	*deps
+	log    *slog.Logger
+	health *health
+	// grace is Config.ShutdownTimeout: how long a stopped worker's batch
+	// in flight may run on (see partitionContexts).
+	grace time.Duration
 	// runCtx is Run's: cancelling it stops every worker, as a revocation
 	// does.
 	runCtx    context.Context
 	committer *committer
+	// work processes a partition for its run until stop is done, marking
+	// its offsets with the committer: a worker (see newMembership), or a
+	// test's script.
+	work func(stop, work context.Context, r *partitionRun)
 	// joined is called at every assignment: the member is in its group
 	// (see recordWhenJoined).
 	joined func()
@@ -43,8 +51,16 @@ type partitionRun struct {
 	progress *progress
 }
 
-func newMembership(runCtx context.Context, d *deps, joined func()) *membership {
-	return &membership{deps: d, runCtx: runCtx, committer: newCommitter(d.client, d.log, d.hooks.Committed), joined: joined, runs: map[kafkaclient.TopicPartition]*partitionRun{}}
+// newMembership returns the member of group that Run runs: a worker on d
+// for each partition assigned, whose offsets are committed through group.
+func newMembership(runCtx context.Context, d *deps, group kafkaclient.Group, joined func()) *membership {
+	m := &membership{log: d.log, health: d.health, grace: d.cfg.ShutdownTimeout, runCtx: runCtx,
+		committer: newCommitter(group, d.log, d.hooks.Committed), joined: joined, runs: map[kafkaclient.TopicPartition]*partitionRun{}}
+	m.work = func(stop, work context.Context, r *partitionRun) {
+		w := &worker{deps: d, committer: m.committer, hold: r, topic: r.tp.Topic, partition: r.tp.Partition, progress: r.progress}
+		w.run(stop, work)
+	}
+	return m
 }
 
 // Assigned starts a worker for each partition.
@@ -60,17 +76,16 @@ func (m *membership) Assigned(_ context.Context, parts []kafkaclient.TopicPartit
 			m.log.Warn("consumer group: a partition was assigned again while it was being processed", slog.String("topic", tp.Topic), slog.Int("partition", tp.Partition))
 			continue
 		}
-		stop, work, cancelStop, release := partitionContexts(m.runCtx, m.cfg.ShutdownTimeout)
+		stop, work, cancelStop, release := partitionContexts(m.runCtx, m.grace)
 		r := &partitionRun{tp: tp, stop: cancelStop, done: make(chan struct{}), progress: newProgress()}
 		m.runs[tp] = r
 		m.committer.own(r)
-		w := &worker{deps: m.deps, committer: m.committer, hold: r, topic: tp.Topic, partition: tp.Partition, progress: r.progress}
 		m.all.Add(1)
 		go func() {
 			defer m.all.Done()
 			defer close(r.done)
 			defer release()
-			w.run(stop, work)
+			m.work(stop, work, r)
 		}()
 	}
 	if len(parts) > 0 {

@@ -49,8 +49,10 @@ type deps struct {
 	cfg   Config
 	log   *slog.Logger
 	hooks Hooks
-	// client is the Kafka client (set by Run, and by Redrive when it
-	// needs none: nil).
+	// client is the Kafka client the workers read their partitions and
+	// the group's offsets with (set by Run; nil for Redrive, which needs
+	// none). The member and the dead-letter publisher are handed the
+	// piece they use.
 	client kafkaclient.Client
 	// user is the handler and the id function, as the engine calls them.
 	user     userCode
@@ -172,7 +174,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		// while draining are published too.
 		pubCtx, stopPub := context.WithCancel(context.WithoutCancel(ctx))
 		pubDone := make(chan struct{})
-		go func() { defer close(pubDone); c.runPublisher(pubCtx) }()
+		go func() { defer close(pubDone); c.runPublisher(pubCtx, client) }()
 		defer func() { stopPub(); <-pubDone }()
 	}
 	maintCtx, stopMaint := context.WithCancel(ctx)

@@ -12,15 +12,15 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 )
 
-// runPublisher publishes dead letters to Config.DeadLetterTopic until ctx is
-// done. It reads letters not yet published from the table and marks them
+// runPublisher publishes dead letters to Config.DeadLetterTopic with pub
+// until ctx is done. It reads letters not yet published from the table and marks them
 // published after the broker acknowledged them: at-least-once, and nothing
 // is lost if the broker or the process is down for a while.
-func (c *Consumer) runPublisher(ctx context.Context) {
+func (c *Consumer) runPublisher(ctx context.Context, pub kafkaclient.Publisher) {
 	poll := time.NewTicker(5 * time.Second)
 	defer poll.Stop()
 	for {
-		if err := c.publishPending(ctx); err != nil && ctx.Err() == nil {
+		if err := c.publishPending(ctx, pub); err != nil && ctx.Err() == nil {
 			c.log.Warn("dead-letter topic: publishing failed; retrying in a few seconds", slog.String("topic", c.cfg.DeadLetterTopic), slog.String("error", err.Error()))
 		}
 		select {
@@ -28,7 +28,7 @@ func (c *Consumer) runPublisher(ctx context.Context) {
 			// One last pass for letters written while draining.
 			final, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			if err := c.publishPending(final); err != nil {
+			if err := c.publishPending(final, pub); err != nil {
 				c.log.Warn("dead-letter topic: letters left unpublished at shutdown are published at the next start", slog.String("error", err.Error()))
 			}
 			return
@@ -39,7 +39,7 @@ func (c *Consumer) runPublisher(ctx context.Context) {
 }
 
 // publishPending publishes unpublished letters a page at a time.
-func (c *Consumer) publishPending(ctx context.Context) error {
+func (c *Consumer) publishPending(ctx context.Context, pub kafkaclient.Publisher) error {
 	for {
 		var letters []deadletter.Letter
 		err := c.readOnly(ctx, func(q querier) (err error) {
@@ -49,7 +49,7 @@ func (c *Consumer) publishPending(ctx context.Context) error {
 		if err != nil || len(letters) == 0 {
 			return err
 		}
-		if err := c.publishPage(ctx, letters); err != nil {
+		if err := c.publishPage(ctx, pub, letters); err != nil {
 			return err
 		}
 	}
@@ -62,7 +62,7 @@ func (c *Consumer) publishPending(ctx context.Context) error {
 // one the broker refuses goes alone, and then cut smaller until the topic
 // takes it (see publishTooLarge). Any other failure is the topic's or the
 // broker's, and the letters it hit wait for the next pass.
-func (c *Consumer) publishPage(ctx context.Context, letters []deadletter.Letter) error {
+func (c *Consumer) publishPage(ctx context.Context, pub kafkaclient.Publisher, letters []deadletter.Letter) error {
 	lrs := make([]*letterRecord, len(letters))
 	recs := make([]kafkaclient.Record, len(letters))
 	cuts := make([][]string, len(letters))
@@ -76,7 +76,7 @@ func (c *Consumer) publishPage(ctx context.Context, letters []deadletter.Letter)
 			return fmt.Errorf("dead letter %d: %w", letters[i].ID, err)
 		}
 	}
-	err := c.client.Publish(ctx, c.cfg.DeadLetterTopic, recs)
+	err := pub.Publish(ctx, c.cfg.DeadLetterTopic, recs)
 	var each kafkaclient.PublishErrors
 	if err != nil && (!errors.As(err, &each) || len(each) != len(recs)) {
 		return err
@@ -92,7 +92,7 @@ func (c *Consumer) publishPage(ctx context.Context, letters []deadletter.Letter)
 		case e == nil:
 			c.logCut(lrs[i], &recs[i], cuts[i])
 		case errors.Is(e, kafkaclient.ErrTooLarge):
-			e = c.publishTooLarge(ctx, lrs[i], &recs[i], cuts[i], len(recs) > 1)
+			e = c.publishTooLarge(ctx, pub, lrs[i], &recs[i], cuts[i], len(recs) > 1)
 		}
 		switch {
 		case e == nil:
@@ -117,9 +117,9 @@ func (c *Consumer) publishPage(ctx context.Context, letters []deadletter.Letter)
 // Only a topic that takes not even a letter's own headers (a few hundred
 // bytes, under any sensible max.message.bytes) makes it fail, and then
 // every letter would: that is the topic's failure, reported as such.
-func (c *Consumer) publishTooLarge(ctx context.Context, lr *letterRecord, rec *kafkaclient.Record, cut []string, withOthers bool) error {
+func (c *Consumer) publishTooLarge(ctx context.Context, pub kafkaclient.Publisher, lr *letterRecord, rec *kafkaclient.Record, cut []string, withOthers bool) error {
 	publish := func(r *kafkaclient.Record) error {
-		return c.client.Publish(ctx, c.cfg.DeadLetterTopic, []kafkaclient.Record{*r})
+		return pub.Publish(ctx, c.cfg.DeadLetterTopic, []kafkaclient.Record{*r})
 	}
 	if withOthers {
 		if err := publish(rec); err == nil || !errors.Is(err, kafkaclient.ErrTooLarge) {

@@ -177,6 +177,21 @@ func TestCommitter(t *testing.T) {
 		require.Equal(t, []string{"stored t/0@5", "commit in flight", "commit t/0@5", "released"}, s.list())
 	})
 
+	t.Run("its loop commits marks as they come, until its context ends", func(t *testing.T) {
+		t.Parallel()
+		s := newCommitterSetup(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		ran := make(chan struct{})
+		go func() { defer close(ran); s.c.run(ctx) }()
+		r := s.run(0)
+		s.batch(r, 5, "")
+		s.requireEvent(t, "commit t/0@5")
+		s.batch(r, 6, "")
+		s.requireEvent(t, "commit t/0@6")
+		cancel()
+		<-ran
+	})
+
 	t.Run("the Committed hooks hear of every commit, in order of partition, and its answer", func(t *testing.T) {
 		t.Parallel()
 		s := newCommitterSetup(t)

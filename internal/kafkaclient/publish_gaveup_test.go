@@ -2,10 +2,15 @@ package kafkaclient_test
 
 import (
 	"context"
+	"errors"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
@@ -45,4 +50,47 @@ func trimStale(got []string, stale ...string) []string {
 		}
 	}
 	return out
+}
+
+// A call as large as the relay's largest batch (10,000 records) is
+// written whole after a call that gave up, to another topic, left its
+// records behind: they take no room the next call needs.
+func TestPublishOfTheLargestBatchAfterACallThatGaveUpOnAnotherTopic(t *testing.T) {
+	eachClient(t, func(t *testing.T, name string) {
+		fk, err := devenv.StartFakeKafka()
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = fk.Close() })
+		k := &testenv.Kafka{Kafka: fk}
+		c := newClient(t, name, k.Brokers)
+		stuck, topic := k.Topic(t, 1), k.Topic(t, 1)
+		ctx := testenv.Context(t, time.Minute)
+		require.NoError(t, c.Publish(ctx, stuck, []kafkaclient.Record{rec("s", "warm:")}))
+		require.NoError(t, c.Publish(ctx, topic, []kafkaclient.Record{rec("a", "warm:")}))
+		var left []kafkaclient.Record
+		for i := range 100 {
+			left = append(left, rec("s"+strconv.Itoa(i), "s:"))
+		}
+		// The broker refuses them (retriably) until the call gives up.
+		refuse(k, "s:", kerr.NotEnoughReplicas.Code)
+		short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
+		require.Error(t, c.Publish(short, stuck, left))
+		var recs []kafkaclient.Record
+		for i := range 10000 - 1 {
+			recs = append(recs, rec("k"+strconv.Itoa(i%50), "r:"))
+		}
+		recs = append(recs, rec("a", "last:"))
+		err = c.Publish(ctx, topic, recs)
+		var each kafkaclient.PublishErrors
+		if errors.As(err, &each) {
+			n := 0
+			for _, e := range each {
+				if e != nil {
+					n++
+				}
+			}
+			require.NoError(t, err, "%d of %d records failed", n, len(recs))
+		}
+		require.NoError(t, err)
+	})
 }

@@ -30,6 +30,9 @@ type producer struct {
 	cl   *kgo.Client
 	err  error
 	mu   sync.Mutex
+	// left, guarded by mu, is closed once the records of the last call
+	// that gave up (its context ended) are done: written or failed.
+	left chan struct{}
 }
 
 // Publish implements kafkaclient.Client. Each record has its own result:
@@ -55,6 +58,13 @@ func (c *Client) Publish(ctx context.Context, topic string, recs []kafkaclient.R
 	}
 	c.producer.mu.Lock()
 	defer c.producer.mu.Unlock()
+	// The records of a call that gave up must be done before this call
+	// buffers: one still buffered carries that call's ended context, and
+	// kgo, failing it, fails every record buffered behind it in its
+	// partition, this call's too.
+	if err := c.producer.awaitLeft(ctx); err != nil {
+		return fmt.Errorf("franz: produce to %s: records of an earlier call that gave up are not done: %w", topic, err)
+	}
 	var mu sync.Mutex // guards errs and failed against the promises
 	errs := make(kafkaclient.PublishErrors, len(recs))
 	failed, anyFailed := kafkaclient.FailedKeys{}, false
@@ -115,7 +125,8 @@ func (c *Client) Publish(ctx context.Context, topic string, recs []kafkaclient.R
 	case <-done:
 	default:
 		// The records left go when a later call flushes, or fail with
-		// their context.
+		// their context; the next call waits for them (awaitLeft).
+		c.producer.left = done
 		return fmt.Errorf("franz: produce to %s: %w", topic, ctx.Err())
 	}
 	mu.Lock()
@@ -124,6 +135,36 @@ func (c *Client) Publish(ctx context.Context, topic string, recs []kafkaclient.R
 		return errs
 	}
 	return nil
+}
+
+// awaitLeft flushes, called locked, until the records of the last call
+// that gave up are done, or ctx ends.
+func (p *producer) awaitLeft(ctx context.Context) error {
+	if p.left == nil {
+		return nil
+	}
+	select {
+	case <-p.left:
+		p.left = nil
+		return nil
+	default:
+	}
+	flushCtx, stopFlush := context.WithCancel(ctx)
+	flushed := make(chan struct{})
+	go func() { defer close(flushed); _ = p.cl.Flush(flushCtx) }()
+	select {
+	case <-p.left:
+	case <-ctx.Done():
+	}
+	stopFlush()
+	<-flushed
+	select {
+	case <-p.left:
+		p.left = nil
+		return nil
+	default:
+		return ctx.Err()
+	}
 }
 
 // fnv32a is the hash of kafka-go's Hash balancer.

@@ -4,15 +4,19 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/franz"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/kafkago"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
@@ -93,4 +97,63 @@ func TestPublishOfTheLargestBatchAfterACallThatGaveUpOnAnotherTopic(t *testing.T
 		}
 		require.NoError(t, err)
 	})
+}
+
+// Close while a Publish waits for the broker ends the call, with an error,
+// and leaves no producer goroutine; a Publish after Close fails and starts
+// none.
+func TestPublishEndsWhenTheClientCloses(t *testing.T) {
+	eachClient(t, func(t *testing.T, name string) {
+		fk, err := devenv.StartFakeKafka()
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = fk.Close() })
+		k := &testenv.Kafka{Kafka: fk}
+		topic := k.Topic(t, 1)
+		ctx := testenv.Context(t, time.Minute)
+		var refused atomic.Int64
+		k.Fake.ControlKey(kmsg.Produce.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+			k.Fake.KeepControl()
+			refused.Add(1)
+			return nil, nil, false
+		})
+		refuse(k, "held:", kerr.NotEnoughReplicas.Code)
+
+		cfg := kafkaclient.Config{Brokers: k.Brokers, MaxBatch: 100, FetchMaxBytes: 1 << 20}
+		var c kafkaclient.Client
+		if name == "kafka-go" {
+			c, err = kafkago.New(cfg, nil)
+		} else {
+			c, err = franz.New(cfg)
+		}
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- c.Publish(ctx, topic, []kafkaclient.Record{rec("a", "held:")}) }()
+		waitUntil(t, "the broker to refuse the record once", func() bool { return refused.Load() > 1 })
+		c.Close()
+		select {
+		case err := <-done:
+			require.Error(t, err)
+		case <-ctx.Done():
+			t.Fatal("Publish did not return after Close")
+		}
+		require.Error(t, c.Publish(ctx, topic, []kafkaclient.Record{rec("a", "after:")}))
+	})
+}
+
+// A Publish racing the client's first Close either fails or is closed:
+// no producer outlives Close.
+func TestCloseRacingTheFirstPublish(t *testing.T) {
+	t.Parallel()
+	k := testenv.NewKafka(t)
+	topic := k.Topic(t, 1)
+	ctx := testenv.Context(t, time.Minute)
+	c, err := franz.New(kafkaclient.Config{Brokers: k.Brokers, MaxBatch: 100, FetchMaxBytes: 1 << 20})
+	require.NoError(t, err)
+	start := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { <-start; done <- c.Publish(ctx, topic, []kafkaclient.Record{rec("a", "a:")}) }()
+	close(start)
+	c.Close()
+	<-done
+	require.Error(t, c.Publish(ctx, topic, []kafkaclient.Record{rec("a", "after:")}), "a Publish after Close")
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // Both clients answer a call with records too large among others the same
@@ -74,5 +75,33 @@ func TestPublishFailsOnlyTheRecordsTooLarge(t *testing.T) {
 			want = []string{"first", "second", "beside", "last"}
 		}
 		require.Equal(t, want, got)
+	})
+}
+
+// A record of exactly MaxRecordBytes, headers counted, is written to a
+// topic at the broker's default limits; one byte more is refused by the
+// client alone, and the record behind it of another key is written.
+func TestPublishWritesARecordOfExactlyMaxRecordBytesWithHeaders(t *testing.T) {
+	eachClient(t, func(t *testing.T, name string) {
+		k := testenv.NewKafka(t)
+		c := newClient(t, name, k.Brokers)
+		topic := k.Topic(t, 1)
+		ctx := testenv.Context(t, time.Minute)
+		sized := func(key string, n int) kafkaclient.Record {
+			r := kafkaclient.Record{Key: []byte(key), Headers: []kafkaoncetype.Header{
+				{Key: "message-id", Value: []byte("0123456789abcdef0123456789abcdef")}, {Key: "h", Value: make([]byte, 300)}, {Key: "", Value: nil}}}
+			r.Value = make([]byte, n-kafkaclient.RecordBytes(&r))
+			_, _ = rand.Read(r.Value)
+			copy(r.Value, key+":")
+			require.Equal(t, n, kafkaclient.RecordBytes(&r))
+			return r
+		}
+		require.NoError(t, c.Publish(ctx, topic, []kafkaclient.Record{sized("at", kafkaclient.MaxRecordBytes)}))
+		err := c.Publish(ctx, topic, []kafkaclient.Record{sized("over", kafkaclient.MaxRecordBytes+1), rec("b", "last:")})
+		var each kafkaclient.PublishErrors
+		require.ErrorAs(t, err, &each)
+		require.ErrorIs(t, each[0], kafkaclient.ErrTooLarge)
+		require.NoError(t, each[1])
+		require.Equal(t, []string{"at", "last"}, readUntilLast(t, k.Brokers, topic))
 	})
 }

@@ -121,9 +121,7 @@ func (c *Client) Close() {
 	if c.hub != nil {
 		c.hub.close()
 	}
-	if c.producer.cl != nil {
-		c.producer.cl.Close()
-	}
+	c.producer.close()
 	c.admin.Close()
 }
 

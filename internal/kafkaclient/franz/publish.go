@@ -26,10 +26,11 @@ import (
 // fail before the key's later records were buffered, and those would be
 // written.
 type producer struct {
-	once sync.Once
-	cl   *kgo.Client
-	err  error
-	mu   sync.Mutex
+	life   sync.Mutex // guards cl, err and closed
+	cl     *kgo.Client
+	err    error
+	closed bool
+	mu     sync.Mutex
 	// left, guarded by mu, is closed once the records of the last call
 	// that gave up (its context ended) are done: written or failed.
 	left chan struct{}
@@ -41,8 +42,8 @@ type producer struct {
 // batch and those behind them in its partition), and the others are
 // written.
 func (c *Client) Publish(ctx context.Context, topic string, recs []kafkaclient.Record) error {
-	c.producer.once.Do(func() {
-		c.producer.cl, c.producer.err = kgo.NewClient(append(c.base[:len(c.base):len(c.base)], kgo.RequiredAcks(kgo.AllISRAcks()),
+	cl, err := c.producer.open(func() (*kgo.Client, error) {
+		return kgo.NewClient(append(c.base[:len(c.base):len(c.base)], kgo.RequiredAcks(kgo.AllISRAcks()),
 			// The batch limit is MaxRecordBytes, which every record sent
 			// fits (RecordBytes counts more than kgo does).
 			kgo.ProducerBatchMaxBytes(kafkaclient.MaxRecordBytes), kgo.ManualFlushing(),
@@ -53,8 +54,8 @@ func (c *Client) Publish(ctx context.Context, topic string, recs []kafkaclient.R
 			// records. Both clients then put a key in the same place.
 			kgo.RecordPartitioner(kgo.StickyKeyPartitioner(kgo.SaramaCompatHasher(fnv32a))))...)
 	})
-	if c.producer.err != nil {
-		return fmt.Errorf("franz: %w", c.producer.err)
+	if err != nil {
+		return fmt.Errorf("franz: produce to %s: %w", topic, err)
 	}
 	c.producer.mu.Lock()
 	defer c.producer.mu.Unlock()
@@ -62,7 +63,7 @@ func (c *Client) Publish(ctx context.Context, topic string, recs []kafkaclient.R
 	// buffers: one still buffered carries that call's ended context, and
 	// kgo, failing it, fails every record buffered behind it in its
 	// partition, this call's too.
-	if err := c.producer.awaitLeft(ctx); err != nil {
+	if err := c.producer.awaitLeft(ctx, cl); err != nil {
 		return fmt.Errorf("franz: produce to %s: records of an earlier call that gave up are not done: %w", topic, err)
 	}
 	var mu sync.Mutex // guards errs and failed against the promises
@@ -93,7 +94,7 @@ func (c *Client) Publish(ctx context.Context, topic string, recs []kafkaclient.R
 			kr.Headers = append(kr.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
 		}
 		wg.Add(1)
-		c.producer.cl.Produce(ctx, kr, func(_ *kgo.Record, err error) {
+		cl.Produce(ctx, kr, func(_ *kgo.Record, err error) {
 			defer wg.Done()
 			if err == nil {
 				return
@@ -114,7 +115,7 @@ func (c *Client) Publish(ctx context.Context, topic string, recs []kafkaclient.R
 	go func() { wg.Wait(); close(done) }()
 	flushCtx, stopFlush := context.WithCancel(ctx)
 	flushed := make(chan struct{})
-	go func() { defer close(flushed); _ = c.producer.cl.Flush(flushCtx) }()
+	go func() { defer close(flushed); _ = cl.Flush(flushCtx) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
@@ -137,9 +138,38 @@ func (c *Client) Publish(ctx context.Context, topic string, recs []kafkaclient.R
 	return nil
 }
 
+// errClosed is the error of a Publish after Close.
+var errClosed = errors.New("the client is closed")
+
+// open returns the producer, made with newClient on first use; after close, an
+// error.
+func (p *producer) open(newClient func() (*kgo.Client, error)) (*kgo.Client, error) {
+	p.life.Lock()
+	defer p.life.Unlock()
+	if p.closed {
+		return nil, errClosed
+	}
+	if p.cl == nil && p.err == nil {
+		p.cl, p.err = newClient()
+	}
+	return p.cl, p.err
+}
+
+// close closes the producer, if made, and any made later: a Publish after
+// it fails.
+func (p *producer) close() {
+	p.life.Lock()
+	cl := p.cl
+	p.closed = true
+	p.life.Unlock()
+	if cl != nil {
+		cl.Close()
+	}
+}
+
 // awaitLeft flushes, called locked, until the records of the last call
 // that gave up are done, or ctx ends.
-func (p *producer) awaitLeft(ctx context.Context) error {
+func (p *producer) awaitLeft(ctx context.Context, cl *kgo.Client) error {
 	if p.left == nil {
 		return nil
 	}
@@ -151,7 +181,7 @@ func (p *producer) awaitLeft(ctx context.Context) error {
 	}
 	flushCtx, stopFlush := context.WithCancel(ctx)
 	flushed := make(chan struct{})
-	go func() { defer close(flushed); _ = p.cl.Flush(flushCtx) }()
+	go func() { defer close(flushed); _ = cl.Flush(flushCtx) }()
 	select {
 	case <-p.left:
 	case <-ctx.Done():

@@ -21,6 +21,9 @@ const chunkRecords = 500
 type writers struct {
 	mu sync.Mutex
 	w  map[string]*topicWriter
+	// closed is set by Close: a Publish after it fails, and makes no
+	// writer that nothing would close.
+	closed bool
 }
 
 // topicWriter is a topic's writer, written through by one Publish at a
@@ -48,6 +51,9 @@ type topicWriter struct {
 // even when one failed.
 func (c *Client) Publish(ctx context.Context, topic string, recs []kafkaclient.Record) error {
 	tw := c.writer(topic)
+	if tw == nil {
+		return fmt.Errorf("kafkago: produce to %s: the client is closed", topic)
+	}
 	tw.mu.Lock()
 	defer tw.mu.Unlock()
 	errs := make(kafkaclient.PublishErrors, len(recs))
@@ -109,10 +115,13 @@ func (c *Client) Publish(ctx context.Context, topic string, recs []kafkaclient.R
 	return nil
 }
 
-// writer returns topic's writer, made on first use.
+// writer returns topic's writer, made on first use; nil after Close.
 func (c *Client) writer(topic string) *topicWriter {
 	c.writers.mu.Lock()
 	defer c.writers.mu.Unlock()
+	if c.writers.closed {
+		return nil
+	}
 	if c.writers.w == nil {
 		c.writers.w = map[string]*topicWriter{}
 	}
@@ -132,4 +141,5 @@ func (c *Client) closeWriters() {
 		_ = tw.w.Close()
 	}
 	c.writers.w = nil
+	c.writers.closed = true
 }

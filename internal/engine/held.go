@@ -9,15 +9,6 @@ import (
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
-// idleCheck is how often the log's bounds of a partition without new
-// records are read: often enough to report an open transaction within a
-// fraction of OpenTransactionAfter, and a log that a re-created topic cut
-// short within seconds, at a few small requests per idle partition and
-// check.
-func idleCheck(after time.Duration) time.Duration {
-	return min(max(after/4, 100*time.Millisecond), 10*time.Second)
-}
-
 // reportHeld reports a partition held back by a transaction left open, and
 // the end of that: logs, HookPartitionHeld, and the partition's run record,
 // where kafkaonce status and serve show it.

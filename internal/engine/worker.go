@@ -276,7 +276,7 @@ func (w *worker) fetchAndProcess(stop, work context.Context) error {
 		// gap: a loss ends the batches before it, and comes back as a
 		// DeletedError.
 		Processed: w.processedPosition,
-		IdleCheck: idleCheck(w.cfg.OpenTransactionAfter),
+		IdleCheck: kafkaclient.IdleCheckFor(w.cfg.OpenTransactionAfter),
 		HeldAfter: w.cfg.OpenTransactionAfter,
 		OnHeld:    func(h kafkaclient.Held) { w.reportHeld(stop, h) },
 		// Records the fetches have not handed out, below the last stable

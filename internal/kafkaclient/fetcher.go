@@ -71,6 +71,15 @@ type Held struct {
 // save most of the linger when they are not.
 func QuietFor(linger time.Duration) time.Duration { return linger / 5 }
 
+// IdleCheckFor is the idle check that goes with a HeldAfter: a quarter of
+// it, within 100 ms and 10 s. Often enough to report an open transaction
+// within a fraction of HeldAfter, and a log that a re-created topic cut
+// short within seconds, at a few small requests per idle partition and
+// check.
+func IdleCheckFor(heldAfter time.Duration) time.Duration {
+	return min(max(heldAfter/4, 100*time.Millisecond), 10*time.Second)
+}
+
 // Source is what a client library gives a Fetcher: one partition's
 // records, each once, in offset order (with gaps where offsets hold no
 // record a reader is handed).

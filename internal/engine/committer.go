@@ -15,9 +15,12 @@ import (
 
 // mark hands next to the committer, with the worker's mark.
 func (w *worker) mark(next int64) {
+	w.committer.mark(w.hold, next, w.meta)
+	// The offset goes first; what follows is Health's bookkeeping: the
+	// worker moved, and Postgres answered (a batch committed, or a first
+	// start was stored).
 	w.progress.step()
 	w.health.committed.Store(time.Now().UnixNano())
-	w.committer.mark(w.hold, next, w.meta)
 }
 
 // afterCommit reports the committed messages and hands their offset to the

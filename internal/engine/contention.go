@@ -77,7 +77,7 @@ func gateKey(schemaName, name string) int32 {
 // is not the gate's); the ones in effect before it, whatever set them (the
 // consumer's settings, the pool's connections, the role), are read first
 // into t and put back after it (see afterGate).
-func (c *deps) queueGate(b *pgx.Batch, t *timeouts) {
+func (c *database) queueGate(b *pgx.Batch, t *timeouts) {
 	b.Queue("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')").QueryRow(func(row pgx.Row) error {
 		return row.Scan(&t.lock, &t.statement)
 	})

@@ -45,7 +45,8 @@ type Consumer struct {
 // and hooks, and the state the consumer's partitions share (the gate, the
 // session settings, whether the batch handler uses Tx).
 type deps struct {
-	db    DB
+	// database begins the consumer's transactions (see txconn.go).
+	*database
 	cfg   Config
 	log   *slog.Logger
 	hooks Hooks
@@ -76,20 +77,12 @@ type deps struct {
 	// batchUsesTx is set once the BatchHandler used Batch.Tx during a
 	// one-trip attempt: batches then always open their transaction first.
 	batchUsesTx atomic.Bool
-	// gate says when the consumer's transactions take its gate, an
-	// advisory lock keyed gateKey (see contention.go).
-	gate    *pace.Gate
-	gateKey int32
 	// publish wakes the dead-letter topic publisher (nil without one).
 	publish chan struct{}
 	// storeID is the id of the store (schema.StoreID), read by Run before
 	// any worker starts: the offsets the consumer commits name it (see
 	// commitmark).
 	storeID string
-	// sess holds the session settings every transaction starts with. Run
-	// replaces it once it knows the server's version, while Redrive may
-	// already be reading it from another goroutine.
-	sess atomic.Pointer[session]
 }
 
 // New returns an engine for cfg, which consumer.New has validated and
@@ -120,7 +113,7 @@ func New(db DB, c Config) (*Consumer, error) {
 		return nil, err
 	}
 	out := &deps{
-		db:         db,
+		database:   &database{db: db, positions: positions, gate: pace.NewGate(), gateKey: gateKey(c.Schema, c.Name)},
 		cfg:        c,
 		log:        c.Logger.With(slog.String("consumer", c.Name)),
 		hooks:      c.HookFuncs,
@@ -134,8 +127,6 @@ func New(db DB, c Config) (*Consumer, error) {
 		pauseStore: paused,
 		breaker:    newBreaker(c.CircuitBreaker),
 		retry:      retry.Policy{Initial: c.Retry.InitialInterval, Max: c.Retry.MaxInterval},
-		gate:       pace.NewGate(),
-		gateKey:    gateKey(c.Schema, c.Name),
 	}
 	out.dials = kafkaclient.NewDials(out.log, c.TLS != nil || (c.Dialer != nil && c.Dialer.TLS != nil))
 	out.user = newUserCode(&c, out.log)

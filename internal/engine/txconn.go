@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,8 +15,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkaonce/kafkaonce/internal/cleanup"
+	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/pipetx"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/internal/store/positions"
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
@@ -74,15 +77,34 @@ func (a *txAttempt) begin(ctx context.Context, b *pgx.Batch) (bt *batchTx, gated
 	return bt, gated, nil
 }
 
+// database is where the consumer's transactions run: the pool, the
+// session settings every transaction begins with, and the consumer's gate.
+// It is all of the consumer that a batch's transaction begins and ends
+// with (see txDeps).
+type database struct {
+	db DB
+	// positions writes the one-trip head's checked advance of the
+	// position (see newSession).
+	positions *positions.Store
+	// gate says when the consumer's transactions take its gate, an
+	// advisory lock keyed gateKey (see contention.go).
+	gate    *pace.Gate
+	gateKey int32
+	// sess holds the session settings every transaction starts with. Run
+	// replaces it once it knows the server's version, while Redrive may
+	// already be reading it from another goroutine.
+	sess atomic.Pointer[session]
+}
+
 // beginWith begins a transaction, applies the session settings and runs b
 // in it, in one round trip: BEGIN travels with the batch's first
 // statements.
-func (c *deps) beginWith(ctx context.Context, b *pgx.Batch) (*batchTx, error) {
+func (c *database) beginWith(ctx context.Context, b *pgx.Batch) (*batchTx, error) {
 	return c.beginIn(ctx, c.session(), b)
 }
 
 // beginIn is beginWith with the given session settings.
-func (c *deps) beginIn(ctx context.Context, sess *session, b *pgx.Batch) (*batchTx, error) {
+func (c *database) beginIn(ctx context.Context, sess *session, b *pgx.Batch) (*batchTx, error) {
 	first := &pgx.Batch{}
 	sess.queue(first)
 	b = &pgx.Batch{QueuedQueries: append(first.QueuedQueries, b.QueuedQueries...)}
@@ -103,7 +125,7 @@ func (c *deps) beginIn(ctx context.Context, sess *session, b *pgx.Batch) (*batch
 // acquire takes a connection from the pool for a batch transaction, which
 // its first round trip begins: beginIn's, or the whole of a one-trip
 // batch's, which commitWith sends.
-func (c *deps) acquire(ctx context.Context) (*batchTx, error) {
+func (c *database) acquire(ctx context.Context) (*batchTx, error) {
 	conn, err := c.db.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -269,12 +291,12 @@ type session struct {
 func (s *session) queue(b *pgx.Batch) { b.Queue(s.sql, s.args...) }
 
 // session returns the current session settings.
-func (c *deps) session() *session { return c.sess.Load() }
+func (c *database) session() *session { return c.sess.Load() }
 
 // setSession sets the statement that applies the session settings, and
 // the one that opens a one-trip batch: the same settings and the checked
 // advance of the position in one SELECT.
-func (c *deps) setSession(cfg *Config, checkClient bool) {
+func (c *database) setSession(cfg *Config, checkClient bool) {
 	s := c.newSession(sessionSettings(cfg, checkClient))
 	racing := *cfg
 	racing.LockTimeout = raceLockTimeout(cfg)
@@ -282,10 +304,10 @@ func (c *deps) setSession(cfg *Config, checkClient bool) {
 	c.sess.Store(s)
 }
 
-func (c *deps) newSession(sql string, args []any) *session {
+func (c *database) newSession(sql string, args []any) *session {
 	// The one-trip head also opens the batch (see positions.QueueOpen),
 	// with the advance's consumer, topic and partition.
-	head := sql + ", " + c.offsets.AdvanceChecked(len(args)+1) + ", " + c.offsets.OpenExpr(len(args)+1)
+	head := sql + ", " + c.positions.AdvanceChecked(len(args)+1) + ", " + c.positions.OpenExpr(len(args)+1)
 	return &session{sql: sql, args: args, oneTripHead: head}
 }
 
@@ -326,7 +348,7 @@ type querier = schema.Querier
 
 // inTx runs fn in a transaction of its own with the session settings
 // applied, committing when fn returns nil.
-func (c *deps) inTx(ctx context.Context, fn func(q querier) error) error {
+func (c *database) inTx(ctx context.Context, fn func(q querier) error) error {
 	return pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
 		if err := c.applySession(ctx, tx); err != nil {
 			return err
@@ -337,7 +359,7 @@ func (c *deps) inTx(ctx context.Context, fn func(q querier) error) error {
 
 // readOnly runs fn in a transaction, with the session settings applied,
 // that is rolled back.
-func (c *deps) readOnly(ctx context.Context, fn func(q querier) error) error {
+func (c *database) readOnly(ctx context.Context, fn func(q querier) error) error {
 	tx, err := c.db.Begin(ctx)
 	if err != nil {
 		return err
@@ -350,7 +372,7 @@ func (c *deps) readOnly(ctx context.Context, fn func(q querier) error) error {
 }
 
 // applySession sets the session settings for the rest of tx.
-func (c *deps) applySession(ctx context.Context, tx pgx.Tx) error {
+func (c *database) applySession(ctx context.Context, tx pgx.Tx) error {
 	s := c.session()
 	_, err := tx.Exec(ctx, s.sql, s.args...)
 	return err
@@ -358,7 +380,7 @@ func (c *deps) applySession(ctx context.Context, tx pgx.Tx) error {
 
 // inOneTrip runs b's statements in a transaction with the session
 // settings applied, in one round trip when the DB sends batches.
-func (c *deps) inOneTrip(ctx context.Context, b *pgx.Batch) error {
+func (c *database) inOneTrip(ctx context.Context, b *pgx.Batch) error {
 	full := &pgx.Batch{}
 	c.session().queue(full)
 	full.QueuedQueries = append(full.QueuedQueries, b.QueuedQueries...)

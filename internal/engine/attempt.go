@@ -14,9 +14,37 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/attempts"
 	"github.com/kafkaonce/kafkaonce/internal/pace"
 	"github.com/kafkaonce/kafkaonce/internal/store/claims"
+	"github.com/kafkaonce/kafkaonce/internal/store/letters"
+	"github.com/kafkaonce/kafkaonce/internal/store/positions"
 	"github.com/kafkaonce/kafkaonce/internal/usercall"
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
+
+// txDeps are what a batch's transaction reaches of the consumer, and
+// nothing else: how transactions begin (database), the settings, the
+// user's code and hooks, and the four stores it writes. The worker's
+// other state (the Kafka client, the pauses, the breaker, Health) is out
+// of its reach: what the transaction did comes back in its txOutcome.
+type txDeps struct {
+	*database
+	cfg      *Config
+	log      *slog.Logger
+	hooks    *Hooks
+	user     *userCode
+	claims   *claims.Store
+	offsets  *positions.Store
+	letters  *letters.Store
+	attempts *attempts.Store
+	// batchUsesTx is the consumer's: set once its BatchHandler used
+	// Batch.Tx during a one-trip attempt (see oneTrip).
+	batchUsesTx *atomic.Bool
+}
+
+// txDeps hands a transaction attempt its reach.
+func (d *deps) txDeps() txDeps {
+	return txDeps{database: d.database, cfg: &d.cfg, log: d.log, hooks: &d.hooks, user: &d.user,
+		claims: d.claims, offsets: d.offsets, letters: d.letters, attempts: d.attempts, batchUsesTx: &d.batchUsesTx}
+}
 
 // txAttempt is one try at one transaction of a partition: what it needs
 // from the worker, copied when it starts, and the state it fills in. It
@@ -27,7 +55,7 @@ import (
 // that had it returned. An abandoned attempt, when its handler finally
 // returns, sees usercall.ErrAbandoned and ends without a write.
 type txAttempt struct {
-	*deps
+	txDeps
 	// openCall ends the scope of the handler call in progress, if any: the
 	// worker ends it when it abandons the attempt, since the call may
 	// never return.
@@ -120,7 +148,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 		h(work, info)
 	}
 	began := time.Now()
-	a := &txAttempt{deps: w.deps, progress: w.progress, topic: w.topic, partition: w.partition, items: items, p: p.clone(),
+	a := &txAttempt{txDeps: w.txDeps(), progress: w.progress, topic: w.topic, partition: w.partition, items: items, p: p.clone(),
 		next: w.next, positionKnown: w.positionKnown, origin: w.origin, sawDuplicates: w.sawDuplicates,
 		st: w.scratch, serialized: info.Serialized, racing: !serialized && len(items) > 1, paceRow: paceRow}
 	if a.st == nil {
@@ -269,7 +297,7 @@ func (a *txAttempt) messageFailure(msg *kafkaoncetype.Message, err error) (*kafk
 // classify sorts err, what a handler's call (or its statements) in the
 // attempt's transaction came to.
 func (a *txAttempt) classify(err error) *failure {
-	return a.retryLater(classifyHandlerError(err, a.connLost()))
+	return a.cfg.retryLater(classifyHandlerError(err, a.connLost()))
 }
 
 // connLost reports whether the connection of the attempt's transaction

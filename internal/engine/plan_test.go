@@ -72,7 +72,7 @@ func TestNewPlan(t *testing.T) {
 	t.Run("one plain transaction", func(t *testing.T) {
 		t.Parallel()
 		s := newSetup(t, 4)
-		w := &worker{deps: s.a.deps, attemptsUpTo: -1}
+		w := &worker{deps: s.d, attemptsUpTo: -1}
 		p := w.newPlan(s.a.items)
 		require.Equal(t, plan{n: 4, savepointFrom: 4}, p)
 	})
@@ -81,7 +81,7 @@ func TestNewPlan(t *testing.T) {
 		s := newSetup(t, 4)
 		s.a.items[1].idErr = errors.New("no id header")
 		s.a.items[3].idErr = errors.New("id too long")
-		p := (&worker{deps: s.a.deps, attemptsUpTo: -1}).newPlan(s.a.items)
+		p := (&worker{deps: s.d, attemptsUpTo: -1}).newPlan(s.a.items)
 		require.Len(t, p.deadLetter, 2)
 		for _, i := range []int{1, 3} {
 			require.Equal(t, classPermanent, p.deadLetter[i].class)
@@ -97,7 +97,7 @@ func TestNewPlan(t *testing.T) {
 			upTo  int64
 			clear bool
 		}{{-1, false}, {firstOffset - 1, false}, {firstOffset, true}, {firstOffset + 10, true}} {
-			p := (&worker{deps: s.a.deps, attemptsUpTo: tc.upTo}).newPlan(s.a.items)
+			p := (&worker{deps: s.d, attemptsUpTo: tc.upTo}).newPlan(s.a.items)
 			require.Equal(t, tc.clear, p.clearAttempts, "attempts recorded up to %d", tc.upTo)
 		}
 	})

@@ -104,7 +104,7 @@ func (c *deps) retryOutcome(l *deadletter.Letter, cause error, now time.Time) (n
 	case f.class == classPermanent:
 		return nil, f.kind, true // failed for good: no retry helps
 	}
-	return c.nextRetry(l, l.Retries+1, cause, now), deadletter.ClassRetriesExhausted, true
+	return c.cfg.nextRetry(l, l.Retries+1, cause, now), deadletter.ClassRetriesExhausted, true
 }
 
 // retryFailed records a failed retry that its own transaction could not

@@ -19,21 +19,21 @@ import (
 // retried in place as any error that could pass), and, by the policy
 // alone, to an uncounted failure (it may be a lost race's; the message
 // gets a try alone first).
-func (c *deps) retryLater(f *failure) *failure {
-	if f.class != classTransient || c.cfg.OnPermanentFailure != kafkaoncetype.DeadLetter {
+func (c *Config) retryLater(f *failure) *failure {
+	if f.class != classTransient || c.OnPermanentFailure != kafkaoncetype.DeadLetter {
 		return f
 	}
 	d, marked := later.After(f.err)
 	switch {
 	case marked:
-	case c.cfg.RetryLater.After > 0 && !f.uncounted:
-		d = c.cfg.RetryLater.After
+	case c.RetryLater.After > 0 && !f.uncounted:
+		d = c.RetryLater.After
 	default:
 		return f
 	}
 	g := *f
 	g.class, g.kind, g.uncounted = classPermanent, deadletter.ClassRetryLater, false
-	g.retryAfter = min(max(d, 0), c.cfg.RetryLater.MaxDelay)
+	g.retryAfter = min(max(d, 0), c.RetryLater.MaxDelay)
 	return &g
 }
 
@@ -45,22 +45,22 @@ func (c *deps) retryLater(f *failure) *failure {
 // the wait doubles from the last one, capped by RetryLaterMaxDelay, with
 // jitter (between half and all of it) so that letters set aside together
 // by one outage do not all come back at once.
-func (c *deps) nextRetry(l *deadletter.Letter, retries int, cause error, now time.Time) *time.Time {
-	if n := c.cfg.RetryLater.MaxRetries; n > 0 && retries >= n {
+func (c *Config) nextRetry(l *deadletter.Letter, retries int, cause error, now time.Time) *time.Time {
+	if n := c.RetryLater.MaxRetries; n > 0 && retries >= n {
 		return nil
 	}
 	var at time.Time
 	if d, marked := later.After(cause); marked {
-		at = now.Add(min(max(d, 0), c.cfg.RetryLater.MaxDelay))
+		at = now.Add(min(max(d, 0), c.RetryLater.MaxDelay))
 	} else {
 		last := time.Second
 		if l.RetryAt != nil {
 			last = max(l.RetryAt.Sub(l.LastFailedAt), time.Second)
 		}
-		d := min(2*last, c.cfg.RetryLater.MaxDelay)
+		d := min(2*last, c.RetryLater.MaxDelay)
 		at = now.Add(d/2 + rand.N(d/2+1))
 	}
-	if budget := c.cfg.RetryLater.MaxElapsed; budget > 0 {
+	if budget := c.RetryLater.MaxElapsed; budget > 0 {
 		end := l.FirstFailedAt.Add(budget)
 		if !now.Before(end) {
 			return nil

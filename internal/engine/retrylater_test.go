@@ -40,7 +40,7 @@ func TestRetryLaterDecision(t *testing.T) {
 			if c.stop {
 				d.cfg.OnPermanentFailure = kafkaoncetype.StopPartition
 			}
-			got := d.retryLater(c.f)
+			got := d.cfg.retryLater(c.f)
 			isLater := got.kind == deadletter.ClassRetryLater
 			if isLater != c.wantLater || isLater && (got.class != classPermanent || got.retryAfter != c.wantAfter) {
 				t.Fatalf("retryLater = class %v kind %q after %v; want later %v after %v", got.class, got.kind, got.retryAfter, c.wantLater, c.wantAfter)
@@ -60,7 +60,7 @@ func TestNextRetry(t *testing.T) {
 	due := failed.Add(4 * time.Minute) // the last wait was 4m
 	l := &deadletter.Letter{LastFailedAt: failed, RetryAt: &due}
 	for range 100 {
-		next := d.nextRetry(l, 1, partner, now)
+		next := d.cfg.nextRetry(l, 1, partner, now)
 		if next == nil {
 			t.Fatal("no next retry with retries left")
 		}
@@ -70,22 +70,22 @@ func TestNextRetry(t *testing.T) {
 	}
 	long := failed.Add(8 * time.Minute)
 	l.RetryAt = &long
-	if w := d.nextRetry(l, 2, partner, now).Sub(now); w > 10*time.Minute {
+	if w := d.cfg.nextRetry(l, 2, partner, now).Sub(now); w > 10*time.Minute {
 		t.Fatalf("next wait %v past MaxDelay", w)
 	}
-	if d.nextRetry(l, 3, partner, now) != nil {
+	if d.cfg.nextRetry(l, 3, partner, now) != nil {
 		t.Fatal("a next retry after MaxRetries")
 	}
 	t.Run("a retry that asks for a delay gets it, within MaxDelay", func(t *testing.T) {
 		for _, c := range []struct {
 			asked, want time.Duration
 		}{{30 * time.Second, 30 * time.Second}, {0, 0}, {-time.Minute, 0}, {time.Hour, 10 * time.Minute}} {
-			next := d.nextRetry(l, 1, fmt.Errorf("%w: %w", errHandlerFailed, later.Mark(partner, c.asked)), now)
+			next := d.cfg.nextRetry(l, 1, fmt.Errorf("%w: %w", errHandlerFailed, later.Mark(partner, c.asked)), now)
 			if next == nil || next.Sub(now) != c.want {
 				t.Fatalf("RetryLater(err, %v) on a retry: next %v; want due in %v", c.asked, next, c.want)
 			}
 		}
-		if d.nextRetry(l, 3, later.Mark(partner, time.Second), now) != nil {
+		if d.cfg.nextRetry(l, 3, later.Mark(partner, time.Second), now) != nil {
 			t.Fatal("a marked retry after MaxRetries")
 		}
 	})
@@ -117,7 +117,7 @@ func TestNextRetryWithinATimeBudget(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			d := &deps{cfg: Config{Config: settings.Config{RetryLater: kafkaoncetype.RetryLaterPolicy{MaxRetries: c.maxRetries, MaxDelay: 10 * time.Minute, MaxElapsed: 24 * time.Hour}}}}
 			l := &deadletter.Letter{FirstFailedAt: c.firstFail, LastFailedAt: failed, RetryAt: &due}
-			next := d.nextRetry(l, c.retries, c.cause, now)
+			next := d.cfg.nextRetry(l, c.retries, c.cause, now)
 			end := c.firstFail.Add(24 * time.Hour)
 			var got string
 			switch {

@@ -24,6 +24,8 @@ const firstOffset = 100
 // is firstOffset and known, with a BatchHandler.
 type setup struct {
 	a *txAttempt
+	// d is the consumer the attempt belongs to, for a worker of it.
+	d *deps
 }
 
 func newSetup(t *testing.T, n int) *setup {
@@ -39,10 +41,10 @@ func newSetup(t *testing.T, n int) *setup {
 		items[i] = item{msg: kafkaoncetype.Message{Topic: "t", Offset: off, ID: fmt.Sprintf("m-%d", off), Value: []byte{byte(i)}},
 			end: off + 1, fp: fingerprintOf(i), repeatOf: -1}
 	}
-	a := &txAttempt{deps: d, topic: "t", items: items, next: firstOffset, positionKnown: true, st: &batchState{}}
+	a := &txAttempt{txDeps: d.txDeps(), topic: "t", items: items, next: firstOffset, positionKnown: true, st: &batchState{}}
 	a.st.reset(n) // every message applied, until a test says otherwise
 	a.p = plan{n: n, savepointFrom: n}
-	return &setup{a: a}
+	return &setup{a: a, d: d}
 }
 
 // fingerprintOf is a fingerprint of its own for each i.

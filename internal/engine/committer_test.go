@@ -90,6 +90,29 @@ func TestCommitter(t *testing.T) {
 		require.Equal(t, []string{"stored t/0@9", "stored t/0@4", "commit t/0@4"}, s.list())
 	})
 
+	t.Run("a mark at offset 0, a first start where the log begins, is committed with its metadata", func(t *testing.T) {
+		t.Parallel()
+		s := newCommitterSetup(t)
+		r := s.run(0)
+		// assign stores the first start, 0, then marks it, so that the
+		// group's offset carries the mark before any message is
+		// processed: a lost row is then recognised.
+		s.batch(r, 0, "first=0")
+		s.flush()
+		require.Equal(t, []string{"stored t/0@0", "commit t/0@0[first=0]"}, s.list())
+	})
+
+	t.Run("a commit at offset 0 that failed is retried", func(t *testing.T) {
+		t.Parallel()
+		s := newCommitterSetup(t)
+		r := s.run(0)
+		s.group.answer(refuse(errors.New("coordinator not available")))
+		s.batch(r, 0, "first=0")
+		s.flush()
+		s.flush()
+		require.Equal(t, []string{"stored t/0@0", "commit t/0@0[first=0]: refused", "commit t/0@0[first=0]"}, s.list())
+	})
+
 	t.Run("a commit refused as fenced is dropped, not retried in the ended generation", func(t *testing.T) {
 		t.Parallel()
 		s := newCommitterSetup(t)

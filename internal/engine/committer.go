@@ -164,7 +164,9 @@ func (m *committer) mark(r *partitionRun, next int64, meta string) {
 		m.mu.Unlock()
 		return
 	}
-	if p, ok := m.pending[r.tp]; next > p.Next || ok && next == p.Next && meta != p.Metadata {
+	// Without a pending mark, any is taken: offset 0 too (a first start
+	// where the log begins), which the zero value would pass over.
+	if p, ok := m.pending[r.tp]; !ok || next > p.Next || next == p.Next && meta != p.Metadata {
 		m.pending[r.tp] = kafkaclient.Offset{TopicPartition: r.tp, Next: next, Metadata: meta}
 	}
 	m.mu.Unlock()
@@ -279,7 +281,7 @@ func (m *committer) commit(ctx context.Context, batch map[kafkaclient.TopicParti
 	m.log.Warn("kafka offset commit failed; retrying within a second", slog.String("error", err.Error()))
 	m.mu.Lock()
 	for tp, off := range batch {
-		if m.owned[tp] != nil && off.Next > m.pending[tp].Next {
+		if cur, ok := m.pending[tp]; m.owned[tp] != nil && (!ok || off.Next > cur.Next) {
 			m.pending[tp] = off
 		}
 	}

@@ -82,6 +82,32 @@ func TestAPositionLostBeforeTheFirstStartIsProcessedAgain(t *testing.T) {
 		r.stop()
 		e.requireExactlyOnce(ids) // and none of the three before the first start
 	})
+	t.Run("under StartLatest on an empty log, the first start 0 is marked before any message, and a restore passes over nothing", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, 1)
+		cfg := e.config(e.applyHandler())
+		cfg.StartOffset = consumer.StartLatest
+		r := e.start(cfg)
+		want := commitmark.Mark{Store: e.storeID(), Consumer: e.name, First: 0}.String()
+		waitFor(t, 30*time.Second, "the member in its group", func() bool {
+			state, err := e.kafka.GroupState(e.group)
+			return err == nil && state == "Stable"
+		})
+		waitFor(t, 30*time.Second, "the first start, 0, committed with the mark", func() bool {
+			return e.kafka.CommittedMetadata(t, e.group, e.topic, 0) == want
+		})
+		r.stop()
+
+		// Produced while the consumer is down, then the database is
+		// restored to before its first start: the group's offset is all
+		// that says these messages came after it.
+		ids := e.produceMore("m", 0, 5)
+		e.restoreToBeforeTheFirstStart()
+		r = e.start(cfg)
+		e.waitCommitted(map[int]int64{0: 5}, 60*time.Second)
+		r.stop()
+		e.requireExactlyOnce(ids)
+	})
 	t.Run("a position stored before offsets carried the mark is marked at the next start, even idle", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, 1)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kafkaonce/kafkaonce/internal/schema"
 	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
@@ -16,11 +15,7 @@ import (
 // Querier runs the Store's statements: *pgxpool.Pool, *pgxpool.Conn,
 // *pgx.Conn and pgx.Tx all satisfy it, so a call runs on its own or inside
 // a transaction of the caller's.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type Querier = kafkaoncetype.Querier
 
 // ErrNotFound is returned by Store.Get for a key that is not stored.
 var ErrNotFound = errors.New("idempotency: no such key")

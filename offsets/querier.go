@@ -1,17 +1,8 @@
 package offsets
 
-import (
-	"context"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-)
+import "github.com/kafkaonce/kafkaonce/kafkaoncetype"
 
 // Querier runs the Store's statements: *pgxpool.Pool, *pgxpool.Conn,
 // *pgx.Conn and pgx.Tx all satisfy it, so a call runs on its own or inside
 // a transaction of the caller's.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type Querier = kafkaoncetype.Querier

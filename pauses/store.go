@@ -6,19 +6,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kafkaonce/kafkaonce/internal/pgtext"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // Querier runs the Store's statements: *pgxpool.Pool, *pgxpool.Conn,
 // *pgx.Conn and pgx.Tx all satisfy it.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type Querier = kafkaoncetype.Querier
 
 // Pause is a row of the pauses table.
 type Pause struct {

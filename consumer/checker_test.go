@@ -53,35 +53,53 @@ func (e *env) watchCommits() {
 	// Commits of Kafka 4's protocol name topics by id: the watch looks an
 	// id it does not know up (the test's topic may have been re-created).
 	admin := kadm.NewClient(e.kafka.Client(e.t))
+	// The topic's id is looked up while the broker sleeps the control
+	// function (SleepControl), when another commit's control function may
+	// run: it has a lock of its own.
+	var idMu sync.Mutex
 	var topicID [16]byte
 	resolve := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if td, err := admin.ListTopics(ctx, e.topic); err == nil {
+			idMu.Lock()
 			topicID = td[e.topic].ID
+			idMu.Unlock()
 		}
 	}
+	currentID := func() [16]byte { idMu.Lock(); defer idMu.Unlock(); return topicID }
 	resolve()
 	w := &commitWatch{}
 	e.commits = w
 	e.t.Cleanup(func() { w.mu.Lock(); w.closed = true; w.mu.Unlock() })
 	e.kafka.Fake.ControlKey(kmsg.OffsetCommit.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 		req := kreq.(*kmsg.OffsetCommitRequest)
-		w.mu.Lock()
-		defer w.mu.Unlock()
 		// Commits outside a generation are an operator's resets (the tests'
 		// rewinds), not the consumer's.
-		if w.closed || req.Generation < 0 || len(req.Group) < len(e.group) || req.Group[:len(e.group)] != e.group {
+		if req.Generation < 0 || len(req.Group) < len(e.group) || req.Group[:len(e.group)] != e.group {
+			return nil, nil, false
+		}
+		// An id not known yet is looked up before w.mu is taken: the
+		// broker runs other requests while a control function sleeps, and
+		// their control functions, this one for another commit among them,
+		// would wait on w.mu while the broker waits on them, and the
+		// sleeper never wakes.
+		for _, t := range req.Topics {
+			if t.Topic == "" && t.TopicID != currentID() {
+				e.kafka.Fake.SleepControl(resolve)
+			}
+		}
+		id := currentID()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.closed {
 			return nil, nil, false
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		for _, t := range req.Topics {
 			topic := t.Topic
-			if topic == "" && t.TopicID != topicID {
-				e.kafka.Fake.SleepControl(resolve)
-			}
-			if topic == "" && t.TopicID == topicID {
+			if topic == "" && t.TopicID == id {
 				topic = e.topic
 			}
 			for _, p := range t.Partitions {

@@ -15,8 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
@@ -160,55 +158,6 @@ func ownKafka(t *testing.T) *testenv.Kafka {
 	return &testenv.Kafka{Kafka: k}
 }
 
-// failProduce makes the broker answer code to produce requests whose
-// records contain marker: once, or every time.
-func failProduce(k *testenv.Kafka, marker string, code int16, always bool) {
-	k.Fake.ControlKey(kmsg.Produce.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		if always {
-			k.Fake.KeepControl()
-		}
-		req := kreq.(*kmsg.ProduceRequest)
-		hit := false
-		for _, tp := range req.Topics {
-			for _, p := range tp.Partitions {
-				hit = hit || bytes.Contains(recordBytes(p.Records), []byte(marker))
-			}
-		}
-		if !hit {
-			return nil, nil, false
-		}
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		resp.SetVersion(req.GetVersion())
-		for _, tp := range req.Topics {
-			rt := kmsg.NewProduceResponseTopic()
-			rt.Topic, rt.TopicID = tp.Topic, tp.TopicID
-			for _, p := range tp.Partitions {
-				rp := kmsg.NewProduceResponseTopicPartition()
-				rp.Partition = p.Partition
-				rp.ErrorCode = code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, true
-	})
-}
-
-// recordBytes is a produce request's record batch, its records
-// decompressed: franz-go compresses them (snappy by default), and a marker
-// may then be a back-reference to the key.
-func recordBytes(raw []byte) []byte {
-	var b kmsg.RecordBatch
-	if err := b.ReadFrom(raw); err != nil {
-		return raw
-	}
-	recs, err := kgo.DefaultDecompressor().Decompress(b.Records, kgo.CompressionCodecType(b.Attributes&0x07))
-	if err != nil {
-		return raw
-	}
-	return recs
-}
-
 // firstOccurrences lists the values of key's messages in the order they
 // first appear (a retried message may appear twice).
 func firstOccurrences(msgs []string) []string {
@@ -231,7 +180,7 @@ func TestKafkaKeepsAKeysOrderWhenItsFirstRequestFails(t *testing.T) {
 	db := testenv.NewDB(t)
 	k := ownKafka(t)
 	topic := k.Topic(t, 1)
-	failProduce(k, "a-0:", kerr.NotEnoughReplicas.Code, false)
+	k.RefuseProduce("a-0:", kerr.NotEnoughReplicas.Code, false)
 	var msgs []outbox.Message
 	for i := range 4 {
 		v := append([]byte("a-"+strconv.Itoa(i)+":"), bytes.Repeat([]byte("x"), 400<<10)...)
@@ -258,7 +207,7 @@ func TestKafkaParksAMessageThatCanNeverFitAtOnce(t *testing.T) {
 	db := testenv.NewDB(t)
 	k := ownKafka(t)
 	topic := k.Topic(t, 1)
-	failProduce(k, "huge", kerr.MessageTooLarge.Code, true)
+	k.RefuseProduce("huge", kerr.MessageTooLarge.Code, true)
 	write(t, db,
 		outbox.Message{Destination: topic, Key: []byte("big"), Value: append([]byte("big-0:"), make([]byte, 2<<20)...)},
 		outbox.Message{Destination: topic, Key: []byte("big"), Value: []byte("big-1:")},
@@ -310,7 +259,7 @@ func TestKafkaParksAtOnceARowThatCanNeverFitInAnyWay(t *testing.T) {
 			k := ownKafka(t)
 			topic := k.Topic(t, 1)
 			if c.code != 0 {
-				failProduce(k, "huge-0:", c.code, true)
+				k.RefuseProduce("huge-0:", c.code, true)
 			}
 			huge := c.huge
 			huge.Destination, huge.Key = topic, []byte("huge")

@@ -1,7 +1,6 @@
 package kafkaclient_test
 
 import (
-	"bytes"
 	"crypto/rand"
 	"strconv"
 	"strings"
@@ -11,7 +10,6 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
@@ -51,7 +49,7 @@ func TestPublishKeepsEachKeysOrder(t *testing.T) {
 			k := &testenv.Kafka{Kafka: fk}
 			c := newClient(t, name, k.Brokers)
 			topic := k.Topic(t, 1)
-			refuse(k, "a-0:", kerr.MessageTooLarge.Code)
+			k.RefuseProduce("a-0:", kerr.MessageTooLarge.Code, true)
 			ctx := testenv.Context(t, time.Minute)
 			// Together larger than a batch: a-1 goes in a batch of its own,
 			// which the broker would take.
@@ -134,36 +132,4 @@ func readUntilLast(t *testing.T, brokers []string, topic string) []string {
 		got = append(got, strings.SplitN(string(m.Value), ":", 2)[0])
 	}
 	return got
-}
-
-// refuse makes the broker answer code to every produce request with a
-// record containing marker.
-func refuse(k *testenv.Kafka, marker string, code int16) {
-	k.Fake.ControlKey(kmsg.Produce.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		k.Fake.KeepControl()
-		req := kreq.(*kmsg.ProduceRequest)
-		hit := false
-		for _, tp := range req.Topics {
-			for _, p := range tp.Partitions {
-				hit = hit || bytes.Contains(p.Records, []byte(marker))
-			}
-		}
-		if !hit {
-			return nil, nil, false
-		}
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		resp.SetVersion(req.GetVersion())
-		for _, tp := range req.Topics {
-			rt := kmsg.NewProduceResponseTopic()
-			rt.Topic, rt.TopicID = tp.Topic, tp.TopicID
-			for _, p := range tp.Partitions {
-				rp := kmsg.NewProduceResponseTopicPartition()
-				rp.Partition = p.Partition
-				rp.ErrorCode = code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, true
-	})
 }

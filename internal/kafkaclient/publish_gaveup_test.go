@@ -75,7 +75,7 @@ func TestPublishOfTheLargestBatchAfterACallThatGaveUpOnAnotherTopic(t *testing.T
 			left = append(left, rec("s"+strconv.Itoa(i), "s:"))
 		}
 		// The broker refuses them (retriably) until the call gives up.
-		refuse(k, "s:", kerr.NotEnoughReplicas.Code)
+		k.RefuseProduce("s:", kerr.NotEnoughReplicas.Code, true)
 		short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		defer cancel()
 		require.Error(t, c.Publish(short, stuck, left))
@@ -116,7 +116,7 @@ func TestPublishEndsWhenTheClientCloses(t *testing.T) {
 			refused.Add(1)
 			return nil, nil, false
 		})
-		refuse(k, "held:", kerr.NotEnoughReplicas.Code)
+		k.RefuseProduce("held:", kerr.NotEnoughReplicas.Code, true)
 
 		cfg := kafkaclient.Config{Brokers: k.Brokers, MaxBatch: 100, FetchMaxBytes: 1 << 20}
 		var c kafkaclient.Client

@@ -60,6 +60,15 @@ const (
 	KafkaGo = kafkaoncetype.KafkaGo
 )
 
+// GroupType says which kind of Kafka group the consumer is a member of:
+// ConsumerGroup (the default) or ShareGroup.
+type GroupType = kafkaoncetype.GroupType
+
+const (
+	ConsumerGroup = kafkaoncetype.ConsumerGroup
+	ShareGroup    = kafkaoncetype.ShareGroup
+)
+
 // StartOffset says where a partition starts when neither Kafka nor Postgres
 // has a position for it: StartEarliest (the default) or StartLatest.
 type StartOffset = kafkaoncetype.StartOffset

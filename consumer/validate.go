@@ -32,6 +32,7 @@ func validate(c *Config) error {
 	checkHandlerTimeout(c, bad)
 	checkFailures(c, bad)
 	checkPruning(c, bad)
+	checkShareGroup(c, bad)
 	return errors.Join(errs...)
 }
 
@@ -300,4 +301,37 @@ func validateTopic(t string) error {
 		}
 	}
 	return nil
+}
+
+// checkShareGroup refuses, in a share group, the settings that are about
+// partitions and positions, which a share group does not have: its members
+// share partitions, read them in no order, and settle each record on its
+// own.
+func checkShareGroup(c *Config, bad func(string, ...any)) {
+	switch c.GroupType {
+	case ConsumerGroup:
+		return
+	case ShareGroup:
+	default:
+		bad("GroupType must be consumer.ConsumerGroup or consumer.ShareGroup (got %d)", c.GroupType)
+		return
+	}
+	if c.KafkaClient == KafkaGo {
+		bad("GroupType ShareGroup needs KafkaClient: consumer.FranzGo (the default); kafka-go has no share groups")
+	}
+	if c.StartOffset != StartEarliest {
+		bad("StartOffset is not used by a share group: the group's own share.auto.offset.reset decides where it starts (\"latest\" unless set); leave StartOffset unset and set the group's config, e.g. kafka-configs.sh --alter --entity-type groups --entity-name %s --add-config share.auto.offset.reset=earliest", c.GroupID)
+	}
+	if c.InstanceID != "" {
+		bad("InstanceID (static membership) is for consumer groups; a share group's members are all alike: leave InstanceID unset")
+	}
+	if c.OnPermanentFailure == StopPartition {
+		bad("OnPermanentFailure StopPartition has no partition to stop in a share group (its members share partitions, and take records in no order): use DeadLetter (the default), which sets the record aside in dead_letters before it is rejected")
+	}
+	if c.SuspectDuplicates == SkipSuspects {
+		bad("SuspectDuplicates SkipSuspects needs a partition read in order by one member, which a share group does not have: leave it at ReportSuspects (suspect duplicates are not looked for in a share group)")
+	}
+	if c.CircuitBreaker.Failures > 0 {
+		bad("CircuitBreaker is not supported in a share group yet: leave CircuitBreaker.Failures at 0")
+	}
 }

@@ -33,6 +33,31 @@ func (k KafkaClient) String() string {
 	return "franz-go"
 }
 
+// GroupType says which kind of Kafka group the consumer is a member of.
+type GroupType int
+
+const (
+	// ConsumerGroup is Kafka's consumer group, the default: each partition
+	// is assigned to one member, read in order, and the consumer's position
+	// in it is stored in Postgres with the effects.
+	ConsumerGroup GroupType = iota
+	// ShareGroup is a share group (KIP-932, Kafka 4.2 and later): any
+	// number of members share a partition, the broker hands each record to
+	// one of them under an acquisition lock, and each record is accepted
+	// on its own once its transaction has committed. There is no order,
+	// not even per key, and no position: each record's effect happens at
+	// most once, and every record is applied, found already claimed, or
+	// set aside. docs/guarantee.md says what it gives up.
+	ShareGroup
+)
+
+func (g GroupType) String() string {
+	if g == ShareGroup {
+		return "share"
+	}
+	return "consumer"
+}
+
 // StartOffset says where a partition starts when neither Kafka nor Postgres
 // has a position for it.
 type StartOffset int

@@ -31,8 +31,18 @@ type Config struct {
 	// Topics are consumed by the group. Required.
 	Topics []string
 
-	// GroupID is the Kafka consumer group. Defaults to Name.
+	// GroupID is the Kafka consumer group, or with GroupType ShareGroup
+	// the share group. Defaults to Name.
 	GroupID string
+
+	// GroupType is the kind of group GroupID names (see GroupType). With
+	// ShareGroup the members share partitions and settle each record on
+	// its own, after its transaction commits: there is no order and no
+	// stored position, and the settings about partitions and positions
+	// (StartOffset, InstanceID, OnPermanentFailure StopPartition) are
+	// refused; where the group starts is the group's own setting
+	// (share.auto.offset.reset). FranzGo only. Defaults to ConsumerGroup.
+	GroupType kafkaoncetype.GroupType
 
 	// Handler applies each message inside the consumer's transaction. Set
 	// either Handler or BatchHandler.

@@ -87,6 +87,11 @@ type txAttempt struct {
 	// stored is the stored position the transaction read (nil when there
 	// is none).
 	stored *int64
+	// shareKey is set for a share group member's transaction (see
+	// share.go): the transaction has no stored position to lock, check or
+	// advance (a share group has none), and it opens its batch under the
+	// member's own key (see openTopic). "" for a consumer group's.
+	shareKey string
 	// conn is the connection of the attempt's transaction, once it began:
 	// whether it broke tells a failure of the database's from one of the
 	// handler's own (see connLost).
@@ -172,7 +177,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 		// The abandoned attempt keeps its scratch space, and the handler
 		// may still read the messages: the next fetch gets new buffers.
 		w.items = nil
-		out = w.abandonedOutcome(items, abandoned)
+		out = a.abandonedOutcome(abandoned)
 	} else {
 		w.scratch = out.st
 		w.sawDuplicates = out.st.sawDuplicates
@@ -212,16 +217,16 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 // message it was handling failed. A BatchHandler call over several
 // messages does not say which of them hung: they run again one per call,
 // as after a call that failed (see batchFailed), and none is blamed yet.
-func (w *worker) abandonedOutcome(items []item, ab *usercall.Abandoned) txOutcome {
-	msg := &items[ab.Index].msg
+func (a *txAttempt) abandonedOutcome(ab *usercall.Abandoned) txOutcome {
+	msg := &a.items[ab.Index].msg
 	if ab.Count > 1 {
-		w.log.Error("batch handler hung; abandoned it, and handling its messages one at a time", w.logAttrs(
+		a.log.Error("batch handler hung; abandoned it, and handling its messages one at a time", a.logAttrs(
 			slog.Int64("offset", msg.Offset), slog.Int("messages", ab.Count), slog.Bool("timed_out", ab.TimedOut))...)
 		return txOutcome{kind: isolate, err: fmt.Errorf("batch handler hung on the %d messages from offset %d; handling them one at a time: %w",
 			ab.Count, msg.Offset, ab.Err())}
 	}
-	err := &kafkaoncetype.MessageError{Topic: w.topic, Partition: w.partition, Offset: msg.Offset, MessageID: msg.ID, Err: ab.Err()}
-	w.log.Error("handler hung; abandoned it", w.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
+	err := &kafkaoncetype.MessageError{Topic: a.topic, Partition: a.partition, Offset: msg.Offset, MessageID: msg.ID, Err: ab.Err()}
+	a.log.Error("handler hung; abandoned it", a.logAttrs(slog.Int64("offset", msg.Offset), slog.String("message_id", msg.ID),
 		slog.Bool("timed_out", ab.TimedOut))...)
 	return failedMessage(ab.Index, err, newFailure(classTransient, deadletter.ClassRetriesExhausted, err))
 }
@@ -247,7 +252,7 @@ func (a *txAttempt) tx(hctx, ctx context.Context) txOutcome {
 // valid ids, no suspect to skip, no duplicates in the previous batch and a
 // known stored position.
 func (a *txAttempt) oneTripEligible() bool {
-	if a.cfg.HandleBatch == nil || a.cfg.ClaimFirst || a.batchUsesTx.Load() || !a.positionKnown {
+	if a.cfg.HandleBatch == nil || a.cfg.ClaimFirst || a.batchUsesTx.Load() || !a.positionKnown || a.positionless() {
 		return false
 	}
 	if a.serialized {
@@ -280,6 +285,22 @@ func (p *plan) clone() plan {
 	c.deadLetter = maps.Clone(p.deadLetter)
 	c.savepointFrom = min(c.savepointFrom, c.n)
 	return c
+}
+
+// positionless reports whether the attempt is a share group member's,
+// which has no stored position.
+func (a *txAttempt) positionless() bool { return a.shareKey != "" }
+
+// openTopic is the topic the attempt opens its batch under (see
+// positions.QueueOpen): its own, or for a share group member its own with
+// the member's key, since the members sharing a partition run
+// transactions over it at once and must not queue on one another's open
+// batch.
+func (a *txAttempt) openTopic() string {
+	if a.shareKey == "" {
+		return a.topic
+	}
+	return a.topic + " (share member " + a.shareKey + ")"
 }
 
 func (a *txAttempt) logAttrs(extra ...any) []any {

@@ -23,7 +23,9 @@ import (
 // goes:
 //
 //  1. claim: BEGIN, the session settings, the stored position (locked until
-//     COMMIT), the opening of the batch and the claims, in one round trip;
+//     COMMIT), the opening of the batch and the claims, in one round trip
+//     (a share group member's transaction has no stored position: it
+//     neither locks nor advances one, see txAttempt.shareKey);
 //  2. sort: the position checked, the messages whose claim found a row
 //     sorted into duplicates (skipped) and conflicts (set aside);
 //  3. handle: the handler for each newly claimed message (or the
@@ -89,8 +91,10 @@ func (a *txAttempt) claim(ctx context.Context) (bt *batchTx, gated time.Time, ou
 	// can commit it now (see positions.QueueOpen).
 	b := &pgx.Batch{}
 	a.stored = nil
-	a.offsets.QueueLock(b, a.cfg.Name, a.topic, a.partition, &a.stored)
-	a.offsets.QueueOpen(b, a.cfg.Name, a.topic, a.partition)
+	if !a.positionless() {
+		a.offsets.QueueLock(b, a.cfg.Name, a.topic, a.partition, &a.stored)
+	}
+	a.offsets.QueueOpen(b, a.cfg.Name, a.openTopic(), a.partition)
 	if len(st.claims) > 0 {
 		a.claims.QueueClaim(b, a.cfg.Name, a.topic, a.partition, st.claims, st.claimedBy)
 	}
@@ -387,7 +391,7 @@ func (a *txAttempt) close(h *handled) (*pgx.Batch, error) {
 	if h.batch != nil {
 		b.QueuedQueries = append(b.QueuedQueries, h.batch.statements()...)
 	}
-	a.offsets.QueueClose(b, a.cfg.Name, a.topic, a.partition)
+	a.offsets.QueueClose(b, a.cfg.Name, a.openTopic(), a.partition)
 	if len(h.dlIDs) > 0 {
 		a.claims.QueueSetStatus(b, a.cfg.Name, h.dlIDs, h.dlAttempts, dedupe.StatusDeadLettered)
 	}
@@ -417,7 +421,9 @@ func (a *txAttempt) close(h *handled) (*pgx.Batch, error) {
 	if p.clearAttempts {
 		a.attempts.QueueClear(b, a.cfg.Name, a.topic, a.partition, items[0].msg.Offset, items[h.end-1].msg.Offset)
 	}
-	a.offsets.QueueAdvance(b, a.cfg.Name, a.topic, a.partition, items[h.end-1].end)
+	if !a.positionless() {
+		a.offsets.QueueAdvance(b, a.cfg.Name, a.topic, a.partition, items[h.end-1].end)
+	}
 	a.queuePace(b)
 	return b, nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/store/letters"
 	"github.com/kafkaonce/kafkaonce/internal/store/positions"
 	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 	"github.com/kafkaonce/kafkaonce/pauses"
 )
 
@@ -159,7 +160,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	defer client.Close()
 	c.client = client
-	c.log.Info("consumer starting", slog.String("group", c.cfg.GroupID), slog.Any("topics", c.cfg.Topics), slog.String("kafka_client", c.cfg.KafkaClient.String()))
+	c.log.Info("consumer starting", slog.String("group", c.cfg.GroupID), slog.String("group_type", c.cfg.GroupType.String()), slog.Any("topics", c.cfg.Topics), slog.String("kafka_client", c.cfg.KafkaClient.String()))
 	if c.publish != nil {
 		// The publisher outlives the workers' drain, so that letters written
 		// while draining are published too.
@@ -175,6 +176,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	go func() { defer close(pausesDone); c.pollPauses(maintCtx) }()
 	defer func() { stopMaint(); <-maintDone; <-pausesDone }()
 
+	if c.cfg.GroupType == kafkaoncetype.ShareGroup {
+		return c.runShare(ctx, client, joined)
+	}
 	m := newMembership(ctx, c.deps, client, joined)
 	c.health.outSince.Store(time.Now().UnixNano())
 	c.health.member.Store(m)

@@ -1,0 +1,252 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/kafkaonce/kafkaonce/deadletter"
+	"github.com/kafkaonce/kafkaonce/dedupe"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/internal/retry"
+	"github.com/kafkaonce/kafkaonce/internal/usercall"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
+)
+
+// shareRun is what applyShare knows of one partition's records of a poll
+// while it works through them.
+type shareRun struct {
+	recs  []kafkaclient.ShareRecord
+	items []item
+	// isolated: the BatchHandler failed over several messages, and each
+	// now gets a call of its own, in a savepoint. oneByOne: the server
+	// refused a COMMIT over several for their content, and each now gets
+	// a transaction of its own.
+	isolated, oneByOne bool
+	// tries counts each record's failed attempts in this delivery;
+	// setAside holds the failure of each record to set aside, by offset.
+	tries    map[int64]int
+	setAside map[int64]*failure
+}
+
+// applyShare applies one partition's records of a poll, and settles each
+// once the transaction that decided it committed: accepted when applied or
+// found claimed, rejected when set aside in dead_letters. It reuses the
+// consumer group's transaction (txAttempt, claim first) in its positionless
+// mode: every handler call in a savepoint (a BatchHandler's after it failed
+// over several), so one failing message is set aside or cut off without
+// undoing the others. Retries happen in place, while the records' locks
+// are renewed: a share group's broker has no backoff of its own, and a
+// release would count a delivery against the record.
+func (s *shareMember) applyShare(stop, work context.Context, recs []kafkaclient.ShareRecord) {
+	r := &shareRun{recs: recs, items: s.shareItems(recs), tries: map[int64]int{}, setAside: map[int64]*failure{}}
+	infraBackoff := s.retry.New()
+	for len(r.items) > 0 {
+		if stop.Err() != nil {
+			return // the rest is released (see run)
+		}
+		p := r.plan(s.cfg.HandleBatch != nil)
+		out := s.runShareTx(work, r.items, &p)
+		s.settleCommitted(work, r, out)
+		r.recs, r.items = r.recs[out.committed:], r.items[out.committed:]
+		switch out.kind {
+		case succeeded:
+			if out.committed == 0 {
+				return // nothing left to do
+			}
+			infraBackoff.Reset()
+		case isolate:
+			s.log.Debug("batch handler failed; handling the records one at a time", s.shareAttrs(&r.recs[0], slog.String("error", out.err.Error()))...)
+			r.isolated = true
+		case oneByOne:
+			s.log.Warn("the server refused to commit records for what their handlers wrote; applying them one per transaction to find which",
+				s.shareAttrs(&r.recs[0], slog.String("error", out.err.Error()))...)
+			r.oneByOne = true
+		case messageFailed:
+			if !s.shareFailed(stop, r, out.failedAt-out.committed, out.fail) {
+				return
+			}
+		default:
+			// The database failed, not a record: the same transaction
+			// again after a backoff, counting no attempt, the locks
+			// renewed meanwhile.
+			s.log.Warn("share transaction failed; trying again", s.shareAttrs(&r.recs[0], slog.String("error", out.err.Error()))...)
+			if retry.Sleep(stop, infraBackoff.Next()) != nil {
+				return
+			}
+		}
+	}
+}
+
+// shareItems turns records into the engine's items, their ids derived.
+func (s *shareMember) shareItems(recs []kafkaclient.ShareRecord) []item {
+	items := make([]item, len(recs))
+	for i := range recs {
+		r := &recs[i]
+		items[i] = item{repeatOf: -1, end: r.Offset + 1, msg: kafkaoncetype.Message{
+			Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value, Headers: r.Headers, Time: r.Time,
+		}}
+		it := &items[i]
+		id, err := s.user.id(&it.msg)
+		if err != nil {
+			it.idErr = err
+			continue
+		}
+		it.msg.ID = id
+		it.fp = dedupe.FingerprintOf(it.msg.Key, it.msg.Value)
+	}
+	return items
+}
+
+// plan is the next transaction over the run's records: all of them (one
+// with oneByOne), every handler call in a savepoint unless a BatchHandler
+// has not failed yet, those to set aside marked.
+func (r *shareRun) plan(batched bool) plan {
+	p := plan{n: len(r.items), savepointFrom: 0}
+	if batched && !r.isolated {
+		p.savepointFrom = len(r.items)
+	}
+	if r.oneByOne {
+		p.n = 1
+	}
+	for i := range r.items[:p.n] {
+		f := r.setAside[r.items[i].msg.Offset]
+		if r.items[i].idErr != nil {
+			f = invalidIDFailure(r.items[i].idErr)
+		}
+		if f != nil {
+			if p.deadLetter == nil {
+				p.deadLetter = map[int]*failure{}
+			}
+			p.deadLetter[i] = f
+		}
+	}
+	return p
+}
+
+// shareFailed deals with the record at k whose handler failed with f in a
+// transaction that did not commit it, and reports whether to go on: a
+// permanent failure, a transient one past MaxAttempts (or past the retry
+// policy's time), and any failure on the record's last delivery set the
+// record aside in the next transaction; otherwise it is tried again after
+// the retry policy's wait, its lock renewed meanwhile.
+func (s *shareMember) shareFailed(stop context.Context, r *shareRun, k int, f *failure) bool {
+	rec := &r.recs[k]
+	off := rec.Offset
+	r.tries[off]++
+	f.attempts = r.tries[off]
+	s.reportShareFailure(stop, &r.items[k].msg, rec, f)
+	switch {
+	case f.class == classPermanent:
+		r.setAside[off] = s.onDelivery(f, rec)
+		return true
+	case f.attempts >= s.cfg.Retry.MaxAttempts || s.lastDelivery(rec):
+		// Released now, or left to a lock that runs out, a record on its
+		// last delivery would be archived by the broker without a word.
+		r.setAside[off] = s.onDelivery(exhausted(f), rec)
+		return true
+	}
+	return retry.Sleep(stop, s.retry.Wait(f.attempts)) == nil
+}
+
+// onDelivery adds to f, the failure a record is set aside with, which of
+// the group's deliveries it was on.
+func (s *shareMember) onDelivery(f *failure, rec *kafkaclient.ShareRecord) *failure {
+	g := *f
+	g.err = fmt.Errorf("%w (share group delivery %d of %d)", f.err, rec.DeliveryCount, s.settings.DeliveryLimit)
+	return &g
+}
+
+// runShareTx runs one positionless transaction over items per p, on a
+// goroutine the handler watchdog can abandon (as runTx does for a
+// partition's worker).
+func (s *shareMember) runShareTx(work context.Context, items []item, p *plan) txOutcome {
+	items = items[:p.n]
+	first := &items[0].msg
+	a := &txAttempt{txDeps: s.txDeps(), topic: first.Topic, partition: first.Partition, items: items, p: p.clone(),
+		origin: -1, st: &batchState{}, shareKey: s.key}
+	out, abandoned := usercall.Run(work, s.user.limits, func(hctx, ctx context.Context, uc *usercall.Attempt) txOutcome {
+		a.uc = uc
+		uc.SetCommitCheck(s.offsets.CommitCheck(s.cfg.Name, a.openTopic(), a.partition))
+		out := a.tx(hctx, ctx)
+		out.st = a.st
+		return out
+	})
+	if abandoned != nil {
+		if end := a.openCall.Load(); end != nil {
+			(*end)(usercall.ErrAbandoned)
+		}
+		out = a.abandonedOutcome(abandoned)
+	}
+	return out
+}
+
+// settleCommitted reports and settles the records out committed: each
+// accepted when it was applied or found claimed, rejected when it was set
+// aside (its letter committed with it).
+func (s *shareMember) settleCommitted(ctx context.Context, r *shareRun, out txOutcome) {
+	if out.committed == 0 {
+		return
+	}
+	st := out.st
+	var accept, reject []kafkaclient.RecordID
+	deadLettered := false
+	for _, i := range st.failedInTx {
+		r.tries[r.recs[i].Offset]++
+		s.reportShareFailure(ctx, &r.items[i].msg, &r.recs[i], st.fails[i])
+	}
+	for i := range r.items[:out.committed] {
+		msg, rec := &r.items[i].msg, &r.recs[i]
+		switch st.fates[i] {
+		case fateApplied:
+			accept = append(accept, rec.RecordID)
+			for _, h := range s.hooks.Applied {
+				h(ctx, msg)
+			}
+		case fateDeadLettered:
+			reject = append(reject, rec.RecordID)
+			deadLettered = true
+			f := st.fails[i]
+			s.log.Error("record set aside in dead_letters; rejecting it", s.shareAttrs(rec, slog.String("message_id", msg.ID),
+				slog.String("class", string(f.kind)), slog.Int("attempt", f.attempts), slog.String("error", f.err.Error()))...)
+			for _, h := range s.hooks.Dead {
+				h(ctx, msg, kafkaoncetype.DeadLettered{Class: f.kind, Err: f.err, Attempts: f.attempts})
+			}
+		default:
+			// Delivered again after an accept that was lost, or held by
+			// two members at once (a lock ran out under the first): its
+			// claim was found, and it is accepted without its handler.
+			accept = append(accept, rec.RecordID)
+			s.log.Info("record found claimed; accepting it without running the handler", s.shareAttrs(rec, slog.String("message_id", msg.ID))...)
+			for _, h := range s.hooks.Skipped {
+				h(ctx, msg, kafkaoncetype.SkipAlreadyClaimed)
+			}
+		}
+	}
+	for _, cf := range st.conflicts {
+		for _, h := range s.hooks.Conflict {
+			h(ctx, cf)
+		}
+	}
+	s.locks.settle(ctx, kafkaclient.Accept, accept...)
+	s.locks.settle(ctx, kafkaclient.Reject, reject...)
+	if deadLettered {
+		s.wakePublisher()
+	}
+}
+
+// reportShareFailure logs a failed attempt of a record and calls the
+// failure hooks.
+func (s *shareMember) reportShareFailure(ctx context.Context, msg *kafkaoncetype.Message, rec *kafkaclient.ShareRecord, f *failure) {
+	s.log.Warn("message failed", s.shareAttrs(rec, slog.String("message_id", msg.ID), slog.Int("attempt", f.attempts),
+		slog.String("class", f.class.String()), slog.String("error", f.err.Error()))...)
+	later := f.kind == deadletter.ClassRetryLater
+	for _, h := range s.hooks.Failed {
+		h(ctx, msg, kafkaoncetype.Failure{Err: f.err, Class: f.kind, Attempt: max(f.attempts, 1), Permanent: f.class == classPermanent && !later})
+	}
+}
+
+func (s *shareMember) shareAttrs(rec *kafkaclient.ShareRecord, extra ...any) []any {
+	return append([]any{slog.String("topic", rec.Topic), slog.Int("partition", rec.Partition), slog.Int64("offset", rec.Offset),
+		slog.Int("delivery", rec.DeliveryCount)}, extra...)
+}

@@ -1,0 +1,148 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+)
+
+// shareLocks keeps a share member's records of the last poll: which are
+// still unsettled, and their acquisition locks renewed while they are. The
+// loop settles records as their transactions commit; a goroutine renews
+// the rest every half lock duration (Renew, then Flush), so a slow
+// handler, a retry's wait or a later partition's turn does not let a lock
+// run out and the record go to another member. The ShareMember is used by
+// one goroutine at a time: mu serialises the loop's settlements and the
+// renewals.
+type shareLocks struct {
+	s  *shareMember
+	mu sync.Mutex
+	// unsettled are the records of the last poll not settled yet.
+	unsettled map[kafkaclient.RecordID]struct{}
+	// stopRenewing ends the renewals of the current poll's records.
+	stopRenewing func()
+}
+
+func newShareLocks(s *shareMember) *shareLocks {
+	return &shareLocks{s: s, unsettled: map[kafkaclient.RecordID]struct{}{}}
+}
+
+// hold takes the records of a poll, and renews their locks until each is
+// settled.
+func (l *shareLocks) hold(recs []kafkaclient.ShareRecord) {
+	l.mu.Lock()
+	for i := range recs {
+		l.unsettled[recs[i].RecordID] = struct{}{}
+	}
+	l.mu.Unlock()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(l.s.renewEvery())
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				l.renew()
+			}
+		}
+	}()
+	l.stopRenewing = func() { close(done); wg.Wait() }
+}
+
+// renew renews the locks of the records still unsettled.
+func (l *shareLocks) renew() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.unsettled) == 0 {
+		return
+	}
+	ids := make([]kafkaclient.RecordID, 0, len(l.unsettled))
+	for id := range l.unsettled {
+		ids = append(ids, id)
+	}
+	if err := l.s.m.Settle(kafkaclient.Renew, ids...); err != nil {
+		l.s.log.Warn("could not renew the locks of held records", slog.String("error", err.Error()))
+		return
+	}
+	l.s.log.Debug("renewed the locks of held records", slog.Int("records", len(ids)))
+	l.flushLocked(context.Background())
+}
+
+// settle settles ids how, and flushes: once settled, a record's lock is
+// no longer renewed.
+func (l *shareLocks) settle(ctx context.Context, how kafkaclient.Settlement, ids ...kafkaclient.RecordID) {
+	if len(ids) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, id := range ids {
+		delete(l.unsettled, id)
+	}
+	if err := l.s.m.Settle(how, ids...); err != nil {
+		// Not of the last poll, or settled already: a bug of ours, and
+		// the record is delivered again when its lock runs out.
+		l.s.log.Error("could not settle records", slog.String("settlement", how.String()), slog.String("error", err.Error()))
+		return
+	}
+	l.flushLocked(ctx)
+}
+
+// releaseRest releases the records of the poll still unsettled (a
+// shutdown cut its work short), for another member to take at once, and
+// stops the renewals.
+func (l *shareLocks) releaseRest(ctx context.Context) {
+	if l.stopRenewing != nil {
+		l.stopRenewing()
+		l.stopRenewing = nil
+	}
+	l.mu.Lock()
+	var ids []kafkaclient.RecordID
+	for id := range l.unsettled {
+		ids = append(ids, id)
+	}
+	l.mu.Unlock()
+	if len(ids) > 0 {
+		l.s.log.Info("releasing held records not processed, for delivery again", slog.Int("records", len(ids)))
+	}
+	l.settle(ctx, kafkaclient.Release, ids...)
+}
+
+// flushLocked flushes the settlements made, and says what became of those
+// the broker did not take. None of them breaks the promise: an accept not
+// taken is delivered again and found claimed; a renewal not taken may let
+// another member take the record, and the claim decides which applies it.
+func (l *shareLocks) flushLocked(ctx context.Context) {
+	ctx, cancel := kafkaclient.Bounded(context.WithoutCancel(ctx))
+	defer cancel()
+	err := l.s.m.Flush(ctx)
+	var se *kafkaclient.SettleError
+	switch {
+	case err == nil:
+		return
+	case !errors.As(err, &se):
+		l.s.log.Warn("could not flush settlements; records not taken are delivered again and found claimed", slog.String("error", err.Error()))
+		return
+	}
+	for _, f := range se.Failed {
+		attrs := []any{slog.String("topic", f.Record.Topic), slog.Int("partition", f.Record.Partition),
+			slog.Int64("offset", f.Record.Offset), slog.String("settlement", f.Settlement.String()), slog.String("error", f.Err.Error())}
+		switch f.Settlement {
+		case kafkaclient.Accept, kafkaclient.Release:
+			l.s.log.Info("settlement not taken by the broker; the record will be delivered again and found claimed", attrs...)
+		case kafkaclient.Renew:
+			l.s.log.Warn("lock renewal not taken by the broker: another member may take the record, and its claim decides who applies it", attrs...)
+		default:
+			l.s.log.Warn("settlement not taken by the broker; the record will be delivered again and found set aside", attrs...)
+		}
+	}
+}

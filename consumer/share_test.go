@@ -1,0 +1,190 @@
+package consumer_test
+
+import (
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+)
+
+// shareLock is the acquisition lock of the share tests' broker: short, so
+// that a lock running out is seen in seconds.
+const shareLock = 1500 * time.Millisecond
+
+// shareEnv is a share test's world: env on a kfake broker of its own with
+// short share locks, the test's group a share group that starts at the
+// log's start.
+type shareEnv struct {
+	*env
+	fake *kfake.Cluster
+	// calls counts handler calls per message id, over every member.
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+// setupShare starts the broker, with configs beyond the short lock (e.g.
+// group.share.delivery.count.limit), and a one-partition topic.
+func setupShare(t *testing.T, configs map[string]string) *shareEnv {
+	t.Helper()
+	bc := map[string]string{
+		"group.share.record.lock.duration.ms": strconv.Itoa(int(shareLock.Milliseconds())),
+		"share.record.lock.sweep.interval.ms": "100",
+	}
+	for k, v := range configs {
+		bc[k] = v
+	}
+	k, err := devenv.StartFakeKafka(kfake.BrokerConfigs(bc))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = k.Close() })
+	e := &shareEnv{env: setupOn(t, 1, &testenv.Kafka{Kafka: k}), fake: k.Fake, calls: map[string]int{}}
+	admin := testenv.Admin(t, k.Brokers)
+	require.NoError(t, admin.SetShareStart(testenv.Context(t, 10*time.Second), e.group, "earliest"))
+	return e
+}
+
+// shareConfig is a member's config, applying each message once after
+// check passed it (see checkedConfig), counting the calls.
+func (e *shareEnv) shareConfig(batched bool, check func(*consumer.Message) error) *consumer.Config {
+	cfg := e.checkedConfig(batched, func(m *consumer.Message) error {
+		e.mu.Lock()
+		e.calls[m.ID]++
+		e.mu.Unlock()
+		if check == nil {
+			return nil
+		}
+		return check(m)
+	})
+	cfg.GroupType, cfg.KafkaClient = consumer.ShareGroup, consumer.FranzGo
+	return cfg
+}
+
+func (e *shareEnv) callsOf(id string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.calls[id]
+}
+
+// Each record of a share group is applied once, whichever member takes
+// it, with both handler shapes.
+func TestShareGroupAppliesEachRecordOnce(t *testing.T) {
+	bothWays(t, [2]string{"Handler", "BatchHandler"}, func(t *testing.T, batched bool) {
+		e := setupShare(t, nil)
+		ids := e.produceIDs("m", 300)
+		for range 3 {
+			cfg := e.shareConfig(batched, nil)
+			cfg.MaxBatch = 20
+			e.start(cfg)
+		}
+		e.waitEffects(len(ids), 60*time.Second)
+		stillFor(t, shareLock, "no effect applied twice", func() bool { return e.effects() == int64(len(ids)) })
+		e.requireExactlyOnce(ids)
+		require.Empty(t, e.storedPositions(), "a share group stores no positions")
+	})
+}
+
+// An accept lost after the COMMIT (the broker never answers it) leaves the
+// record to be delivered again: found claimed, it is accepted without its
+// handler, and applied once.
+func TestShareGroupLostAcceptFindsTheClaim(t *testing.T) {
+	bothWays(t, [2]string{"Handler", "BatchHandler"}, func(t *testing.T, batched bool) {
+		e := setupShare(t, nil)
+		var dropped atomic.Bool
+		// The first acknowledgement is lost: the connection is cut
+		// instead of an answer.
+		e.fake.ControlKey(int16(kmsg.ShareAcknowledge), func(kmsg.Request) (kmsg.Response, error, bool) {
+			e.fake.KeepControl()
+			if dropped.CompareAndSwap(false, true) {
+				return nil, errors.New("accept lost"), true
+			}
+			return nil, nil, false
+		})
+		e.fake.ControlKey(int16(kmsg.ShareFetch), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+			e.fake.KeepControl()
+			req := kr.(*kmsg.ShareFetchRequest)
+			for _, tp := range req.Topics {
+				for _, p := range tp.Partitions {
+					if len(p.AcknowledgementBatches) > 0 && dropped.CompareAndSwap(false, true) {
+						return nil, errors.New("accept lost"), true
+					}
+				}
+			}
+			return nil, nil, false
+		})
+		ids := e.produceIDs("m", 5)
+		e.start(e.shareConfig(batched, nil))
+		e.waitEffects(len(ids), 30*time.Second)
+		require.Eventually(t, dropped.Load, 10*time.Second, 50*time.Millisecond, "an acknowledgement was lost")
+		waitFor(t, 20*time.Second, "a record delivered again found claimed", func() bool {
+			return e.events.snapshot().skipped[consumer.SkipAlreadyClaimed] > 0
+		})
+		stillFor(t, shareLock, "no effect applied twice", func() bool { return e.effects() == int64(len(ids)) })
+		e.requireExactlyOnce(ids)
+	})
+}
+
+// A handler that runs past the acquisition lock has its record renewed:
+// the record is not handed to another member meanwhile.
+func TestShareGroupRenewsTheLockOfASlowHandler(t *testing.T) {
+	bothWays(t, [2]string{"Handler", "BatchHandler"}, func(t *testing.T, batched bool) {
+		e := setupShare(t, nil)
+		ids := e.produceIDs("m", 3)
+		slow := ids[1]
+		var once sync.Once
+		started := make(chan struct{})
+		check := func(m *consumer.Message) error {
+			if m.ID == slow {
+				once.Do(func() { close(started) })
+				time.Sleep(3 * shareLock)
+			}
+			return nil
+		}
+		e.start(e.shareConfig(batched, check))
+		<-started
+		// The other members join while the slow one holds the record.
+		e.start(e.shareConfig(batched, check))
+		e.start(e.shareConfig(batched, check))
+		e.waitEffects(len(ids), 30*time.Second)
+		stillFor(t, shareLock, "no effect applied twice", func() bool { return e.effects() == int64(len(ids)) })
+		e.requireExactlyOnce(ids)
+		require.Equal(t, 1, e.callsOf(slow), "the slow record was handed to one member only")
+		require.Zero(t, e.events.snapshot().skipped[consumer.SkipAlreadyClaimed], "no member met the slow record again")
+	})
+}
+
+// A message that fails every time is set aside in dead_letters after
+// Retry.MaxAttempts, on its first delivery, and rejected: it is not
+// delivered again.
+func TestShareGroupSetsAsideAPoisonRecord(t *testing.T) {
+	bothWays(t, [2]string{"Handler", "BatchHandler"}, func(t *testing.T, batched bool) {
+		e := setupShare(t, map[string]string{"group.share.delivery.count.limit": "4"})
+		ids := e.produceIDs("m", 4)
+		poison := ids[2]
+		cfg := e.shareConfig(batched, func(m *consumer.Message) error {
+			if m.ID == poison {
+				return errors.New("partner says no")
+			}
+			return nil
+		})
+		cfg.Retry.MaxAttempts = 3
+		e.start(cfg)
+		waitFor(t, 30*time.Second, "the poison record set aside", func() bool { _, ok := e.letters()[poison]; return ok })
+		e.waitEffects(len(ids)-1, 30*time.Second)
+		l := e.letters()[poison]
+		require.Contains(t, l.Error, "partner says no")
+		require.Contains(t, l.Error, "share group delivery 1 of 4")
+		require.Equal(t, 3, l.Attempts)
+		calls := e.callsOf(poison)
+		stillFor(t, 2*shareLock, "the rejected record not delivered again", func() bool { return e.callsOf(poison) == calls })
+		require.Equal(t, int64(len(ids)-1), e.effects())
+	})
+}

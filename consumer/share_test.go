@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"sync"
@@ -186,5 +187,49 @@ func TestShareGroupSetsAsideAPoisonRecord(t *testing.T) {
 		calls := e.callsOf(poison)
 		stillFor(t, 2*shareLock, "the rejected record not delivered again", func() bool { return e.callsOf(poison) == calls })
 		require.Equal(t, int64(len(ids)-1), e.effects())
+	})
+}
+
+// When the consumer's own closing statements are refused for their data
+// (here the poison record's dead letter, by a constraint an operator
+// added), every delivery of the record would be refused the same way:
+// the member stops, Run returns the refusal, and the record goes back to
+// the group unsettled, neither accepted nor rejected. Once the cause is
+// gone a member sets it aside as it should.
+func TestShareGroupMemberStopsWhenItsOwnStatementsAreRefused(t *testing.T) {
+	bothWays(t, [2]string{"Handler", "BatchHandler"}, func(t *testing.T, batched bool) {
+		e := setupShare(t, map[string]string{"group.share.delivery.count.limit": "10"})
+		e.db.Exec(t, `ALTER TABLE `+e.db.Table("dead_letters")+` ADD CONSTRAINT no_partner_refusals CHECK (error NOT LIKE '%partner says no%')`)
+		ids := e.produceIDs("m", 3)
+		poison := ids[1]
+		config := func() *consumer.Config {
+			return e.shareConfig(batched, func(m *consumer.Message) error {
+				if m.ID == poison {
+					return consumer.Permanent(errors.New("partner says no"))
+				}
+				return nil
+			})
+		}
+		c, err := consumer.New(e.db.Pool, config())
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- c.Run(ctx) }()
+		select {
+		case err := <-done:
+			require.Error(t, err)
+			require.Contains(t, err.Error(), "were refused, and would be again")
+			require.Contains(t, err.Error(), "no_partner_refusals")
+		case <-time.After(30 * time.Second):
+			t.Fatal("Run did not return: the refused statements were retried on and on")
+		}
+		require.Empty(t, e.letters(), "nothing set aside")
+
+		e.db.Exec(t, `ALTER TABLE `+e.db.Table("dead_letters")+` DROP CONSTRAINT no_partner_refusals`)
+		e.start(config())
+		waitFor(t, 30*time.Second, "the record, delivered again, set aside", func() bool { _, ok := e.letters()[poison]; return ok })
+		e.waitEffects(len(ids)-1, 30*time.Second)
+		stillFor(t, shareLock, "no effect applied twice", func() bool { return e.effects() == int64(len(ids)-1) })
 	})
 }

@@ -89,11 +89,14 @@ func (c *Consumer) runShare(ctx context.Context, client kafkaclient.Client, join
 	s.locks = newShareLocks(s)
 	c.log.Info("share group member joined", slog.String("group", c.cfg.GroupID), slog.Int("delivery_limit", settings.DeliveryLimit),
 		slog.Duration("lock_duration", settings.LockDuration), slog.String("start", settings.Start))
-	s.run(ctx)
+	runErr := s.run(ctx)
 	closeCtx, cancel := cleanup.Context(context.WithoutCancel(ctx))
 	defer cancel()
 	if err := m.Close(closeCtx); err != nil {
 		c.log.Warn("leaving the share group failed; its records are delivered again once their locks run out", slog.String("error", err.Error()))
+	}
+	if runErr != nil {
+		return fmt.Errorf("consumer: %w", runErr)
 	}
 	c.log.Info("consumer stopped")
 	return nil
@@ -124,10 +127,11 @@ func newShareKey() string {
 	return hex.EncodeToString(b[:])
 }
 
-// run polls and applies until ctx ends. A batch in progress when it ends
-// has ShutdownTimeout to finish (the transaction runs on work); the
-// records it did not settle are released, for another member to take.
-func (s *shareMember) run(ctx context.Context) {
+// run polls and applies until ctx ends, or until applyShare says the
+// member must stop (its error). A batch in progress when ctx ends has
+// ShutdownTimeout to finish (the transaction runs on work); the records it
+// did not settle are released, for another member to take.
+func (s *shareMember) run(ctx context.Context) error {
 	stop, work, _, release := partitionContexts(ctx, s.cfg.ShutdownTimeout)
 	defer release()
 	b := s.retry.New()
@@ -146,16 +150,21 @@ func (s *shareMember) run(ctx context.Context) {
 			continue
 		}
 		s.locks.hold(recs)
+		var stopErr error
 		for _, group := range byPartition(recs) {
-			if stop.Err() != nil {
+			if stop.Err() != nil || stopErr != nil {
 				break
 			}
-			s.applyShare(stop, work, group)
+			stopErr = s.applyShare(stop, work, group)
 		}
-		// Whatever was not settled (a shutdown cut the poll's work short)
-		// goes back to the group at once.
+		// Whatever was not settled (a shutdown cut the poll's work short,
+		// or the member stops) goes back to the group at once.
 		s.locks.releaseRest(work)
+		if stopErr != nil {
+			return stopErr
+		}
 	}
+	return nil
 }
 
 // byPartition groups recs by partition, each group in offset order: one

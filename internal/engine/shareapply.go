@@ -38,12 +38,19 @@ type shareRun struct {
 // undoing the others. Retries happen in place, while the records' locks
 // are renewed: a share group's broker has no backoff of its own, and a
 // release would count a delivery against the record.
-func (s *shareMember) applyShare(stop, work context.Context, recs []kafkaclient.ShareRecord) {
+//
+// It returns an error only when the member must stop: the consumer's own
+// closing statements were refused for their data (the stopped outcome),
+// as they would be again on every delivery, by every member. A consumer
+// group stops the partition there; a share group has no partition of the
+// member's own, so the member stops, Run returns the error, and the
+// records go back to the group unsettled (see runShare).
+func (s *shareMember) applyShare(stop, work context.Context, recs []kafkaclient.ShareRecord) error {
 	r := &shareRun{recs: recs, items: s.shareItems(recs), tries: map[int64]int{}, setAside: map[int64]*failure{}}
 	infraBackoff := s.retry.New()
 	for len(r.items) > 0 {
 		if stop.Err() != nil {
-			return // the rest is released (see run)
+			return nil // the rest is released (see run)
 		}
 		p := r.plan(s.cfg.HandleBatch != nil)
 		out := s.runShareTx(work, r.items, &p)
@@ -52,7 +59,7 @@ func (s *shareMember) applyShare(stop, work context.Context, recs []kafkaclient.
 		switch out.kind {
 		case succeeded:
 			if out.committed == 0 {
-				return // nothing left to do
+				return nil // nothing left to do
 			}
 			infraBackoff.Reset()
 		case isolate:
@@ -64,18 +71,28 @@ func (s *shareMember) applyShare(stop, work context.Context, recs []kafkaclient.
 			r.oneByOne = true
 		case messageFailed:
 			if !s.shareFailed(stop, r, out.failedAt-out.committed, out.fail) {
-				return
+				return nil
 			}
+		case stopped:
+			// Released, the records would come back, to this member or
+			// another, and be refused the same way until the broker
+			// archived them at their delivery limit; set aside, they would
+			// be refused too (the set-aside is what was refused, see
+			// handlersFailed). An operator must look.
+			s.log.Error("the consumer's own statements were refused, and would be again; the share group member stops",
+				s.shareAttrs(&r.recs[0], slog.String("error", out.err.Error()))...)
+			return out.err
 		default:
 			// The database failed, not a record: the same transaction
 			// again after a backoff, counting no attempt, the locks
 			// renewed meanwhile.
 			s.log.Warn("share transaction failed; trying again", s.shareAttrs(&r.recs[0], slog.String("error", out.err.Error()))...)
 			if retry.Sleep(stop, infraBackoff.Next()) != nil {
-				return
+				return nil
 			}
 		}
 	}
+	return nil
 }
 
 // shareItems turns records into the engine's items, their ids derived.

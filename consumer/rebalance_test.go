@@ -44,6 +44,8 @@ type childSpec struct {
 	Slow time.Duration
 	// IdleInTransaction is the session timeout of the child's transactions.
 	IdleInTransaction time.Duration
+	// Share makes the child a member of the share group Group.
+	Share bool
 }
 
 const childEnv = "KAFKAONCE_TEST_CHILD_CONSUMER"
@@ -70,7 +72,7 @@ func TestChildConsumerProcess(t *testing.T) {
 	if spec.IdleInTransaction > 0 {
 		handlerTimeout = spec.IdleInTransaction / 2
 	}
-	c, err := consumer.New(pool, &consumer.Config{
+	cfg := &consumer.Config{
 		Name: spec.Name, KafkaClient: kafkaClient(), GroupID: spec.Group, Brokers: spec.Brokers, Topics: []string{spec.Topic}, Schema: spec.Schema,
 		MaxBatch: 20, SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond, Retry: consumer.RetryPolicy{MaxAttempts: spec.MaxAttempts},
 		IdleInTransactionTimeout: spec.IdleInTransaction, HandlerTimeout: handlerTimeout, ShutdownTimeout: 5 * time.Second,
@@ -85,7 +87,11 @@ func TestChildConsumerProcess(t *testing.T) {
 			return err
 		}),
 		Hooks: hooks,
-	})
+	}
+	if spec.Share {
+		cfg.GroupType, cfg.KafkaClient = consumer.ShareGroup, consumer.FranzGo
+	}
+	c, err := consumer.New(pool, cfg)
 	require.NoError(t, err)
 	require.NoError(t, c.Run(ctx))
 	if !spec.Serve {

@@ -9,11 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
@@ -231,5 +233,77 @@ func TestShareGroupMemberStopsWhenItsOwnStatementsAreRefused(t *testing.T) {
 		waitFor(t, 30*time.Second, "the record, delivered again, set aside", func() bool { _, ok := e.letters()[poison]; return ok })
 		e.waitEffects(len(ids)-1, 30*time.Second)
 		stillFor(t, shareLock, "no effect applied twice", func() bool { return e.effects() == int64(len(ids)-1) })
+	})
+}
+
+// A record whose handler kills its process on every delivery is archived
+// by the broker after its last delivery without a word. Its letter,
+// written before the handler ran on that last delivery, stays: the whole
+// message, why, and the delivery it died on, open to redrive; the broker
+// does not deliver the record again. Earlier deliveries, delivered again
+// when they die, leave no letter.
+func TestShareGroupRecordThatKillsItsProcessReachesDeadLetters(t *testing.T) {
+	t.Parallel()
+	e := setupShare(t, map[string]string{"group.share.delivery.count.limit": "2"})
+	poison := kafka.Message{Key: []byte("k-poison"), Value: []byte("v-poison"), Headers: []kafka.Header{
+		{Key: consumer.DefaultMessageIDHeader, Value: []byte("poison")}, {Key: "trace", Value: []byte{0, 1, 2}}}}
+	e.kafka.Produce(t, e.topic, poison)
+	spec := childSpec{DatabaseURL: e.db.URL, Schema: e.db.Schema, Brokers: e.kafka.Brokers, Topic: e.topic, Group: e.group, Name: e.name,
+		KillOn: "poison", Share: true}
+
+	t.Run("the first delivery dies without a letter", func(t *testing.T) {
+		e.runChildUntilKilled(spec, 30*time.Second)
+		require.Empty(t, e.letters())
+	})
+	t.Run("the last delivery dies with its letter written", func(t *testing.T) {
+		e.runChildUntilKilled(spec, 30*time.Second)
+		l, ok := e.letters()["poison"]
+		require.True(t, ok, "a letter for the record")
+		require.Equal(t, deadletter.ClassCrashed, l.Class)
+		require.Equal(t, []byte("k-poison"), l.Key)
+		require.Equal(t, []byte("v-poison"), l.Value)
+		require.Contains(t, l.Headers, deadletter.Header{Key: "trace", Value: []byte{0, 1, 2}})
+		require.Contains(t, l.Error, "share group delivery 2 of 2 did not finish")
+		require.Equal(t, 2, l.Attempts)
+		require.Nil(t, l.RedrivenAt)
+		require.Zero(t, e.effects())
+	})
+	t.Run("the broker does not deliver it again and the letter redrives it", func(t *testing.T) {
+		c, err := consumer.New(e.db.Pool, e.shareConfig(false, nil))
+		require.NoError(t, err)
+		e.run(c)
+		after := e.produceIDs("after", 1)
+		e.waitEffects(1, 30*time.Second)
+		stillFor(t, 2*shareLock, "the archived record not delivered again", func() bool { return e.callsOf("poison") == 0 })
+		e.requireExactlyOnce(after)
+		res, err := c.Redrive(testenv.Context(t, 30*time.Second), consumer.RedriveFilter{})
+		require.NoError(t, err)
+		require.Equal(t, 1, res.Applied)
+		e.requireExactlyOnce(append(after, "poison"))
+	})
+}
+
+// With a delivery limit of 1 every delivery is a record's last, and each
+// record gets its provisional letter before its handler runs: the
+// transaction that applies a record removes it, and the one that sets a
+// record aside puts its final letter in its place.
+func TestShareGroupLastDeliveryLettersGoWhenTheRecordIsSettled(t *testing.T) {
+	bothWays(t, [2]string{"Handler", "BatchHandler"}, func(t *testing.T, batched bool) {
+		e := setupShare(t, map[string]string{"group.share.delivery.count.limit": "1"})
+		ids := e.produceIDs("m", 20)
+		poison := ids[7]
+		e.start(e.shareConfig(batched, func(m *consumer.Message) error {
+			if m.ID == poison {
+				return consumer.Permanent(errors.New("partner says no"))
+			}
+			return nil
+		}))
+		e.waitEffects(len(ids)-1, 30*time.Second)
+		waitFor(t, 10*time.Second, "the poison set aside", func() bool { _, ok := e.letters()[poison]; return ok })
+		letters := e.letters()
+		require.Equal(t, 1, len(letters), "no provisional letter left behind")
+		require.Equal(t, deadletter.ClassPermanent, letters[poison].Class)
+		require.Contains(t, letters[poison].Error, "partner says no")
+		require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("dead_letters")+` WHERE provisional`))
 	})
 }

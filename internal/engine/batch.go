@@ -146,6 +146,10 @@ type plan struct {
 	after *failure
 	// clearAttempts says to remove the attempt rows of the committed messages.
 	clearAttempts bool
+	// provisional holds the offsets of a share group's records whose
+	// provisional letters (see shareMember.writeProvisional) the
+	// transaction removes when it commits them. Read only.
+	provisional map[int64]bool
 }
 
 // newPlan covers all of items in one plain transaction, setting aside those

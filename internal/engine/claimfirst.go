@@ -406,6 +406,19 @@ func (a *txAttempt) close(h *handled) (*pgx.Batch, error) {
 			a.claims.QueueUnclaim(b, a.cfg.Name, tail)
 		}
 	}
+	if len(p.provisional) > 0 {
+		// Before the letters: a record set aside gets its final letter
+		// in place of its provisional one.
+		var offs []int64
+		for i := range items[:h.end] {
+			if p.provisional[items[i].msg.Offset] {
+				offs = append(offs, items[i].msg.Offset)
+			}
+		}
+		if len(offs) > 0 {
+			a.letters.QueueRemoveProvisional(b, a.cfg.Name, a.topic, a.partition, offs)
+		}
+	}
 	var letters []deadletter.Letter
 	for i := range items[:h.end] {
 		if st.fates[i] == fateDeadLettered {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/dedupe"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
@@ -27,6 +29,10 @@ type shareRun struct {
 	// setAside holds the failure of each record to set aside, by offset.
 	tries    map[int64]int
 	setAside map[int64]*failure
+	// provisional holds the offsets of the records on their last delivery
+	// whose provisional letters committed (see writeProvisional): each
+	// transaction that settles one of them removes its letter.
+	provisional map[int64]bool
 }
 
 // applyShare applies one partition's records of a poll, and settles each
@@ -47,6 +53,9 @@ type shareRun struct {
 // records go back to the group unsettled (see runShare).
 func (s *shareMember) applyShare(stop, work context.Context, recs []kafkaclient.ShareRecord) error {
 	r := &shareRun{recs: recs, items: s.shareItems(recs), tries: map[int64]int{}, setAside: map[int64]*failure{}}
+	if !s.writeProvisional(stop, work, r) {
+		return nil // the rest is released (see run)
+	}
 	infraBackoff := s.retry.New()
 	for len(r.items) > 0 {
 		if stop.Err() != nil {
@@ -119,7 +128,7 @@ func (s *shareMember) shareItems(recs []kafkaclient.ShareRecord) []item {
 // with oneByOne), every handler call in a savepoint unless a BatchHandler
 // has not failed yet, those to set aside marked.
 func (r *shareRun) plan(batched bool) plan {
-	p := plan{n: len(r.items), savepointFrom: 0}
+	p := plan{n: len(r.items), savepointFrom: 0, provisional: r.provisional}
 	if batched && !r.isolated {
 		p.savepointFrom = len(r.items)
 	}
@@ -139,6 +148,73 @@ func (r *shareRun) plan(batched bool) plan {
 		}
 	}
 	return p
+}
+
+// writeProvisional writes, in a transaction of its own that commits
+// before any handler runs, the dead letter of each record of r on its
+// last delivery, marked provisional: a record whose handler kills the
+// process on its last delivery is archived by the broker without a word,
+// and this letter is then all that is left of it, whole, with the
+// delivery it was on, open to redrive like any other. The transaction
+// that settles the record removes it (see txAttempt.close); a record set
+// aside then gets its final letter in its place. Database failures are
+// retried until stop; it reports false when stop ended it first.
+//
+// Only the last delivery gets one: a record whose earlier delivery dies
+// with its process is delivered again, and meets this on its last. The
+// cost is a transaction per poll and partition holding a record on its
+// last delivery, which is a record that failed every delivery before, or
+// every record when the group's limit is 1.
+func (s *shareMember) writeProvisional(stop, work context.Context, r *shareRun) bool {
+	var letters []deadletter.Letter
+	var offsets []int64
+	for i := range r.recs {
+		rec := &r.recs[i]
+		if !s.lastDelivery(rec) {
+			continue
+		}
+		f := newFailure(classPermanent, deadletter.ClassCrashed, fmt.Errorf(
+			"share group delivery %d of %d did not finish: the process, or its connection to Postgres, died while the handler ran, or the member stopped before it settled the record; the broker archives a record after its last delivery",
+			rec.DeliveryCount, s.settings.DeliveryLimit))
+		f.attempts = rec.DeliveryCount
+		letters = append(letters, letterFor(&r.items[i], f))
+		offsets = append(offsets, rec.Offset)
+	}
+	if len(letters) == 0 {
+		return true
+	}
+	first := &r.recs[0]
+	b := &pgx.Batch{}
+	if err := s.letters.QueueInsertProvisional(b, s.cfg.Name, first.Topic, first.Partition, letters); err != nil {
+		// Only headers that do not encode: the records are set aside as
+		// they are, without a provisional letter.
+		s.log.Error("could not write the provisional letters of records on their last delivery", s.shareAttrs(first, slog.String("error", err.Error()))...)
+		return true
+	}
+	backoff := s.retry.New()
+	for {
+		err := s.inTx(work, func(q querier) error {
+			for _, qq := range b.QueuedQueries {
+				if _, err := q.Exec(work, qq.SQL, qq.Arguments...); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err == nil {
+			break
+		}
+		s.log.Warn("could not write the provisional letters of records on their last delivery; trying again", s.shareAttrs(first, slog.String("error", err.Error()))...)
+		if retry.Sleep(stop, backoff.Next()) != nil {
+			return false
+		}
+	}
+	r.provisional = map[int64]bool{}
+	for _, off := range offsets {
+		r.provisional[off] = true
+	}
+	s.log.Info("records on their last delivery: provisional letters written before their handlers run", s.shareAttrs(first, slog.Int("records", len(offsets)))...)
+	return true
 }
 
 // shareFailed deals with the record at k whose handler failed with f in a

@@ -14,6 +14,29 @@ import (
 // and partition. The letters' ID, DeadLetteredAt, PublishedAt, RedrivenAt
 // and Retries are ignored.
 func (s *Store) QueueInsert(b *pgx.Batch, consumer, topic string, partition int, letters []deadletter.Letter) error {
+	return s.queueInsert(b, s.insertSQL, consumer, topic, partition, letters)
+}
+
+// QueueInsertProvisional adds to b the insert of provisional letters: the
+// letters a share group member writes, in a transaction of its own, for
+// records on their last delivery before their handlers run (see migration
+// 027). The transaction that then settles a record removes its letter
+// (QueueRemoveProvisional); a letter that stays is an ordinary open one.
+// A message that has a letter already keeps it.
+func (s *Store) QueueInsertProvisional(b *pgx.Batch, consumer, topic string, partition int, letters []deadletter.Letter) error {
+	return s.queueInsert(b, s.provisionalSQL, consumer, topic, partition, letters)
+}
+
+// QueueRemoveProvisional adds to b the removal of the provisional letters
+// of consumer at offsets of a partition, for the transaction that applies,
+// skips or sets aside their records. A letter redriven or settled
+// meanwhile is kept, as the record of what was done with it.
+func (s *Store) QueueRemoveProvisional(b *pgx.Batch, consumer, topic string, partition int, offsets []int64) {
+	b.Queue(`DELETE FROM `+s.table+` WHERE consumer = $1 AND topic = $2 AND partition = $3 AND kafka_offset = ANY($4)
+	AND provisional AND redriven_at IS NULL AND settled_at IS NULL`, consumer, topic, partition, offsets)
+}
+
+func (s *Store) queueInsert(b *pgx.Batch, sql, consumer, topic string, partition int, letters []deadletter.Letter) error {
 	n := len(letters)
 	offsets := make([]int64, n)
 	ids := make([]*string, n)
@@ -52,7 +75,7 @@ func (s *Store) QueueInsert(b *pgx.Batch, consumer, topic string, partition int,
 		firsts[i], lasts[i] = l.FirstFailedAt, l.LastFailedAt
 		retryAt[i] = l.RetryAt
 	}
-	b.Queue(s.insertSQL, consumer, topic, partition, offsets, ids, keys, values, headers, times, classes, errs, attempts, firsts, lasts, retryAt)
+	b.Queue(sql, consumer, topic, partition, offsets, ids, keys, values, headers, times, classes, errs, attempts, firsts, lasts, retryAt)
 	return nil
 }
 

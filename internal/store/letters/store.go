@@ -11,8 +11,9 @@ import (
 type Store struct {
 	*deadletter.Store
 
-	table     string
-	insertSQL string
+	table          string
+	insertSQL      string
+	provisionalSQL string
 }
 
 // NewStore returns a Store for the tables in schemaName.
@@ -35,6 +36,17 @@ func NewStore(schemaName string) (*Store, error) {
 	headers, message_time, error_class, error, attempts, first_failed_at, last_failed_at, retry_at)
 SELECT $1, $2, $3, l.kafka_offset, l.message_id, l.message_key, l.message_value, l.headers, l.message_time,
 	l.error_class, l.error, l.attempts, l.first_failed_at, l.last_failed_at, l.retry_at
+FROM unnest($4::bigint[], $5::text[], $6::bytea[], $7::bytea[], $8::jsonb[], $9::timestamptz[], $10::text[], $11::text[],
+	$12::int[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[])
+	AS l(kafka_offset, message_id, message_key, message_value, headers, message_time, error_class, error, attempts, first_failed_at, last_failed_at, retry_at)
+ON CONFLICT (consumer, topic, partition, kafka_offset, fingerprint, (coalesce(message_id, '')), (coalesce(message_time, '-infinity'::timestamptz)))
+DO NOTHING`,
+		// A provisional letter (see QueueInsertProvisional) is the same
+		// insert, marked.
+		provisionalSQL: `INSERT INTO ` + t + ` (consumer, topic, partition, kafka_offset, message_id, message_key, message_value,
+	headers, message_time, error_class, error, attempts, first_failed_at, last_failed_at, retry_at, provisional)
+SELECT $1, $2, $3, l.kafka_offset, l.message_id, l.message_key, l.message_value, l.headers, l.message_time,
+	l.error_class, l.error, l.attempts, l.first_failed_at, l.last_failed_at, l.retry_at, true
 FROM unnest($4::bigint[], $5::text[], $6::bytea[], $7::bytea[], $8::jsonb[], $9::timestamptz[], $10::text[], $11::text[],
 	$12::int[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[])
 	AS l(kafka_offset, message_id, message_key, message_value, headers, message_time, error_class, error, attempts, first_failed_at, last_failed_at, retry_at)

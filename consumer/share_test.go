@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -305,5 +307,60 @@ func TestShareGroupLastDeliveryLettersGoWhenTheRecordIsSettled(t *testing.T) {
 		require.Equal(t, deadletter.ClassPermanent, letters[poison].Class)
 		require.Contains(t, letters[poison].Error, "partner says no")
 		require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("dead_letters")+` WHERE provisional`))
+	})
+}
+
+// A member whose lock renewals the broker refuses no longer holds its
+// records: it stops working on them, saying so, and gives them back,
+// rather than retrying a record another member may hold meanwhile. A
+// record that fails every time so goes through its deliveries, each given
+// up at the first refused renewal, and is set aside on its last; a member
+// that went on retrying it would stay on its first delivery for
+// MaxAttempts.
+func TestShareGroupMemberStopsWorkingOnRecordsWhoseRenewalIsRefused(t *testing.T) {
+	bothWays(t, [2]string{"Handler", "BatchHandler"}, func(t *testing.T, batched bool) {
+		e := setupShare(t, map[string]string{"group.share.delivery.count.limit": "3"})
+		var refused atomic.Int64
+		e.fake.ControlKey(int16(kmsg.ShareAcknowledge), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+			e.fake.KeepControl()
+			req := kr.(*kmsg.ShareAcknowledgeRequest)
+			renew := false
+			resp := req.ResponseKind().(*kmsg.ShareAcknowledgeResponse)
+			for _, tp := range req.Topics {
+				rt := kmsg.NewShareAcknowledgeResponseTopic()
+				rt.TopicID = tp.TopicID
+				for _, p := range tp.Partitions {
+					for _, b := range p.AcknowledgementBatches {
+						renew = renew || slices.Contains(b.AcknowledgeTypes, 4)
+					}
+					rp := kmsg.NewShareAcknowledgeResponseTopicPartition()
+					rp.Partition, rp.ErrorCode = p.Partition, kerr.InvalidRecordState.Code
+					rt.Partitions = append(rt.Partitions, rp)
+				}
+				resp.Topics = append(resp.Topics, rt)
+			}
+			if !renew {
+				return nil, nil, false
+			}
+			refused.Add(1)
+			return resp, nil, true
+		})
+		ids := e.produceIDs("m", 3)
+		poison := ids[1]
+		cfg := e.shareConfig(batched, func(m *consumer.Message) error {
+			if m.ID == poison {
+				return errors.New("partner down")
+			}
+			return nil
+		})
+		cfg.Retry.MaxAttempts = 1000
+		e.start(cfg)
+		waitFor(t, 20*time.Second, "the poison set aside on its last delivery", func() bool { _, ok := e.letters()[poison]; return ok })
+		require.Positive(t, refused.Load(), "renewals were refused")
+		l := e.letters()[poison]
+		require.Contains(t, l.Error, "partner down")
+		require.Contains(t, l.Error, "share group delivery 3 of 3")
+		e.waitEffects(len(ids)-1, 10*time.Second)
+		stillFor(t, shareLock, "no effect applied twice", func() bool { return e.effects() == int64(len(ids)-1) })
 	})
 }

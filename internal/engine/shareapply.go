@@ -61,6 +61,9 @@ func (s *shareMember) applyShare(stop, work context.Context, recs []kafkaclient.
 		if stop.Err() != nil {
 			return nil // the rest is released (see run)
 		}
+		if s.dropLost(work, r); len(r.items) == 0 {
+			return nil
+		}
 		p := r.plan(s.cfg.HandleBatch != nil)
 		out := s.runShareTx(work, r.items, &p)
 		s.settleCommitted(work, r, out)
@@ -102,6 +105,42 @@ func (s *shareMember) applyShare(stop, work context.Context, recs []kafkaclient.
 		}
 	}
 	return nil
+}
+
+// dropLost stops work on the records of r whose locks this member lost
+// (see shareLocks.lostLocks), before another transaction, retry or
+// set-aside starts on them, and says so. A transaction already running
+// over them was let finish: its COMMIT is safe, since a member that took
+// the record meanwhile meets it on the claim, and one of them applies it.
+// But a member that goes on retrying, or sets aside, records it no longer
+// holds works against the member that does hold them, and spends handler
+// calls (a partner's, often) on records it cannot settle. They are
+// released: refused when the lock is gone already, given back at once
+// when the broker merely refused the renewal. A record on its last
+// delivery keeps its provisional letter, removed by whoever settles it.
+func (s *shareMember) dropLost(work context.Context, r *shareRun) {
+	ids := make([]kafkaclient.RecordID, len(r.recs))
+	for i := range r.recs {
+		ids[i] = r.recs[i].RecordID
+	}
+	lost := s.locks.lostLocks(ids)
+	if len(lost) == 0 {
+		return
+	}
+	var recs []kafkaclient.ShareRecord
+	var items []item
+	var gone []kafkaclient.RecordID
+	for i := range r.recs {
+		if lost[r.recs[i].RecordID] {
+			gone = append(gone, r.recs[i].RecordID)
+			s.log.Error("lost the lock of a record: no longer working on it; the member holding it now applies it, or finds its claim",
+				s.shareAttrs(&r.recs[i], slog.String("message_id", r.items[i].msg.ID))...)
+			continue
+		}
+		recs, items = append(recs, r.recs[i]), append(items, r.items[i])
+	}
+	r.recs, r.items = recs, items
+	s.locks.settle(work, kafkaclient.Release, gone...)
 }
 
 // shareItems turns records into the engine's items, their ids derived.

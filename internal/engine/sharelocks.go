@@ -21,14 +21,20 @@ import (
 type shareLocks struct {
 	s  *shareMember
 	mu sync.Mutex
-	// unsettled are the records of the last poll not settled yet.
-	unsettled map[kafkaclient.RecordID]struct{}
+	// unsettled are the records of the last poll not settled yet, each
+	// with when its lock runs out as far as the member knows: the
+	// broker's word at the poll, then a lock duration from each renewal
+	// the broker took.
+	unsettled map[kafkaclient.RecordID]time.Time
+	// lost are the unsettled records whose renewal the broker refused:
+	// no longer this member's (see lostLocks).
+	lost map[kafkaclient.RecordID]struct{}
 	// stopRenewing ends the renewals of the current poll's records.
 	stopRenewing func()
 }
 
 func newShareLocks(s *shareMember) *shareLocks {
-	return &shareLocks{s: s, unsettled: map[kafkaclient.RecordID]struct{}{}}
+	return &shareLocks{s: s, unsettled: map[kafkaclient.RecordID]time.Time{}, lost: map[kafkaclient.RecordID]struct{}{}}
 }
 
 // hold takes the records of a poll, and renews their locks until each is
@@ -36,7 +42,7 @@ func newShareLocks(s *shareMember) *shareLocks {
 func (l *shareLocks) hold(recs []kafkaclient.ShareRecord) {
 	l.mu.Lock()
 	for i := range recs {
-		l.unsettled[recs[i].RecordID] = struct{}{}
+		l.unsettled[recs[i].RecordID] = recs[i].LockedUntil
 	}
 	l.mu.Unlock()
 	done := make(chan struct{})
@@ -67,14 +73,50 @@ func (l *shareLocks) renew() {
 	}
 	ids := make([]kafkaclient.RecordID, 0, len(l.unsettled))
 	for id := range l.unsettled {
-		ids = append(ids, id)
+		if _, lost := l.lost[id]; !lost {
+			ids = append(ids, id)
+		}
 	}
+	if len(ids) == 0 {
+		return
+	}
+	sent := time.Now()
 	if err := l.s.m.Settle(kafkaclient.Renew, ids...); err != nil {
 		l.s.log.Warn("could not renew the locks of held records", slog.String("error", err.Error()))
 		return
 	}
 	l.s.log.Debug("renewed the locks of held records", slog.Int("records", len(ids)))
-	l.flushLocked(context.Background())
+	answered, notTaken := l.flushLocked(context.Background())
+	if !answered {
+		return // none known taken: each lock runs out when it said
+	}
+	for _, id := range ids {
+		if _, lost := l.lost[id]; !lost && !notTaken[id] {
+			l.unsettled[id] = sent.Add(l.s.settings.LockDuration)
+		}
+	}
+}
+
+// lostLocks returns those of ids (unsettled records) this member no
+// longer holds: the broker refused a renewal, or the lock ran out with no
+// renewal taken (the connection or the session is gone). The member stops
+// working on them (see shareMember.dropLost).
+func (l *shareLocks) lostLocks(ids []kafkaclient.RecordID) map[kafkaclient.RecordID]bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	var out map[kafkaclient.RecordID]bool
+	for _, id := range ids {
+		until, held := l.unsettled[id]
+		_, refused := l.lost[id]
+		if held && (refused || !until.IsZero() && now.After(until)) {
+			if out == nil {
+				out = map[kafkaclient.RecordID]bool{}
+			}
+			out[id] = true
+		}
+	}
+	return out
 }
 
 // settle settles ids how, and flushes: once settled, a record's lock is
@@ -87,6 +129,7 @@ func (l *shareLocks) settle(ctx context.Context, how kafkaclient.Settlement, ids
 	defer l.mu.Unlock()
 	for _, id := range ids {
 		delete(l.unsettled, id)
+		delete(l.lost, id)
 	}
 	if err := l.s.m.Settle(how, ids...); err != nil {
 		// Not of the last poll, or settled already: a bug of ours, and
@@ -94,7 +137,7 @@ func (l *shareLocks) settle(ctx context.Context, how kafkaclient.Settlement, ids
 		l.s.log.Error("could not settle records", slog.String("settlement", how.String()), slog.String("error", err.Error()))
 		return
 	}
-	l.flushLocked(ctx)
+	_, _ = l.flushLocked(ctx)
 }
 
 // releaseRest releases the records of the poll still unsettled (a
@@ -118,31 +161,43 @@ func (l *shareLocks) releaseRest(ctx context.Context) {
 }
 
 // flushLocked flushes the settlements made, and says what became of those
-// the broker did not take. None of them breaks the promise: an accept not
-// taken is delivered again and found claimed; a renewal not taken may let
-// another member take the record, and the claim decides which applies it.
-func (l *shareLocks) flushLocked(ctx context.Context) {
+// the broker did not take; it reports whether the client answered at all.
+// None of them breaks the promise: an accept not taken is delivered again
+// and found claimed; a renewal refused means another member may take the
+// record, and the claim decides which applies it, but this member no
+// longer holds it and stops working on it (lost, see lostLocks).
+func (l *shareLocks) flushLocked(ctx context.Context) (answered bool, notTaken map[kafkaclient.RecordID]bool) {
 	ctx, cancel := kafkaclient.Bounded(context.WithoutCancel(ctx))
 	defer cancel()
 	err := l.s.m.Flush(ctx)
 	var se *kafkaclient.SettleError
 	switch {
 	case err == nil:
-		return
+		return true, nil
 	case !errors.As(err, &se):
 		l.s.log.Warn("could not flush settlements; records not taken are delivered again and found claimed", slog.String("error", err.Error()))
-		return
+		return false, nil
 	}
+	notTaken = map[kafkaclient.RecordID]bool{}
 	for _, f := range se.Failed {
+		notTaken[f.Record] = true
 		attrs := []any{slog.String("topic", f.Record.Topic), slog.Int("partition", f.Record.Partition),
 			slog.Int64("offset", f.Record.Offset), slog.String("settlement", f.Settlement.String()), slog.String("error", f.Err.Error())}
 		switch f.Settlement {
 		case kafkaclient.Accept, kafkaclient.Release:
 			l.s.log.Info("settlement not taken by the broker; the record will be delivered again and found claimed", attrs...)
 		case kafkaclient.Renew:
-			l.s.log.Warn("lock renewal not taken by the broker: another member may take the record, and its claim decides who applies it", attrs...)
+			if errors.Is(f.Err, kafkaclient.ErrNoAnswer) {
+				// It may have been taken: the lock runs out when it said,
+				// unless a later renewal is taken.
+				l.s.log.Warn("lock renewal unanswered; renewing again before the lock runs out", attrs...)
+				continue
+			}
+			l.lost[f.Record] = struct{}{}
+			l.s.log.Error("lock renewal refused by the broker: the record is no longer this member's, which stops working on it; another member may take it, and its claim decides who applies it", attrs...)
 		default:
 			l.s.log.Warn("settlement not taken by the broker; the record will be delivered again and found set aside", attrs...)
 		}
 	}
+	return true, notTaken
 }

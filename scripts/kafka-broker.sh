@@ -14,6 +14,14 @@ set -euo pipefail
 # Any failure not handled below still says where and what failed.
 trap 'echo "kafka-broker: failed (exit $?) at line $LINENO: $BASH_COMMAND" >&2' ERR
 
+# share_groups VERSION succeeds for a Kafka whose share groups are
+# generally available (4.2 and later).
+share_groups() {
+	local major minor
+	IFS=. read -r major minor _ <<<"$1"
+	[ "$major" -gt 4 ] || { [ "$major" -eq 4 ] && [ "$minor" -ge 2 ]; }
+}
+
 cmd=${1:-}
 case "$cmd" in
 start)
@@ -67,6 +75,24 @@ transaction.state.log.min.isr=1
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 PROPS
+	# Share groups (KIP-932), generally available from 4.2: the format
+	# below finalizes share.version=1 on its own, so only the share
+	# coordinator's state topic needs a replication factor one broker can
+	# give (its default of 3 leaves every share group uninitialized), and
+	# the bounds on a group's settings are lowered so that tests may set a
+	# lock of a second or two, and a short session, per group. Older
+	# brokers get none of this: their share groups are not enabled.
+	if share_groups "$version"; then
+		cat >> "$dir/server.properties" <<PROPS
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.share.min.record.lock.duration.ms=1000
+group.share.min.heartbeat.interval.ms=500
+group.share.heartbeat.interval.ms=500
+group.share.min.session.timeout.ms=6000
+group.share.session.timeout.ms=10000
+PROPS
+	fi
 	cat > "$dir/log4j.properties" <<'LOG'
 log4j.rootLogger=WARN, file
 log4j.appender.file=org.apache.log4j.FileAppender

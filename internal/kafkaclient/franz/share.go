@@ -54,15 +54,15 @@ func (c *Client) JoinShare(ctx context.Context, cfg kafkaclient.ShareConfig) (ka
 	return m, nil
 }
 
-// readCommitted makes group read committed records only.
+// readCommitted makes group read committed records only, as every broker
+// sees it: a broker that has not yet applied the change would hand out
+// records under the old isolation level.
 func readCommitted(ctx context.Context, cl *kgo.Client, group string) error {
-	configs, err := GroupConfigs(ctx, cl, group)
-	if err == nil {
-		if v := configs[isolationConfig]; v != nil && *v == "read_committed" {
-			return nil
-		}
+	want := map[string]string{isolationConfig: "read_committed"}
+	if ok, err := GroupConfigsEverywhere(ctx, cl, group, want); err == nil && ok {
+		return nil
 	}
-	if err := SetGroupConfigs(ctx, cl, group, map[string]string{isolationConfig: "read_committed"}); err != nil {
+	if err := SetGroupConfigs(ctx, cl, group, want); err != nil {
 		return fmt.Errorf("franz: share group %s must read committed records only (%s), and could not be made to: %w", group, isolationConfig, err)
 	}
 	return nil

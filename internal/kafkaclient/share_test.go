@@ -1,8 +1,14 @@
 package kafkaclient_test
 
 import (
+	"cmp"
 	"context"
+	"errors"
+	"os"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
@@ -17,35 +24,67 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
-// shareLock is the acquisition lock of the share tests' broker: short, so
-// that a lock running out is seen in seconds.
+// shareLock is the acquisition lock of the share tests' groups: short, so
+// that a lock running out is seen in seconds. Kafka takes it as the group's
+// share.record.lock.duration.ms, which must lie within the broker's
+// group.share.min.record.lock.duration.ms (15 s unless lowered, as
+// scripts/kafka-broker.sh does, to 1 s, its own floor) and its max; kfake
+// reads only the broker's group.share.record.lock.duration.ms.
 const shareLock = 1500 * time.Millisecond
 
-// shareSetup bundles a share test's broker (kfake, of its own), topic,
-// group and clients.
+// shareSetup bundles a share test's broker, topic, group and clients.
 type shareSetup struct {
 	t       *testing.T
 	brokers []string
-	topic   string
-	group   string
-	client  *franz.Client
-	admin   *kafkaadmin.Admin
+	// real is set for KAFKA_BROKERS's broker, clear for a kfake.
+	real   bool
+	topic  string
+	group  string
+	client *franz.Client
+	admin  *kafkaadmin.Admin
 }
 
-// newShareSetup starts a broker with a one-partition topic and a share
-// group that starts at the earliest offset. configs are the broker's
-// configs beyond the short lock.
-func newShareSetup(t *testing.T, configs map[string]string) *shareSetup {
+// shareOptions are a share test's settings beyond the short lock.
+type shareOptions struct {
+	// deliveryLimit is the group's delivery count limit (0: the broker's).
+	deliveryLimit int
+	// lock is the group's acquisition lock (0: shareLock).
+	lock time.Duration
+}
+
+// newShareSetup gives the test a one-partition topic and a share group
+// that starts at the earliest offset and holds its locks for shareLock.
+//
+// With KAFKA_BROKERS set the broker is that one, and the settings are
+// the group's own configs (the test is skipped when the broker has no
+// share groups); else it is a kfake of the test's own, and the settings
+// are its broker configs, since kfake takes a group's lock and delivery
+// limit from those alone.
+func newShareSetup(t *testing.T, o shareOptions) *shareSetup {
 	t.Helper()
-	bc := map[string]string{
-		"group.share.record.lock.duration.ms": strconv.Itoa(int(shareLock.Milliseconds())),
-		"share.record.lock.sweep.interval.ms": "100",
+	s := &shareSetup{t: t, group: testenv.Name(t, "share")}
+	lockMs := strconv.Itoa(int(cmp.Or(o.lock, shareLock).Milliseconds()))
+	groupConfigs := map[string]string{"share.auto.offset.reset": "earliest"}
+	if os.Getenv("KAFKA_BROKERS") != "" {
+		k := testenv.NewKafka(t)
+		requireShareGroups(t, k.Brokers)
+		s.brokers, s.real = k.Brokers, true
+		s.topic = k.Topic(t, 1)
+		groupConfigs["share.record.lock.duration.ms"] = lockMs
+		if o.deliveryLimit > 0 {
+			groupConfigs["share.delivery.count.limit"] = strconv.Itoa(o.deliveryLimit)
+		}
+	} else {
+		bc := map[string]string{
+			"group.share.record.lock.duration.ms": lockMs,
+			"share.record.lock.sweep.interval.ms": "100",
+		}
+		if o.deliveryLimit > 0 {
+			bc["group.share.delivery.count.limit"] = strconv.Itoa(o.deliveryLimit)
+		}
+		s.topic = "t"
+		s.brokers = fakeKafka(t, kfake.SeedTopics(1, s.topic), kfake.BrokerConfigs(bc))
 	}
-	for k, v := range configs {
-		bc[k] = v
-	}
-	s := &shareSetup{t: t, topic: "t", group: testenv.Name(t, "share")}
-	s.brokers = fakeKafka(t, kfake.SeedTopics(1, s.topic), kfake.BrokerConfigs(bc))
 	cfg := kafkaclient.Config{Brokers: s.brokers}
 	var err error
 	s.client, err = franz.New(cfg)
@@ -54,14 +93,56 @@ func newShareSetup(t *testing.T, configs map[string]string) *shareSetup {
 	s.admin, err = kafkaadmin.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(s.admin.Close)
-	require.NoError(t, s.admin.SetShareStart(testenv.Context(t, 10*time.Second), s.group, "earliest"))
+	require.NoError(t, franz.SetGroupConfigs(testenv.Context(t, 10*time.Second), s.client.Kgo(), s.group, groupConfigs))
 	return s
+}
+
+// shareGroupsOffered caches, per broker list, whether the broker offers
+// share groups.
+var shareGroupsOffered sync.Map // string -> error (nil: offered)
+
+// requireShareGroups skips the test unless the brokers offer share groups:
+// ShareFetch (API key 78) among their ApiVersions, which Kafka lists only
+// once share.version is finalized (4.2 and later by default; not 3.9 or
+// 4.1, whose share groups are an early access left off).
+func requireShareGroups(t *testing.T, brokers []string) {
+	t.Helper()
+	key := strings.Join(brokers, ",")
+	v, ok := shareGroupsOffered.Load(key)
+	if !ok {
+		v = shareGroupsCheck(t, brokers)
+		shareGroupsOffered.Store(key, v)
+	}
+	if err, _ := v.(error); err != nil {
+		t.Skipf("share groups not tested on %s: %v", key, err)
+	}
+}
+
+func shareGroupsCheck(t *testing.T, brokers []string) any {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	require.NoError(t, err)
+	defer cl.Close()
+	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(testenv.Context(t, 10*time.Second), cl)
+	require.NoError(t, err, "ApiVersions of %v", brokers)
+	require.NoError(t, kerr.ErrorForCode(resp.ErrorCode), "ApiVersions of %v", brokers)
+	if slices.ContainsFunc(resp.ApiKeys, func(k kmsg.ApiVersionsResponseApiKey) bool { return k.ApiKey == kmsg.ShareFetch.Int16() }) {
+		return nil
+	}
+	return errors.New("the broker offers no ShareFetch (API key 78): share groups need Kafka 4.2 or later with share.version=1")
 }
 
 // member joins the group as a new member, left at the test's end.
 func (s *shareSetup) member() kafkaclient.ShareMember {
 	s.t.Helper()
-	m, err := s.client.JoinShare(testenv.Context(s.t, 10*time.Second), kafkaclient.ShareConfig{Group: s.group, Topics: []string{s.topic}})
+	return s.memberOf(0)
+}
+
+// memberOf joins as member() does, acquiring at most maxRecords a poll (0:
+// the default).
+func (s *shareSetup) memberOf(maxRecords int) kafkaclient.ShareMember {
+	s.t.Helper()
+	m, err := s.client.JoinShare(testenv.Context(s.t, 10*time.Second), kafkaclient.ShareConfig{Group: s.group, Topics: []string{s.topic}, MaxRecords: maxRecords})
 	require.NoError(s.t, err)
 	s.t.Cleanup(func() { _ = m.Close(context.Background()) })
 	return m
@@ -128,7 +209,7 @@ func TestShareSettlements(t *testing.T) {
 	t.Parallel()
 	t.Run("AcceptedRecordsAreNotDeliveredAgain", func(t *testing.T) {
 		t.Parallel()
-		s := newShareSetup(t, nil)
+		s := newShareSetup(t, shareOptions{})
 		s.produce("a", "b", "c")
 		m := s.member()
 		rs := s.poll(m, 3)
@@ -142,7 +223,7 @@ func TestShareSettlements(t *testing.T) {
 	})
 	t.Run("AReleasedRecordIsDeliveredAgainWithDeliveryCountTwo", func(t *testing.T) {
 		t.Parallel()
-		s := newShareSetup(t, nil)
+		s := newShareSetup(t, shareOptions{})
 		s.produce("a", "b")
 		m := s.member()
 		rs := s.poll(m, 2)
@@ -155,7 +236,7 @@ func TestShareSettlements(t *testing.T) {
 	})
 	t.Run("ARejectedRecordIsNeverDeliveredAgain", func(t *testing.T) {
 		t.Parallel()
-		s := newShareSetup(t, nil)
+		s := newShareSetup(t, shareOptions{})
 		s.produce("a")
 		m := s.member()
 		s.settle(m, kafkaclient.Reject, s.poll(m, 1)...)
@@ -163,7 +244,7 @@ func TestShareSettlements(t *testing.T) {
 	})
 	t.Run("ARecordIsArchivedAfterTheGroupsDeliveryLimit", func(t *testing.T) {
 		t.Parallel()
-		s := newShareSetup(t, map[string]string{"group.share.delivery.count.limit": "3"})
+		s := newShareSetup(t, shareOptions{deliveryLimit: 3})
 		settings, err := s.admin.ShareSettings(testenv.Context(t, 10*time.Second), s.group)
 		require.NoError(t, err)
 		require.Equal(t, 3, settings.DeliveryLimit)
@@ -182,7 +263,7 @@ func TestShareLocks(t *testing.T) {
 	t.Parallel()
 	t.Run("ARenewedRecordOutlivesItsLockAndStaysWithItsMember", func(t *testing.T) {
 		t.Parallel()
-		s := newShareSetup(t, nil)
+		s := newShareSetup(t, shareOptions{})
 		s.produce("a")
 		first, second := s.member(), s.member()
 		rs := s.poll(first, 1)
@@ -209,7 +290,7 @@ func TestShareLocks(t *testing.T) {
 	})
 	t.Run("ARecordWhoseLockRanOutGoesToAnotherMemberAndTheLateAcceptFails", func(t *testing.T) {
 		t.Parallel()
-		s := newShareSetup(t, nil)
+		s := newShareSetup(t, shareOptions{})
 		s.produce("a")
 		first, second := s.member(), s.member()
 		rs := s.poll(first, 1)
@@ -229,13 +310,88 @@ func TestShareLocks(t *testing.T) {
 
 		s.settle(second, kafkaclient.Accept, again...)
 	})
+	t.Run("AnAcceptBesideOneWhoseLockRanOutIsRefusedWithIt", func(t *testing.T) {
+		// Kafka 4.3 and kfake alike take or refuse a partition's
+		// acknowledgements whole: a's accept, on time, is refused with
+		// b's, and a is delivered again.
+		t.Parallel()
+		s := newShareSetup(t, shareOptions{})
+		s.produce("a", "b")
+		first, second := s.member(), s.member()
+		rs := s.poll(first, 2)
+		stop, renewed := make(chan struct{}), make(chan error, 1)
+		go func() {
+			// Keep a's lock while b's runs out and second takes b.
+			for {
+				select {
+				case <-stop:
+					renewed <- nil
+					return
+				case <-time.After(shareLock / 3):
+				}
+				if err := first.Settle(kafkaclient.Renew, rs[0].RecordID); err != nil {
+					renewed <- err
+					return
+				}
+				if err := first.Flush(context.Background()); err != nil {
+					renewed <- err
+					return
+				}
+			}
+		}()
+		again := s.poll(second, 1)
+		close(stop)
+		require.NoError(t, <-renewed)
+		require.Equal(t, []string{"b"}, values(again))
+
+		require.NoError(t, first.Settle(kafkaclient.Accept, ids(rs)...))
+		err := first.Flush(testenv.Context(t, 10*time.Second))
+		var settleErr *kafkaclient.SettleError
+		require.ErrorAs(t, err, &settleErr)
+		require.Equal(t, ids(rs), []kafkaclient.RecordID{settleErr.Failed[0].Record, settleErr.Failed[1].Record}, "both named")
+		require.ErrorIs(t, err, kerr.InvalidRecordState)
+
+		s.settle(second, kafkaclient.Accept, again...)
+		a := s.poll(second, 1)
+		require.Equal(t, rs[0].RecordID, a[0].RecordID, "a's accept was not taken")
+		require.Equal(t, 2, a[0].DeliveryCount)
+		s.settle(second, kafkaclient.Accept, a...)
+	})
+	t.Run("AClosedMembersUnsettledRecordsGoToAnotherBeforeTheirLockRunsOut", func(t *testing.T) {
+		t.Parallel()
+		const lock = 30 * time.Second
+		s := newShareSetup(t, shareOptions{lock: lock})
+		s.produce("a")
+		first, second := s.member(), s.member()
+		rs := s.poll(first, 1)
+		require.NoError(t, first.Close(testenv.Context(t, 10*time.Second)))
+		again, err := second.Poll(testenv.Context(t, lock/2))
+		require.NoError(t, err)
+		require.Equal(t, ids(rs), ids(again))
+		s.settle(second, kafkaclient.Accept, again...)
+	})
+	t.Run("APollAcquiresNoMoreThanMaxRecords", func(t *testing.T) {
+		// The records past MaxRecords are left for other members, not
+		// locked in a buffer until their lock runs out.
+		t.Parallel()
+		const lock = 30 * time.Second
+		s := newShareSetup(t, shareOptions{lock: lock})
+		s.produce("a", "b", "c", "d", "e")
+		first, second := s.memberOf(2), s.member()
+		rs := s.poll(first, 2)
+		rest, err := second.Poll(testenv.Context(t, lock/2))
+		require.NoError(t, err)
+		require.Len(t, rest, 3)
+		s.settle(first, kafkaclient.Accept, rs...)
+		s.settle(second, kafkaclient.Accept, rest...)
+	})
 }
 
 func TestShareMemberRefuses(t *testing.T) {
 	t.Parallel()
 	t.Run("APollWhileRecordsOfTheLastAreUnsettledOrUnflushed", func(t *testing.T) {
 		t.Parallel()
-		s := newShareSetup(t, nil)
+		s := newShareSetup(t, shareOptions{})
 		s.produce("a", "b")
 		m := s.member()
 		rs := s.poll(m, 2)
@@ -258,7 +414,7 @@ func TestShareMemberRefuses(t *testing.T) {
 	})
 	t.Run("ASecondSettlementOrOneOfARecordNotPolled", func(t *testing.T) {
 		t.Parallel()
-		s := newShareSetup(t, nil)
+		s := newShareSetup(t, shareOptions{})
 		s.produce("a")
 		m := s.member()
 		rs := s.poll(m, 1)
@@ -273,9 +429,9 @@ func TestShareMemberRefuses(t *testing.T) {
 
 func TestShareReadsCommittedRecordsOnly(t *testing.T) {
 	t.Parallel()
-	s := newShareSetup(t, nil)
+	s := newShareSetup(t, shareOptions{})
 	ctx := testenv.Context(t, 15*time.Second)
-	tx, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...), kgo.DefaultProduceTopic(s.topic), kgo.TransactionalID("tx"))
+	tx, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...), kgo.DefaultProduceTopic(s.topic), kgo.TransactionalID(testenv.Name(t, "tx")))
 	require.NoError(t, err)
 	defer tx.Close()
 	for _, end := range []kgo.TransactionEndTry{kgo.TryAbort, kgo.TryCommit} {
@@ -300,7 +456,7 @@ func TestShareReadsCommittedRecordsOnly(t *testing.T) {
 
 func TestShareSettingsAreTheGroupsOrTheBrokersDefaults(t *testing.T) {
 	t.Parallel()
-	s := newShareSetup(t, nil)
+	s := newShareSetup(t, shareOptions{})
 	ctx := testenv.Context(t, 10*time.Second)
 	settings, err := s.admin.ShareSettings(ctx, s.group)
 	require.NoError(t, err)

@@ -102,9 +102,12 @@ func newShareSetup(t *testing.T, o shareOptions) *shareSetup {
 var shareGroupsOffered sync.Map // string -> error (nil: offered)
 
 // requireShareGroups skips the test unless the brokers offer share groups:
-// ShareFetch (API key 78) among their ApiVersions, which Kafka lists only
-// once share.version is finalized (4.2 and later by default; not 3.9 or
-// 4.1, whose share groups are an early access left off).
+// ShareFetch (API key 78) among their ApiVersions and the share.version
+// feature finalized at 1 or above. The key alone is not enough: Kafka 4.1
+// lists it with share.version supported and not finalized, its share
+// groups an early access left off (it also refuses the group config
+// share.delivery.count.limit, new in 4.2); 3.9 does not list it. 4.2 and
+// later finalize share.version=1 when their storage is formatted.
 func requireShareGroups(t *testing.T, brokers []string) {
 	t.Helper()
 	key := strings.Join(brokers, ",")
@@ -126,10 +129,15 @@ func shareGroupsCheck(t *testing.T, brokers []string) any {
 	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(testenv.Context(t, 10*time.Second), cl)
 	require.NoError(t, err, "ApiVersions of %v", brokers)
 	require.NoError(t, kerr.ErrorForCode(resp.ErrorCode), "ApiVersions of %v", brokers)
-	if slices.ContainsFunc(resp.ApiKeys, func(k kmsg.ApiVersionsResponseApiKey) bool { return k.ApiKey == kmsg.ShareFetch.Int16() }) {
-		return nil
+	if !slices.ContainsFunc(resp.ApiKeys, func(k kmsg.ApiVersionsResponseApiKey) bool { return k.ApiKey == kmsg.ShareFetch.Int16() }) {
+		return errors.New("the broker offers no ShareFetch (API key 78): share groups need Kafka 4.2 or later")
 	}
-	return errors.New("the broker offers no ShareFetch (API key 78): share groups need Kafka 4.2 or later with share.version=1")
+	if !slices.ContainsFunc(resp.FinalizedFeatures, func(f kmsg.ApiVersionsResponseFinalizedFeature) bool {
+		return f.Name == "share.version" && f.MaxVersionLevel >= 1
+	}) {
+		return errors.New("the broker's share.version feature is not finalized (an early access, as in Kafka 4.1): share groups need Kafka 4.2 or later")
+	}
+	return nil
 }
 
 // member joins the group as a new member, left at the test's end.

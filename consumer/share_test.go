@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,34 +21,68 @@ import (
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/deadletter"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/franz"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
-// shareLock is the acquisition lock of the share tests' broker: short, so
-// that a lock running out is seen in seconds.
+// shareLock is the acquisition lock of the share tests' groups: short, so
+// that a lock running out is seen in seconds. Kafka takes it as the
+// group's share.record.lock.duration.ms, within the broker's bounds
+// (scripts/kafka-broker.sh lowers the floor to 1 s); kfake reads only the
+// broker's group.share.record.lock.duration.ms.
 const shareLock = 1500 * time.Millisecond
 
-// shareEnv is a share test's world: env on a kfake broker of its own with
-// short share locks, the test's group a share group that starts at the
-// log's start.
+// shareEnv is a share test's world: env on a one-partition topic whose
+// group is a share group that starts at the log's start and holds its
+// locks for shareLock.
 type shareEnv struct {
 	*env
+	// fake is the test's own kfake; nil on KAFKA_BROKERS's broker.
 	fake *kfake.Cluster
 	// calls counts handler calls per message id, over every member.
 	mu    sync.Mutex
 	calls map[string]int
 }
 
-// setupShare starts the broker, with configs beyond the short lock (e.g.
-// group.share.delivery.count.limit), and a one-partition topic.
-func setupShare(t *testing.T, configs map[string]string) *shareEnv {
+// shareOptions are a share test's settings beyond the short lock.
+type shareOptions struct {
+	// deliveryLimit is the group's delivery count limit (0: the broker's).
+	deliveryLimit int
+	// fakeOnly, when set, says why the test needs kfake (it steers the
+	// broker's answers): on KAFKA_BROKERS's broker it is skipped, saying so.
+	fakeOnly string
+}
+
+// setupShare gives the test its share group. With KAFKA_BROKERS set the
+// broker is that one (the test is skipped when it has no share groups),
+// and the lock and the delivery limit are the group's own configs, which
+// Kafka honours; else it is a kfake of the test's own, and they are its
+// broker configs, since kfake takes a group's lock and delivery limit
+// from those alone.
+func setupShare(t *testing.T, o shareOptions) *shareEnv {
 	t.Helper()
+	lockMs := strconv.Itoa(int(shareLock.Milliseconds()))
+	if os.Getenv("KAFKA_BROKERS") != "" {
+		if o.fakeOnly != "" {
+			t.Skipf("on kfake only: %s", o.fakeOnly)
+		}
+		k := testenv.NewKafka(t)
+		testenv.RequireShareGroups(t, k.Brokers)
+		e := &shareEnv{env: setupOn(t, 1, k), calls: map[string]int{}}
+		configs := map[string]string{"share.auto.offset.reset": "earliest", "share.record.lock.duration.ms": lockMs}
+		if o.deliveryLimit > 0 {
+			configs["share.delivery.count.limit"] = strconv.Itoa(o.deliveryLimit)
+		}
+		require.NoError(t, franz.SetGroupConfigs(testenv.Context(t, 10*time.Second), k.Client(t), e.group, configs))
+		return e
+	}
 	bc := map[string]string{
-		"group.share.record.lock.duration.ms": strconv.Itoa(int(shareLock.Milliseconds())),
+		"group.share.record.lock.duration.ms": lockMs,
 		"share.record.lock.sweep.interval.ms": "100",
 	}
-	for k, v := range configs {
-		bc[k] = v
+	if o.deliveryLimit > 0 {
+		bc["group.share.delivery.count.limit"] = strconv.Itoa(o.deliveryLimit)
 	}
 	k, err := devenv.StartFakeKafka(kfake.BrokerConfigs(bc))
 	require.NoError(t, err)
@@ -84,7 +119,7 @@ func (e *shareEnv) callsOf(id string) int {
 // it, with both handler shapes.
 func TestShareGroupAppliesEachRecordOnce(t *testing.T) {
 	bothWays(t, [2]string{"Handler", "BatchHandler"}, func(t *testing.T, batched bool) {
-		e := setupShare(t, nil)
+		e := setupShare(t, shareOptions{})
 		ids := e.produceIDs("m", 300)
 		for range 3 {
 			cfg := e.shareConfig(batched, nil)
@@ -103,7 +138,7 @@ func TestShareGroupAppliesEachRecordOnce(t *testing.T) {
 // handler, and applied once.
 func TestShareGroupLostAcceptFindsTheClaim(t *testing.T) {
 	bothWays(t, [2]string{"Handler", "BatchHandler"}, func(t *testing.T, batched bool) {
-		e := setupShare(t, nil)
+		e := setupShare(t, shareOptions{fakeOnly: "the accept is lost by kfake's answer to it being cut"})
 		var dropped atomic.Bool
 		// The first acknowledgement is lost: the connection is cut
 		// instead of an answer.
@@ -142,7 +177,7 @@ func TestShareGroupLostAcceptFindsTheClaim(t *testing.T) {
 // the record is not handed to another member meanwhile.
 func TestShareGroupRenewsTheLockOfASlowHandler(t *testing.T) {
 	bothWays(t, [2]string{"Handler", "BatchHandler"}, func(t *testing.T, batched bool) {
-		e := setupShare(t, nil)
+		e := setupShare(t, shareOptions{})
 		ids := e.produceIDs("m", 3)
 		slow := ids[1]
 		var once sync.Once
@@ -172,7 +207,7 @@ func TestShareGroupRenewsTheLockOfASlowHandler(t *testing.T) {
 // delivered again.
 func TestShareGroupSetsAsideAPoisonRecord(t *testing.T) {
 	bothWays(t, [2]string{"Handler", "BatchHandler"}, func(t *testing.T, batched bool) {
-		e := setupShare(t, map[string]string{"group.share.delivery.count.limit": "4"})
+		e := setupShare(t, shareOptions{deliveryLimit: 4})
 		ids := e.produceIDs("m", 4)
 		poison := ids[2]
 		cfg := e.shareConfig(batched, func(m *consumer.Message) error {
@@ -203,7 +238,7 @@ func TestShareGroupSetsAsideAPoisonRecord(t *testing.T) {
 // gone a member sets it aside as it should.
 func TestShareGroupMemberStopsWhenItsOwnStatementsAreRefused(t *testing.T) {
 	bothWays(t, [2]string{"Handler", "BatchHandler"}, func(t *testing.T, batched bool) {
-		e := setupShare(t, map[string]string{"group.share.delivery.count.limit": "10"})
+		e := setupShare(t, shareOptions{deliveryLimit: 10})
 		e.db.Exec(t, `ALTER TABLE `+e.db.Table("dead_letters")+` ADD CONSTRAINT no_partner_refusals CHECK (error NOT LIKE '%partner says no%')`)
 		ids := e.produceIDs("m", 3)
 		poison := ids[1]
@@ -247,7 +282,7 @@ func TestShareGroupMemberStopsWhenItsOwnStatementsAreRefused(t *testing.T) {
 // when they die, leave no letter.
 func TestShareGroupRecordThatKillsItsProcessReachesDeadLetters(t *testing.T) {
 	t.Parallel()
-	e := setupShare(t, map[string]string{"group.share.delivery.count.limit": "2"})
+	e := setupShare(t, shareOptions{deliveryLimit: 2})
 	poison := kafka.Message{Key: []byte("k-poison"), Value: []byte("v-poison"), Headers: []kafka.Header{
 		{Key: consumer.DefaultMessageIDHeader, Value: []byte("poison")}, {Key: "trace", Value: []byte{0, 1, 2}}}}
 	e.kafka.Produce(t, e.topic, poison)
@@ -286,22 +321,35 @@ func TestShareGroupRecordThatKillsItsProcessReachesDeadLetters(t *testing.T) {
 	})
 }
 
-// With a delivery limit of 1 every delivery is a record's last, and each
+// With a delivery limit of 2 and every record delivered once already (and
+// released), every delivery the consumer gets is a record's last, and each
 // record gets its provisional letter before its handler runs: the
 // transaction that applies a record removes it, and the one that sets a
-// record aside puts its final letter in its place.
+// record aside puts its final letter in its place. (A limit of 1 would
+// need no first delivery, but Kafka refuses a group limit below 2.)
 func TestShareGroupLastDeliveryLettersGoWhenTheRecordIsSettled(t *testing.T) {
 	bothWays(t, [2]string{"Handler", "BatchHandler"}, func(t *testing.T, batched bool) {
-		e := setupShare(t, map[string]string{"group.share.delivery.count.limit": "1"})
+		e := setupShare(t, shareOptions{deliveryLimit: 2})
 		ids := e.produceIDs("m", 20)
+		e.deliverAndRelease(len(ids))
 		poison := ids[7]
+		// Seen from outside the handler's transaction: the letters
+		// written before it ran.
+		var provisional atomic.Int64
 		e.start(e.shareConfig(batched, func(m *consumer.Message) error {
+			if m.ID == ids[0] {
+				var n int64
+				if err := e.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+e.db.Table("dead_letters")+` WHERE provisional`).Scan(&n); err == nil {
+					provisional.Store(n)
+				}
+			}
 			if m.ID == poison {
 				return consumer.Permanent(errors.New("partner says no"))
 			}
 			return nil
 		}))
 		e.waitEffects(len(ids)-1, 30*time.Second)
+		require.Positive(t, provisional.Load(), "provisional letters were written before the handlers ran: the records were on their last delivery")
 		waitFor(t, 10*time.Second, "the poison set aside", func() bool { return e.letters()[poison].Class == deadletter.ClassPermanent })
 		letters := e.letters()
 		require.Equal(t, 1, len(letters), "no provisional letter left behind")
@@ -309,6 +357,39 @@ func TestShareGroupLastDeliveryLettersGoWhenTheRecordIsSettled(t *testing.T) {
 		require.Contains(t, letters[poison].Error, "partner says no")
 		require.Zero(t, e.db.Int(t, `SELECT count(*) FROM `+e.db.Table("dead_letters")+` WHERE provisional`))
 	})
+}
+
+// deliverAndRelease has the topic's first n records delivered once, to
+// members of the group that are not consumers, and released: their next
+// delivery is their second. Each member holds what it polled, unsettled,
+// so that none is handed a record released already; then each releases
+// its records and leaves.
+func (e *shareEnv) deliverAndRelease(n int) {
+	e.t.Helper()
+	cl, err := franz.New(kafkaclient.Config{Brokers: e.kafka.Brokers})
+	require.NoError(e.t, err)
+	defer cl.Close()
+	ctx := testenv.Context(e.t, 30*time.Second)
+	var members []kafkaclient.ShareMember
+	var held [][]kafkaclient.RecordID
+	for got := 0; got < n; {
+		m, err := cl.JoinShare(ctx, kafkaclient.ShareConfig{Group: e.group, Topics: []string{e.topic}})
+		require.NoError(e.t, err)
+		rs, err := m.Poll(ctx)
+		require.NoError(e.t, err)
+		var ids []kafkaclient.RecordID
+		for _, r := range rs {
+			require.Equal(e.t, 1, r.DeliveryCount, "a record's first delivery")
+			ids = append(ids, r.RecordID)
+		}
+		members, held = append(members, m), append(held, ids)
+		got += len(rs)
+	}
+	for i, m := range members {
+		require.NoError(e.t, m.Settle(kafkaclient.Release, held[i]...))
+		require.NoError(e.t, m.Flush(ctx))
+		require.NoError(e.t, m.Close(ctx))
+	}
 }
 
 // A member whose lock renewals the broker refuses no longer holds its
@@ -320,7 +401,7 @@ func TestShareGroupLastDeliveryLettersGoWhenTheRecordIsSettled(t *testing.T) {
 // MaxAttempts.
 func TestShareGroupMemberStopsWorkingOnRecordsWhoseRenewalIsRefused(t *testing.T) {
 	bothWays(t, [2]string{"Handler", "BatchHandler"}, func(t *testing.T, batched bool) {
-		e := setupShare(t, map[string]string{"group.share.delivery.count.limit": "3"})
+		e := setupShare(t, shareOptions{deliveryLimit: 3, fakeOnly: "the renewals are refused by kfake's answer to them"})
 		var refused atomic.Int64
 		e.fake.ControlKey(int16(kmsg.ShareAcknowledge), func(kr kmsg.Request) (kmsg.Response, error, bool) {
 			e.fake.KeepControl()

@@ -3,12 +3,8 @@ package kafkaclient_test
 import (
 	"cmp"
 	"context"
-	"errors"
 	"os"
-	"slices"
 	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,7 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
@@ -67,7 +62,7 @@ func newShareSetup(t *testing.T, o shareOptions) *shareSetup {
 	groupConfigs := map[string]string{"share.auto.offset.reset": "earliest"}
 	if os.Getenv("KAFKA_BROKERS") != "" {
 		k := testenv.NewKafka(t)
-		requireShareGroups(t, k.Brokers)
+		testenv.RequireShareGroups(t, k.Brokers)
 		s.brokers, s.real = k.Brokers, true
 		s.topic = k.Topic(t, 1)
 		groupConfigs["share.record.lock.duration.ms"] = lockMs
@@ -95,49 +90,6 @@ func newShareSetup(t *testing.T, o shareOptions) *shareSetup {
 	t.Cleanup(s.admin.Close)
 	require.NoError(t, franz.SetGroupConfigs(testenv.Context(t, 10*time.Second), s.client.Kgo(), s.group, groupConfigs))
 	return s
-}
-
-// shareGroupsOffered caches, per broker list, whether the broker offers
-// share groups.
-var shareGroupsOffered sync.Map // string -> error (nil: offered)
-
-// requireShareGroups skips the test unless the brokers offer share groups:
-// ShareFetch (API key 78) among their ApiVersions and the share.version
-// feature finalized at 1 or above. The key alone is not enough: Kafka 4.1
-// lists it with share.version supported and not finalized, its share
-// groups an early access left off (it also refuses the group config
-// share.delivery.count.limit, new in 4.2); 3.9 does not list it. 4.2 and
-// later finalize share.version=1 when their storage is formatted.
-func requireShareGroups(t *testing.T, brokers []string) {
-	t.Helper()
-	key := strings.Join(brokers, ",")
-	v, ok := shareGroupsOffered.Load(key)
-	if !ok {
-		v = shareGroupsCheck(t, brokers)
-		shareGroupsOffered.Store(key, v)
-	}
-	if err, _ := v.(error); err != nil {
-		t.Skipf("share groups not tested on %s: %v", key, err)
-	}
-}
-
-func shareGroupsCheck(t *testing.T, brokers []string) any {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	require.NoError(t, err)
-	defer cl.Close()
-	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(testenv.Context(t, 10*time.Second), cl)
-	require.NoError(t, err, "ApiVersions of %v", brokers)
-	require.NoError(t, kerr.ErrorForCode(resp.ErrorCode), "ApiVersions of %v", brokers)
-	if !slices.ContainsFunc(resp.ApiKeys, func(k kmsg.ApiVersionsResponseApiKey) bool { return k.ApiKey == kmsg.ShareFetch.Int16() }) {
-		return errors.New("the broker offers no ShareFetch (API key 78): share groups need Kafka 4.2 or later")
-	}
-	if !slices.ContainsFunc(resp.FinalizedFeatures, func(f kmsg.ApiVersionsResponseFinalizedFeature) bool {
-		return f.Name == "share.version" && f.MaxVersionLevel >= 1
-	}) {
-		return errors.New("the broker's share.version feature is not finalized (an early access, as in Kafka 4.1): share groups need Kafka 4.2 or later")
-	}
-	return nil
 }
 
 // member joins the group as a new member, left at the test's end.

@@ -87,6 +87,34 @@ type HookRetriesWaiting interface {
 // RetriesWaiting counts a consumer's messages waiting to be retried.
 type RetriesWaiting = kafkaoncetype.RetriesWaiting
 
+// HookShareEvent is called, in a share group only, for what befalls a
+// record there that a consumer group has no counterpart for: a lock
+// renewal refused, a record given up because its lock was lost, an accept
+// or reject the broker did not take, a provisional dead letter written
+// before a record's last delivery and removed once it is settled (see
+// ShareEventKind). None breaks the guarantee, and each is logged; the
+// hook makes them countable, so that an operator sees a group whose locks
+// are too short for its handlers, or records whose last delivery did not
+// finish.
+type HookShareEvent interface {
+	OnShareEvent(ctx context.Context, e ShareEvent)
+}
+
+// ShareEvent is what befell a share group's record.
+type ShareEvent = kafkaoncetype.ShareEvent
+
+// ShareEventKind says what befell a share group's record.
+type ShareEventKind = kafkaoncetype.ShareEventKind
+
+// What befell a share group's record (see package kafkaoncetype).
+const (
+	ShareRenewalRefused     = kafkaoncetype.ShareRenewalRefused
+	ShareLockLost           = kafkaoncetype.ShareLockLost
+	ShareSettlementLost     = kafkaoncetype.ShareSettlementLost
+	ShareProvisionalWritten = kafkaoncetype.ShareProvisionalWritten
+	ShareProvisionalRemoved = kafkaoncetype.ShareProvisionalRemoved
+)
+
 // HookPartitionStopped is called when a partition stops because of a
 // message that cannot be processed (err wraps a *MessageError or another
 // cause; see PartitionError).
@@ -289,6 +317,9 @@ func sortHooks(hs []Hook) (engine.Hooks, error) {
 		}
 		if v, ok := h.(HookRetriesWaiting); ok {
 			out.Waiting = append(out.Waiting, v.OnRetriesWaiting)
+		}
+		if v, ok := h.(HookShareEvent); ok {
+			out.Share = append(out.Share, v.OnShareEvent)
 		}
 		if v, ok := h.(HookBatchScope); ok {
 			out.BatchScope = append(out.BatchScope, v.ScopeBatch)

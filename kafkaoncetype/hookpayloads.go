@@ -183,3 +183,46 @@ type TopicPartitionOffset struct {
 	Partition int
 	Offset    int64
 }
+
+// ShareEvent is something that befell a record of a share group that a
+// consumer group has no counterpart for: none breaks the guarantee, but
+// each costs a delivery or leaves something for an operator (see
+// ShareEventKind).
+type ShareEvent struct {
+	Kind      ShareEventKind
+	Topic     string
+	Partition int
+	Offset    int64
+	// Err is the broker's (or the client's) answer for
+	// ShareRenewalRefused and ShareSettlementLost; nil otherwise.
+	Err error
+}
+
+// ShareEventKind says what befell a share group's record.
+type ShareEventKind string
+
+const (
+	// ShareRenewalRefused: the broker refused to renew the record's lock.
+	// The member no longer holds it; another member may take it, and the
+	// claim decides which applies it.
+	ShareRenewalRefused ShareEventKind = "renewal_refused"
+	// ShareLockLost: the member stopped working on a record whose lock it
+	// lost (its renewal refused, or the lock ran out with no renewal
+	// taken) and released it, before another attempt, retry or set-aside
+	// began on it. The delivery is spent.
+	ShareLockLost ShareEventKind = "lock_lost"
+	// ShareSettlementLost: an accept or a reject the broker did not take
+	// (refused, or never answered: it may have been taken). The record is
+	// delivered again and found claimed, or set aside, without its
+	// handler.
+	ShareSettlementLost ShareEventKind = "settlement_lost"
+	// ShareProvisionalWritten: the record is on its last delivery, and its
+	// provisional dead letter committed before its handler runs.
+	ShareProvisionalWritten ShareEventKind = "provisional_written"
+	// ShareProvisionalRemoved: the transaction that settled a record on
+	// its last delivery (applied, found claimed, or set aside with its
+	// final letter) removed its provisional letter. Written minus removed
+	// counts the letters left standing: records whose last delivery did
+	// not finish on this member.
+	ShareProvisionalRemoved ShareEventKind = "provisional_removed"
+)

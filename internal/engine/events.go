@@ -28,6 +28,7 @@ type Hooks struct {
 	Paused     []func(context.Context, kafkaoncetype.PartitionPaused)
 	Lag        []func(context.Context, kafkaoncetype.PartitionLag)
 	Waiting    []func(context.Context, kafkaoncetype.RetriesWaiting)
+	Share      []func(context.Context, kafkaoncetype.ShareEvent)
 	// BatchScope and HandlerScope wrap a batch transaction and a handler
 	// call in a context of the hook's (see scopes.go).
 	BatchScope   []func(context.Context, kafkaoncetype.BatchInfo, []*kafkaoncetype.Message) (context.Context, func())
@@ -38,5 +39,5 @@ type Hooks struct {
 func (h *Hooks) Len() int {
 	return len(h.Assigned) + len(h.Stopped) + len(h.Start) + len(h.End) + len(h.Applied) +
 		len(h.Skipped) + len(h.Conflict) + len(h.Committed) + len(h.Failed) + len(h.Dead) +
-		len(h.Suspect) + len(h.Handler) + len(h.Contention) + len(h.Held) + len(h.Paused) + len(h.Lag) + len(h.Waiting) + len(h.BatchScope) + len(h.HandlerScope)
+		len(h.Suspect) + len(h.Handler) + len(h.Contention) + len(h.Held) + len(h.Paused) + len(h.Lag) + len(h.Waiting) + len(h.Share) + len(h.BatchScope) + len(h.HandlerScope)
 }

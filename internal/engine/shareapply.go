@@ -135,6 +135,7 @@ func (s *shareMember) dropLost(work context.Context, r *shareRun) {
 			gone = append(gone, r.recs[i].RecordID)
 			s.log.Error("lost the lock of a record: no longer working on it; the member holding it now applies it, or finds its claim",
 				s.shareAttrs(&r.recs[i], slog.String("message_id", r.items[i].msg.ID))...)
+			s.shareEvent(work, kafkaoncetype.ShareLockLost, r.recs[i].RecordID, nil)
 			continue
 		}
 		recs, items = append(recs, r.recs[i]), append(items, r.items[i])
@@ -252,6 +253,11 @@ func (s *shareMember) writeProvisional(stop, work context.Context, r *shareRun) 
 	for _, off := range offsets {
 		r.provisional[off] = true
 	}
+	for i := range r.recs {
+		if r.provisional[r.recs[i].Offset] {
+			s.shareEvent(work, kafkaoncetype.ShareProvisionalWritten, r.recs[i].RecordID, nil)
+		}
+	}
 	s.log.Info("records on their last delivery: provisional letters written before their handlers run", s.shareAttrs(first, slog.Int("records", len(offsets)))...)
 	return true
 }
@@ -329,6 +335,12 @@ func (s *shareMember) settleCommitted(ctx context.Context, r *shareRun, out txOu
 	}
 	for i := range r.items[:out.committed] {
 		msg, rec := &r.items[i].msg, &r.recs[i]
+		if r.provisional[rec.Offset] {
+			// The transaction removed its provisional letter (see
+			// txAttempt.close).
+			delete(r.provisional, rec.Offset)
+			s.shareEvent(ctx, kafkaoncetype.ShareProvisionalRemoved, rec.RecordID, nil)
+		}
 		switch st.fates[i] {
 		case fateApplied:
 			accept = append(accept, rec.RecordID)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // shareLocks keeps a share member's records of the last poll: which are
@@ -184,7 +185,12 @@ func (l *shareLocks) flushLocked(ctx context.Context) (answered bool, notTaken m
 		attrs := []any{slog.String("topic", f.Record.Topic), slog.Int("partition", f.Record.Partition),
 			slog.Int64("offset", f.Record.Offset), slog.String("settlement", f.Settlement.String()), slog.String("error", f.Err.Error())}
 		switch f.Settlement {
-		case kafkaclient.Accept, kafkaclient.Release:
+		case kafkaclient.Accept:
+			l.s.log.Info("settlement not taken by the broker; the record will be delivered again and found claimed", attrs...)
+			l.s.shareEvent(ctx, kafkaoncetype.ShareSettlementLost, f.Record, f.Err)
+		case kafkaclient.Release:
+			// Given back either way: taken at once, or when the lock
+			// runs out.
 			l.s.log.Info("settlement not taken by the broker; the record will be delivered again and found claimed", attrs...)
 		case kafkaclient.Renew:
 			if errors.Is(f.Err, kafkaclient.ErrNoAnswer) {
@@ -195,8 +201,10 @@ func (l *shareLocks) flushLocked(ctx context.Context) (answered bool, notTaken m
 			}
 			l.lost[f.Record] = struct{}{}
 			l.s.log.Error("lock renewal refused by the broker: the record is no longer this member's, which stops working on it; another member may take it, and its claim decides who applies it", attrs...)
+			l.s.shareEvent(ctx, kafkaoncetype.ShareRenewalRefused, f.Record, f.Err)
 		default:
 			l.s.log.Warn("settlement not taken by the broker; the record will be delivered again and found set aside", attrs...)
+			l.s.shareEvent(ctx, kafkaoncetype.ShareSettlementLost, f.Record, f.Err)
 		}
 	}
 	return true, notTaken

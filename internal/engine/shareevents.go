@@ -1,0 +1,23 @@
+package engine
+
+import (
+	"context"
+
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
+)
+
+// shareEvent calls the share hooks (consumer.HookShareEvent) for what
+// befell record id. Each of these is logged where it happens as well; the
+// hooks are what lets promhooks and otelhooks count them, since a lock
+// lost or a letter left standing is otherwise seen only by someone reading
+// the log.
+func (s *shareMember) shareEvent(ctx context.Context, kind kafkaoncetype.ShareEventKind, id kafkaclient.RecordID, err error) {
+	if len(s.hooks.Share) == 0 {
+		return
+	}
+	e := kafkaoncetype.ShareEvent{Kind: kind, Topic: id.Topic, Partition: id.Partition, Offset: id.Offset, Err: err}
+	for _, h := range s.hooks.Share {
+		h(ctx, e)
+	}
+}

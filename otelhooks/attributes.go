@@ -24,6 +24,7 @@ var (
 	attrRelay       = attribute.Key("kafkaonce.relay")
 	attrDestination = attribute.Key("kafkaonce.outbox.destination")
 	attrParked      = attribute.Key("kafkaonce.outbox.parked")
+	attrShareEvent  = attribute.Key("kafkaonce.share.event")
 
 	kafka      = semconv.MessagingSystemKafka
 	postgres   = semconv.DBSystemNamePostgreSQL

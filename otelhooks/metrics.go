@@ -22,7 +22,7 @@ import (
 // told by error.type. docs/metrics.md has the mapping.
 type metrics struct {
 	consumed, conflicts, failures, retries, suspects   metric.Int64Counter
-	commits, contention                                metric.Int64Counter
+	commits, contention, share                         metric.Int64Counter
 	batchSize                                          metric.Int64Histogram
 	txDuration, handlerDuration                        metric.Float64Histogram
 	lag, stopped, held, paused, batchLimit, serialized metric.Int64Gauge
@@ -60,6 +60,7 @@ func (m *metrics) init(meter metric.Meter, consumerAttr attribute.KeyValue) erro
 	m.suspects = counter("kafkaonce.suspect_duplicates", "{message}", "Messages whose content was seen shortly before under another id.")
 	m.commits = counter("kafkaonce.offset.commits", "{commit}", "Offset commits to Kafka; failed ones have error.type.")
 	m.contention = counter("kafkaonce.contention.retries", "{transaction}", "Batch transactions that lost a race for rows (deadlock, serialization failure, lock timeout) and ran again.")
+	m.share = counter("kafkaonce.share.events", "{record}", "A share group's records by what befell them (kafkaonce.share.event): renewal_refused, lock_lost, settlement_lost, provisional_written, provisional_removed.")
 	var e error
 	m.batchSize, e = meter.Int64Histogram("kafkaonce.batch.size", metric.WithUnit("{message}"), metric.WithDescription("Messages per batch transaction."),
 		metric.WithExplicitBucketBoundaries(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000))
@@ -199,6 +200,11 @@ func (h *Hooks) OnBatchEnd(ctx context.Context, b consumer.BatchInfo, r consumer
 	h.batchSize.Record(ctx, int64(b.Size), h.with())
 	p := h.with(partitionAttrs(b.Topic, b.Partition)...)
 	h.lastCommit.Record(ctx, float64(time.Now().UnixNano())/1e9, p)
+}
+
+// OnShareEvent counts what befell a share group's records.
+func (h *Hooks) OnShareEvent(ctx context.Context, e consumer.ShareEvent) {
+	h.share.Add(ctx, 1, h.with(topicKey.String(e.Topic), attrShareEvent.String(string(e.Kind))))
 }
 
 func (h *Hooks) OnPartitionLag(ctx context.Context, l consumer.PartitionLag) {

@@ -223,3 +223,21 @@ func TestNewRejectsAnEmptyName(t *testing.T) {
 	_, err := otelhooks.New("")
 	require.ErrorContains(t, err, "consumerName must be the consumer's Config.Name")
 }
+
+// A share group's events count by topic and kind.
+func TestShareEventMetrics(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	h, err := otelhooks.New("ledger", otelhooks.WithMeterProvider(mp))
+	require.NoError(t, err)
+	ctx := context.Background()
+	h.OnShareEvent(ctx, consumer.ShareEvent{Kind: consumer.ShareLockLost, Topic: "jobs", Offset: 1})
+	h.OnShareEvent(ctx, consumer.ShareEvent{Kind: consumer.ShareLockLost, Topic: "jobs", Offset: 2})
+	h.OnShareEvent(ctx, consumer.ShareEvent{Kind: consumer.ShareProvisionalWritten, Topic: "jobs", Offset: 3})
+	c := collect(t, reader)
+	require.Equal(t, "{record}", c.units["kafkaonce.share.events"])
+	require.Equal(t, map[string]float64{
+		"kafkaonce.share.event=lock_lost,messaging.destination.name=jobs":           2,
+		"kafkaonce.share.event=provisional_written,messaging.destination.name=jobs": 1,
+	}, c.series["kafkaonce.share.events"])
+}

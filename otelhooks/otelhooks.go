@@ -81,4 +81,5 @@ var (
 	_ consumer.HookPartitionPaused     = (*Hooks)(nil)
 	_ consumer.HookPartitionAssigned   = (*Hooks)(nil)
 	_ consumer.HookContention          = (*Hooks)(nil)
+	_ consumer.HookShareEvent          = (*Hooks)(nil)
 )

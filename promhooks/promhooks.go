@@ -33,6 +33,7 @@
 //	kafkaonce_contention_retries_total{topic,partition}  transactions that lost a race for rows and ran again
 //	kafkaonce_partition_batch_limit{topic,partition}     most messages the partition's next transaction covers
 //	kafkaonce_partition_serialized{topic,partition}      1 while its transactions wait their turn at the consumer's gate
+//	kafkaonce_share_events_total{topic,event}    a share group's lost locks, refused renewals, lost settlements, provisional letters
 //
 // NewRelay does the same for an outbox relay (outbox.RelayConfig.Hooks),
 // with the label relay:
@@ -72,7 +73,7 @@ type Hooks struct {
 	handlerDuration                        *prometheus.HistogramVec
 	commits, commitErrors                  prometheus.Counter
 	lag, lastCommit, stopped, held, paused *prometheus.GaugeVec
-	contention                             *prometheus.CounterVec
+	contention, share                      *prometheus.CounterVec
 	batchLimit, serialized                 *prometheus.GaugeVec
 }
 
@@ -113,6 +114,7 @@ func New(reg prometheus.Registerer, consumerName string) (*Hooks, error) {
 		paused:     gauge("partition_paused", "1 while a pause holds the partition: it fetches nothing until resumed."),
 		contention: counter("contention_retries_total", "Batch transactions that lost a race for rows (deadlock, serialization failure, lock timeout) and ran again.", "topic", "partition"),
 		batchLimit: gauge("partition_batch_limit", "Most messages the partition's next transaction covers: MaxBatch, or less under contention."),
+		share:      counter("share_events_total", "A share group's records by what befell them: renewal_refused, lock_lost, settlement_lost, provisional_written, provisional_removed (consumer.HookShareEvent).", "topic", "event"),
 		serialized: gauge("partition_serialized", "1 while the partition's transactions wait their turn at the consumer's gate because of contention."),
 	}
 	batchSize := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kafkaonce", Name: "batch_size",
@@ -122,7 +124,7 @@ func New(reg prometheus.Registerer, consumerName string) (*Hooks, error) {
 	h.batchSize, h.commits, h.commitErrors = batchSize, commits, commitErrors
 	for _, c := range []prometheus.Collector{h.applied, h.skipped, h.conflicts, h.dead, h.setAside, h.waiting, h.nextDue, h.failures, h.retries, h.suspects,
 		batchSize, h.txDuration, h.handlerDuration, commits, commitErrors, h.lag, h.lastCommit, h.stopped, h.held, h.paused,
-		h.contention, h.batchLimit, h.serialized} {
+		h.contention, h.batchLimit, h.serialized, h.share} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("promhooks: register: %w", err)
 		}
@@ -218,6 +220,13 @@ func (h *Hooks) OnBatchEnd(_ context.Context, b consumer.BatchInfo, r consumer.B
 	h.batchSize.Observe(float64(b.Size))
 	p := strconv.Itoa(b.Partition)
 	h.lastCommit.WithLabelValues(b.Topic, p).Set(float64(time.Now().UnixNano()) / 1e9)
+}
+
+// OnShareEvent counts what befell a share group's records: written minus
+// removed provisional letters are records whose last delivery did not
+// finish on this member.
+func (h *Hooks) OnShareEvent(_ context.Context, e consumer.ShareEvent) {
+	h.share.WithLabelValues(e.Topic, string(e.Kind)).Inc()
 }
 
 func (h *Hooks) OnPartitionLag(_ context.Context, l consumer.PartitionLag) {

@@ -390,3 +390,22 @@ func TestLagIsZeroAtTheEndOfATransactionalLog(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 }
+
+// A share group's events count by topic and kind.
+func TestShareEventsMetric(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	h, err := promhooks.New(reg, "ledger")
+	require.NoError(t, err)
+	var _ consumer.HookShareEvent = h
+	ctx := context.Background()
+	h.OnShareEvent(ctx, consumer.ShareEvent{Kind: consumer.ShareRenewalRefused, Topic: "jobs", Offset: 1, Err: errors.New("refused")})
+	h.OnShareEvent(ctx, consumer.ShareEvent{Kind: consumer.ShareRenewalRefused, Topic: "jobs", Offset: 2, Err: errors.New("refused")})
+	h.OnShareEvent(ctx, consumer.ShareEvent{Kind: consumer.ShareSettlementLost, Topic: "jobs", Offset: 3})
+	require.NoError(t, testutil.GatherAndCompare(reg, stringsReader(`
+# HELP kafkaonce_share_events_total A share group's records by what befell them: renewal_refused, lock_lost, settlement_lost, provisional_written, provisional_removed (consumer.HookShareEvent).
+# TYPE kafkaonce_share_events_total counter
+kafkaonce_share_events_total{consumer="ledger",event="renewal_refused",topic="jobs"} 2
+kafkaonce_share_events_total{consumer="ledger",event="settlement_lost",topic="jobs"} 1
+`), "kafkaonce_share_events_total"))
+}

@@ -43,12 +43,14 @@ func (l *shareEventLog) offsets(kind consumer.ShareEventKind) map[int64]int {
 
 // HookShareEvent reports each provisional letter written before a
 // record's last delivery, and its removal by the transaction that settles
-// the record, applied or set aside: with a delivery limit of 1 every
-// record is on its last delivery, and each is reported once of each.
+// the record, applied or set aside: every record is delivered once and
+// released first, so that under a delivery limit of 2 each is on its
+// last delivery, and each is reported once of each.
 func TestShareGroupReportsProvisionalLetters(t *testing.T) {
 	bothWays(t, [2]string{"Handler", "BatchHandler"}, func(t *testing.T, batched bool) {
-		e := setupShare(t, map[string]string{"group.share.delivery.count.limit": "1"})
+		e := setupShare(t, shareOptions{deliveryLimit: 2})
 		ids := e.produceIDs("m", 10)
+		e.deliverAndRelease(len(ids))
 		var poison string
 		cfg := e.shareConfig(batched, func(m *consumer.Message) error {
 			if m.ID == poison {

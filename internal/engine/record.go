@@ -41,7 +41,7 @@ func (c *Consumer) recordSettings(ctx context.Context) (stop func()) {
 	// record. Workers' clocks are taken to agree within the time between
 	// two starts of one name.
 	s := recorded.Settings{Consumer: c.cfg.Name, MessageIDRule: c.cfg.MessageIDRule, GroupID: c.cfg.GroupID,
-		Topics: c.cfg.Topics, Brokers: c.cfg.Brokers, RecordedAt: time.Now(), RecordedBy: recordedBy(c.cfg.InstanceID)}
+		GroupType: c.cfg.GroupType.String(), Topics: c.cfg.Topics, Brokers: c.cfg.Brokers, RecordedAt: time.Now(), RecordedBy: recordedBy(c.cfg.InstanceID)}
 	if s.MessageIDRule == "" {
 		s.MessageIDRule = recorded.Custom
 	}

@@ -20,6 +20,12 @@ import (
 // maxRecordedBy is the most bytes of RecordedBy kept.
 const maxRecordedBy = 500
 
+// The kinds of group a consumer records (Settings.GroupType).
+const (
+	ConsumerGroup = "consumer"
+	ShareGroup    = "share"
+)
+
 // Custom is the message id rule recorded for a consumer whose ids come from
 // a function of its own (a consumer.MessageIDFunc): no tool can derive them.
 const Custom = "custom"
@@ -31,8 +37,12 @@ type Settings struct {
 	// consumer.MessageIDRule), or Custom.
 	MessageIDRule string
 	GroupID       string
-	Topics        []string
-	Brokers       []string
+	// GroupType is the kind of group GroupID is: "consumer" or "share"
+	// (Config.GroupType's String). A record written before migration 028
+	// loads as "consumer".
+	GroupType string
+	Topics    []string
+	Brokers   []string
 	// KafkaTLS says whether the consumer's Dialer uses TLS; KafkaSASL is
 	// its SASL mechanism's name ("" for none). Credentials are never
 	// recorded.
@@ -60,18 +70,18 @@ func NewStore(schemaName string) (*Store, error) {
 	return &Store{
 		// A consumer's row exists before (its start numbers its name), but
 		// the upsert makes Record stand on its own.
-		recordSQL: `INSERT INTO ` + t + ` (name, message_id_rule, group_id, topics, brokers, kafka_tls, kafka_sasl, settings_recorded_at, settings_recorded_by)
-VALUES ($1, $2, $3, $4, $5, $6, nullif($7, ''), coalesce($8, now()), nullif($9, ''))
+		recordSQL: `INSERT INTO ` + t + ` (name, message_id_rule, group_id, topics, brokers, kafka_tls, kafka_sasl, settings_recorded_at, settings_recorded_by, settings_group_type)
+VALUES ($1, $2, $3, $4, $5, $6, nullif($7, ''), coalesce($8, now()), nullif($9, ''), coalesce(nullif($10, ''), 'consumer'))
 ON CONFLICT (name) DO UPDATE SET message_id_rule = excluded.message_id_rule, group_id = excluded.group_id,
     topics = excluded.topics, brokers = excluded.brokers, kafka_tls = excluded.kafka_tls,
     kafka_sasl = excluded.kafka_sasl, settings_recorded_at = excluded.settings_recorded_at,
-    settings_recorded_by = excluded.settings_recorded_by
+    settings_recorded_by = excluded.settings_recorded_by, settings_group_type = excluded.settings_group_type
 -- The record is the last start's: a write that comes late (a retry after
 -- the row was locked) never replaces the record of a later start.
 WHERE ` + t + `.settings_recorded_at IS NULL OR ` + t + `.settings_recorded_at <= excluded.settings_recorded_at`,
-		loadSQL: `SELECT name, message_id_rule, group_id, topics, brokers, kafka_tls, coalesce(kafka_sasl, ''), settings_recorded_at, coalesce(settings_recorded_by, '')
+		loadSQL: `SELECT name, message_id_rule, group_id, topics, brokers, kafka_tls, coalesce(kafka_sasl, ''), settings_recorded_at, coalesce(settings_recorded_by, ''), coalesce(settings_group_type, 'consumer')
 FROM ` + t + ` WHERE name = $1 AND settings_recorded_at IS NOT NULL`,
-		listSQL: `SELECT name, message_id_rule, group_id, topics, brokers, kafka_tls, coalesce(kafka_sasl, ''), settings_recorded_at, coalesce(settings_recorded_by, '')
+		listSQL: `SELECT name, message_id_rule, group_id, topics, brokers, kafka_tls, coalesce(kafka_sasl, ''), settings_recorded_at, coalesce(settings_recorded_by, ''), coalesce(settings_group_type, 'consumer')
 FROM ` + t + ` WHERE settings_recorded_at IS NOT NULL ORDER BY name`,
 		knownSQL: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE name = $1)`,
 	}, nil
@@ -106,7 +116,7 @@ func (st *Store) args(s Settings) []any {
 	if !s.RecordedAt.IsZero() {
 		at = &s.RecordedAt
 	}
-	return []any{s.Consumer, s.MessageIDRule, s.GroupID, s.Topics, s.Brokers, s.KafkaTLS, s.KafkaSASL, at, pgtext.Cut(s.RecordedBy, maxRecordedBy)}
+	return []any{s.Consumer, s.MessageIDRule, s.GroupID, s.Topics, s.Brokers, s.KafkaTLS, s.KafkaSASL, at, pgtext.Cut(s.RecordedBy, maxRecordedBy), s.GroupType}
 }
 
 func (s Settings) check() error {
@@ -156,5 +166,5 @@ func (st *Store) List(ctx context.Context, q schema.Querier) ([]Settings, error)
 
 // fields are the columns loadSQL and listSQL read, in order.
 func (s *Settings) fields() []any {
-	return []any{&s.Consumer, &s.MessageIDRule, &s.GroupID, &s.Topics, &s.Brokers, &s.KafkaTLS, &s.KafkaSASL, &s.RecordedAt, &s.RecordedBy}
+	return []any{&s.Consumer, &s.MessageIDRule, &s.GroupID, &s.Topics, &s.Brokers, &s.KafkaTLS, &s.KafkaSASL, &s.RecordedAt, &s.RecordedBy, &s.GroupType}
 }

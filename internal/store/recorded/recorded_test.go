@@ -36,7 +36,7 @@ func TestRecordThenLoad(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, known)
 
-	first := recorded.Settings{Consumer: "ledger", MessageIDRule: "json:event_id", GroupID: "ledger-v2", Topics: []string{"transfers", "refunds"},
+	first := recorded.Settings{Consumer: "ledger", MessageIDRule: "json:event_id", GroupID: "ledger-v2", GroupType: recorded.ShareGroup, Topics: []string{"transfers", "refunds"},
 		Brokers: []string{"kafka-1:9092", "kafka-2:9092"}, KafkaTLS: true, KafkaSASL: "SCRAM-SHA-512", RecordedBy: "worker-1 (pid 7, instance ledger-0)"}
 	before := time.Now()
 	require.NoError(t, s.Record(ctx, db.Pool, first))
@@ -55,7 +55,14 @@ func TestRecordThenLoad(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	got.RecordedAt = time.Time{}
+	// No group type recorded is a consumer group, all there was before
+	// share groups.
+	second.GroupType = recorded.ConsumerGroup
 	require.Equal(t, second, got)
+	db.Exec(t, `UPDATE `+db.Table("consumers")+` SET settings_group_type = NULL WHERE name = 'ledger'`)
+	got, _, err = s.Load(ctx, db.Pool, "ledger")
+	require.NoError(t, err)
+	require.Equal(t, recorded.ConsumerGroup, got.GroupType, "a record written before migration 028")
 	require.Equal(t, number, db.Int(t, `SELECT id FROM `+db.Table("consumers")+` WHERE name = 'ledger'`))
 
 	// A consumer that never ran here has no record.
@@ -63,7 +70,7 @@ func TestRecordThenLoad(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ok)
 
-	mailer := recorded.Settings{Consumer: "mailer", MessageIDRule: "position", GroupID: "mail", Topics: []string{"orders"}, Brokers: []string{"kafka:9092"}}
+	mailer := recorded.Settings{Consumer: "mailer", MessageIDRule: "position", GroupID: "mail", GroupType: recorded.ConsumerGroup, Topics: []string{"orders"}, Brokers: []string{"kafka:9092"}}
 	require.NoError(t, s.Record(ctx, db.Pool, mailer))
 	db.Exec(t, `SELECT `+db.Table("consumer_id")+`('numbered-only')`)
 	all, err := s.List(ctx, db.Pool)

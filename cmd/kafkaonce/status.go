@@ -36,6 +36,12 @@ stored in Postgres, and the lag (messages not processed yet); then the
 consumer's claims, dead letters and recorded suspect duplicates, and the
 settings it recorded when it last started (id rule, group, topics, brokers).
 
+For a share group (the consumer recorded Config.GroupType ShareGroup),
+status shows the group's members as the broker reports them and its
+settings (delivery limit, lock duration, start, isolation), and for each
+partition the share-partition start offset and share lag in place of the
+committed offset, stored position and lag.
+
 Topics are those the consumer has stored positions for or records, plus any
 --topic. The group is --group, else the recorded one, else the consumer's
 name.
@@ -61,10 +67,13 @@ exit code is then 1.`,
 			for i := range r.KafkaUnread {
 				r.KafkaUnread[i].Error = s.redact(r.KafkaUnread[i].Error)
 			}
+			if r.Share != nil {
+				r.Share.Error = s.redact(r.Share.Error)
+			}
 			if err := s.emit(r, func(w io.Writer) { printStatus(w, r) }); err != nil {
 				return err
 			}
-			if len(r.KafkaUnread) > 0 {
+			if r.Incomplete() {
 				return errFindings
 			}
 			return nil
@@ -85,7 +94,11 @@ func nextDue(at time.Time) string {
 }
 
 func printStatus(w io.Writer, r statusReport) {
-	fmt.Fprintf(w, "consumer %s (group %s), schema %s at version %d\n", r.Consumer, r.Group, r.Schema, r.SchemaVersion)
+	kind := "group"
+	if r.Share != nil {
+		kind = "share group"
+	}
+	fmt.Fprintf(w, "consumer %s (%s %s), schema %s at version %d\n", r.Consumer, kind, r.Group, r.Schema, r.SchemaVersion)
 	fmt.Fprintf(w, "claims: %d (applied %d, dead-lettered %d, suspect duplicates skipped %d)", r.Claims.Total, r.Claims.Applied, r.Claims.DeadLettered, r.Claims.SuspectDuplicates)
 	if r.Claims.Oldest != nil {
 		fmt.Fprintf(w, ", oldest %s", r.Claims.Oldest.UTC().Format(time.RFC3339))
@@ -97,6 +110,7 @@ func printStatus(w io.Writer, r statusReport) {
 	fmt.Fprintf(w, "idempotency keys (HTTP, whole schema): %d (%d expired, %d phased runs in progress, %d of them stalled, %d given up)\n",
 		r.Keys.Total, r.Keys.Expired, r.Keys.Running, r.Keys.Stalled, r.Keys.GivenUp)
 	printRecorded(w, r)
+	printShare(w, r)
 	printPauses(w, r)
 	for _, sp := range r.Recent {
 		fmt.Fprintf(w, "  %s/%d/%d %q looks like %q at offset %d\n", sp.Topic, sp.Partition, sp.Offset, sp.MessageID, sp.FirstMessageID, sp.FirstOffset)
@@ -105,6 +119,11 @@ func printStatus(w io.Writer, r statusReport) {
 		if len(r.KafkaUnread) == 0 {
 			fmt.Fprintln(w, "no partitions: the consumer has no stored positions and records no topics yet; pass --topic to show a topic")
 		}
+		printKafkaProblems(w, r)
+		return
+	}
+	if r.Share != nil {
+		printSharePartitions(w, r)
 		printKafkaProblems(w, r)
 		return
 	}
@@ -191,6 +210,62 @@ func printRecorded(w io.Writer, r statusReport) {
 	if v.KafkaSASL != "" {
 		kafkaVia += ", SASL " + v.KafkaSASL
 	}
+	group := v.Group
+	if v.GroupType == recorded.ShareGroup {
+		group += " (a share group)"
+	}
 	fmt.Fprintf(w, "recorded settings (by %s, which joined its group %s): ids %s, group %s, topics %s, brokers %s%s\n",
-		orDash(v.RecordedBy), v.RecordedAt.UTC().Format(time.RFC3339), ids, v.Group, strings.Join(v.Topics, ","), strings.Join(v.Brokers, ","), kafkaVia)
+		orDash(v.RecordedBy), v.RecordedAt.UTC().Format(time.RFC3339), ids, group, strings.Join(v.Topics, ","), strings.Join(v.Brokers, ","), kafkaVia)
+}
+
+// printShare shows what the broker says of a share group: its settings
+// and members.
+func printShare(w io.Writer, r statusReport) {
+	v := r.Share
+	if v == nil {
+		return
+	}
+	if st := v.Settings; st != nil {
+		fmt.Fprintf(w, "share group settings: delivery limit %d, lock duration %s, start %s, isolation %s\n", st.DeliveryLimit, st.LockDuration, st.Start, st.Isolation)
+	}
+	if v.Error != "" && v.State == "" {
+		return
+	}
+	fmt.Fprintf(w, "share group members: %d (state %s)\n", len(v.Members), orDash(v.State))
+	for _, m := range v.Members {
+		fmt.Fprintf(w, "  %s, client %s on %s, epoch %d, %d partitions assigned\n", m.ID, orDash(m.ClientID), orDash(m.Host), m.Epoch, m.Assigned)
+	}
+}
+
+// printSharePartitions shows a share group's partitions: a share group
+// has no committed offset and no stored position, but a share-partition
+// start offset and a share lag.
+func printSharePartitions(w io.Writer, r statusReport) {
+	var rows [][]string
+	var lag int64
+	unknown := 0
+	for _, p := range r.Partitions {
+		start, shareLag := "-", "-"
+		if p.ShareStart != nil {
+			start = strconv.FormatInt(*p.ShareStart, 10)
+		}
+		if p.Lag >= 0 {
+			shareLag = strconv.FormatInt(p.Lag, 10)
+			lag += p.Lag
+		} else {
+			unknown++
+		}
+		rows = append(rows, []string{p.Topic, strconv.Itoa(p.Partition), optional(p.LogStart), optional(p.LogEnd), start, shareLag})
+	}
+	fmt.Fprintln(w)
+	table(w, "TOPIC\tPARTITION\tLOG START\tLOG END\tSHARE START\tSHARE LAG", rows)
+	switch {
+	case unknown == len(r.Partitions):
+		fmt.Fprintln(w, "total share lag: unknown (the group has not read these partitions, or the broker gives no share lag)")
+	case unknown > 0:
+		fmt.Fprintf(w, "total share lag: %d, and unknown for %d partitions (not read by the group yet, or not given)\n", lag, unknown)
+	default:
+		fmt.Fprintf(w, "total share lag: %d\n", lag)
+	}
+	fmt.Fprintln(w, "records in flight (delivered, not yet settled) are part of the share lag: Kafka does not report them apart")
 }

@@ -25,7 +25,11 @@ import (
 // stopping asking Kafka after a failure other than a missing topic. group
 // is the group whose committed offsets it reads (see GroupOf).
 func Read(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, schemaName, consumerName, group string, rec *recorded.Settings, extra []string) (Report, error) {
-	r := Report{Consumer: consumerName, Group: group, Schema: schemaName, Recorded: viewOf(rec)}
+	r := Report{Consumer: consumerName, Group: group, GroupType: recorded.ConsumerGroup, Schema: schemaName, Recorded: viewOf(rec)}
+	share := IsShare(rec)
+	if share {
+		r.GroupType = recorded.ShareGroup
+	}
 	var err error
 	if r.SchemaVersion, err = schema.Version(ctx, pool, schemaName); err != nil {
 		return r, err
@@ -130,9 +134,9 @@ func Read(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sche
 	for _, topic := range topics {
 		var k topicKafka
 		if down == "" {
-			k = readTopicKafka(ctx, admin, group, topic)
+			k = readTopicKafka(ctx, admin, group, topic, share)
 		} else {
-			k.unread = &Unread{Topic: topic, NotRead: slices.Clone(kafkaReads), Error: "not asked after Kafka failed for topic " + down}
+			k.unread = &Unread{Topic: topic, NotRead: slices.Clone(readsOf(share)), Error: "not asked after Kafka failed for topic " + down}
 		}
 		if k.unread != nil {
 			r.KafkaUnread = append(r.KafkaUnread, *k.unread)
@@ -170,6 +174,10 @@ func Read(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sche
 			if c, ok := k.committed[p]; ok {
 				ps.Committed = c
 			}
+			if sp, ok := k.share[p]; ok {
+				start, lag := sp.Start, sp.Lag
+				ps.ShareStart, ps.ShareLag = &start, &lag
+			}
 			if v, ok := storedAt[topic][p]; ok {
 				ps.Stored = v.Next
 				at := v.UpdatedAt
@@ -186,12 +194,20 @@ func Read(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sche
 				at, since := h.At, h.Since
 				ps.HeldAt, ps.HeldSince = &at, &since
 			}
-			if k.bounds != nil {
+			switch {
+			case share && ps.ShareLag != nil && *ps.ShareLag >= 0:
+				// A share group has no position: its lag is the broker's.
+				ps.Lag = *ps.ShareLag
+			case share:
+			case k.bounds != nil:
 				done := max(ps.Committed, ps.Stored, ps.LogStart)
 				ps.Lag = max(ps.LogEnd-done, 0)
 			}
 			r.Partitions = append(r.Partitions, ps)
 		}
+	}
+	if share {
+		r.Share = readShare(ctx, admin, group, down)
 	}
 	addPauses(&r, paused)
 	return r, nil
@@ -203,13 +219,16 @@ type topicKafka struct {
 	parts     []int
 	bounds    map[int]kafkaadmin.Bounds
 	committed map[int]int64
-	unread    *Unread
-	err       error
+	// share is a share group's share-partitions, for a share group.
+	share  map[int]kafkaadmin.SharePartition
+	unread *Unread
+	err    error
 }
 
 // readTopicKafka reads a topic's partitions, their log bounds and group's
-// committed offsets, stopping at the first failure.
-func readTopicKafka(ctx context.Context, admin *kafkaadmin.Admin, group, topic string) topicKafka {
+// committed offsets (a share group's share-partition offsets), stopping at
+// the first failure.
+func readTopicKafka(ctx context.Context, admin *kafkaadmin.Admin, group, topic string, share bool) topicKafka {
 	var k topicKafka
 	fail := func(read int, err error) topicKafka {
 		k.err = err
@@ -221,7 +240,7 @@ func readTopicKafka(ctx context.Context, admin *kafkaadmin.Admin, group, topic s
 		} else if errors.Is(err, context.DeadlineExceeded) {
 			why += ": the brokers did not answer in time"
 		}
-		k.unread = &Unread{Topic: topic, NotRead: slices.Clone(kafkaReads[read:]), Error: why}
+		k.unread = &Unread{Topic: topic, NotRead: slices.Clone(readsOf(share)[read:]), Error: why}
 		return k
 	}
 	parts, err := admin.Partitions(ctx, topic)
@@ -231,6 +250,12 @@ func readTopicKafka(ctx context.Context, admin *kafkaadmin.Admin, group, topic s
 	k.parts = parts
 	if k.bounds, err = admin.LogBounds(ctx, topic, parts); err != nil {
 		return fail(1, err)
+	}
+	if share {
+		if k.share, err = admin.ShareOffsets(ctx, group, topic); err != nil {
+			return fail(2, err)
+		}
+		return k
 	}
 	if k.committed, err = admin.Committed(ctx, group, topic, parts); err != nil {
 		return fail(2, err)

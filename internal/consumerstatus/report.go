@@ -22,13 +22,22 @@ type Partition struct {
 	LogStart int64 `json:"log_start"`
 	LogEnd   int64 `json:"log_end"`
 	// Committed is the group's committed offset, -1 when none or when
-	// Kafka did not give it.
+	// Kafka did not give it (and always for a share group, which commits
+	// none).
 	Committed int64 `json:"kafka_committed"`
 	// Stored is the processed position in Postgres, -1 when none.
 	Stored int64 `json:"stored_position"`
 	// Lag is how many messages are not processed yet, -1 when unknown
-	// (Kafka did not give the log's bounds).
+	// (Kafka did not give the log's bounds). For a share group it is the
+	// share lag, -1 where the broker gives none.
 	Lag int64 `json:"lag"`
+	// ShareStart is a share group's share-partition start offset (every
+	// record below it is settled: accepted, rejected or archived), and
+	// ShareLag its share lag as the broker reports it (records not yet
+	// delivered and settled; -1 from a broker before KIP-1226). Absent for
+	// a consumer group, and for a partition the share group has not read.
+	ShareStart *int64 `json:"share_start,omitempty"`
+	ShareLag   *int64 `json:"share_lag,omitempty"`
 	// StoppedAt is set while the partition is stopped at a message it
 	// must not skip (its run recorded it; the next assignment clears it),
 	// and StopReason says why.
@@ -69,8 +78,11 @@ type Retries struct {
 }
 
 type Report struct {
-	Consumer      string       `json:"consumer"`
-	Group         string       `json:"group"`
+	Consumer string `json:"consumer"`
+	Group    string `json:"group"`
+	// GroupType is the kind of group: "consumer", or "share" when the
+	// consumer recorded a share group (recorded.Settings.GroupType).
+	GroupType     string       `json:"group_type"`
 	Schema        string       `json:"schema"`
 	SchemaVersion int          `json:"schema_version"`
 	Claims        dedupe.Stats `json:"claims"`
@@ -83,6 +95,9 @@ type Report struct {
 	Keys        KeyCounts        `json:"idempotency_keys"`
 	Recent      []dedupe.Suspect `json:"recent_suspect_duplicates,omitempty"`
 	Partitions  []Partition      `json:"partitions"`
+	// Share is what the broker says of a share group: its members and
+	// settings. Absent for a consumer group.
+	Share *ShareView `json:"share_group,omitempty"`
 	// Pauses are the consumer's pauses (kafkaonce pause).
 	Pauses []PauseView `json:"pauses"`
 	// Recorded are the settings the consumer recorded when it last
@@ -104,12 +119,24 @@ type Unread struct {
 }
 
 // Kafka's side of a topic, in the order status reads it: a failure leaves
-// the rest unread.
-var kafkaReads = []string{"partitions", "log_bounds", "committed_offsets"}
+// the rest unread. A share group has share-partition offsets rather than
+// committed offsets.
+var (
+	kafkaReads = []string{"partitions", "log_bounds", "committed_offsets"}
+	shareReads = []string{"partitions", "log_bounds", "share_offsets"}
+)
+
+func readsOf(share bool) []string {
+	if share {
+		return shareReads
+	}
+	return kafkaReads
+}
 
 // KafkaProblems says, a line per topic, what Kafka did not give and why.
 func (r Report) KafkaProblems() []string {
-	names := map[string]string{"partitions": "its partitions", "log_bounds": "log bounds", "committed_offsets": "the committed offsets of group " + r.Group}
+	names := map[string]string{"partitions": "its partitions", "log_bounds": "log bounds", "committed_offsets": "the committed offsets of group " + r.Group,
+		"share_offsets": "the share-partition offsets of share group " + r.Group}
 	var lines []string
 	for _, u := range r.KafkaUnread {
 		var what []string
@@ -122,6 +149,9 @@ func (r Report) KafkaProblems() []string {
 		}
 		lines = append(lines, fmt.Sprintf("KAFKA NOT READ for topic %s: %s (%s)", u.Topic, list, u.Error))
 	}
+	if r.Share != nil && r.Share.Error != "" {
+		lines = append(lines, fmt.Sprintf("KAFKA NOT READ for share group %s: its members or settings (%s)", r.Group, r.Share.Error))
+	}
 	return lines
 }
 
@@ -129,13 +159,15 @@ func (r Report) KafkaProblems() []string {
 type RecordedView struct {
 	// MessageIDRule is the rule's text, or "custom" for a function of the
 	// consumer's own.
-	MessageIDRule string    `json:"message_id_rule"`
-	Group         string    `json:"group"`
-	Topics        []string  `json:"topics"`
-	Brokers       []string  `json:"brokers"`
-	KafkaTLS      bool      `json:"kafka_tls"`
-	KafkaSASL     string    `json:"kafka_sasl,omitempty"`
-	RecordedAt    time.Time `json:"recorded_at"`
+	MessageIDRule string `json:"message_id_rule"`
+	Group         string `json:"group"`
+	// GroupType is "consumer" or "share".
+	GroupType  string    `json:"group_type"`
+	Topics     []string  `json:"topics"`
+	Brokers    []string  `json:"brokers"`
+	KafkaTLS   bool      `json:"kafka_tls"`
+	KafkaSASL  string    `json:"kafka_sasl,omitempty"`
+	RecordedAt time.Time `json:"recorded_at"`
 	// RecordedBy names the worker that recorded them.
 	RecordedBy string `json:"recorded_by,omitempty"`
 }
@@ -144,8 +176,13 @@ func viewOf(rec *recorded.Settings) *RecordedView {
 	if rec == nil {
 		return nil
 	}
-	return &RecordedView{MessageIDRule: rec.MessageIDRule, Group: rec.GroupID, Topics: rec.Topics, Brokers: rec.Brokers,
+	return &RecordedView{MessageIDRule: rec.MessageIDRule, Group: rec.GroupID, GroupType: rec.GroupType, Topics: rec.Topics, Brokers: rec.Brokers,
 		KafkaTLS: rec.KafkaTLS, KafkaSASL: rec.KafkaSASL, RecordedAt: rec.RecordedAt, RecordedBy: rec.RecordedBy}
+}
+
+// Incomplete reports whether Kafka did not give part of the report.
+func (r Report) Incomplete() bool {
+	return len(r.KafkaUnread) > 0 || (r.Share != nil && r.Share.Error != "")
 }
 
 // KeyCounts counts the schema's idempotency keys (package idempotency).

@@ -1,11 +1,15 @@
 package kafkaadmin
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/franz"
@@ -117,4 +121,90 @@ func (a *Admin) SetShareStart(ctx context.Context, group, start string) error {
 	ctx, cancel := kafkaclient.Bounded(ctx)
 	defer cancel()
 	return franz.SetGroupConfigs(ctx, a.client.Kgo(), group, map[string]string{"share.auto.offset.reset": start})
+}
+
+// ShareGroup is a share group as the broker describes it (ShareGroupDescribe).
+type ShareGroup struct {
+	// State is the group's state (Empty, Stable, Dead for a group the
+	// broker does not know).
+	State   string
+	Members []ShareMember
+}
+
+// ShareMember is a member of a share group.
+type ShareMember struct {
+	ID string
+	// ClientID and Host say where the member runs.
+	ClientID, Host string
+	// Epoch is the member's epoch.
+	Epoch int32
+	// Assigned counts the partitions the broker assigned to the member
+	// (in a share group, any number of members share one).
+	Assigned int
+}
+
+// DescribeShareGroup returns a share group's state and members.
+func (a *Admin) DescribeShareGroup(ctx context.Context, group string) (ShareGroup, error) {
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
+	resp, err := a.adm.DescribeShareGroups(ctx, group)
+	if err != nil {
+		return ShareGroup{}, fmt.Errorf("kafka: describe share group %s: %w", group, err)
+	}
+	g, ok := resp[group]
+	if !ok || errors.Is(g.Err, kerr.GroupIDNotFound) {
+		return ShareGroup{State: "Dead"}, nil
+	}
+	if g.Err != nil {
+		return ShareGroup{}, fmt.Errorf("kafka: describe share group %s: %w", group, g.Err)
+	}
+	out := ShareGroup{State: g.GroupState}
+	for _, m := range g.Members {
+		n := 0
+		for _, ps := range m.Assignment {
+			n += len(ps)
+		}
+		out.Members = append(out.Members, ShareMember{ID: m.MemberID, ClientID: m.ClientID, Host: m.ClientHost, Epoch: m.MemberEpoch, Assigned: n})
+	}
+	slices.SortFunc(out.Members, func(x, y ShareMember) int { return cmp.Compare(x.ID, y.ID) })
+	return out, nil
+}
+
+// SharePartition is a share-partition's state: where the group starts
+// (the share-partition start offset: every record below it is settled)
+// and its share lag (records not yet delivered and settled), -1 where the
+// broker gives none (a partition the group has not read, or a broker
+// before KIP-1226's lag).
+type SharePartition struct {
+	Start, Lag int64
+}
+
+// ShareOffsets returns, for the partitions of topic the group has state
+// for, their share-partition start offsets and lag
+// (DescribeShareGroupOffsets). A partition the group never read is absent.
+func (a *Admin) ShareOffsets(ctx context.Context, group, topic string) (map[int]SharePartition, error) {
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
+	resp, err := a.adm.DescribeShareGroupOffsets(ctx, group)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: describe the offsets of share group %s: %w", group, err)
+	}
+	g, ok := resp[group]
+	if !ok || errors.Is(g.Err, kerr.GroupIDNotFound) {
+		return map[int]SharePartition{}, nil
+	}
+	if g.Err != nil {
+		return nil, fmt.Errorf("kafka: describe the offsets of share group %s: %w", group, g.Err)
+	}
+	out := map[int]SharePartition{}
+	for p, o := range g.Offsets[topic] {
+		if o.Err != nil {
+			return nil, fmt.Errorf("kafka: describe the offsets of share group %s, partition %s/%d: %w", group, topic, p, o.Err)
+		}
+		if o.StartOffset < 0 {
+			continue
+		}
+		out[int(p)] = SharePartition{Start: o.StartOffset, Lag: o.Lag}
+	}
+	return out, nil
 }

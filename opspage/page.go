@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -256,6 +257,14 @@ func (p *page) overview(w http.ResponseWriter, r *http.Request) {
 		p.fail(w, err)
 		return
 	}
+	records, recErr := consumerstatus.Records(ctx, pool, p.schema)
+	// A share group's consumer stores no positions: its record names it.
+	for _, rec := range records {
+		if consumerstatus.IsShare(&rec) && !slices.Contains(names, rec.Consumer) {
+			names = append(names, rec.Consumer)
+		}
+	}
+	slices.Sort(names)
 	classes, err := lettersPerClass(ctx, pool, p.schema, names, now)
 	if err != nil {
 		d.Errors = append(d.Errors, p.redact(err))
@@ -263,9 +272,8 @@ func (p *page) overview(w http.ResponseWriter, r *http.Request) {
 	for _, cs := range classes {
 		d.LetterCharts = append(d.LetterCharts, chart(cs.series, "letters of class "+cs.class+" per hour", "last 24 hours"))
 	}
-	records, err := consumerstatus.Records(ctx, pool, p.schema)
-	if err != nil {
-		d.Errors = append(d.Errors, p.redact(err))
+	if recErr != nil {
+		d.Errors = append(d.Errors, p.redact(recErr))
 	}
 	recordOf := map[string]*recorded.Settings{}
 	for i := range records {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,6 +104,23 @@ func TestStatusShowsAShareGroup(t *testing.T) {
 		require.Contains(t, out, "SHARE START")
 		require.Contains(t, out, "total share lag: 0")
 		require.NotContains(t, out, "COMMITTED")
+	})
+
+	t.Run("the page shows the consumer, which stores no positions, with its members", func(t *testing.T) {
+		srv := w.servePage(w.env(), serveOptions{})
+		var body string
+		require.Eventually(t, func() bool {
+			var res *http.Response
+			res, body = get(t, srv, "/")
+			require.Equal(t, http.StatusOK, res.StatusCode, body)
+			return strings.Contains(body, "share lag 0")
+		}, 20*time.Second, 100*time.Millisecond)
+		require.Contains(t, body, "share group "+w.name)
+		require.Contains(t, body, "1 members")
+		require.Contains(t, body, "start earliest, isolation read_committed")
+		require.Contains(t, body, "<th>share start</th>")
+		require.NotContains(t, body, "<th>committed</th>")
+		require.Empty(t, w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("consumer_offsets")))
 	})
 
 	t.Run("records not yet delivered are share lag", func(t *testing.T) {

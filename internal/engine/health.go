@@ -82,6 +82,12 @@ type health struct {
 	// committed is when a batch last committed (unix nanoseconds): a
 	// database that just committed answers, and needs no question.
 	committed atomic.Int64
+	// pollFailing is, for a share group member, since when its polls
+	// fail (unix nanoseconds; 0 while they succeed), and pollError the
+	// last failure: a member that cannot poll is in its group in name
+	// only.
+	pollFailing atomic.Int64
+	pollError   atomic.Pointer[string]
 
 	mu      sync.Mutex
 	dbAt    time.Time
@@ -104,7 +110,28 @@ func (c *Consumer) Health(ctx context.Context, askDB bool) kafkaoncetype.Health 
 			h.Problems = append(h.Problems, fmt.Sprintf("not in consumer group %s for %v (Config.StallAfter is %v): the group's coordinator does not answer, or the member cannot join", c.cfg.GroupID, out.Round(time.Second), c.cfg.StallAfter))
 		}
 	}
+	share := c.cfg.GroupType == kafkaoncetype.ShareGroup
+	var pollFailing time.Duration
+	if share && h.Running {
+		// A share member's group loop: joining, then polling. Either one
+		// failing for StallAfter is as wedged as a partition that cannot
+		// fetch.
+		out := now.Sub(time.Unix(0, c.health.outSince.Load()))
+		if !h.InGroup && out > c.cfg.StallAfter {
+			h.Problems = append(h.Problems, fmt.Sprintf("not in share group %s for %v (Config.StallAfter is %v): the group's coordinator does not answer, or the member cannot join", c.cfg.GroupID, out.Round(time.Second), c.cfg.StallAfter))
+		}
+		if since := c.health.pollFailing.Load(); h.InGroup && since != 0 {
+			pollFailing = now.Sub(time.Unix(0, since))
+			if pollFailing > c.cfg.StallAfter {
+				h.Problems = append(h.Problems, fmt.Sprintf("share group %s: polls have failed for %v (Config.StallAfter is %v): %s", c.cfg.GroupID, pollFailing.Round(time.Second), c.cfg.StallAfter, c.pollError()))
+			}
+		}
+	}
 	h.Live = len(h.Problems) == 0
+	kind := "consumer group"
+	if share {
+		kind = "share group"
+	}
 	failing := c.dials.Failing()
 	if failing != nil {
 		h.LastDialError = &kafkaoncetype.DialError{Broker: failing.Broker, Cause: failing.Cause.Explain(), Error: failing.Err.Error(),
@@ -115,16 +142,21 @@ func (c *Consumer) Health(ctx context.Context, askDB bool) kafkaoncetype.Health 
 		h.Problems = append(h.Problems, "not running: Run has not started, or has returned")
 	case !h.InGroup && h.LastDialError != nil:
 		// Why it cannot join, rather than that it is trying.
-		h.Problems = append(h.Problems, fmt.Sprintf("not in consumer group %s: cannot connect to the brokers: %s", c.cfg.GroupID, failing))
+		h.Problems = append(h.Problems, fmt.Sprintf("not in %s %s: cannot connect to the brokers: %s", kind, c.cfg.GroupID, failing))
+	case !h.InGroup && share:
+		h.Problems = append(h.Problems, fmt.Sprintf("not in share group %s: joining", c.cfg.GroupID))
 	case !h.InGroup:
 		h.Problems = append(h.Problems, fmt.Sprintf("not in consumer group %s: joining, or rejoining after losing its partitions", c.cfg.GroupID))
+	case pollFailing > 0 && pollFailing <= c.cfg.StallAfter:
+		// In the group, but not polling: not ready, and not yet stalled.
+		h.Problems = append(h.Problems, fmt.Sprintf("share group %s: its polls fail since %v: %s", c.cfg.GroupID, pollFailing.Round(time.Millisecond), c.pollError()))
 	}
 	if askDB {
 		if h.DatabaseError = c.checkDatabase(ctx, now); h.DatabaseError != "" {
 			h.Problems = append(h.Problems, "postgres: "+h.DatabaseError)
 		}
 	}
-	h.Ready = h.Live && h.Running && h.InGroup && h.DatabaseError == ""
+	h.Ready = h.Live && h.Running && h.InGroup && pollFailing == 0 && h.DatabaseError == ""
 	return h
 }
 
@@ -183,3 +215,25 @@ func (m *membership) stalls(now time.Time, bound time.Duration, h *kafkaoncetype
 
 // Name is the consumer's Config.Name.
 func (c *Consumer) Name() string { return c.cfg.Name }
+
+// polled records how a share member's poll went: a failure starts (or
+// continues) its polls failing, a success ends it.
+func (h *health) polled(err error) {
+	if h == nil {
+		return
+	}
+	if err == nil {
+		h.pollFailing.Store(0)
+		return
+	}
+	why := err.Error()
+	h.pollError.Store(&why)
+	h.pollFailing.CompareAndSwap(0, time.Now().UnixNano())
+}
+
+func (c *Consumer) pollError() string {
+	if e := c.health.pollError.Load(); e != nil {
+		return *e
+	}
+	return ""
+}

@@ -67,6 +67,7 @@ func (c *Consumer) runShare(ctx context.Context, client kafkaclient.Client, join
 		return fmt.Errorf("consumer: %w", err)
 	}
 	defer admin.Close()
+	c.health.outSince.Store(time.Now().UnixNano())
 	var settings kafkaadmin.ShareSettings
 	var m kafkaclient.ShareMember
 	err = c.retryKafka(ctx, "could not join the share group", func() error {
@@ -84,7 +85,10 @@ func (c *Consumer) runShare(ctx context.Context, client kafkaclient.Client, join
 	}
 	joined()
 	c.health.inGroup.Store(true)
-	defer c.health.inGroup.Store(false)
+	defer func() {
+		c.health.inGroup.Store(false)
+		c.health.polled(nil)
+	}()
 	s := &shareMember{deps: c.deps, m: m, settings: settings, key: newShareKey()}
 	s.locks = newShareLocks(s)
 	c.log.Info("share group member joined", slog.String("group", c.cfg.GroupID), slog.Int("delivery_limit", settings.DeliveryLimit),
@@ -136,16 +140,27 @@ func (s *shareMember) run(ctx context.Context) error {
 	defer release()
 	b := s.retry.New()
 	for stop.Err() == nil {
-		recs, err := s.m.Poll(stop)
+		// A poll waits at most pollWait: one that ends with nothing and no
+		// failure says that polls work again (see Health).
+		pollCtx, cancel := context.WithTimeout(stop, s.pollWait())
+		recs, err := s.m.Poll(pollCtx)
+		waited := pollCtx.Err() != nil
+		cancel()
 		if err != nil {
 			if stop.Err() != nil {
 				break
 			}
+			if waited && errors.Is(err, context.DeadlineExceeded) {
+				s.health.polled(nil)
+				continue
+			}
+			s.health.polled(err)
 			s.log.Warn("share group poll failed; polling again", slog.String("error", err.Error()))
 			_ = retry.Sleep(stop, b.Next())
 			continue
 		}
 		b.Reset()
+		s.health.polled(nil)
 		if len(recs) == 0 {
 			continue
 		}
@@ -191,6 +206,13 @@ func byPartition(recs []kafkaclient.ShareRecord) [][]kafkaclient.ShareRecord {
 // left to run out now, the broker would archive it without a word.
 func (s *shareMember) lastDelivery(r *kafkaclient.ShareRecord) bool {
 	return s.settings.DeliveryLimit > 0 && r.DeliveryCount >= s.settings.DeliveryLimit
+}
+
+// pollWait is how long a poll waits for records: a fraction of
+// StallAfter, so that a member whose polls work again is ready again well
+// before it would count as stalled.
+func (s *shareMember) pollWait() time.Duration {
+	return min(max(s.cfg.StallAfter/2, 100*time.Millisecond), 5*time.Second)
 }
 
 // renewEvery is how often held records are renewed: at half the lock

@@ -53,6 +53,9 @@ type replayPlan struct {
 	planHead
 	Partitions []replayPartition `json:"partitions"`
 	Executed   bool              `json:"executed"`
+	// GroupType is "share" for a share group, whose Committed are its
+	// start offsets and which has no stored positions.
+	GroupType string `json:"group_type,omitempty"`
 	// ClaimsCountedBy is the id rule the claims were looked up by, and
 	// where it came from; ClaimsNotCounted says why they were not, and New
 	// then counts every message past the stored positions.
@@ -124,6 +127,15 @@ its name; --topic to its topic, when it records exactly one.`,
 			targets, err := resolveOffsets(ctx, admin, topic, parts, bounds, to, true)
 			if err != nil {
 				return fmt.Errorf("--to: %w", err)
+			}
+			share, err := admin.DescribeShareGroup(ctx, group)
+			if err != nil {
+				return err
+			}
+			if share.State != "Dead" {
+				r := shareReplay{s: s, consumer: consumerName, group: group, topic: topic, parts: parts, bounds: bounds,
+					targets: targets, members: shareMembers(share), ids: ids, idErr: idErr, act: act}
+				return r.run(ctx, c)
 			}
 			committed, err := admin.Committed(ctx, group, topic, parts)
 			if err != nil {
@@ -327,7 +339,11 @@ func (s *settings) emitJSONOnly(v any) error {
 }
 
 func printReplayPlan(w io.Writer, p replayPlan) {
-	fmt.Fprintf(w, "replay of %s for consumer %s (schema %s, group %s, %d active members%s)\n\n", p.Topic, p.Consumer, p.Schema, p.Group, p.Members, staticNote(p.Static))
+	kind, committed := "group", "COMMITTED"
+	if p.GroupType == "share" {
+		kind, committed = "share group", "START OFFSET"
+	}
+	fmt.Fprintf(w, "replay of %s for consumer %s (schema %s, %s %s, %d active members%s)\n\n", p.Topic, p.Consumer, p.Schema, kind, p.Group, p.Members, staticNote(p.Static))
 	var rows [][]string
 	var skipped, claimed, conflicts, fresh, unread, lost int64
 	n := func(v int64) string { return strconv.FormatInt(v, 10) }
@@ -341,7 +357,7 @@ func printReplayPlan(w io.Writer, p replayPlan) {
 		rows = append(rows, []string{strconv.Itoa(rp.Partition), optional(rp.Committed), n(rp.Target), optional(rp.Stored),
 			n(rp.Skipped), n(rp.SkippedByClaim), n(rp.Conflicts), n(rp.New), n(rp.SkippedForGood)})
 	}
-	table(w, "PARTITION\tCOMMITTED\tREWIND TO\tSTORED\tSKIPPED BY POSITION\tSKIPPED BY CLAIM\tCONFLICTS\tNEW\tNEVER PROCESSED", rows)
+	table(w, "PARTITION\t"+committed+"\tREWIND TO\tSTORED\tSKIPPED BY POSITION\tSKIPPED BY CLAIM\tCONFLICTS\tNEW\tNEVER PROCESSED", rows)
 	fmt.Fprintf(w, "\n%d messages will be read again and skipped without calling the handler: %d below the stored positions, %d already claimed (applied, or set aside); %d are new\n",
 		skipped+claimed, skipped, claimed, fresh)
 	if p.ClaimsCountedBy != "" {

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
@@ -148,11 +150,15 @@ func (a *Admin) DescribeShareGroup(ctx context.Context, group string) (ShareGrou
 	ctx, cancel := kafkaclient.Bounded(ctx)
 	defer cancel()
 	resp, err := a.adm.DescribeShareGroups(ctx, group)
-	if err != nil {
+	if err != nil && len(resp) == 0 {
+		// A broker that speaks no share groups has none.
+		if errors.Is(err, kerr.UnsupportedVersion) {
+			return ShareGroup{State: "Dead"}, nil
+		}
 		return ShareGroup{}, fmt.Errorf("kafka: describe share group %s: %w", group, err)
 	}
 	g, ok := resp[group]
-	if !ok || errors.Is(g.Err, kerr.GroupIDNotFound) {
+	if !ok || errors.Is(g.Err, kerr.GroupIDNotFound) || g.GroupState == "Dead" {
 		return ShareGroup{State: "Dead"}, nil
 	}
 	if g.Err != nil {
@@ -207,4 +213,33 @@ func (a *Admin) ShareOffsets(ctx context.Context, group, topic string) (map[int]
 		out[int(p)] = SharePartition{Start: o.StartOffset, Lag: o.Lag}
 	}
 	return out, nil
+}
+
+// SetShareStarts resets a share group's start offsets on topic
+// (AlterShareGroupOffsets): the group delivers every record from there
+// again, and forgets the records in flight and their delivery counts.
+// Kafka refuses it while the group has members (kerr.NonEmptyGroup).
+// Partitions Kafka refused are in the error, by partition.
+func (a *Admin) SetShareStarts(ctx context.Context, group, topic string, starts map[int]int64) error {
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
+	os := kadm.Offsets{}
+	for p, at := range starts {
+		os.Add(kadm.Offset{Topic: topic, Partition: int32(p), At: at, LeaderEpoch: -1})
+	}
+	resp, err := a.adm.AlterShareGroupOffsets(ctx, group, os)
+	if err != nil {
+		return fmt.Errorf("kafka: reset share group %s on %s: %w", group, topic, err)
+	}
+	var failed []string
+	for p, perr := range resp[topic] {
+		if perr != nil {
+			failed = append(failed, fmt.Sprintf("%s/%d: %v", topic, p, perr))
+		}
+	}
+	if len(failed) > 0 {
+		slices.Sort(failed)
+		return fmt.Errorf("kafka: reset share group %s: refused on %s", group, strings.Join(failed, ", "))
+	}
+	return nil
 }

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
+)
+
+// shareMember runs a share group member of w's consumer until stop is
+// called; calls counts its handler's calls.
+func (w *world) shareMember(calls *atomic.Int64) (stop func()) {
+	w.t.Helper()
+	c, err := consumer.New(w.db.Pool, &consumer.Config{Name: w.name, Brokers: w.kafka.Brokers, Topics: []string{w.topic},
+		Schema: w.db.Schema, GroupType: consumer.ShareGroup, KafkaClient: consumer.FranzGo,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			calls.Add(1)
+			_, err := tx.Exec(ctx, `INSERT INTO `+w.db.Table("effects")+` VALUES ($1)`, m.ID)
+			return err
+		})})
+	require.NoError(w.t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	return func() { cancel(); require.NoError(w.t, <-done) }
+}
+
+// waitFor waits until cond holds, or fails the test after 30 s.
+func (w *world) waitFor(what string, cond func() bool) {
+	w.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		require.True(w.t, time.Now().Before(deadline), "waiting for %s", what)
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A replay of a share group resets its start offset, once its members
+// are gone: every record is delivered again, and the claims decide, so
+// nothing is applied twice.
+func TestReplayOfAShareGroup(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 2)
+	testenv.RequireShareGroups(t, w.kafka.Brokers)
+	admin := testenv.Admin(t, w.kafka.Brokers)
+	ctx := testenv.Context(t, time.Minute)
+	require.NoError(t, admin.SetShareStart(ctx, w.name, "earliest"))
+	w.produce(6, "s")
+	effects := func() int64 { return w.db.Int(t, `SELECT count(*) FROM `+w.db.Table("effects")) }
+	startsAt := func(want int64) func() bool {
+		return func() bool {
+			starts, err := admin.ShareOffsets(ctx, w.name, w.topic)
+			require.NoError(t, err)
+			return len(starts) == 2 && starts[0].Start+starts[1].Start == want
+		}
+	}
+
+	var calls atomic.Int64
+	stop := w.shareMember(&calls)
+	w.waitFor("6 effects", func() bool { return effects() == 6 })
+	w.waitFor("the start offsets past every record", startsAt(6))
+
+	// Refused while the group has a member, which it names.
+	out, errOut, code := w.cli("replay", "--consumer", w.name, "--topic", w.topic, "--yes")
+	require.Equal(t, 2, code, out)
+	require.Contains(t, out, "share group "+w.name)
+	require.Contains(t, out, "START OFFSET")
+	require.Contains(t, errOut, "share group "+w.name+" has 1 member(s): member ")
+	stop()
+
+	out, errOut, code = w.cli("replay", "--consumer", w.name, "--topic", w.topic, "--dry-run", "--json")
+	require.Equal(t, 0, code, errOut)
+	var plan replayPlan
+	require.NoError(t, json.Unmarshal([]byte(out), &plan))
+	require.Equal(t, "share", plan.GroupType)
+	require.False(t, plan.Executed)
+	var claimed, fresh int64
+	for _, p := range plan.Partitions {
+		claimed += p.SkippedByClaim
+		fresh += p.New
+	}
+	require.EqualValues(t, 6, claimed)
+	require.Zero(t, fresh)
+	require.True(t, startsAt(6)(), "a dry run changes nothing")
+
+	out, errOut, code = w.cli("replay", "--consumer", w.name, "--topic", w.topic, "--to", "earliest", "--yes")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "6 messages will be read again and skipped")
+	require.Contains(t, out, "share group "+w.name+" rewound")
+	require.True(t, startsAt(0)())
+
+	// Every record is delivered again (the start offsets pass them) and
+	// found claimed: only the new ones reach the handler.
+	w.produce(2, "t")
+	calls.Store(0)
+	stop = w.shareMember(&calls)
+	w.waitFor("the start offsets past every record again", startsAt(8))
+	stop()
+	require.EqualValues(t, 2, calls.Load())
+	w.requireEffectsOnce(8)
+}

@@ -140,6 +140,9 @@ func (s *shareMember) run(ctx context.Context) error {
 	defer release()
 	b := s.retry.New()
 	for stop.Err() == nil {
+		if s.waitWhilePaused(stop); stop.Err() != nil {
+			break
+		}
 		// A poll waits at most pollWait: one that ends with nothing and no
 		// failure says that polls work again (see Health).
 		pollCtx, cancel := context.WithTimeout(stop, s.pollWait())

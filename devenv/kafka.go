@@ -94,3 +94,21 @@ func (e *Env) Rewind(ctx context.Context, group, topic string) error {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// SetShareStart sets where share group starts reading a partition it has
+// no state for yet (its share.auto.offset.reset config): "earliest" or
+// "latest" (Kafka's default). Set it before the group's first member
+// fetches, as `kafka-configs.sh --alter --entity-type groups
+// --add-config share.auto.offset.reset=earliest` does: a share group
+// (consumer.ShareGroup) takes no StartOffset of its own.
+func (e *Env) SetShareStart(ctx context.Context, group, start string) error {
+	admin, err := kafkaadmin.New(kafkaclient.Config{Brokers: e.Brokers})
+	if err != nil {
+		return fmt.Errorf("devenv: share start of %s: %w", group, err)
+	}
+	defer admin.Close()
+	if err := admin.SetShareStart(ctx, group, start); err != nil {
+		return fmt.Errorf("devenv: share start of %s: %w", group, err)
+	}
+	return nil
+}

@@ -93,7 +93,7 @@ func exampleFiles(t *testing.T, name string) map[string][]byte {
 
 func TestEveryExampleBuildsInAModuleOfItsOwn(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds four modules: skipped with -short")
+		t.Skip("builds five modules: skipped with -short")
 	}
 	dirs, err := os.ReadDir(".")
 	if err != nil {

@@ -18,7 +18,7 @@ import (
 // must exit by itself, promptly, and leave no server behind.
 func TestEveryExampleStopsOnSIGTERM(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts four throwaway clusters: skipped with -short")
+		t.Skip("starts five throwaway clusters: skipped with -short")
 	}
 	// Counts large enough that each is still running when the signal comes.
 	runs := map[string][]string{
@@ -26,6 +26,7 @@ func TestEveryExampleStopsOnSIGTERM(t *testing.T) {
 		"ledger":        {"-transfers", "5000000"},
 		"notifications": {"-orders", "500000"},
 		"payments":      {"-payments", "500000"},
+		"sharegroup":    {"-notifications", "200000"},
 	}
 	bin := t.TempDir()
 	for name, args := range runs {

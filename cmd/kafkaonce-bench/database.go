@@ -201,6 +201,8 @@ func applyOne(ctx context.Context, tx pgx.Tx, e effect, key, value []byte) error
 		return applyTransfer(ctx, tx, value)
 	case effectWait:
 		time.Sleep(2 * time.Millisecond)
+	case effectPartner:
+		time.Sleep(20 * time.Millisecond)
 	}
 	return nil
 }

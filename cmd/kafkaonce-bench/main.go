@@ -104,6 +104,10 @@ var allModes = []mode{
 	{"kafkaonce-batch-traced", traced(runKafkaonceBatch), true, false},
 	{"kafkaonce-kafka-go", onKafkaGo(runKafkaonce), true, false},
 	{"kafkaonce-batch-kafka-go", onKafkaGo(runKafkaonceBatch), true, false},
+	{"kafkaonce-share-1", sharing(1), true, false},
+	{"kafkaonce-share-4", sharing(4), true, false},
+	{"kafkaonce-share-8", sharing(8), true, false},
+	{"kafkaonce-share-16", sharing(16), true, false},
 }
 
 type options struct {
@@ -130,6 +134,7 @@ type options struct {
 	tracing        bool
 	clients        bool
 	rolling        bool
+	share          bool
 }
 
 func main() {
@@ -161,6 +166,7 @@ func main() {
 	fs.BoolVar(&o.tracing, "tracing", false, "run only the tracing cells (the base cell with tracing off and on, per-message and batch handlers); -markdown then rewrites only their section")
 	fs.BoolVar(&o.rolling, "rolling", false, "run only the rolling restart (3 members, 12 partitions, each restarted in turn; eager, cooperative and static groups) against KAFKA_BROKERS; -markdown then rewrites only its section")
 	fs.BoolVar(&o.clients, "clients", false, "run only the client cells (each mode with franz-go and with kafka-go, side by side); -markdown then rewrites only their section")
+	fs.BoolVar(&o.share, "share", false, "run only the share cells (a 20 ms partner wait per message on 1 partition: the consumer group against share groups of 1, 4, 8 and 16 members); prints a table")
 	fs.DurationVar(&o.outboxDuration, "outbox-duration", 10*time.Second, "how long the outbox cells write at a steady rate")
 	apply := devenv.RegisterFlags(fs)
 	fs.Usage = func() {
@@ -189,6 +195,9 @@ func main() {
 	}
 	if o.rolling {
 		run = runRollingRestart
+	}
+	if o.share {
+		run = runShareCells
 	}
 	if err := run(ctx, log, o); err != nil {
 		fmt.Fprintln(os.Stderr, "kafkaonce-bench:", err)

@@ -67,6 +67,12 @@ func runKafkaonceKeys(ctx context.Context, e *env, c cell, b backlog, rec *recor
 }
 
 func runConsumer(ctx context.Context, e *env, c cell, b backlog, rec *recorder, mode string, handler func(*consumer.Config)) error {
+	return runMembers(ctx, e, c, b, rec, mode, 1, handler)
+}
+
+// runMembers runs members consumers of one Name and one group, each
+// configured by handler; more than one only in a share group.
+func runMembers(ctx context.Context, e *env, c cell, b backlog, rec *recorder, mode string, members int, handler func(*consumer.Config)) error {
 	schema, err := kafkaonceSchema(ctx, e.db, c.Prefilled)
 	if err != nil {
 		return err
@@ -97,22 +103,35 @@ func runConsumer(ctx context.Context, e *env, c cell, b backlog, rec *recorder, 
 	if c.IDs == idPosition {
 		cfg.MessageID = consumer.IDFromPosition()
 	}
-	co, err := consumer.New(e.db, cfg)
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- co.Run(ctx) }()
+	done := make(chan error, members)
+	for i := range members {
+		member := *cfg
+		co, err := consumer.New(e.db, &member)
+		if err != nil {
+			cancel()
+			for range i {
+				<-done
+			}
+			return err
+		}
+		go func() { done <- co.Run(ctx) }()
+	}
+	var first error
 	select {
 	case <-rec.doneCh:
-	case err := <-done:
-		return err
+	case first = <-done:
+		members--
 	case <-ctx.Done():
 	}
 	cancel()
-	return <-done
+	for range members {
+		if err := <-done; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // commitCounter counts the consumer's offset commits.

@@ -70,6 +70,9 @@ const (
 	effectNoop   effect = "noop"
 	effectUpdate effect = "update"
 	effectWait   effect = "wait2ms"
+	// effectPartner waits 20 ms on a partner per message: the workload
+	// share groups exist for (see share.go).
+	effectPartner effect = "wait20ms"
 	// effectTransfer moves 1 unit between two of the cell's hot accounts
 	// (see transfer.go).
 	effectTransfer effect = "transfer"

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/outbox"
 	"github.com/kafkaonce/kafkaonce/pauses"
 )
 
@@ -184,6 +185,47 @@ func ExampleConsumer_Pause() {
 	}
 	// ... once the partner answers again:
 	if err := c.Resume(ctx, pauses.Topic("emails")); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// A notifications worker on a share group: run as many of these processes
+// as the partner's API takes, whatever the topic's partition count; each
+// notification is queued once, through the outbox, however often and to
+// however many members Kafka hands it. Share groups give no order, so this
+// fits work whose messages are independent, not a ledger.
+func ExampleConfig_shareGroup() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	box, err := outbox.New("")
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	c, err := consumer.New(pool, &consumer.Config{
+		Name:      "notifications",
+		Brokers:   []string{"localhost:9092"},
+		Topics:    []string{"orders"},
+		GroupType: consumer.ShareGroup,
+		MessageID: consumer.IDFromJSONField("order_id"),
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			// The mail goes out through the outbox (an outbox.Relay sends
+			// it), whose row commits with the claim: a record handed to two
+			// members queues one mail.
+			_, err := box.Write(ctx, tx, outbox.Message{ID: "mail:" + m.ID, Destination: "email", Value: m.Value})
+			return err
+		}),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
 }

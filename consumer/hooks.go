@@ -88,8 +88,8 @@ type HookRetriesWaiting interface {
 type RetriesWaiting = kafkaoncetype.RetriesWaiting
 
 // HookShareEvent is called, in a share group only, for what befalls a
-// record there that a consumer group has no counterpart for: a lock
-// renewal refused, a record given up because its lock was lost, an accept
+// record there that a consumer group has no counterpart for: a delivery
+// to this member (with its delivery count), a lock renewal refused, a record given up because its lock was lost, an accept
 // or reject the broker did not take, a provisional dead letter written
 // before a record's last delivery and removed once it is settled (see
 // ShareEventKind). None breaks the guarantee, and each is logged; the
@@ -108,6 +108,7 @@ type ShareEventKind = kafkaoncetype.ShareEventKind
 
 // What befell a share group's record (see package kafkaoncetype).
 const (
+	ShareDelivered          = kafkaoncetype.ShareDelivered
 	ShareRenewalRefused     = kafkaoncetype.ShareRenewalRefused
 	ShareLockLost           = kafkaoncetype.ShareLockLost
 	ShareSettlementLost     = kafkaoncetype.ShareSettlementLost

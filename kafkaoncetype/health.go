@@ -39,8 +39,24 @@ type Health struct {
 	// that cannot join its group meets, in words ("TLS handshake failed:
 	// is the broker's listener TLS?").
 	LastDialError *DialError `json:"last_dial_error,omitempty"`
+	// Share is, for a share group member, what it holds; nil in a
+	// consumer group.
+	Share *ShareHealth `json:"share,omitempty"`
 	// CheckedAt is when the report was made.
 	CheckedAt time.Time `json:"checked_at"`
+}
+
+// ShareHealth is what a share group member holds now: Kafka reports
+// neither a member's records in flight nor their delivery counts.
+type ShareHealth struct {
+	// Held counts the records of the member's last poll not settled yet:
+	// in flight on this member, under its acquisition locks.
+	Held int `json:"held"`
+	// OnLastDelivery counts those of them on their last delivery (the
+	// group's share.delivery.count.limit): each has its provisional dead
+	// letter, and is archived by the broker if this member does not
+	// settle it.
+	OnLastDelivery int `json:"on_last_delivery"`
 }
 
 // DialError is a broker's connections failing, as Health reports it.

@@ -193,6 +193,9 @@ type ShareEvent struct {
 	Topic     string
 	Partition int
 	Offset    int64
+	// DeliveryCount is, for ShareDelivered, which delivery of the record
+	// this is (1 for its first); 0 for the other kinds.
+	DeliveryCount int
 	// Err is the broker's (or the client's) answer for
 	// ShareRenewalRefused and ShareSettlementLost; nil otherwise.
 	Err error
@@ -202,6 +205,12 @@ type ShareEvent struct {
 type ShareEventKind string
 
 const (
+	// ShareDelivered: a poll handed the record to this member, for its
+	// DeliveryCount-th delivery. Deliveries past the first are records
+	// released, or whose lock ran out, or whose accept was lost: a
+	// distribution shifting up says handlers outrun the lock or members
+	// die on records.
+	ShareDelivered ShareEventKind = "delivered"
 	// ShareRenewalRefused: the broker refused to renew the record's lock.
 	// The member no longer holds it; another member may take it, and the
 	// claim decides which applies it.

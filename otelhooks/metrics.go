@@ -23,7 +23,7 @@ import (
 type metrics struct {
 	consumed, conflicts, failures, retries, suspects   metric.Int64Counter
 	commits, contention, share                         metric.Int64Counter
-	batchSize                                          metric.Int64Histogram
+	batchSize, deliveryCount                           metric.Int64Histogram
 	txDuration, handlerDuration                        metric.Float64Histogram
 	lag, stopped, held, paused, batchLimit, serialized metric.Int64Gauge
 	lastCommit, nextDue                                metric.Float64Gauge
@@ -60,8 +60,12 @@ func (m *metrics) init(meter metric.Meter, consumerAttr attribute.KeyValue) erro
 	m.suspects = counter("kafkaonce.suspect_duplicates", "{message}", "Messages whose content was seen shortly before under another id.")
 	m.commits = counter("kafkaonce.offset.commits", "{commit}", "Offset commits to Kafka; failed ones have error.type.")
 	m.contention = counter("kafkaonce.contention.retries", "{transaction}", "Batch transactions that lost a race for rows (deadlock, serialization failure, lock timeout) and ran again.")
-	m.share = counter("kafkaonce.share.events", "{record}", "A share group's records by what befell them (kafkaonce.share.event): renewal_refused, lock_lost, settlement_lost, provisional_written, provisional_removed.")
+	m.share = counter("kafkaonce.share.events", "{record}", "A share group's records by what befell them (kafkaonce.share.event): delivered, renewal_refused, lock_lost, settlement_lost, provisional_written, provisional_removed.")
 	var e error
+	m.deliveryCount, e = meter.Int64Histogram("kafkaonce.share.delivery_count", metric.WithUnit("{delivery}"),
+		metric.WithDescription("The delivery counts of the records a share group member is handed (1: a record's first delivery)."),
+		metric.WithExplicitBucketBoundaries(1, 2, 3, 4, 5, 6, 7, 8, 9, 10))
+	err = firstErr(err, e)
 	m.batchSize, e = meter.Int64Histogram("kafkaonce.batch.size", metric.WithUnit("{message}"), metric.WithDescription("Messages per batch transaction."),
 		metric.WithExplicitBucketBoundaries(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000))
 	err = firstErr(err, e)
@@ -205,6 +209,9 @@ func (h *Hooks) OnBatchEnd(ctx context.Context, b consumer.BatchInfo, r consumer
 // OnShareEvent counts what befell a share group's records.
 func (h *Hooks) OnShareEvent(ctx context.Context, e consumer.ShareEvent) {
 	h.share.Add(ctx, 1, h.with(topicKey.String(e.Topic), attrShareEvent.String(string(e.Kind))))
+	if e.Kind == consumer.ShareDelivered {
+		h.deliveryCount.Record(ctx, int64(e.DeliveryCount), h.with(topicKey.String(e.Topic)))
+	}
 }
 
 func (h *Hooks) OnPartitionLag(ctx context.Context, l consumer.PartitionLag) {

@@ -234,9 +234,13 @@ func TestShareEventMetrics(t *testing.T) {
 	h.OnShareEvent(ctx, consumer.ShareEvent{Kind: consumer.ShareLockLost, Topic: "jobs", Offset: 1})
 	h.OnShareEvent(ctx, consumer.ShareEvent{Kind: consumer.ShareLockLost, Topic: "jobs", Offset: 2})
 	h.OnShareEvent(ctx, consumer.ShareEvent{Kind: consumer.ShareProvisionalWritten, Topic: "jobs", Offset: 3})
+	h.OnShareEvent(ctx, consumer.ShareEvent{Kind: consumer.ShareDelivered, Topic: "jobs", Offset: 4, DeliveryCount: 2})
 	c := collect(t, reader)
+	require.Equal(t, map[string]float64{"messaging.destination.name=jobs": 1}, c.series["kafkaonce.share.delivery_count"], "one delivery observed")
+	require.Equal(t, "{delivery}", c.units["kafkaonce.share.delivery_count"])
 	require.Equal(t, "{record}", c.units["kafkaonce.share.events"])
 	require.Equal(t, map[string]float64{
+		"kafkaonce.share.event=delivered,messaging.destination.name=jobs":           1,
 		"kafkaonce.share.event=lock_lost,messaging.destination.name=jobs":           2,
 		"kafkaonce.share.event=provisional_written,messaging.destination.name=jobs": 1,
 	}, c.series["kafkaonce.share.events"])

@@ -33,7 +33,8 @@
 //	kafkaonce_contention_retries_total{topic,partition}  transactions that lost a race for rows and ran again
 //	kafkaonce_partition_batch_limit{topic,partition}     most messages the partition's next transaction covers
 //	kafkaonce_partition_serialized{topic,partition}      1 while its transactions wait their turn at the consumer's gate
-//	kafkaonce_share_events_total{topic,event}    a share group's lost locks, refused renewals, lost settlements, provisional letters
+//	kafkaonce_share_events_total{topic,event}    a share group's deliveries, lost locks, refused renewals, lost settlements, provisional letters
+//	kafkaonce_share_delivery_count{topic}        histogram of the delivery counts of the records a share member is handed
 //
 // NewRelay does the same for an outbox relay (outbox.RelayConfig.Hooks),
 // with the label relay:
@@ -70,7 +71,7 @@ type Hooks struct {
 	waiting, nextDue                       prometheus.Gauge
 	batchSize                              prometheus.Observer
 	txDuration                             *prometheus.HistogramVec
-	handlerDuration                        *prometheus.HistogramVec
+	handlerDuration, deliveryCount         *prometheus.HistogramVec
 	commits, commitErrors                  prometheus.Counter
 	lag, lastCommit, stopped, held, paused *prometheus.GaugeVec
 	contention, share                      *prometheus.CounterVec
@@ -114,7 +115,10 @@ func New(reg prometheus.Registerer, consumerName string) (*Hooks, error) {
 		paused:     gauge("partition_paused", "1 while a pause holds the partition: it fetches nothing until resumed."),
 		contention: counter("contention_retries_total", "Batch transactions that lost a race for rows (deadlock, serialization failure, lock timeout) and ran again.", "topic", "partition"),
 		batchLimit: gauge("partition_batch_limit", "Most messages the partition's next transaction covers: MaxBatch, or less under contention."),
-		share:      counter("share_events_total", "A share group's records by what befell them: renewal_refused, lock_lost, settlement_lost, provisional_written, provisional_removed (consumer.HookShareEvent).", "topic", "event"),
+		share:      counter("share_events_total", "A share group's records by what befell them: delivered, renewal_refused, lock_lost, settlement_lost, provisional_written, provisional_removed (consumer.HookShareEvent).", "topic", "event"),
+		deliveryCount: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "kafkaonce", Name: "share_delivery_count",
+			Help: "The delivery counts of the records a share group member is handed (1: a record's first delivery).", ConstLabels: labels,
+			Buckets: prometheus.LinearBuckets(1, 1, 10)}, []string{"topic"}),
 		serialized: gauge("partition_serialized", "1 while the partition's transactions wait their turn at the consumer's gate because of contention."),
 	}
 	batchSize := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kafkaonce", Name: "batch_size",
@@ -124,7 +128,7 @@ func New(reg prometheus.Registerer, consumerName string) (*Hooks, error) {
 	h.batchSize, h.commits, h.commitErrors = batchSize, commits, commitErrors
 	for _, c := range []prometheus.Collector{h.applied, h.skipped, h.conflicts, h.dead, h.setAside, h.waiting, h.nextDue, h.failures, h.retries, h.suspects,
 		batchSize, h.txDuration, h.handlerDuration, commits, commitErrors, h.lag, h.lastCommit, h.stopped, h.held, h.paused,
-		h.contention, h.batchLimit, h.serialized, h.share} {
+		h.contention, h.batchLimit, h.serialized, h.share, h.deliveryCount} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("promhooks: register: %w", err)
 		}
@@ -227,6 +231,9 @@ func (h *Hooks) OnBatchEnd(_ context.Context, b consumer.BatchInfo, r consumer.B
 // finish on this member.
 func (h *Hooks) OnShareEvent(_ context.Context, e consumer.ShareEvent) {
 	h.share.WithLabelValues(e.Topic, string(e.Kind)).Inc()
+	if e.Kind == consumer.ShareDelivered {
+		h.deliveryCount.WithLabelValues(e.Topic).Observe(float64(e.DeliveryCount))
+	}
 }
 
 func (h *Hooks) OnPartitionLag(_ context.Context, l consumer.PartitionLag) {

@@ -402,10 +402,31 @@ func TestShareEventsMetric(t *testing.T) {
 	h.OnShareEvent(ctx, consumer.ShareEvent{Kind: consumer.ShareRenewalRefused, Topic: "jobs", Offset: 1, Err: errors.New("refused")})
 	h.OnShareEvent(ctx, consumer.ShareEvent{Kind: consumer.ShareRenewalRefused, Topic: "jobs", Offset: 2, Err: errors.New("refused")})
 	h.OnShareEvent(ctx, consumer.ShareEvent{Kind: consumer.ShareSettlementLost, Topic: "jobs", Offset: 3})
+	h.OnShareEvent(ctx, consumer.ShareEvent{Kind: consumer.ShareDelivered, Topic: "jobs", Offset: 4, DeliveryCount: 1})
+	h.OnShareEvent(ctx, consumer.ShareEvent{Kind: consumer.ShareDelivered, Topic: "jobs", Offset: 5, DeliveryCount: 3})
 	require.NoError(t, testutil.GatherAndCompare(reg, stringsReader(`
-# HELP kafkaonce_share_events_total A share group's records by what befell them: renewal_refused, lock_lost, settlement_lost, provisional_written, provisional_removed (consumer.HookShareEvent).
+# HELP kafkaonce_share_events_total A share group's records by what befell them: delivered, renewal_refused, lock_lost, settlement_lost, provisional_written, provisional_removed (consumer.HookShareEvent).
 # TYPE kafkaonce_share_events_total counter
+kafkaonce_share_events_total{consumer="ledger",event="delivered",topic="jobs"} 2
 kafkaonce_share_events_total{consumer="ledger",event="renewal_refused",topic="jobs"} 2
 kafkaonce_share_events_total{consumer="ledger",event="settlement_lost",topic="jobs"} 1
 `), "kafkaonce_share_events_total"))
+	// The delivery counts: one first delivery, one third.
+	require.NoError(t, testutil.GatherAndCompare(reg, stringsReader(`
+# HELP kafkaonce_share_delivery_count The delivery counts of the records a share group member is handed (1: a record's first delivery).
+# TYPE kafkaonce_share_delivery_count histogram
+kafkaonce_share_delivery_count_bucket{consumer="ledger",topic="jobs",le="1"} 1
+kafkaonce_share_delivery_count_bucket{consumer="ledger",topic="jobs",le="2"} 1
+kafkaonce_share_delivery_count_bucket{consumer="ledger",topic="jobs",le="3"} 2
+kafkaonce_share_delivery_count_bucket{consumer="ledger",topic="jobs",le="4"} 2
+kafkaonce_share_delivery_count_bucket{consumer="ledger",topic="jobs",le="5"} 2
+kafkaonce_share_delivery_count_bucket{consumer="ledger",topic="jobs",le="6"} 2
+kafkaonce_share_delivery_count_bucket{consumer="ledger",topic="jobs",le="7"} 2
+kafkaonce_share_delivery_count_bucket{consumer="ledger",topic="jobs",le="8"} 2
+kafkaonce_share_delivery_count_bucket{consumer="ledger",topic="jobs",le="9"} 2
+kafkaonce_share_delivery_count_bucket{consumer="ledger",topic="jobs",le="10"} 2
+kafkaonce_share_delivery_count_bucket{consumer="ledger",topic="jobs",le="+Inf"} 2
+kafkaonce_share_delivery_count_sum{consumer="ledger",topic="jobs"} 4
+kafkaonce_share_delivery_count_count{consumer="ledger",topic="jobs"} 2
+`), "kafkaonce_share_delivery_count"))
 }

@@ -88,6 +88,10 @@ type health struct {
 	// only.
 	pollFailing atomic.Int64
 	pollError   atomic.Pointer[string]
+	// shareHeld and shareLast are, for a share group member, the records
+	// of its last poll not settled yet, and those of them on their last
+	// delivery (see shareLocks.publish).
+	shareHeld, shareLast atomic.Int64
 
 	mu      sync.Mutex
 	dbAt    time.Time
@@ -131,6 +135,7 @@ func (c *Consumer) Health(ctx context.Context, askDB bool) kafkaoncetype.Health 
 	kind := "consumer group"
 	if share {
 		kind = "share group"
+		h.Share = &kafkaoncetype.ShareHealth{Held: int(c.health.shareHeld.Load()), OnLastDelivery: int(c.health.shareLast.Load())}
 	}
 	failing := c.dials.Failing()
 	if failing != nil {

@@ -168,6 +168,7 @@ func (s *shareMember) run(ctx context.Context) error {
 			continue
 		}
 		s.locks.hold(recs)
+		s.delivered(work, recs)
 		var stopErr error
 		for _, group := range byPartition(recs) {
 			if stop.Err() != nil || stopErr != nil {

@@ -21,3 +21,16 @@ func (s *shareMember) shareEvent(ctx context.Context, kind kafkaoncetype.ShareEv
 		h(ctx, e)
 	}
 }
+
+// delivered reports the records a poll handed the member, each with its
+// delivery count: Kafka reports no record's count, so these events are
+// where an operator sees records delivered again and again.
+func (s *shareMember) delivered(ctx context.Context, recs []kafkaclient.ShareRecord) {
+	for i := range recs {
+		e := kafkaoncetype.ShareEvent{Kind: kafkaoncetype.ShareDelivered, Topic: recs[i].Topic, Partition: recs[i].Partition,
+			Offset: recs[i].Offset, DeliveryCount: recs[i].DeliveryCount}
+		for _, h := range s.hooks.Share {
+			h(ctx, e)
+		}
+	}
+}

@@ -33,7 +33,7 @@ func (f *fakeShare) Settle(how kafkaclient.Settlement, _ ...kafkaclient.RecordID
 // shareEvents is a share member on m whose share hooks record into got.
 func shareEvents(m kafkaclient.ShareMember) (*shareMember, *[]kafkaoncetype.ShareEvent) {
 	var got []kafkaoncetype.ShareEvent
-	d := &deps{log: slog.New(slog.DiscardHandler), hooks: Hooks{Share: []func(context.Context, kafkaoncetype.ShareEvent){
+	d := &deps{log: slog.New(slog.DiscardHandler), health: &health{}, hooks: Hooks{Share: []func(context.Context, kafkaoncetype.ShareEvent){
 		func(_ context.Context, e kafkaoncetype.ShareEvent) { got = append(got, e) },
 	}}}
 	s := &shareMember{deps: d, m: m, settings: kafkaadmin.ShareSettings{DeliveryLimit: 5, LockDuration: time.Minute}}
@@ -136,4 +136,18 @@ func TestShareEventsOfALostLock(t *testing.T) {
 		require.Empty(t, *got)
 		require.Len(t, r.recs, 1)
 	})
+}
+
+// Each record a poll hands the member is reported with its delivery
+// count, which Kafka reports nowhere else.
+func TestShareEventsOfADelivery(t *testing.T) {
+	s, got := shareEvents(&fakeShare{})
+	other := shareRec
+	other.Offset = 8
+	s.delivered(t.Context(), []kafkaclient.ShareRecord{{RecordID: shareRec, DeliveryCount: 1}, {RecordID: other, DeliveryCount: 3}})
+	require.Equal(t, []kafkaoncetype.ShareEventKind{kafkaoncetype.ShareDelivered, kafkaoncetype.ShareDelivered}, kinds(*got))
+	require.Equal(t, 1, (*got)[0].DeliveryCount)
+	require.Equal(t, 3, (*got)[1].DeliveryCount)
+	require.EqualValues(t, 8, (*got)[1].Offset)
+	require.NoError(t, (*got)[1].Err)
 }

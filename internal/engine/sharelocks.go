@@ -30,12 +30,15 @@ type shareLocks struct {
 	// lost are the unsettled records whose renewal the broker refused:
 	// no longer this member's (see lostLocks).
 	lost map[kafkaclient.RecordID]struct{}
+	// last are the unsettled records on their last delivery.
+	last map[kafkaclient.RecordID]struct{}
 	// stopRenewing ends the renewals of the current poll's records.
 	stopRenewing func()
 }
 
 func newShareLocks(s *shareMember) *shareLocks {
-	return &shareLocks{s: s, unsettled: map[kafkaclient.RecordID]time.Time{}, lost: map[kafkaclient.RecordID]struct{}{}}
+	return &shareLocks{s: s, unsettled: map[kafkaclient.RecordID]time.Time{}, lost: map[kafkaclient.RecordID]struct{}{},
+		last: map[kafkaclient.RecordID]struct{}{}}
 }
 
 // hold takes the records of a poll, and renews their locks until each is
@@ -44,7 +47,11 @@ func (l *shareLocks) hold(recs []kafkaclient.ShareRecord) {
 	l.mu.Lock()
 	for i := range recs {
 		l.unsettled[recs[i].RecordID] = recs[i].LockedUntil
+		if l.s.lastDelivery(&recs[i]) {
+			l.last[recs[i].RecordID] = struct{}{}
+		}
 	}
+	l.publish()
 	l.mu.Unlock()
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -131,7 +138,9 @@ func (l *shareLocks) settle(ctx context.Context, how kafkaclient.Settlement, ids
 	for _, id := range ids {
 		delete(l.unsettled, id)
 		delete(l.lost, id)
+		delete(l.last, id)
 	}
+	l.publish()
 	if err := l.s.m.Settle(how, ids...); err != nil {
 		// Not of the last poll, or settled already: a bug of ours, and
 		// the record is delivered again when its lock runs out.
@@ -139,6 +148,12 @@ func (l *shareLocks) settle(ctx context.Context, how kafkaclient.Settlement, ids
 		return
 	}
 	_, _ = l.flushLocked(ctx)
+}
+
+// publish shows Health what the member holds. It runs under mu.
+func (l *shareLocks) publish() {
+	l.s.health.shareHeld.Store(int64(len(l.unsettled)))
+	l.s.health.shareLast.Store(int64(len(l.last)))
 }
 
 // releaseRest releases the records of the poll still unsettled (a

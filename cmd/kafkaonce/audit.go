@@ -21,6 +21,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/internal/recent"
 	"github.com/kafkaonce/kafkaonce/internal/schema"
+	lettersstore "github.com/kafkaonce/kafkaonce/internal/store/letters"
 	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
@@ -33,8 +34,18 @@ type auditCounts struct {
 	Duplicates   int64 `json:"duplicates"`
 	DeadLettered int64 `json:"dead_lettered"`
 	Pruned       int64 `json:"pruned"`
-	// Unprocessed are at or past the stored position: not processed yet.
+	// DiedOnLastDelivery (a share group's) are below the share start
+	// offset with only a provisional letter: the broker archived them
+	// after a last delivery that never finished, and the letter, an
+	// ordinary open one, sets them aside.
+	DiedOnLastDelivery int64 `json:"died_on_last_delivery"`
+	// Unprocessed are at or past the stored position (a share group's
+	// start offset) with no claim and no letter: not processed yet.
 	Unprocessed int64 `json:"unprocessed"`
+	// PastStart (a share group's) are at or past the share start offset,
+	// whatever their claims and letters say: in flight or not delivered
+	// yet, so none of them is missing.
+	PastStart int64 `json:"past_share_start"`
 	// Problems.
 	WouldReapply int64 `json:"would_reapply"`
 	Conflicts    int64 `json:"conflicts"`
@@ -52,7 +63,9 @@ func (c *auditCounts) add(o auditCounts) {
 	c.Duplicates += o.Duplicates
 	c.DeadLettered += o.DeadLettered
 	c.Pruned += o.Pruned
+	c.DiedOnLastDelivery += o.DiedOnLastDelivery
 	c.Unprocessed += o.Unprocessed
+	c.PastStart += o.PastStart
 	c.WouldReapply += o.WouldReapply
 	c.Conflicts += o.Conflicts
 	c.Missing += o.Missing
@@ -76,6 +89,11 @@ type auditPartition struct {
 	From      int64 `json:"from"`
 	To        int64 `json:"to"`
 	Stored    int64 `json:"stored_position"`
+	// ShareStart is a share group's share-partition start offset, the
+	// boundary in place of Stored (every record below it settled by the
+	// broker); absent for a consumer group, and for a partition the share
+	// group has no state for (then every record is past it).
+	ShareStart *int64 `json:"share_start,omitempty"`
 	// Incomplete says why offsets of the range were not read.
 	Incomplete string `json:"incomplete,omitempty"`
 	auditCounts
@@ -85,10 +103,27 @@ type auditPartition struct {
 	processedSince time.Time
 }
 
+// boundary is the offset below which every message was processed: the
+// stored position, or a share group's start offset; -1 for none.
+func (ap *auditPartition) boundary() int64 {
+	if ap.ShareStart != nil {
+		return *ap.ShareStart
+	}
+	return ap.Stored
+}
+
 type auditReport struct {
 	Consumer string `json:"consumer"`
 	Topic    string `json:"topic"`
 	Schema   string `json:"schema"`
+	// GroupType is the kind of group the audit took the consumer's to be:
+	// "consumer" (the boundary is each partition's stored position) or
+	// "share" (each partition's share start offset, of share group
+	// Group). GroupTypeFrom says why: "record" (what the consumer
+	// recorded), "--group-type", or "default" (it recorded nothing).
+	GroupType     string `json:"group_type"`
+	GroupTypeFrom string `json:"group_type_from"`
+	Group         string `json:"group,omitempty"`
 	// MessageIDRule is the rule ids were derived by, and MessageIDRuleFrom
 	// where it came from: "--id", "record" (what the consumer recorded) or
 	// "default" (the consumer recorded nothing).
@@ -120,7 +155,7 @@ type auditHint struct {
 const maxFindings = 50
 
 func auditCmd(s *settings) *cobra.Command {
-	var consumerName, topic, from, to, idSpec, retentionText, windowText string
+	var consumerName, topic, from, to, idSpec, retentionText, windowText, groupTypeText, group string
 	cmd := &cobra.Command{
 		Use:   "audit",
 		Short: "Check a range of the log against what was applied: would a replay apply anything twice?",
@@ -144,6 +179,25 @@ consumer's claims (processed_messages), dead letters and stored positions:
 
 It also lists suspect duplicates: the same content under another id within
 --suspect-window (a producer that makes a new id on each retry).
+
+For a share group (the consumer recorded Config.GroupType ShareGroup, or
+--group-type share) there are no stored positions: the boundary is each
+partition's share start offset, below which the broker settled every
+record (accepted, rejected or archived), and the audit checks that each
+record below it was applied, claimed as a duplicate or set aside:
+
+  died on last delivery  only a provisional letter: the broker archived the
+                 record after a last delivery that never finished (its
+                 process died, or the member stopped); the letter stands as
+                 an open letter (class crashed) that redrive applies once
+  past start     at or past the share start offset: in flight or not
+                 delivered yet, never missing (those without a claim or a
+                 letter are also unprocessed)
+
+A record below the start offset with no claim is pruned or WOULD REAPPLY
+as above, its own time alone bounding when it was processed (a share group
+processes a partition out of order). The share group is --group, else the
+recorded group, else the consumer's name.
 
 Pruning deletes claims by the time they were processed (processed_at),
 and a missing claim's time is gone with it. The audit bounds it from below:
@@ -196,20 +250,32 @@ the audit read them): an audit that did not read everything is no verdict.`,
 			if topic, err = topicOf(topic, c.record, consumerName); err != nil {
 				return err
 			}
+			kind, err := groupTypeOf(groupTypeText, c.record)
+			if err != nil {
+				return err
+			}
+			share := kind.typ == recorded.ShareGroup
+			if group != "" && !share {
+				return fmt.Errorf("--group names a share group, and consumer %s is audited as a consumer group (%s): its boundary is its stored positions, of no group; pass --group-type share for a share group", consumerName, kind.from)
+			}
 			if err := s.connectKafka(c, consumerName); err != nil {
 				return err
 			}
 			a := &auditor{pool: c.pool, admin: c.admin, schema: s.schema, consumer: consumerName,
 				topic: topic, id: ids.rule, retention: retention, window: window, progress: newProgress(s.st, "auditing")}
+			if share {
+				a.shareGroup = groupOf(group, c.record, consumerName)
+			}
 			r, err := a.run(ctx, from, to)
 			if err != nil {
 				return err
 			}
+			r.GroupType, r.GroupTypeFrom = kind.typ, kind.from
 			r.Schema, r.MessageIDRule, r.MessageIDRuleFrom = s.schema, ids.rule.String(), ids.from
 			if c.record != nil {
 				r.RecordedMessageIDRule = c.record.MessageIDRule
 			}
-			r.Hints = problemHints(r.Total, ids, c.record, consumerName, retentionText)
+			r.Hints = problemHints(r.Total, ids, c.record, consumerName, retentionText, share)
 			if err := s.emit(r, func(w io.Writer) { printAudit(w, r) }); err != nil {
 				return err
 			}
@@ -230,6 +296,8 @@ the audit read them): an audit that did not read everything is no verdict.`,
 	f.StringVar(&idSpec, "id", "", "how ids are derived: "+consumer.MessageIDRuleForms+" (default: the rule the consumer records, else header:"+consumer.DefaultMessageIDHeader+")")
 	f.StringVar(&retentionText, "retention", "7d", "claims older than this may have been pruned")
 	f.StringVar(&windowText, "suspect-window", "10m", "how close in time a suspect duplicate must be")
+	f.StringVar(&groupTypeText, "group-type", "", "consumer or share: the kind of group the consumer reads in (default: what it records, else consumer)")
+	f.StringVar(&group, "group", "", "the share group, for a share group (default: the recorded group, else the consumer's name)")
 	return cmd
 }
 
@@ -243,13 +311,24 @@ type auditor struct {
 	retention time.Duration
 	window    time.Duration
 	progress  *progress
+	// shareGroup is the share group whose start offsets are the
+	// boundary, for a consumer in a share group; "" for a consumer group.
+	shareGroup string
 }
 
 func (a *auditor) run(ctx context.Context, from, to string) (auditReport, error) {
-	r := auditReport{Consumer: a.consumer, Topic: a.topic}
+	r := auditReport{Consumer: a.consumer, Topic: a.topic, Group: a.shareGroup}
 	parts, err := a.admin.Partitions(ctx, a.topic)
 	if err != nil {
 		return r, err
+	}
+	// Read before the records: the claims and letters read after it are
+	// of records the broker settled already.
+	var shareStarts map[int]kafkaadmin.SharePartition
+	if a.shareGroup != "" {
+		if shareStarts, err = a.admin.ShareOffsets(ctx, a.shareGroup, a.topic); err != nil {
+			return r, err
+		}
 	}
 	bounds, err := a.admin.LogBounds(ctx, a.topic, parts)
 	if err != nil {
@@ -271,14 +350,22 @@ func (a *auditor) run(ctx context.Context, from, to string) (auditReport, error)
 	defer a.progress.done()
 	positions, _ := offsets.NewStore(a.schema)
 	for _, p := range parts {
-		stored, ok, err := positions.Load(ctx, a.pool, a.consumer, a.topic, p)
-		if err != nil {
-			return r, err
+		ap := auditPartition{Partition: p, From: starts[p], To: ends[p], Stored: -1}
+		if a.shareGroup != "" {
+			// A share group stores no positions: the broker's start
+			// offset is the boundary.
+			if sp, ok := shareStarts[p]; ok {
+				ap.ShareStart = &sp.Start
+			}
+		} else {
+			stored, ok, err := positions.Load(ctx, a.pool, a.consumer, a.topic, p)
+			if err != nil {
+				return r, err
+			}
+			if ok {
+				ap.Stored = stored
+			}
 		}
-		if !ok {
-			stored = -1
-		}
-		ap := auditPartition{Partition: p, From: starts[p], To: ends[p], Stored: stored}
 		if err := a.partition(ctx, &ap, &r); err != nil {
 			return r, err
 		}
@@ -340,7 +427,7 @@ func (a *auditor) partition(ctx context.Context, ap *auditPartition, r *auditRep
 		return nil
 	}
 	claims, _ := dedupe.NewStore(a.schema)
-	letters, _ := deadletter.NewStore(a.schema)
+	letters, _ := lettersstore.NewStore(a.schema)
 	window := recent.New(100000, a.window)
 	horizon := time.Now().Add(-a.retention)
 	return a.scan(ctx, ap, func(chunk []kafkaclient.Record) error {
@@ -446,7 +533,7 @@ func (a *auditor) read(ctx context.Context, ap *auditPartition, next int64, clas
 }
 
 // classify checks a chunk of messages against the tables.
-func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, letters *deadletter.Store, window *recent.Window, horizon time.Time, chunk []kafkaclient.Record, ap *auditPartition, r *auditReport) error {
+func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, letters *lettersstore.Store, window *recent.Window, horizon time.Time, chunk []kafkaclient.Record, ap *auditPartition, r *auditReport) error {
 	ids := make([]string, len(chunk))
 	idErrs := make([]error, len(chunk))
 	fps := make([]dedupe.Fingerprint, len(chunk))
@@ -471,13 +558,31 @@ func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, letters *d
 	// A letter accounts for the message whose content it holds: after a
 	// topic is re-created and its positions reset, a letter of the old
 	// topic's message may sit at the same offset as the new one's.
-	footprints, err := letters.Footprints(ctx, a.pool, a.consumer, a.topic, ap.Partition, chunk[0].Offset, chunk[len(chunk)-1].Offset)
+	footprints, err := letters.FootprintsMarked(ctx, a.pool, a.consumer, a.topic, ap.Partition, chunk[0].Offset, chunk[len(chunk)-1].Offset)
 	if err != nil {
 		return err
 	}
+	// setAside holds the messages with a letter that sets them aside;
+	// provisional, those whose only letter is provisional. A consumer
+	// group's audit takes any letter as setting its message aside, as it
+	// did before share groups. A share group's provisional letter of a
+	// record in flight stands for its last delivery, still under way; of a
+	// record the broker settled (below its start offset), for one that
+	// died: the record was archived, and the letter, which the engine
+	// leaves in place, is its letter (docs/guarantee.md, "Share groups").
+	// A record applied on its last delivery has its provisional letter
+	// removed by the transaction that applied it: a claim beside one is
+	// of an earlier delivery, and the record was applied.
 	setAside := make(map[deadletter.Footprint]bool, len(footprints))
+	provisional := map[deadletter.Footprint]bool{}
 	for _, f := range footprints {
-		setAside[f] = true
+		switch {
+		case f.Provisional && a.shareGroup != "" && !setAside[f.Footprint]:
+			provisional[f.Footprint] = true
+		case !f.Provisional || a.shareGroup == "":
+			setAside[f.Footprint] = true
+			delete(provisional, f.Footprint)
+		}
 	}
 
 	find := func(kind string, i int, detail string) {
@@ -485,10 +590,14 @@ func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, letters *d
 			r.Findings = append(r.Findings, auditFinding{Kind: kind, Topic: a.topic, Partition: ap.Partition, Offset: chunk[i].Offset, MessageID: ids[i], Detail: detail})
 		}
 	}
+	boundary := ap.boundary()
 	for i := range chunk {
 		off := chunk[i].Offset
-		below := ap.Stored >= 0 && off < ap.Stored
+		below := boundary >= 0 && off < boundary
 		ap.Read++
+		if a.shareGroup != "" && !below {
+			ap.PastStart++
+		}
 		if idErrs[i] == nil {
 			if prev, ok := window.Observe(fps[i], ids[i], off, chunk[i].Time); ok {
 				ap.Suspects++
@@ -496,12 +605,19 @@ func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, letters *d
 			}
 		}
 		rec, claimed := existing[ids[i]]
+		claimed = claimed && idErrs[i] == nil
+		footprint := deadletter.Footprint{Offset: off, Fingerprint: fps[i]}
 		switch {
-		case setAside[deadletter.Footprint{Offset: off, Fingerprint: fps[i]}]:
+		case setAside[footprint]:
 			ap.DeadLettered++
+		case provisional[footprint] && !claimed && below:
+			ap.DiedOnLastDelivery++
+		case provisional[footprint] && !claimed:
+			// On its last delivery now.
+			ap.Unprocessed++
 		case idErrs[i] != nil && below:
 			ap.Missing++
-			find("missing", i, fmt.Sprintf("no valid id by %s (%v) and no dead letter, yet below the stored position", a.id, idErrs[i]))
+			find("missing", i, fmt.Sprintf("no valid id by %s (%v) and no dead letter, yet below the %s", a.id, idErrs[i], a.boundaryName()))
 		case idErrs[i] != nil:
 			ap.Unprocessed++
 		case claimed && rec.Fingerprint != fps[i]:
@@ -520,10 +636,16 @@ func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, letters *d
 			ap.Duplicates++
 		case !below:
 			ap.Unprocessed++
-		case chunk[i].Time.Before(horizon) && ap.processedSince.Before(horizon):
+		case chunk[i].Time.Before(horizon) && (a.shareGroup != "" || ap.processedSince.Before(horizon)):
 			// Pruning deletes by processed_at: both bounds on this
 			// message's say it may have been processed before the horizon.
+			// A share group hands a partition's records out of order, so
+			// the claims at lower offsets bound nothing: only the
+			// message's own time does.
 			ap.Pruned++
+		case a.shareGroup != "":
+			ap.WouldReapply++
+			find("would_reapply", i, "settled by the broker (below the share start offset) after the retention horizon, so not pruned, but its claim is missing: a reset of the start offset (replay) or a re-send would apply it again")
 		default:
 			ap.WouldReapply++
 			find("would_reapply", i, "processed (below the stored position) after the retention horizon, so not pruned, but its claim is missing: a position reset or a re-send would apply it again")
@@ -532,19 +654,35 @@ func (a *auditor) classify(ctx context.Context, claims *dedupe.Store, letters *d
 	return nil
 }
 
+// boundaryName names the boundary below which every message was
+// processed.
+func (a *auditor) boundaryName() string {
+	if a.shareGroup != "" {
+		return "share start offset"
+	}
+	return "stored position"
+}
+
 // problemHints says, for each kind of problem found, what it more likely
 // means. Each starts with the id rule, since an audit by another rule than
 // the consumer's finds all three kinds: no id (missing), ids never claimed
 // (would reapply), or ids claimed by other messages (conflicts).
-func problemHints(t auditCounts, ids idChoice, rec *recorded.Settings, consumerName, retention string) []auditHint {
+func problemHints(t auditCounts, ids idChoice, rec *recorded.Settings, consumerName, retention string, share bool) []auditHint {
 	var hints []auditHint
 	hint := func(kind string, n int64, what, cause string) {
 		if n > 0 {
 			hints = append(hints, auditHint{Kind: kind, Text: ruleHint(fmt.Sprintf(what, n, ruleSubject(ids, consumerName)), ids, rec, consumerName, cause)})
 		}
 	}
-	hint("would_reapply", t.WouldReapply, "%d messages below the stored position have no claim by %s",
-		fmt.Sprintf("their claims were deleted, by a prune with a shorter --older-than than --retention %s (audit again with that as --retention) or by other means (by hand, a restore of processed_messages), and a reset of the stored position or a re-send would apply them again", retention))
+	if share {
+		// Below a share start offset, a record may also never have
+		// reached a kafkaonce member: the broker settles what it skips.
+		hint("would_reapply", t.WouldReapply, "%d records below the share start offset have no claim by %s",
+			fmt.Sprintf("their claims were deleted, by a prune with a shorter --older-than than --retention %s (audit again with that as --retention) or by other means (by hand, a restore of processed_messages); or the group never handed them to a kafkaonce member: it started past them (share.auto.offset.reset latest, Kafka's default: audit --from where it started), its start offset was moved past them (replay --to), or the broker archived them without a letter (docs/guarantee.md, \"Share groups\"). A reset of the start offset (replay) or a re-send would apply them", retention))
+	} else {
+		hint("would_reapply", t.WouldReapply, "%d messages below the stored position have no claim by %s",
+			fmt.Sprintf("their claims were deleted, by a prune with a shorter --older-than than --retention %s (audit again with that as --retention) or by other means (by hand, a restore of processed_messages), and a reset of the stored position or a re-send would apply them again", retention))
+	}
 	hint("conflict", t.Conflicts, "%d messages have an id claimed for other content (ids by %s)",
 		"another message was applied under the same id: a producer that reuses ids for other content, or a topic re-created without kafkaonce topic-recreated (ids by position); the consumer sets such a message aside as a conflict letter when it meets it")
 	hint("missing", t.Missing, "%d messages have no id by %s",
@@ -600,11 +738,18 @@ func recordedRuleNote(r auditReport) string {
 
 func printAudit(w io.Writer, r auditReport) {
 	fmt.Fprintf(w, "audit of consumer %s on %s (schema %s)\n", r.Consumer, r.Topic, r.Schema)
+	if g := describeGroup(r); g != "" {
+		fmt.Fprintf(w, "group: %s\n", g)
+	}
 	fmt.Fprintf(w, "ids: %s\n", describeRule(r))
 	if note := recordedRuleNote(r); note != "" {
 		fmt.Fprintf(w, "NOTE: %s\n", note)
 	}
 	fmt.Fprintln(w)
+	if r.GroupType == recorded.ShareGroup {
+		printShareAudit(w, r)
+		return
+	}
 	var rows [][]string
 	n := func(v int64) string { return strconv.FormatInt(v, 10) }
 	for _, p := range r.Partitions {
@@ -615,13 +760,7 @@ func printAudit(w io.Writer, r auditReport) {
 	rows = append(rows, []string{"total", "", "", n(t.Read), n(t.Unread), n(t.Applied), n(t.Duplicates), n(t.DeadLettered), n(t.Pruned), n(t.Unprocessed),
 		n(t.WouldReapply), n(t.Conflicts), n(t.Missing), n(t.Suspects)})
 	table(w, "PARTITION\tRANGE\tSTORED\tREAD\tUNREAD\tAPPLIED\tDUPLICATES\tDEAD-LETTERED\tPRUNED\tUNPROCESSED\tWOULD REAPPLY\tCONFLICTS\tMISSING\tSUSPECTS", rows)
-	if len(r.Findings) > 0 {
-		fmt.Fprintln(w)
-		sort.SliceStable(r.Findings, func(i, j int) bool { return r.Findings[i].Kind < r.Findings[j].Kind })
-		for _, f := range r.Findings {
-			fmt.Fprintf(w, "%-17s %s/%d/%d id %q: %s\n", f.Kind, f.Topic, f.Partition, f.Offset, f.MessageID, f.Detail)
-		}
-	}
+	printFindings(w, r)
 	fmt.Fprintln(w)
 	switch {
 	case r.OK:
@@ -629,12 +768,96 @@ func printAudit(w io.Writer, r auditReport) {
 	case t.problems() > 0:
 		fmt.Fprintf(w, "PROBLEMS: %d would be applied again, %d conflict, %d missing\n", t.WouldReapply, t.Conflicts, t.Missing)
 	}
+	printVerdictNotes(w, r)
+}
+
+// printFindings lists the problems and suspects found, by kind.
+func printFindings(w io.Writer, r auditReport) {
+	if len(r.Findings) > 0 {
+		fmt.Fprintln(w)
+		sort.SliceStable(r.Findings, func(i, j int) bool { return r.Findings[i].Kind < r.Findings[j].Kind })
+		for _, f := range r.Findings {
+			fmt.Fprintf(w, "%-17s %s/%d/%d id %q: %s\n", f.Kind, f.Topic, f.Partition, f.Offset, f.MessageID, f.Detail)
+		}
+	}
+}
+
+// printVerdictNotes ends a report with its hints and what was not read.
+func printVerdictNotes(w io.Writer, r auditReport) {
+	t := r.Total
 	for _, h := range r.Hints {
 		fmt.Fprintf(w, "HINT: %s\n", h.Text)
 	}
 	if !r.Complete {
 		fmt.Fprintf(w, "INCOMPLETE: %d offsets of the range were not read, and the audit says nothing about them (%s)\n", t.Unread, incompleteReasons(r))
 	}
+}
+
+// printShareAudit shows a share group's audit: its boundary is each
+// partition's share start offset (SHARE START, "-" where the group has no
+// state), and the records past it are counted apart (PAST START), never
+// missing.
+func printShareAudit(w io.Writer, r auditReport) {
+	var rows [][]string
+	n := func(v int64) string { return strconv.FormatInt(v, 10) }
+	counts := func(c auditCounts) []string {
+		return []string{n(c.Read), n(c.Unread), n(c.Applied), n(c.Duplicates), n(c.DeadLettered), n(c.DiedOnLastDelivery), n(c.Pruned),
+			n(c.PastStart), n(c.Unprocessed), n(c.WouldReapply), n(c.Conflicts), n(c.Missing), n(c.Suspects)}
+	}
+	noStart := 0
+	for _, p := range r.Partitions {
+		start := "-"
+		if p.ShareStart != nil {
+			start = n(*p.ShareStart)
+		} else {
+			noStart++
+		}
+		rows = append(rows, append([]string{strconv.Itoa(p.Partition), n(p.From) + ".." + n(p.To), start}, counts(p.auditCounts)...))
+	}
+	t := r.Total
+	rows = append(rows, append([]string{"total", "", ""}, counts(t)...))
+	table(w, "PARTITION\tRANGE\tSHARE START\tREAD\tUNREAD\tAPPLIED\tDUPLICATES\tDEAD-LETTERED\tDIED ON LAST DELIVERY\tPRUNED\tPAST START\tUNPROCESSED\tWOULD REAPPLY\tCONFLICTS\tMISSING\tSUSPECTS", rows)
+	printFindings(w, r)
+	fmt.Fprintln(w)
+	if noStart > 0 {
+		fmt.Fprintf(w, "NOTE: share group %s has no start offset on %d partitions (it has not read them): their records are past start\n", r.Group, noStart)
+	}
+	if t.PastStart > 0 {
+		fmt.Fprintf(w, "past the share start offsets: %d records, in flight or not delivered yet (%d with no claim or letter), none of them missing\n", t.PastStart, t.Unprocessed)
+	}
+	if t.DiedOnLastDelivery > 0 {
+		fmt.Fprintf(w, "died on their last delivery: %d records the broker archived after a last delivery that never finished, set aside by their provisional letters (class crashed), open until redriven or settled: kafkaonce dead-letters lists them\n", t.DiedOnLastDelivery)
+	}
+	switch {
+	case r.OK:
+		fmt.Fprintf(w, "OK: every record below the share start offsets was applied, claimed as a duplicate or set aside (%d checked)\n", t.Read-t.PastStart)
+	case t.problems() > 0:
+		fmt.Fprintf(w, "PROBLEMS: %d would be applied again, %d conflict, %d missing\n", t.WouldReapply, t.Conflicts, t.Missing)
+	}
+	printVerdictNotes(w, r)
+}
+
+// describeGroup says what kind of group the audit took the consumer's
+// to be, and why; "" for a consumer group the consumer records, the case
+// of every audit before share groups.
+func describeGroup(r auditReport) string {
+	var kind string
+	switch r.GroupType {
+	case recorded.ShareGroup:
+		kind = "share group " + r.Group + ", boundary its share start offset on each partition"
+	default:
+		kind = "consumer group, boundary the stored position on each partition"
+	}
+	switch r.GroupTypeFrom {
+	case "--group-type":
+		return kind + " (--group-type)"
+	case "record":
+		if r.GroupType == recorded.ShareGroup {
+			return kind + ", as the consumer records"
+		}
+		return ""
+	}
+	return kind + ", the default: " + noRecord(r.Consumer) + " (pass --group-type share for a share group)"
 }
 
 // describeRule says what the report's ids were derived by, and why.

@@ -225,6 +225,28 @@ func idRuleOf(flag string, rec *recorded.Settings, consumerName string) (idChoic
 	return idChoice{rule: r, from: "record"}, nil
 }
 
+// groupKind is the kind of group a command takes the consumer's to be
+// (recorded.ConsumerGroup or recorded.ShareGroup), and where that came
+// from: "--group-type", "record" or "default".
+type groupKind struct{ typ, from string }
+
+// groupTypeOf is the kind of the consumer's group: --group-type, else
+// the kind it recorded, else a consumer group (a consumer that recorded
+// nothing last ran before share groups).
+func groupTypeOf(flag string, rec *recorded.Settings) (groupKind, error) {
+	switch {
+	case flag == recorded.ConsumerGroup || flag == recorded.ShareGroup:
+		return groupKind{flag, "--group-type"}, nil
+	case flag != "":
+		return groupKind{}, fmt.Errorf("--group-type: %q is neither %s nor %s", flag, recorded.ConsumerGroup, recorded.ShareGroup)
+	case rec == nil:
+		return groupKind{recorded.ConsumerGroup, "default"}, nil
+	case rec.GroupType == recorded.ShareGroup:
+		return groupKind{recorded.ShareGroup, "record"}, nil
+	}
+	return groupKind{recorded.ConsumerGroup, "record"}, nil
+}
+
 // kafkaSettings are how a command reaches Kafka.
 type kafkaSettings struct {
 	brokers []string

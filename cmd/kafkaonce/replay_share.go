@@ -46,8 +46,11 @@ func (r shareReplay) run(ctx context.Context, c *conn) error {
 		// from the target up by its claim.
 		plan.Partitions = append(plan.Partitions, replayPartition{Partition: p, Committed: start, Target: r.targets[p], Stored: -1})
 	}
+	// shareGroup set: a record whose only trace is a provisional letter
+	// (its last delivery died) has no claim, and is applied when
+	// delivered again, not skipped.
 	a := &auditor{pool: c.pool, admin: admin, schema: s.schema, consumer: r.consumer, topic: r.topic, id: r.ids.rule,
-		progress: newProgress(s.st, "counting the messages")}
+		shareGroup: r.group, progress: newProgress(s.st, "counting the messages")}
 	if err := countPlan(ctx, a, &plan, r.bounds, r.idErr == nil); err != nil {
 		return err
 	}

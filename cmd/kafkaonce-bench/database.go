@@ -203,6 +203,8 @@ func applyOne(ctx context.Context, tx pgx.Tx, e effect, key, value []byte) error
 		time.Sleep(2 * time.Millisecond)
 	case effectPartner:
 		time.Sleep(20 * time.Millisecond)
+		_, err := tx.Exec(ctx, updateOneSQL, accountOf(key))
+		return err
 	}
 	return nil
 }

@@ -58,6 +58,10 @@
 // partitions go without a commit while the members of a group restart one
 // at a time, with eager, cooperative and static groups; see rolling.go.
 //
+// Share groups (-share, run alone): a handler waiting 20 ms on a partner
+// per message, on one partition: kafkaonce's consumer group against its
+// share mode with 1, 4, 8 and 16 members; see share.go.
+//
 // Output: a table on stdout, results as JSON (-json), an SVG chart and
 // BENCHMARKS.md (-markdown); the last line of stdout is a JSON object with
 // the key ratios.
@@ -104,6 +108,7 @@ var allModes = []mode{
 	{"kafkaonce-batch-traced", traced(runKafkaonceBatch), true, false},
 	{"kafkaonce-kafka-go", onKafkaGo(runKafkaonce), true, false},
 	{"kafkaonce-batch-kafka-go", onKafkaGo(runKafkaonceBatch), true, false},
+	{"kafkaonce-cg", grouping, true, false},
 	{"kafkaonce-share-1", sharing(1), true, false},
 	{"kafkaonce-share-4", sharing(4), true, false},
 	{"kafkaonce-share-8", sharing(8), true, false},
@@ -166,7 +171,7 @@ func main() {
 	fs.BoolVar(&o.tracing, "tracing", false, "run only the tracing cells (the base cell with tracing off and on, per-message and batch handlers); -markdown then rewrites only their section")
 	fs.BoolVar(&o.rolling, "rolling", false, "run only the rolling restart (3 members, 12 partitions, each restarted in turn; eager, cooperative and static groups) against KAFKA_BROKERS; -markdown then rewrites only its section")
 	fs.BoolVar(&o.clients, "clients", false, "run only the client cells (each mode with franz-go and with kafka-go, side by side); -markdown then rewrites only their section")
-	fs.BoolVar(&o.share, "share", false, "run only the share cells (a 20 ms partner wait per message on 1 partition: the consumer group against share groups of 1, 4, 8 and 16 members); prints a table")
+	fs.BoolVar(&o.share, "share", false, "run only the share cells (a 20 ms partner wait per message on 1 partition: the consumer group against share groups of 1, 4, 8 and 16 members); -messages is the backlog (default 1,000); prints a table")
 	fs.DurationVar(&o.outboxDuration, "outbox-duration", 10*time.Second, "how long the outbox cells write at a steady rate")
 	apply := devenv.RegisterFlags(fs)
 	fs.Usage = func() {
@@ -215,6 +220,11 @@ func (o *options) defaults() {
 		}
 	}
 	pick(&o.rounds, 2, 3)
+	if o.share {
+		// The partner backlog: 20 s of the consumer group at 20 ms a
+		// message.
+		pick(&o.messages, 1000, 1000)
+	}
 	pick(&o.messages, 120_000, 200_000)
 	if o.slowBudget == 0 {
 		o.slowBudget = 10 * time.Second
@@ -507,7 +517,8 @@ func stoppedAt(ctx context.Context) time.Time {
 }
 
 // check verifies a finished run applied each distinct message's effect
-// once: the UPDATE adds one per message to the balance sum; a transfer
+// once: the UPDATE (alone, or after the partner's wait) adds one per
+// message to the balance sum; a transfer
 // leaves the balance sum as it was and adds one posting to each of its
 // two accounts. A run stopped by its time budget can only be checked for
 // transfers left half-applied.
@@ -519,7 +530,7 @@ func check(c cell, b backlog, rec *recorder, before, after totals) (string, erro
 		return "partial (time budget)", nil
 	}
 	switch c.Effect {
-	case effectUpdate:
+	case effectUpdate, effectPartner:
 		if delta := after.balance - before.balance; delta != int64(b.unique) {
 			return "", fmt.Errorf("the effect was applied %d times for %d distinct messages", delta, b.unique)
 		}

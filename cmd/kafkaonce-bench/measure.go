@@ -36,6 +36,11 @@ type result struct {
 	// while it had messages left (see stalls); 0 where not measured.
 	MaxStallSec float64 `json:"max_stall_sec,omitempty"`
 	Correct     string  `json:"correct"` // how the run's effect was checked
+	// FoundClaimed counts the records a share group delivered again after
+	// they were applied (see messageProgress); SetAside, the messages set
+	// aside in dead_letters. Counted in the share cells only.
+	FoundClaimed int64 `json:"found_claimed,omitempty"`
+	SetAside     int64 `json:"set_aside,omitempty"`
 	// Latency runs only.
 	LoadMsgsPerSec float64 `json:"load_msgs_per_sec,omitempty"`
 	P50ms          float64 `json:"p50_ms,omitempty"`
@@ -108,6 +113,7 @@ func (s *snapshot) finish(e *env, r *result, rec *recorder) {
 	}
 	r.PeakRSSMiB = float64(peakRSS()) / (1 << 20)
 	r.MaxStallSec = rec.longestStall().Seconds()
+	r.FoundClaimed, r.SetAside = rec.foundClaimed.Load(), rec.setAside.Load()
 	if rec.latency {
 		r.P50ms = float64(rec.percentile(0.50)) / float64(time.Millisecond)
 		r.P99ms = float64(rec.percentile(0.99)) / float64(time.Millisecond)

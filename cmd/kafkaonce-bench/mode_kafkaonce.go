@@ -67,12 +67,13 @@ func runKafkaonceKeys(ctx context.Context, e *env, c cell, b backlog, rec *recor
 }
 
 func runConsumer(ctx context.Context, e *env, c cell, b backlog, rec *recorder, mode string, handler func(*consumer.Config)) error {
-	return runMembers(ctx, e, c, b, rec, mode, 1, handler)
+	return runMembers(ctx, e, c, b, rec, mode, 1, &kafkaonceHooks{rec: rec}, handler)
 }
 
 // runMembers runs members consumers of one Name and one group, each
-// configured by handler; more than one only in a share group.
-func runMembers(ctx context.Context, e *env, c cell, b backlog, rec *recorder, mode string, members int, handler func(*consumer.Config)) error {
+// configured by handler, progress feeding rec from their hooks; more
+// than one member only in a share group.
+func runMembers(ctx context.Context, e *env, c cell, b backlog, rec *recorder, mode string, members int, progress consumer.Hook, handler func(*consumer.Config)) error {
 	schema, err := kafkaonceSchema(ctx, e.db, c.Prefilled)
 	if err != nil {
 		return err
@@ -85,7 +86,7 @@ func runMembers(ctx context.Context, e *env, c cell, b backlog, rec *recorder, m
 		Schema:   schema,
 		MaxBatch: c.MaxBatch,
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Hooks:    append([]consumer.Hook{&kafkaonceHooks{rec: rec}}, wrapping(ctx).hooks...),
+		Hooks:    append([]consumer.Hook{progress}, wrapping(ctx).hooks...),
 	}
 	if wrapping(ctx).client == kafkaGo {
 		// kafka-go dials through the wire counters, which count its

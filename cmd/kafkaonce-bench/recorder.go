@@ -16,8 +16,13 @@ type recorder struct {
 	first   atomic.Int64
 	last    atomic.Int64
 	batches atomic.Int64
-	doneCh  chan struct{}
-	once    sync.Once
+	// foundClaimed counts records a share group delivered again after
+	// they were applied, and found claimed; setAside, messages set aside
+	// in dead_letters (see messageProgress).
+	foundClaimed atomic.Int64
+	setAside     atomic.Int64
+	doneCh       chan struct{}
+	once         sync.Once
 
 	mu        sync.Mutex
 	latencies []time.Duration // only when latency is set
@@ -63,6 +68,21 @@ func (r *recorder) add(p, n int, t time.Time) {
 // start marks the moment the first batch began (before add is called for
 // it), so the first batch's own time is counted.
 func (r *recorder) start(t time.Time) { r.first.CompareAndSwap(0, t.UnixNano()) }
+
+// earliest moves the run's start back to t when t is earlier: the first
+// handler call to end need not be the first to have begun.
+func (r *recorder) earliest(t time.Time) {
+	n := t.UnixNano()
+	for {
+		old := r.first.Load()
+		if old != 0 && old <= n {
+			return
+		}
+		if r.first.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}
 
 func (r *recorder) batch() { r.batches.Add(1) }
 

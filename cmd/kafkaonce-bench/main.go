@@ -60,7 +60,8 @@
 //
 // Share groups (-share, run alone): a handler waiting 20 ms on a partner
 // per message, on one partition: kafkaonce's consumer group against its
-// share mode with 1, 4, 8 and 16 members; see share.go.
+// share mode with 1, 4, 8 and 16 members; then the base cells with one
+// share member against the consumer group; see share.go.
 //
 // Output: a table on stdout, results as JSON (-json), an SVG chart and
 // BENCHMARKS.md (-markdown); the last line of stdout is a JSON object with
@@ -140,6 +141,7 @@ type options struct {
 	clients        bool
 	rolling        bool
 	share          bool
+	shareBase      bool
 }
 
 func main() {
@@ -171,7 +173,8 @@ func main() {
 	fs.BoolVar(&o.tracing, "tracing", false, "run only the tracing cells (the base cell with tracing off and on, per-message and batch handlers); -markdown then rewrites only their section")
 	fs.BoolVar(&o.rolling, "rolling", false, "run only the rolling restart (3 members, 12 partitions, each restarted in turn; eager, cooperative and static groups) against KAFKA_BROKERS; -markdown then rewrites only its section")
 	fs.BoolVar(&o.clients, "clients", false, "run only the client cells (each mode with franz-go and with kafka-go, side by side); -markdown then rewrites only their section")
-	fs.BoolVar(&o.share, "share", false, "run only the share cells (a 20 ms partner wait per message on 1 partition: the consumer group against share groups of 1, 4, 8 and 16 members); -messages is the backlog (default 1,000); prints a table")
+	fs.BoolVar(&o.share, "share", false, "run only the share cells (a 20 ms partner wait per message on 1 partition: the consumer group against share groups of 1, 4, 8 and 16 members; then the base cells, update and no-op, against a share group of 1); -messages is the partner backlog (default 1,000); -markdown then rewrites only their section (kfake's, or the real broker's with KAFKA_BROKERS)")
+	fs.BoolVar(&o.shareBase, "share-base", true, "with -share, also run the base cells (update and no-op, 12 partitions, 100,000 messages) with one share member against the consumer group")
 	fs.DurationVar(&o.outboxDuration, "outbox-duration", 10*time.Second, "how long the outbox cells write at a steady rate")
 	apply := devenv.RegisterFlags(fs)
 	fs.Usage = func() {

@@ -10,25 +10,38 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/devenv"
+	"github.com/kafkaonce/kafkaonce/internal/benchdoc"
 )
 
-// The share cells (-share, run alone): the workload share groups exist
-// for, a handler that waits 20 ms on a partner per message, on a topic of
-// one partition. A consumer group runs that partition on one member, one
-// message after another; a share group hands its records to any number
-// of members. kafkaonce's per-message Handler in a consumer group against
-// its share mode with 1, 4, 8 and 16 members, interleaved, each run
-// checked: every message's effect applied once (the balance sum), and
-// every offset of the log claimed once, applied, nothing set aside
-// (processed_messages and dead_letters).
-var shareModes = []string{"kafkaonce-cg", "kafkaonce-share-1", "kafkaonce-share-4", "kafkaonce-share-8", "kafkaonce-share-16"}
+// The share cells (-share, run alone). First the workload share groups
+// exist for: a handler that waits 20 ms on a partner per message, on a
+// topic of one partition. A consumer group runs that partition on one
+// member, one message after another; a share group hands its records to
+// any number of members. kafkaonce's per-message Handler in a consumer
+// group against its share mode with 1, 4, 8 and 16 members. Then the base
+// cells (update and no-op handlers, 12 partitions, batches of 1,000): the
+// consumer group against a share group of one member, which shows what
+// share mode costs where it brings nothing. Modes interleaved, each run
+// checked: every message's effect applied once (the balance sum, for
+// the effects that change it), and every offset of the log claimed once,
+// applied, nothing set aside (processed_messages and dead_letters).
+var (
+	shareModes     = []string{"kafkaonce-cg", "kafkaonce-share-1", "kafkaonce-share-4", "kafkaonce-share-8", "kafkaonce-share-16"}
+	shareBaseModes = []string{"kafkaonce-cg", "kafkaonce-share-1"}
+)
 
 // shareCell is the partner cell: one partition, batches of 10 (what one
 // member holds locked at a time, so 16 members hold 160 records).
 var shareCell = cell{Partitions: 1, IDs: idUUIDv7, Effect: effectPartner, Size: 100, MaxBatch: 10}
+
+// shareBaseMessages is the backlog of each base cell: several seconds of
+// the slower mode.
+const shareBaseMessages = 100_000
 
 // partnerBacklog is the partner cell's backlog for a mode, given
 // -messages: that many for up to 4 members, and N/4 times as many for N
@@ -43,6 +56,13 @@ func partnerBacklog(mode string, messages int) int {
 	}
 	return messages
 }
+
+// shareSection and shareKafkaSection are the parts of BENCHMARKS.md the
+// share cells write: on kfake, and against a real broker (KAFKA_BROKERS).
+const (
+	shareSection      = "kafkaonce-bench-share"
+	shareKafkaSection = "kafkaonce-bench-share-kafka"
+)
 
 // grouping runs kafkaonce's per-message Handler in a consumer group,
 // counted per message as the share modes are: the share cells' reference.
@@ -125,7 +145,12 @@ func runShareCells(ctx context.Context, log *slog.Logger, o options) error {
 	}
 	defer e.close()
 	log.Info("environment", "kafka", e.brokerDesc, "postgres", e.pgDesc)
+	noop := base
+	noop.Effect = effectNoop
 	cells := []shareRun{{c: shareCell, modes: shareModes, msgs: o.messages}}
+	if o.shareBase {
+		cells = append(cells, shareRun{c: base, modes: shareBaseModes, msgs: shareBaseMessages}, shareRun{c: noop, modes: shareBaseModes, msgs: shareBaseMessages})
+	}
 	var results []result
 	for round := 1; round <= o.rounds; round++ {
 		for ci, sc := range cells {
@@ -152,10 +177,18 @@ func runShareCells(ctx context.Context, log *slog.Logger, o options) error {
 			}
 		}
 	}
-	md, ratios := shareMarkdown(results, o, (&report{env: e}).machine())
+	where := whereShare(ctx, e)
+	md, ratios := shareMarkdown(results, o, where)
 	fmt.Print(md)
 	fmt.Println(ratios)
-	return nil
+	if o.markdown == "" {
+		return nil
+	}
+	section := shareSection
+	if where.brokers != "" {
+		section = shareKafkaSection
+	}
+	return benchdoc.Write(o.markdown, section, md)
 }
 
 // runShareOne runs one mode on a topic of its own (each group drains the
@@ -208,11 +241,32 @@ FROM `+emptySchema+`.processed_messages`).Scan(&rows, &applied, &offsets, &lette
 	return nil
 }
 
-// shareMarkdown is the share cells' table: per mode, the median
-// throughput (whole runs, and their second halves), the median and range
-// of its ratio to the consumer group's taken round by round, and that
-// ratio over N; ratios is the last line of stdout.
-func shareMarkdown(results []result, o options, machine string) (md, ratios string) {
+// brokerVersion is the release of the broker at brokers, as franz-go
+// guesses it from the API versions it answers with.
+func brokerVersion(ctx context.Context, brokers []string) string {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return "(version unknown)"
+	}
+	defer cl.Close()
+	vs, err := kadm.NewClient(cl).ApiVersions(ctx)
+	if err != nil {
+		return "(version unknown)"
+	}
+	for _, v := range vs.Sorted() {
+		if v.Err == nil {
+			return strings.TrimPrefix(v.VersionGuess(), "v")
+		}
+	}
+	return "(version unknown)"
+}
+
+// shareMarkdown is the share cells' section: per mode of the partner
+// cell, the median throughput (whole runs, and their second halves), the
+// median and range of its ratio to the consumer group's taken round by
+// round, and that ratio over N; then the base cells' ratio of a share
+// member to the consumer group; ratios is the last line of stdout.
+func shareMarkdown(results []result, o options, where shareWhere) (md, ratios string) {
 	of := func(c cell, mode string) map[int]result {
 		out := map[int]result{}
 		for _, r := range results {
@@ -264,8 +318,19 @@ func shareMarkdown(results []result, o options, machine string) (md, ratios stri
 	}
 	var sb strings.Builder
 	when := time.Now().UTC().Format("2006-01-02 15:04 UTC")
-	fmt.Fprintf(&sb, "## Share groups\n\nGenerated by `kafkaonce-bench -share` on %s:\n\n    go run ./cmd/kafkaonce-bench -share -rounds %d -messages %d\n\n", when, o.rounds, o.messages)
-	fmt.Fprintf(&sb, "**Machine:** %s. Cell: %s; per-message Handler; the backlog %d messages, N/4 times as many for N > 4 members. Modes interleaved, median of the rounds.\n\n", machine, shareCell, o.messages)
+	cmd := "go run ./cmd/kafkaonce-bench -share"
+	if !o.shareBase {
+		cmd += " -share-base=false"
+	}
+	cmd += fmt.Sprintf(" -rounds %d -messages %d -markdown BENCHMARKS.md", o.rounds, o.messages)
+	if where.brokers != "" {
+		cmd = "KAFKA_BROKERS=" + where.brokers + " " + cmd
+		fmt.Fprintf(&sb, "### On %s\n\nGenerated by `kafkaonce-bench -share` on %s, against %s (one broker, `scripts/kafka-broker.sh`):\n\n    %s\n\n", where.broker, when, where.broker, cmd)
+	} else {
+		sb.WriteString(shareIntro)
+		fmt.Fprintf(&sb, "### On kfake\n\nGenerated by `kafkaonce-bench -share` on %s:\n\n    %s\n\n", when, cmd)
+	}
+	fmt.Fprintf(&sb, "**Machine:** %s. Postgres: %s.\n\n", where.machine, where.postgres)
 	sb.WriteString("| mode | members | msgs/s | 2nd half msgs/s | × consumer group | range | 2nd half × consumer group | × consumer group / members | found claimed | check |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	cg := of(shareCell, "kafkaonce-cg")
 	var parts []string
@@ -286,5 +351,66 @@ func shareMarkdown(results []result, o options, machine string) (md, ratios stri
 			parts = append(parts, fmt.Sprintf("%q: %.2f", fmt.Sprintf("share-%d/consumer-group", members), r))
 		}
 	}
+	if o.shareBase {
+		noop := base
+		noop.Effect = effectNoop
+		fmt.Fprintf(&sb, "\nBase cells (%d,%03d messages each):\n\n", shareBaseMessages/1000, shareBaseMessages%1000)
+		sb.WriteString("| cell | consumer group (msgs/s) | share group, 1 member (msgs/s) | share / consumer group | range | DB round trips per message, consumer group / share | check |\n|---|---|---|---|---|---|---|\n")
+		for _, c := range []cell{base, noop} {
+			g, s := of(c, "kafkaonce-cg"), of(c, "kafkaonce-share-1")
+			if len(g) == 0 || len(s) == 0 {
+				continue
+			}
+			r, lo, hi := paired(s, g, whole)
+			rt := func(r result) float64 { return r.RoundTripsPerMsg }
+			fmt.Fprintf(&sb, "| %s | %.0f | %.0f | %.2f | %.2f–%.2f | %.2f / %.2f | %s |\n", c, median(g, whole), median(s, whole), r, lo, hi,
+				median(g, rt), median(s, rt), checks(s))
+			parts = append(parts, fmt.Sprintf("%q: %.2f", string(c.Effect)+" share-1/consumer-group", r))
+		}
+	}
 	return sb.String(), "{" + strings.Join(parts, ", ") + "}"
 }
+
+// shareWhere is where the share cells ran.
+type shareWhere struct {
+	machine  string
+	postgres string // the server's durability settings
+	broker   string // "kfake", or "Kafka 4.3"
+	brokers  string // KAFKA_BROKERS, "" on kfake
+}
+
+// whereShare describes e for the share cells' section.
+func whereShare(ctx context.Context, e *env) shareWhere {
+	w := shareWhere{machine: (&report{env: e}).machine(), broker: "kfake"}
+	if !strings.HasPrefix(e.brokerDesc, "kfake") {
+		w.brokers = strings.Join(e.brokers, ",")
+		w.broker = "Kafka " + brokerVersion(ctx, e.brokers)
+	}
+	// Per-poll commits pay for durability: say what the server's is.
+	var fsync, sync string
+	if err := e.db.QueryRow(ctx, `SELECT current_setting('fsync'), current_setting('synchronous_commit')`).Scan(&fsync, &sync); err == nil {
+		w.postgres = "fsync " + fsync + ", synchronous_commit " + sync
+	}
+	return w
+}
+
+// shareIntro heads the share cells' section (written with the kfake
+// figures): what is measured, how to read it, and why the scaling falls
+// short of N×.
+const shareIntro = `## Share groups
+
+A share group (KIP-932, ` + "`GroupType: consumer.ShareGroup`" + `) lets any number of members take the records of one partition; a consumer group gives a partition to one member. The workload share groups exist for is a handler that waits on a partner. In the partner cell each message waits 20 ms, then records the answer (a one-row UPDATE of an account of its own), on a topic of **one partition**, with a per-message ` + "`Handler`" + ` and ` + "`MaxBatch`" + ` 10. The consumer group runs the partition on one member, ten messages to a transaction, one after another: under 1 / 20 ms = 50 msgs/s. A share group of N members runs up to N such transactions at once, and can approach N × the consumer group's rate. The base cells (12 partitions, batches of 1,000, the update and the no-op handler) put a share group of one member against the consumer group, where a share group brings nothing: what share mode costs.
+
+How the figures are taken. Modes interleaved, their order rotating from round to round, each run on a topic and a backlog of its own: ` + "`-messages`" + ` (1,000 by default) in the partner cell, N/4 times as many for N > 4 members, so that every run lasts about as long; 100,000 in the base cells. A run's clock starts at its first handler call and stops at the commit of its last message, so joining is not counted, but members that start after the first do lose time; "2nd half" figures count only the second half of the messages. A message counts once its effect committed, as the consumer reports it (` + "`OnMessageApplied`" + `, in every mode: a share member runs no partition batches, so the batch hooks the other cells count by are not called); "found claimed" counts records delivered again after they were applied (` + "`OnMessageSkipped`" + `: an accept lost, a lock run out), over all rounds. Every run is checked against the database, and the program stops with an error if a check fails: the balance sum grew by one per message ("once each"; the no-op effect leaves none to count: "claimed once each"), ` + "`processed_messages`" + ` holds one applied claim for every offset of the log, and ` + "`dead_letters`" + ` is empty. On a real broker: ` + "`scripts/kafka-broker.sh start 4.3.0 19444 DIR`" + `, then the command with ` + "`KAFKA_BROKERS=127.0.0.1:19444`" + `.
+
+How to read them: the ratios, not the msgs/s, which on a shared 2-core machine move from run to run. "× consumer group" is the median over the rounds of each round's share-group msgs/s over the consumer group's, with the least and the greatest as the range; "× consumer group / members" is the part of N× reached (1.00: all of it).
+
+Where share mode falls short of N×, and what it costs:
+
+- **A round trip per record.** A share member runs each call of a per-message ` + "`Handler`" + ` in a savepoint (a ` + "`BatchHandler`" + `'s only after it failed), so that a failing record is set aside or retried without undoing the others: a ` + "`SAVEPOINT`" + ` round trip per message that the consumer group does not pay (the round trips per message in the base cells' tables).
+- **A transaction and a poll in turn.** A member claims, applies and commits its up-to-10 records in one transaction, accepts them, flushes the acknowledgements, and only then fetches again (for a poll only, so that no lock runs down in a buffer): per 10 records a durable COMMIT, an acknowledgement round trip and a share fetch, where a consumer group fetches while its transactions run. That holds one member below the consumer group; in the base cells a member also applies a poll's partitions one after another, where the consumer group runs a worker per partition side by side.
+- **Joining.** Members join one after another, and each takes records only once the group coordinator has assigned it the partition, after a heartbeat or two: the first starts on the backlog alone, the last later, the more members the later. The whole-run ratio counts that against the share group; the 2nd half ratio leaves most of it out.
+- **Two cores.** Sixteen members, their Postgres sessions and the broker share them with whatever else runs.
+- **Not a bound here: records in flight.** A share-partition hands out at most ` + "`group.share.partition.max.record.locks`" + ` records at a time (2,000 by default on Kafka 4.3, and on kfake); 16 members of 10 records hold 160. More members, or members polling more, would meet it. Lock renewals (at half the acquisition lock, 30 s by default) do not happen in transactions of 200 ms.
+
+`

@@ -65,9 +65,10 @@ func (rep *report) writeMarkdown(path, chart string) error {
 		}
 		fmt.Fprintf(&sb, "\n## Chart\n\n![throughput by mode and by batch size](%s)\n", filepath.ToSlash(rel))
 	}
-	// Sections written by other runs (kafkaonce-httpbench's, the outbox
-	// and tracing cells') are kept as they are.
-	for _, name := range []string{outboxSection, tracingSection, httpSection} {
+	// Sections written by other runs (kafkaonce-httpbench's, the outbox,
+	// tracing, client and share cells', the rolling restart's) are kept as
+	// they are.
+	for _, name := range []string{httpSection, outboxSection, tracingSection, clientsSection, rollingSection, shareSection, shareKafkaSection} {
 		if kept := benchdoc.Kept(path, name); kept != "" {
 			sb.WriteString("\n" + kept + "\n")
 		}

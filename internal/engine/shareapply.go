@@ -21,10 +21,11 @@ type shareRun struct {
 	recs  []kafkaclient.ShareRecord
 	items []item
 	// isolated: the BatchHandler failed over several messages, and each
-	// now gets a call of its own, in a savepoint. oneByOne: the server
+	// now gets a call of its own, in a savepoint. failed: a Handler call
+	// failed, and every call now runs in a savepoint. oneByOne: the server
 	// refused a COMMIT over several for their content, and each now gets
 	// a transaction of its own.
-	isolated, oneByOne bool
+	isolated, failed, oneByOne bool
 	// tries counts each record's failed attempts in this delivery;
 	// setAside holds the failure of each record to set aside, by offset.
 	tries    map[int64]int
@@ -39,9 +40,9 @@ type shareRun struct {
 // once the transaction that decided it committed: accepted when applied or
 // found claimed, rejected when set aside in dead_letters. It reuses the
 // consumer group's transaction (txAttempt, claim first) in its positionless
-// mode: every handler call in a savepoint (a BatchHandler's after it failed
-// over several), so one failing message is set aside or cut off without
-// undoing the others. Retries happen in place, while the records' locks
+// mode: once a handler failed, every handler call in a savepoint (a
+// BatchHandler's after it failed over several), so one failing message is
+// set aside or cut off without undoing the others. Retries happen in place, while the records' locks
 // are renewed: a share group's broker has no backoff of its own, and a
 // release would count a delivery against the record.
 //
@@ -82,6 +83,7 @@ func (s *shareMember) applyShare(stop, work context.Context, recs []kafkaclient.
 				s.shareAttrs(&r.recs[0], slog.String("error", out.err.Error()))...)
 			r.oneByOne = true
 		case messageFailed:
+			r.failed = true
 			if !s.shareFailed(stop, r, out.failedAt-out.committed, out.fail) {
 				return nil
 			}
@@ -165,12 +167,14 @@ func (s *shareMember) shareItems(recs []kafkaclient.ShareRecord) []item {
 }
 
 // plan is the next transaction over the run's records: all of them (one
-// with oneByOne), every handler call in a savepoint unless a BatchHandler
-// has not failed yet, those to set aside marked.
+// with oneByOne), those to set aside marked, and no savepoint until a
+// handler failed (a savepoint costs a round trip per call): then every
+// call runs in one, so that a failing record is set aside or cut off
+// without undoing the others.
 func (r *shareRun) plan(batched bool) plan {
-	p := plan{n: len(r.items), savepointFrom: 0, provisional: r.provisional}
-	if batched && !r.isolated {
-		p.savepointFrom = len(r.items)
+	p := plan{n: len(r.items), savepointFrom: len(r.items), provisional: r.provisional}
+	if batched && r.isolated || !batched && r.failed {
+		p.savepointFrom = 0
 	}
 	if r.oneByOne {
 		p.n = 1

@@ -123,7 +123,9 @@ type HookPartitionStopped interface {
 	OnPartitionStopped(ctx context.Context, err *PartitionError)
 }
 
-// HookBatchStart is called before each transaction of a batch.
+// HookBatchStart is called before each transaction of a batch. In a share
+// group a batch is one poll's records of one partition, and its
+// BatchInfo.HighWaterMark is -1 (a share member reads no log end).
 type HookBatchStart interface {
 	OnBatchStart(ctx context.Context, b BatchInfo)
 }

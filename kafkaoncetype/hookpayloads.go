@@ -98,6 +98,7 @@ type BatchInfo struct {
 	// HighWaterMark is the partition's log end offset as of the fetch that
 	// brought the batch. (On a transactional topic it counts the markers
 	// and aborted records after the batch: see PartitionLag for the lag.)
+	// In a share group it is -1: a share member reads no log end.
 	HighWaterMark int64
 	// BatchLimit is the most messages the partition's transactions cover
 	// now: the consumer's MaxBatch, or less while they lose races for rows

@@ -191,18 +191,7 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 	}
 	w.paced(work, info, &out, took)
 	if len(w.hooks.End) > 0 {
-		r := kafkaoncetype.BatchResult{Duration: took, Err: out.err, Committed: out.committed}
-		if out.st != nil {
-			for _, f := range out.st.fates[:out.committed] {
-				switch f {
-				case fateApplied:
-					r.Applied++
-				case fateDeadLettered:
-				default:
-					r.Skipped++
-				}
-			}
-		}
+		r := out.batchResult(took)
 		for _, h := range w.hooks.End {
 			h(work, info, r)
 		}
@@ -211,6 +200,24 @@ func (w *worker) runTx(work context.Context, items []item, p *plan, attempt int)
 		w.afterCommit(work, items[:out.committed], p, out.st)
 	}
 	return out
+}
+
+// batchResult is what HookBatchEnd is told of a transaction that took
+// took and ended as out.
+func (out *txOutcome) batchResult(took time.Duration) kafkaoncetype.BatchResult {
+	r := kafkaoncetype.BatchResult{Duration: took, Err: out.err, Committed: out.committed}
+	if out.st != nil {
+		for _, f := range out.st.fates[:out.committed] {
+			switch f {
+			case fateApplied:
+				r.Applied++
+			case fateDeadLettered:
+			default:
+				r.Skipped++
+			}
+		}
+	}
+	return r
 }
 
 // abandonedOutcome is the outcome of an attempt whose handler hung: the

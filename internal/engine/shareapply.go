@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -58,6 +59,7 @@ func (s *shareMember) applyShare(stop, work context.Context, recs []kafkaclient.
 		return nil // the rest is released (see run)
 	}
 	infraBackoff := s.retry.New()
+	attempt := 1
 	for len(r.items) > 0 {
 		if stop.Err() != nil {
 			return nil // the rest is released (see run)
@@ -66,9 +68,11 @@ func (s *shareMember) applyShare(stop, work context.Context, recs []kafkaclient.
 			return nil
 		}
 		p := r.plan(s.cfg.HandleBatch != nil)
-		out := s.runShareTx(work, r.items, &p)
-		s.settleCommitted(work, r, out)
+		out := s.batch(work, r, &p, attempt)
 		r.recs, r.items = r.recs[out.committed:], r.items[out.committed:]
+		if out.committed > 0 {
+			attempt = 1
+		}
 		switch out.kind {
 		case succeeded:
 			if out.committed == 0 {
@@ -100,6 +104,7 @@ func (s *shareMember) applyShare(stop, work context.Context, recs []kafkaclient.
 			// The database failed, not a record: the same transaction
 			// again after a backoff, counting no attempt, the locks
 			// renewed meanwhile.
+			attempt++
 			s.log.Warn("share transaction failed; trying again", s.shareAttrs(&r.recs[0], slog.String("error", out.err.Error()))...)
 			if retry.Sleep(stop, infraBackoff.Next()) != nil {
 				return nil
@@ -297,6 +302,33 @@ func (s *shareMember) onDelivery(f *failure, rec *kafkaclient.ShareRecord) *fail
 	g := *f
 	g.err = fmt.Errorf("%w (share group delivery %d of %d)", f.err, rec.DeliveryCount, s.settings.DeliveryLimit)
 	return &g
+}
+
+// batch runs one transaction over r's records per p, and settles those it
+// committed, inside the batch hooks as a consumer group's worker runs its
+// transactions (see worker.runTx): the batch's scope covers the
+// transaction and the hooks of the records it settled, HookBatchStart and
+// HookBatchEnd bound it. A share member reads no log end:
+// BatchInfo.HighWaterMark is -1.
+func (s *shareMember) batch(work context.Context, r *shareRun, p *plan, attempt int) txOutcome {
+	items := r.items[:p.n]
+	info := kafkaoncetype.BatchInfo{Topic: items[0].msg.Topic, Partition: items[0].msg.Partition, FirstOffset: items[0].msg.Offset,
+		LastOffset: items[len(items)-1].msg.Offset, Size: len(items), Attempt: attempt, HighWaterMark: -1, BatchLimit: s.cfg.MaxBatch}
+	work, endScope := s.hooks.enterBatch(work, info, items)
+	defer endScope()
+	for _, h := range s.hooks.Start {
+		h(work, info)
+	}
+	began := time.Now()
+	out := s.runShareTx(work, r.items, p)
+	if len(s.hooks.End) > 0 {
+		res := out.batchResult(time.Since(began))
+		for _, h := range s.hooks.End {
+			h(work, info, res)
+		}
+	}
+	s.settleCommitted(work, r, out)
+	return out
 }
 
 // runShareTx runs one positionless transaction over items per p, on a

@@ -157,6 +157,12 @@ func (s *shareMember) run(ctx context.Context) error {
 				s.health.polled(nil)
 				continue
 			}
+			if errors.Is(err, kafkaclient.ErrUnsettled) {
+				// The last poll's settlements are made, but a flush that
+				// outlasted its bound did not bring their answers: flush
+				// again, or the member never polls again.
+				s.locks.flush(stop)
+			}
 			s.health.polled(err)
 			s.log.Warn("share group poll failed; polling again", slog.String("error", err.Error()))
 			_ = retry.Sleep(stop, b.Next())

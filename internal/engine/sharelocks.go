@@ -156,6 +156,15 @@ func (l *shareLocks) publish() {
 	l.s.health.shareLast.Store(int64(len(l.last)))
 }
 
+// flush flushes the settlements made and not yet answered (a flush that
+// outlasted its bound leaves them so, and the member's next poll waits for
+// their answers).
+func (l *shareLocks) flush(ctx context.Context) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, _ = l.flushLocked(ctx)
+}
+
 // releaseRest releases the records of the poll still unsettled (a
 // shutdown cut its work short), for another member to take at once, and
 // stops the renewals.

@@ -173,7 +173,7 @@ func (s *shareMember) run(ctx context.Context) error {
 		if len(recs) == 0 {
 			continue
 		}
-		s.locks.hold(recs)
+		s.locks.hold(work, recs)
 		s.delivered(work, recs)
 		var stopErr error
 		for _, group := range byPartition(recs) {

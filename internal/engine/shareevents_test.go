@@ -82,7 +82,7 @@ func TestShareEventsOfTheBrokersAnswers(t *testing.T) {
 			s, got := shareEvents(&fakeShare{flush: c.flush})
 			if c.how == kafkaclient.Renew {
 				s.locks.unsettled[shareRec] = time.Now().Add(time.Minute)
-				s.locks.renew()
+				s.locks.renew(t.Context())
 			} else {
 				s.locks.settle(t.Context(), c.how, shareRec)
 			}

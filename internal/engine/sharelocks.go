@@ -42,8 +42,10 @@ func newShareLocks(s *shareMember) *shareLocks {
 }
 
 // hold takes the records of a poll, and renews their locks until each is
-// settled.
-func (l *shareLocks) hold(recs []kafkaclient.ShareRecord) {
+// settled, or until work ends: a member whose shutdown's grace is over
+// keeps no lock, and its renewals, which hold mu, must not hold the
+// shutdown either.
+func (l *shareLocks) hold(work context.Context, recs []kafkaclient.ShareRecord) {
 	l.mu.Lock()
 	for i := range recs {
 		l.unsettled[recs[i].RecordID] = recs[i].LockedUntil
@@ -53,7 +55,7 @@ func (l *shareLocks) hold(recs []kafkaclient.ShareRecord) {
 	}
 	l.publish()
 	l.mu.Unlock()
-	done := make(chan struct{})
+	ctx, cancel := context.WithCancel(work)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -62,18 +64,21 @@ func (l *shareLocks) hold(recs []kafkaclient.ShareRecord) {
 		defer t.Stop()
 		for {
 			select {
-			case <-done:
+			case <-ctx.Done():
 				return
 			case <-t.C:
-				l.renew()
+				l.renew(ctx)
 			}
 		}
 	}()
-	l.stopRenewing = func() { close(done); wg.Wait() }
+	// Cancelling ctx also cuts short a renewal's flush in progress, so
+	// stopping waits for no broker.
+	l.stopRenewing = func() { cancel(); wg.Wait() }
 }
 
-// renew renews the locks of the records still unsettled.
-func (l *shareLocks) renew() {
+// renew renews the locks of the records still unsettled; its flush ends
+// with ctx.
+func (l *shareLocks) renew(ctx context.Context) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.unsettled) == 0 {
@@ -94,7 +99,7 @@ func (l *shareLocks) renew() {
 		return
 	}
 	l.s.log.Debug("renewed the locks of held records", slog.Int("records", len(ids)))
-	answered, notTaken := l.flushLocked(context.Background())
+	answered, notTaken := l.flushLocked(ctx)
 	if !answered {
 		return // none known taken: each lock runs out when it said
 	}
@@ -191,8 +196,16 @@ func (l *shareLocks) releaseRest(ctx context.Context) {
 // and found claimed; a renewal refused means another member may take the
 // record, and the claim decides which applies it, but this member no
 // longer holds it and stops working on it (lost, see lostLocks).
+//
+// The flush waits at most a request's bound, and no longer than ctx: the
+// loop's flushes are made on work, so a broker that stops answering holds
+// a shutdown no longer than its grace (ShutdownTimeout). A flush cut
+// short leaves its settlements made and not flushed, which breaks no
+// promise either: an accept not answered is delivered again and found
+// claimed, and the member, which polls only once they are flushed, is
+// stopping.
 func (l *shareLocks) flushLocked(ctx context.Context) (answered bool, notTaken map[kafkaclient.RecordID]bool) {
-	ctx, cancel := kafkaclient.Bounded(context.WithoutCancel(ctx))
+	ctx, cancel := kafkaclient.Bounded(ctx)
 	defer cancel()
 	err := l.s.m.Flush(ctx)
 	var se *kafkaclient.SettleError

@@ -23,7 +23,7 @@ func TestShareLocksShowWhatTheMemberHolds(t *testing.T) {
 	recs := []kafkaclient.ShareRecord{rec(1, 1), rec(2, 3), rec(3, 2), rec(4, 3)}
 	held := func() [2]int64 { return [2]int64{s.health.shareHeld.Load(), s.health.shareLast.Load()} }
 
-	s.locks.hold(recs)
+	s.locks.hold(t.Context(), recs)
 	require.Equal(t, [2]int64{4, 2}, held(), "four held, two on their last delivery")
 	s.locks.settle(t.Context(), kafkaclient.Accept, recs[0].RecordID, recs[1].RecordID)
 	require.Equal(t, [2]int64{2, 1}, held(), "the accepted ones are no longer held")

@@ -35,8 +35,12 @@ func (c *Client) JoinShare(ctx context.Context, cfg kafkaclient.ShareConfig) (ka
 	if maxRecords <= 0 {
 		maxRecords = 500
 	}
-	m := &shareMember{max: maxRecords, held: map[kafkaclient.RecordID]*heldRecord{}}
+	// The client's own context, which Close cancels once its bound is
+	// over (see Close); a context of the caller's would end it too soon.
+	clientCtx, kill := context.WithCancel(context.WithoutCancel(ctx))
+	m := &shareMember{max: maxRecords, held: map[kafkaclient.RecordID]*heldRecord{}, kill: kill}
 	opts := append(slices.Clip(c.base),
+		kgo.WithContext(clientCtx),
 		kgo.ShareGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.Topics...),
 		kgo.ShareMaxRecords(int32(min(maxRecords, 1<<30))), //nolint:gosec // bounded just above
@@ -48,6 +52,7 @@ func (c *Client) JoinShare(ctx context.Context, cfg kafkaclient.ShareConfig) (ka
 	)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
+		kill()
 		return nil, fmt.Errorf("franz: %w", err)
 	}
 	m.cl = cl
@@ -81,6 +86,9 @@ func readCommitted(ctx context.Context, cl *kgo.Client, group string) error {
 type shareMember struct {
 	cl  *kgo.Client
 	max int
+	// kill cancels cl's context: every request of cl's in flight fails at
+	// once (see Close).
+	kill context.CancelFunc
 
 	// mu guards what the ack callback, on kgo's goroutine, shares with the
 	// member's user.
@@ -247,9 +255,24 @@ func compareIDs(a, b kafkaclient.RecordID) int {
 
 // Close implements kafkaclient.ShareMember. kgo releases the records of
 // the last poll that were not acknowledged as it leaves.
+//
+// Close returns about when ctx ends, whatever the broker does. kgo's leave
+// first waits for its share source loops, and one of them may be waiting
+// on an acknowledgement the broker does not answer, which kgo retries on
+// the client's context for up to its retry timeout (30 s); kgo's Close
+// waits for the leave. So once ctx ends, Close cancels the client's
+// context: the requests in flight fail at once, and the leave and Close
+// finish without waiting on the broker, every kgo goroutine with them.
+// What the leave did not send is left to the broker: records unsettled
+// are delivered again once their locks run out, and an accept not sent is
+// delivered again and found claimed. Nothing is accepted that was not
+// settled so: kgo releases, never accepts, what was not acknowledged.
 func (m *shareMember) Close(ctx context.Context) error {
 	ctx, cancel := kafkaclient.Bounded(ctx)
 	defer cancel()
+	unlink := context.AfterFunc(ctx, m.kill)
+	defer unlink()
+	defer m.kill()
 	err := m.cl.LeaveGroupContext(ctx)
 	m.cl.Close()
 	if err != nil {

@@ -83,3 +83,16 @@ func TestShareGroupMemberPollsAgainAfterAFlushOutlastsItsBound(t *testing.T) {
 	e.waitEffects(len(first)+len(later), 30*time.Second)
 	e.requireExactlyOnce(append(first, later...))
 }
+
+// A broker that stops answering a member's settlements holds no shutdown:
+// Run returns promptly all the same (the harness's stop fails when it does
+// not); the accepts it never answered leave their records to be delivered
+// again and found claimed.
+func TestShareGroupMemberStopsWhileTheBrokerHoldsItsSettlements(t *testing.T) {
+	e := setupShare(t, shareOptions{fakeOnly: "the broker holds its answers by kfake's control"})
+	e.holdAccepts()
+	ids := e.produceIDs("m", 3)
+	r := e.start(e.shareConfig(false, nil))
+	e.waitEffects(len(ids), 30*time.Second)
+	r.stop()
+}

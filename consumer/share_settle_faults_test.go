@@ -7,18 +7,25 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kafkaonce/kafkaonce/consumer"
 )
 
-// acceptsIn reports whether a share acknowledgement (standalone, or
-// carried by a share fetch) accepts any record.
-func acceptsIn(kr kmsg.Request) bool {
-	const accept = 1
+// The acknowledgement types on the wire (KIP-932; renew is KIP-1222's).
+const (
+	ackAccept int8 = 1
+	ackRenew  int8 = 4
+)
+
+// carries reports whether a share acknowledgement (standalone, or carried
+// by a share fetch) settles any record as ackType.
+func carries(kr kmsg.Request, ackType int8) bool {
 	switch req := kr.(type) {
 	case *kmsg.ShareAcknowledgeRequest:
 		for _, tp := range req.Topics {
 			for _, p := range tp.Partitions {
 				for _, b := range p.AcknowledgementBatches {
-					if slices.Contains(b.AcknowledgeTypes, accept) {
+					if slices.Contains(b.AcknowledgeTypes, ackType) {
 						return true
 					}
 				}
@@ -28,7 +35,7 @@ func acceptsIn(kr kmsg.Request) bool {
 		for _, tp := range req.Topics {
 			for _, p := range tp.Partitions {
 				for _, b := range p.AcknowledgementBatches {
-					if slices.Contains(b.AcknowledgeTypes, accept) {
+					if slices.Contains(b.AcknowledgeTypes, ackType) {
 						return true
 					}
 				}
@@ -41,20 +48,29 @@ func acceptsIn(kr kmsg.Request) bool {
 // holdAccepts has the broker hold every request that accepts records,
 // unanswered, until the returned func is called (or the test ends).
 func (e *shareEnv) holdAccepts() (letAnswer func()) {
-	answer := make(chan struct{})
-	var once sync.Once
+	letAnswer, _ = e.holdSettlements(ackAccept)
+	return letAnswer
+}
+
+// holdSettlements has the broker hold every request that settles records
+// as ackType, unanswered, until letAnswer is called (or the test ends);
+// held is closed once it holds one.
+func (e *shareEnv) holdSettlements(ackType int8) (letAnswer func(), held <-chan struct{}) {
+	answer, holding := make(chan struct{}), make(chan struct{})
+	var once, heldOnce sync.Once
 	letAnswer = func() { once.Do(func() { close(answer) }) }
 	e.t.Cleanup(letAnswer)
 	for _, key := range []kmsg.Key{kmsg.ShareAcknowledge, kmsg.ShareFetch} {
 		e.fake.ControlKey(int16(key), func(kr kmsg.Request) (kmsg.Response, error, bool) {
 			e.fake.KeepControl()
-			if acceptsIn(kr) {
+			if carries(kr, ackType) {
+				heldOnce.Do(func() { close(holding) })
 				e.fake.SleepControl(func() { <-answer })
 			}
 			return nil, nil, false
 		})
 	}
-	return letAnswer
+	return letAnswer, holding
 }
 
 // A broker that answers a member's accepts only after the member stopped
@@ -85,14 +101,60 @@ func TestShareGroupMemberPollsAgainAfterAFlushOutlastsItsBound(t *testing.T) {
 }
 
 // A broker that stops answering a member's settlements holds no shutdown:
-// Run returns promptly all the same (the harness's stop fails when it does
-// not); the accepts it never answered leave their records to be delivered
-// again and found claimed.
+// the member's flushes, its accepts' and its renewals' alike, end with the
+// shutdown's grace (ShutdownTimeout), and the leave with its own two
+// seconds, after which the client's requests in flight are cut; so Run
+// returns within those and some slack (and leaves no goroutine behind:
+// goleak looks after the package). Nothing is lost: a settlement the
+// broker never answered leaves its record to be delivered again (found
+// claimed, if it was applied), and a member started once the broker
+// answers again applies every record, each once.
 func TestShareGroupMemberStopsWhileTheBrokerHoldsItsSettlements(t *testing.T) {
-	e := setupShare(t, shareOptions{fakeOnly: "the broker holds its answers by kfake's control"})
-	e.holdAccepts()
-	ids := e.produceIDs("m", 3)
-	r := e.start(e.shareConfig(false, nil))
-	e.waitEffects(len(ids), 30*time.Second)
-	r.stop()
+	const fakeOnly = "the broker holds its answers by kfake's control"
+	// stop stops r, whose ShutdownTimeout is cfg's, within its bound: a
+	// request's own bound (15 s) or kgo's retries of an unanswered
+	// acknowledgement (30 s) would overshoot it.
+	stop := func(t *testing.T, r *running, cfg *consumer.Config) {
+		stopsWithin(t, r, cfg.ShutdownTimeout+2*time.Second+5*time.Second)
+	}
+	// appliesEachOnce has a new member, once the broker answers, apply
+	// ids and records produced since, each once.
+	appliesEachOnce := func(t *testing.T, e *shareEnv, letAnswer func(), ids []string) {
+		letAnswer()
+		ids = append(ids, e.produceIDs("later", 3)...)
+		e.start(e.shareConfig(false, nil))
+		e.waitEffects(len(ids), 30*time.Second)
+		stillFor(t, shareLock, "no effect applied twice", func() bool { return e.effects() == int64(len(ids)) })
+		e.requireExactlyOnce(ids)
+	}
+
+	t.Run("its accepts", func(t *testing.T) {
+		e := setupShare(t, shareOptions{fakeOnly: fakeOnly})
+		letAnswer := e.holdAccepts()
+		ids := e.produceIDs("m", 3)
+		cfg := e.shareConfig(false, nil)
+		cfg.ShutdownTimeout = time.Second
+		r := e.start(cfg)
+		e.waitEffects(len(ids), 30*time.Second)
+		stop(t, r, cfg)
+		appliesEachOnce(t, e, letAnswer, ids)
+	})
+
+	t.Run("its lock renewals", func(t *testing.T) {
+		e := setupShare(t, shareOptions{fakeOnly: fakeOnly})
+		letAnswer, held := e.holdSettlements(ackRenew)
+		ids := e.produceIDs("m", 1)
+		// The handler outlasts half the lock, so the member renews it,
+		// and the broker holds the renewal: the member's loop, done with
+		// the record, waits for the renewal's flush to settle it.
+		cfg := e.shareConfig(false, func(*consumer.Message) error {
+			<-held
+			return nil
+		})
+		cfg.ShutdownTimeout = time.Second
+		r := e.start(cfg)
+		e.waitEffects(len(ids), 30*time.Second)
+		stop(t, r, cfg)
+		appliesEachOnce(t, e, letAnswer, ids)
+	})
 }

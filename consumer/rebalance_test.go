@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -33,8 +34,8 @@ type childSpec struct {
 	Group       string
 	Name        string
 	// KillOn names a message id whose handler kills the process; when
-	// empty, and Serve is false, the process is killed right after its
-	// first batch commits.
+	// empty, and Serve and KillAfterApplied are false, the process is
+	// killed right after its first batch commits.
 	KillOn      string
 	MaxAttempts int
 	// Serve runs until SIGTERM (then drains and exits 0) instead of being
@@ -46,6 +47,17 @@ type childSpec struct {
 	IdleInTransaction time.Duration
 	// Share makes the child a member of the share group Group.
 	Share bool
+	// FailOn names a message id whose handler fails, transiently, on its
+	// first FailCalls calls in the process. In a share group the first
+	// failure undoes the transaction (it takes no savepoints until a
+	// handler failed); a failure in one with savepoints commits the
+	// messages before it, and the next transaction starts from it.
+	FailOn    string
+	FailCalls int
+	// KillAfterApplied kills the process from OnMessageApplied, right after
+	// the first transaction that applied messages committed: in a share
+	// group, before any of its records is accepted.
+	KillAfterApplied bool
 }
 
 const childEnv = "KAFKAONCE_TEST_CHILD_CONSUMER"
@@ -63,9 +75,13 @@ func TestChildConsumerProcess(t *testing.T) {
 	require.NoError(t, err)
 	effects := `INSERT INTO ` + pgx.Identifier{spec.Schema, "effects"}.Sanitize() + ` (message_id, topic, partition, kafka_offset, value) VALUES ($1, $2, $3, $4, $5)`
 	var hooks []consumer.Hook
-	if spec.KillOn == "" && !spec.Serve {
+	switch {
+	case spec.KillAfterApplied:
+		hooks = append(hooks, killOnApplied{})
+	case spec.KillOn == "" && !spec.Serve:
 		hooks = append(hooks, killAfterFirstCommit{})
 	}
+	var failed atomic.Int32
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	handlerTimeout := consumer.DefaultHandlerTimeout
@@ -81,6 +97,9 @@ func TestChildConsumerProcess(t *testing.T) {
 			if m.ID == spec.KillOn {
 				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 				select {}
+			}
+			if m.ID == spec.FailOn && int(failed.Add(1)) <= spec.FailCalls {
+				return errors.New("transient failure")
 			}
 			time.Sleep(spec.Slow)
 			_, err := tx.Exec(ctx, effects, m.ID, m.Topic, m.Partition, m.Offset, string(m.Value))
@@ -107,6 +126,17 @@ func (killAfterFirstCommit) OnBatchEnd(_ context.Context, _ consumer.BatchInfo, 
 	if r.Err == nil {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	}
+}
+
+// killOnApplied kills the process from the first OnMessageApplied: the
+// hook runs once the transaction that applied the message committed, and
+// in a share group before the member accepts the transaction's records
+// (see shareMember.settleCommitted).
+type killOnApplied struct{}
+
+func (killOnApplied) OnMessageApplied(context.Context, *consumer.Message) {
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {}
 }
 
 func TestKilledBetweenDatabaseCommitAndOffsetCommit(t *testing.T) {

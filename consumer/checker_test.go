@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
@@ -31,6 +32,16 @@ type expectation struct {
 	// through HookPartitionStopped), and every range reported must really
 	// have been deleted.
 	deleted *deletions
+	// shareLimit is set when a share group consumed the records: it is
+	// the group's delivery limit. There are no stored positions nor group
+	// offsets to check; a partition is drained when every record of it is
+	// settled (see requireShareDrained). And a record that is not poison may be set aside instead
+	// of applied when its last delivery did not finish (a member stopped
+	// on it, and the letter written before its handler ran stays) or
+	// failed: its letter says "share group delivery N of N". A copy of
+	// the same id elsewhere in the log (a producer's re-send) may still be
+	// applied, once; the letter's own record never is.
+	shareLimit int
 }
 
 // commitWatch sees every OffsetCommit the in-process broker receives for a
@@ -149,10 +160,14 @@ func (e *env) check(exp expectation) {
 	for p, b := range bounds {
 		ends[p] = b.End
 	}
-	stored := e.storedPositions()
-	for p, end := range ends {
-		if end > 0 {
-			require.Equalf(t, end, stored[p], "partition %d drained: stored position at the log end", p)
+	if exp.shareLimit > 0 {
+		e.requireShareDrained(ends)
+	} else {
+		stored := e.storedPositions()
+		for p, end := range ends {
+			if end > 0 {
+				require.Equalf(t, end, stored[p], "partition %d drained: stored position at the log end", p)
+			}
 		}
 	}
 
@@ -190,6 +205,15 @@ func (e *env) check(exp expectation) {
 		return true
 	}
 
+	// A share group's records set aside on their last delivery, and not
+	// applied (the effect of their id, if any, is another copy's).
+	lastDelivery := map[string]int64{}
+	if exp.shareLimit > 0 {
+		lastDelivery = e.countsBy(`SELECT d.message_id, count(*) FROM `+e.db.Table("dead_letters")+` d WHERE d.consumer = $1 AND strpos(d.error, $2) > 0
+			AND NOT EXISTS (SELECT FROM `+e.db.Table("effects")+` f WHERE f.partition = d.partition AND f.kafka_offset = d.kafka_offset) GROUP BY 1`,
+			e.name, fmt.Sprintf("share group delivery %d of %d", exp.shareLimit, exp.shareLimit))
+	}
+
 	// Effects: once for every good id, never for poison, nothing else.
 	effects := e.countsBy(`SELECT message_id, count(*) FROM ` + e.db.Table("effects") + ` GROUP BY 1`)
 	var double, lost, phantom, poisoned []string
@@ -197,7 +221,7 @@ func (e *env) check(exp expectation) {
 		switch n := effects[id]; {
 		case poison[id] && n > 0:
 			poisoned = append(poisoned, id)
-		case !poison[id] && n == 0 && !reportedLost(id):
+		case !poison[id] && n == 0 && !reportedLost(id) && lastDelivery[id] == 0:
 			lost = append(lost, id)
 		case n > 1:
 			double = append(double, fmt.Sprintf("%s×%d", id, n))
@@ -231,17 +255,29 @@ func (e *env) check(exp expectation) {
 			unlettered = append(unlettered, fmt.Sprintf("%s×%d", id, letters[id]))
 		}
 	}
-	for id := range letters {
-		if !poison[id] {
+	for id, n := range letters {
+		if !poison[id] && lastDelivery[id] != n {
 			stray = append(stray, id)
 		}
 	}
 	require.Empty(t, sorted(unlettered), "poison not dead-lettered exactly once (nor reported deleted)")
+	if len(stray) > 0 && exp.shareLimit > 0 {
+		// Which records the letters and the effects are of.
+		for i, id := range stray {
+			var where string
+			require.NoError(t, e.db.Pool.QueryRow(ctx, `SELECT concat_ws(' ', (SELECT string_agg(format('letter %s/%s %s%s: %s', partition, kafka_offset, error_class,
+				CASE WHEN provisional THEN ' (provisional)' END, error), '; ') FROM `+e.db.Table("dead_letters")+` WHERE consumer = $1 AND message_id = $2),
+				(SELECT string_agg(format('effect %s/%s', partition, kafka_offset), '; ') FROM `+e.db.Table("effects")+` WHERE message_id = $2))`, e.name, id).Scan(&where))
+			stray[i] = id + ": " + where
+		}
+	}
 	require.Empty(t, sorted(stray), "dead letters for messages that are not poison")
 
 	// Kafka offsets caught up, and never ran ahead.
-	e.waitCommitted(ends, 30*time.Second)
-	if e.commits != nil {
+	if exp.shareLimit == 0 {
+		e.waitCommitted(ends, 30*time.Second)
+	}
+	if e.commits != nil && exp.shareLimit == 0 {
 		e.commits.mu.Lock()
 		violations, seen := append([]string(nil), e.commits.violations...), e.commits.seen
 		e.commits.mu.Unlock()
@@ -256,6 +292,33 @@ func (e *env) check(exp expectation) {
 	// still running borrows one now and then for a moment (its pauses
 	// poll, maintenance): a leaked one stays.
 	waitFor(t, 10*time.Second, "no connection checked out of the pool", func() bool { return e.db.Pool.Stat().AcquiredConns() == 0 })
+}
+
+// requireShareDrained waits until every partition of the share group is
+// drained: its share-partition start at its log end in ends, or its share
+// lag 0 (Kafka moves the start past the records it holds settled in its
+// cache only later: it reports the last ones settled by the lag).
+func (e *env) requireShareDrained(ends map[int]int64) {
+	e.t.Helper()
+	admin := testenv.Admin(e.t, e.kafka.Brokers)
+	var starts map[int]kafkaadmin.SharePartition
+	defer func() {
+		if e.t.Failed() {
+			e.t.Logf("share-partitions: %v, log ends %v", starts, ends)
+		}
+	}()
+	waitFor(e.t, 30*time.Second, "every share-partition drained: its start at the log end", func() bool {
+		var err error
+		if starts, err = admin.ShareOffsets(context.Background(), e.group, e.topic); err != nil {
+			return false
+		}
+		for p, end := range ends {
+			if sp, ok := starts[p]; end > 0 && (!ok || sp.Start != end && sp.Lag != 0) {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func (e *env) countsBy(sql string, args ...any) map[string]int64 {

@@ -52,24 +52,27 @@ type shareOptions struct {
 	// fakeOnly, when set, says why the test needs kfake (it steers the
 	// broker's answers): on KAFKA_BROKERS's broker it is skipped, saying so.
 	fakeOnly string
+	// partitions is the topic's partition count (0: one).
+	partitions int
 }
 
-// setupShare gives the test its share group. With KAFKA_BROKERS set the
-// broker is that one (the test is skipped when it has no share groups),
-// and the lock and the delivery limit are the group's own configs, which
-// Kafka honours; else it is a kfake of the test's own, and they are its
-// broker configs, since kfake takes a group's lock and delivery limit
-// from those alone.
+// setupShare gives the test its share group, on a topic of one partition
+// unless o says otherwise. With KAFKA_BROKERS set the broker is that one
+// (the test is skipped when it has no share groups), and the lock and the
+// delivery limit are the group's own configs, which Kafka honours; else it
+// is a kfake of the test's own, and they are its broker configs, since
+// kfake takes a group's lock and delivery limit from those alone.
 func setupShare(t *testing.T, o shareOptions) *shareEnv {
 	t.Helper()
 	lockMs := strconv.Itoa(int(shareLock.Milliseconds()))
+	partitions := max(o.partitions, 1)
 	if os.Getenv("KAFKA_BROKERS") != "" {
 		if o.fakeOnly != "" {
 			t.Skipf("on kfake only: %s", o.fakeOnly)
 		}
 		k := testenv.NewKafka(t)
 		testenv.RequireShareGroups(t, k.Brokers)
-		e := &shareEnv{env: setupOn(t, 1, k), calls: map[string]int{}}
+		e := &shareEnv{env: setupOn(t, partitions, k), calls: map[string]int{}}
 		configs := map[string]string{"share.auto.offset.reset": "earliest", "share.record.lock.duration.ms": lockMs}
 		if o.deliveryLimit > 0 {
 			configs["share.delivery.count.limit"] = strconv.Itoa(o.deliveryLimit)
@@ -87,7 +90,7 @@ func setupShare(t *testing.T, o shareOptions) *shareEnv {
 	k, err := devenv.StartFakeKafka(kfake.BrokerConfigs(bc))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = k.Close() })
-	e := &shareEnv{env: setupOn(t, 1, &testenv.Kafka{Kafka: k}), fake: k.Fake, calls: map[string]int{}}
+	e := &shareEnv{env: setupOn(t, partitions, &testenv.Kafka{Kafka: k}), fake: k.Fake, calls: map[string]int{}}
 	admin := testenv.Admin(t, k.Brokers)
 	require.NoError(t, admin.SetShareStart(testenv.Context(t, 10*time.Second), e.group, "earliest"))
 	return e

@@ -207,6 +207,9 @@ func TestShareGroupMemberOffTheNetwork(t *testing.T) {
 	})
 
 	t.Run("a connection that stalls past the request timeout while the member settles: it polls again once back", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("waits out a request's 15 s bound twice; runs without -short")
+		}
 		bothWays(t, handlerKinds, func(t *testing.T, batched bool) {
 			e := setupShare(t, shareOptions{})
 			ids := e.produceIDs("m", 5)

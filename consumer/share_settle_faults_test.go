@@ -80,6 +80,9 @@ func (e *shareEnv) holdSettlements(ackType int8) (letAnswer func(), held <-chan 
 // next poll, and go on taking records once the broker answers, not
 // refuse to poll for good.
 func TestShareGroupMemberPollsAgainAfterAFlushOutlastsItsBound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out a request's 15 s bound; runs without -short")
+	}
 	e := setupShare(t, shareOptions{fakeOnly: "the broker holds its answer to the accepts by kfake's control"})
 	letAnswer := e.holdAccepts()
 	first := e.produceIDs("first", 3)

@@ -17,6 +17,7 @@ import (
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/internal/store/recorded"
 	"github.com/kafkaonce/kafkaonce/offsets"
 )
 
@@ -128,11 +129,14 @@ its name; --topic to its topic, when it records exactly one.`,
 			if err != nil {
 				return fmt.Errorf("--to: %w", err)
 			}
-			share, err := admin.DescribeShareGroup(ctx, group)
-			if err != nil {
-				return err
-			}
-			if share.State != "Dead" {
+			// A share group is known from what the consumer recorded (as
+			// status and audit know it), not asked of the broker: a broker
+			// without share groups may take its time to say so.
+			if kind, _ := groupTypeOf("", c.record); kind.typ == recorded.ShareGroup {
+				share, err := admin.DescribeShareGroup(ctx, group)
+				if err != nil {
+					return err
+				}
 				r := shareReplay{s: s, consumer: consumerName, group: group, topic: topic, parts: parts, bounds: bounds,
 					targets: targets, members: shareMembers(share), ids: ids, idErr: idErr, act: act}
 				return r.run(ctx, c)

@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -42,32 +39,7 @@ func TestShareGroupSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the soak is skipped in -short runs")
 	}
-	seeds := []uint64{1}
-	if s := os.Getenv("KAFKAONCE_SOAK_SEEDS"); s != "" {
-		seeds = nil
-		for _, f := range strings.Fields(s) {
-			v, err := strconv.ParseUint(f, 10, 64)
-			require.NoError(t, err, "KAFKAONCE_SOAK_SEEDS")
-			seeds = append(seeds, v)
-		}
-	}
-	n := 2000
-	if s := os.Getenv("KAFKAONCE_SHARE_SOAK_MESSAGES"); s != "" {
-		var err error
-		n, err = strconv.Atoi(s)
-		require.NoError(t, err, "KAFKAONCE_SHARE_SOAK_MESSAGES")
-	}
-	for _, seed := range seeds {
-		t.Run("seed="+strconv.FormatUint(seed, 10), func(t *testing.T) {
-			t.Parallel()
-			defer func() {
-				if t.Failed() {
-					t.Logf("share soak failed: reproduce with KAFKAONCE_SOAK_SEEDS=%d KAFKAONCE_SHARE_SOAK_MESSAGES=%d", seed, n)
-				}
-			}()
-			shareSoak(t, seed, n)
-		})
-	}
+	soakSeeds(t, "KAFKAONCE_SHARE_SOAK_MESSAGES", 2000, shareSoak)
 }
 
 // shareSoakFate is what a share soak message meets, from its id and the

@@ -40,6 +40,13 @@ func TestSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the soak is skipped in -short runs (CI runs it in a step of its own)")
 	}
+	soakSeeds(t, "KAFKAONCE_SOAK_MESSAGES", 10000, soak)
+}
+
+// soakSeeds runs run once per seed of KAFKAONCE_SOAK_SEEDS (seed 1 by
+// default) over the messages messagesVar says (n by default), each seed a
+// parallel subtest that says how to run it again when it fails.
+func soakSeeds(t *testing.T, messagesVar string, n int, run func(t *testing.T, seed uint64, n int)) {
 	seeds := []uint64{1}
 	if s := os.Getenv("KAFKAONCE_SOAK_SEEDS"); s != "" {
 		seeds = nil
@@ -49,21 +56,20 @@ func TestSoak(t *testing.T) {
 			seeds = append(seeds, v)
 		}
 	}
-	n := 10000
-	if s := os.Getenv("KAFKAONCE_SOAK_MESSAGES"); s != "" {
+	if s := os.Getenv(messagesVar); s != "" {
 		var err error
 		n, err = strconv.Atoi(s)
-		require.NoError(t, err, "KAFKAONCE_SOAK_MESSAGES")
+		require.NoError(t, err, messagesVar)
 	}
 	for _, seed := range seeds {
 		t.Run("seed="+strconv.FormatUint(seed, 10), func(t *testing.T) {
 			t.Parallel()
 			defer func() {
 				if t.Failed() {
-					t.Logf("soak failed: reproduce with KAFKAONCE_SOAK_SEEDS=%d KAFKAONCE_SOAK_MESSAGES=%d", seed, n)
+					t.Logf("%s failed: reproduce with KAFKAONCE_SOAK_SEEDS=%d %s=%d", t.Name(), seed, messagesVar, n)
 				}
 			}()
-			soak(t, seed, n)
+			run(t, seed, n)
 		})
 	}
 }

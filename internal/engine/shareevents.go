@@ -26,6 +26,9 @@ func (s *shareMember) shareEvent(ctx context.Context, kind kafkaoncetype.ShareEv
 // delivery count: Kafka reports no record's count, so these events are
 // where an operator sees records delivered again and again.
 func (s *shareMember) delivered(ctx context.Context, recs []kafkaclient.ShareRecord) {
+	if len(s.hooks.Share) == 0 {
+		return
+	}
 	for i := range recs {
 		e := kafkaoncetype.ShareEvent{Kind: kafkaoncetype.ShareDelivered, Topic: recs[i].Topic, Partition: recs[i].Partition,
 			Offset: recs[i].Offset, DeliveryCount: recs[i].DeliveryCount}

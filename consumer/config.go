@@ -69,6 +69,15 @@ const (
 	ShareGroup    = kafkaoncetype.ShareGroup
 )
 
+// GroupProtocol says which protocol a consumer group's members speak:
+// ClassicProtocol (the default) or ConsumerProtocol (KIP-848).
+type GroupProtocol = kafkaoncetype.GroupProtocol
+
+const (
+	ClassicProtocol  = kafkaoncetype.ClassicProtocol
+	ConsumerProtocol = kafkaoncetype.ConsumerProtocol
+)
+
 // StartOffset says where a partition starts when neither Kafka nor Postgres
 // has a position for it: StartEarliest (the default) or StartLatest.
 type StartOffset = kafkaoncetype.StartOffset

@@ -44,7 +44,7 @@ func New(db DB, cfg *Config) (*Consumer, error) {
 		return nil, errors.New("consumer: cfg must not be nil: pass a *consumer.Config with at least Name, Brokers, Topics and Handler")
 	}
 	c := withDefaults(cfg)
-	if err := validate(&c); err != nil {
+	if err := errors.Join(checkUnsetUnderConsumerProtocol(cfg), validate(&c)); err != nil {
 		return nil, err
 	}
 	if p, ok := db.(interface{ Config() *pgxpool.Config }); ok {

@@ -36,6 +36,9 @@ type env struct {
 	name    string
 	events  *recorder
 	commits *commitWatch
+	// protocol is the group protocol config gives the group's members
+	// (see setupProtocol).
+	protocol consumer.GroupProtocol
 }
 
 func setup(t testing.TB, partitions int) *env {
@@ -73,7 +76,7 @@ func (e *env) applyHandler() consumer.Handler {
 
 // config returns a config for the test's topic with fast group timings.
 func (e *env) config(h consumer.Handler) *consumer.Config {
-	return &consumer.Config{
+	cfg := &consumer.Config{
 		Name:              e.name,
 		KafkaClient:       kafkaClient(),
 		GroupID:           e.group,
@@ -89,7 +92,13 @@ func (e *env) config(h consumer.Handler) *consumer.Config {
 		ShutdownTimeout:   5 * time.Second,
 		Retry:             consumer.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaxInterval: 200 * time.Millisecond},
 		Hooks:             []consumer.Hook{e.events},
+		GroupProtocol:     e.protocol,
 	}
+	if e.protocol == consumer.ConsumerProtocol {
+		// The group's configs (see setupProtocol).
+		cfg.SessionTimeout, cfg.HeartbeatInterval = 0, 0
+	}
+	return cfg
 }
 
 // kafkaClient is the client the suite's consumers read with (see

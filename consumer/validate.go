@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -33,6 +34,28 @@ func validate(c *Config) error {
 	checkFailures(c, bad)
 	checkPruning(c, bad)
 	checkShareGroup(c, bad)
+	checkGroupProtocol(c, bad)
+	return errors.Join(errs...)
+}
+
+// checkUnsetUnderConsumerProtocol checks the Config as the user gave it,
+// before defaults: under the consumer protocol the broker keeps a group's
+// session timeout and heartbeat interval, so a member's own would be
+// ignored without a word.
+func checkUnsetUnderConsumerProtocol(c *Config) error {
+	if c.GroupProtocol != ConsumerProtocol {
+		return nil
+	}
+	var errs []error
+	for _, f := range []struct {
+		field, config string
+		d             time.Duration
+	}{{"SessionTimeout", "consumer.session.timeout.ms", c.SessionTimeout}, {"HeartbeatInterval", "consumer.heartbeat.interval.ms", c.HeartbeatInterval}} {
+		if f.d != 0 {
+			errs = append(errs, fmt.Errorf("consumer: %s is the group's setting under GroupProtocol ConsumerProtocol, which the broker keeps: leave %s unset and set the group's %s, e.g. kafka-configs.sh --alter --entity-type groups --entity-name %s --add-config %s=%d",
+				f.field, f.field, f.config, cmp.Or(c.GroupID, c.Name), f.config, f.d.Milliseconds()))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -301,6 +324,25 @@ func validateTopic(t string) error {
 		}
 	}
 	return nil
+}
+
+// checkGroupProtocol checks the group protocol, and that the client and
+// the kind of group can speak it.
+func checkGroupProtocol(c *Config, bad func(string, ...any)) {
+	switch c.GroupProtocol {
+	case ClassicProtocol:
+		return
+	case ConsumerProtocol:
+	default:
+		bad("GroupProtocol must be consumer.ClassicProtocol or consumer.ConsumerProtocol (got %d)", c.GroupProtocol)
+		return
+	}
+	if c.KafkaClient == KafkaGo {
+		bad("GroupProtocol ConsumerProtocol needs KafkaClient: consumer.FranzGo (the default); kafka-go speaks only the classic protocol")
+	}
+	if c.GroupType == ShareGroup {
+		bad("GroupProtocol ConsumerProtocol is for consumer groups; a share group has a protocol of its own: leave GroupProtocol unset")
+	}
 }
 
 // checkShareGroup refuses, in a share group, the settings that are about

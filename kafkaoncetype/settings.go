@@ -58,6 +58,34 @@ func (g GroupType) String() string {
 	return "consumer"
 }
 
+// GroupProtocol says which protocol a consumer group's members speak to
+// the broker's group coordinator.
+type GroupProtocol int
+
+const (
+	// ClassicProtocol is the protocol every Kafka broker speaks, the
+	// default: the members join and sync, and one of them assigns the
+	// partitions (kafkaonce's franz-go members cooperatively, moving only
+	// the partitions that change owner).
+	ClassicProtocol GroupProtocol = iota
+	// ConsumerProtocol is the next-generation consumer group protocol
+	// (KIP-848, Kafka 4.0 and later; 4.3 or later recommended): the
+	// broker assigns the partitions, members heartbeat instead of joining
+	// and syncing, a partition moves without any member stopping, and the
+	// broker checks every offset commit against the member's epoch. The
+	// group's session timeout and heartbeat interval are the group's own
+	// configs (consumer.session.timeout.ms, consumer.heartbeat.interval.ms)
+	// rather than the member's.
+	ConsumerProtocol
+)
+
+func (p GroupProtocol) String() string {
+	if p == ConsumerProtocol {
+		return "consumer"
+	}
+	return "classic"
+}
+
 // StartOffset says where a partition starts when neither Kafka nor Postgres
 // has a position for it.
 type StartOffset int

@@ -14,6 +14,14 @@ set -euo pipefail
 # Any failure not handled below still says where and what failed.
 trap 'echo "kafka-broker: failed (exit $?) at line $LINENO: $BASH_COMMAND" >&2' ERR
 
+# consumer_protocol VERSION succeeds for a Kafka whose consumer group
+# protocol (KIP-848) is generally available (4.0 and later).
+consumer_protocol() {
+	local major
+	IFS=. read -r major _ <<<"$1"
+	[ "$major" -ge 4 ]
+}
+
 # share_groups VERSION succeeds for a Kafka whose share groups are
 # generally available (4.2 and later).
 share_groups() {
@@ -91,6 +99,16 @@ group.share.min.heartbeat.interval.ms=500
 group.share.heartbeat.interval.ms=500
 group.share.min.session.timeout.ms=6000
 group.share.session.timeout.ms=10000
+PROPS
+	fi
+	# The consumer group protocol (KIP-848), generally available from 4.0:
+	# the bounds on a group's session and heartbeat are lowered so that
+	# tests may give their groups a short session, as the classic
+	# protocol's members do for themselves.
+	if consumer_protocol "$version"; then
+		cat >> "$dir/server.properties" <<PROPS
+group.consumer.min.session.timeout.ms=3000
+group.consumer.min.heartbeat.interval.ms=250
 PROPS
 	fi
 	cat > "$dir/log4j.properties" <<'LOG'

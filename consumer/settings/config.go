@@ -44,6 +44,18 @@ type Config struct {
 	// (share.auto.offset.reset). FranzGo only. Defaults to ConsumerGroup.
 	GroupType kafkaoncetype.GroupType
 
+	// GroupProtocol is the protocol the member speaks to the group
+	// coordinator (see GroupProtocol). ConsumerProtocol needs a broker
+	// that serves it (Kafka 4.0 or later): on one that does not, Run
+	// fails and says so rather than falling back to the classic protocol.
+	// Under it, SessionTimeout and HeartbeatInterval are refused: they
+	// are the group's configs (consumer.session.timeout.ms,
+	// consumer.heartbeat.interval.ms), set on the broker. A running group
+	// moves from one protocol to the other one member at a time
+	// (docs/operations.md). FranzGo only; ConsumerGroup only. Defaults to
+	// ClassicProtocol.
+	GroupProtocol kafkaoncetype.GroupProtocol
+
 	// Handler applies each message inside the consumer's transaction. Set
 	// either Handler or BatchHandler.
 	Handler Handler
@@ -116,6 +128,7 @@ type Config struct {
 
 	// InstanceID makes this member of the group static (Kafka's
 	// group.instance.id): a member that restarts within SessionTimeout
+	// (under ConsumerProtocol, the group's consumer.session.timeout.ms)
 	// gets its partitions back without the group rebalancing, so the other
 	// members do not even pause. Give each process of the group its own,
 	// stable across restarts (a pod's name in a StatefulSet); two running

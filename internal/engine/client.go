@@ -39,6 +39,7 @@ func (c *deps) clientConfig() (kafkaclient.Config, error) {
 			RebalanceTimeout:  c.cfg.RebalanceTimeout,
 			HeartbeatInterval: c.cfg.HeartbeatInterval,
 			InstanceID:        c.cfg.InstanceID,
+			ConsumerProtocol:  c.cfg.GroupProtocol == kafkaoncetype.ConsumerProtocol,
 		},
 		FetchMaxBytes:  c.cfg.FetchMaxBytes,
 		MaxBatch:       c.cfg.MaxBatch,

@@ -50,6 +50,10 @@ type GroupConfig struct {
 	// comes back within SessionTimeout gets its partitions back without a
 	// rebalance.
 	InstanceID string
+	// ConsumerProtocol joins with the consumer group protocol (KIP-848),
+	// the broker assigning partitions; a client that cannot, or a broker
+	// that does not give it, fails RunGroup rather than fall back.
+	ConsumerProtocol bool
 }
 
 // Mechanism returns franz-go's mechanism for s (nil for a nil s). Both

@@ -25,6 +25,19 @@ import (
 // partition it is given through the hub, from the offset it decides.
 func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 	g := c.cfg.Group
+	if g.ConsumerProtocol {
+		if err := checkConsumerProtocolServed(ctx, c.admin); err != nil {
+			return err
+		}
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	// confirmed is closed once the member may take partitions: at once
+	// under the classic protocol, and under the consumer protocol once
+	// the group coordinator described it as a consumer-protocol member
+	// (confirmErr says why not; see protocol.go).
+	confirmed := make(chan struct{})
+	var confirmErr error
 	// calls is one Membership call at a time: kgo's callbacks, and the
 	// drain at the end.
 	var calls sync.Mutex
@@ -47,20 +60,29 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 		kgo.ConsumerGroup(g.ID),
 		kgo.ConsumeTopics(g.Topics...),
 		kgo.DisableAutoCommit(),
-		// Cooperative first; range as well, which kafka-go's members speak
-		// too: a group of kafkaonce members rebalances cooperatively, and
-		// one that kafka-go members still share (a migration under way)
-		// agrees on range and rebalances eagerly until they are gone.
-		kgo.Balancers(kgo.CooperativeStickyBalancer(), kgo.RangeBalancer()),
 		kgo.SessionTimeout(g.SessionTimeout),
 		kgo.RebalanceTimeout(g.RebalanceTimeout),
 		kgo.HeartbeatInterval(g.HeartbeatInterval),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.OnPartitionsAssigned(func(_ context.Context, cl *kgo.Client, ps map[string][]int32) {
-			// kgo calls this once per generation, with what it adds.
+			select {
+			case <-confirmed:
+			case <-runCtx.Done():
+				return
+			}
+			if confirmErr != nil {
+				return
+			}
+			// Classic: kgo calls this once per generation, with what it
+			// adds.
 			tps := partitions(ps)
 			member, gen := cl.GroupMetadata()
-			c.log.Info("consumer group: generation started", slog.Int("generation", int(gen)), slog.String("member", member), slog.Int("added", len(tps)))
+			if g.ConsumerProtocol {
+				// kgo calls this as each reconciliation adds partitions.
+				c.log.Info("consumer group: partitions assigned", slog.String("protocol", "consumer"), slog.Int("epoch", int(gen)), slog.String("member", member), slog.Int("added", len(tps)))
+			} else {
+				c.log.Info("consumer group: generation started", slog.Int("generation", int(gen)), slog.String("member", member), slog.Int("added", len(tps)))
+			}
 			c.fetchCommitted(cl, tps)
 			calls.Lock()
 			defer calls.Unlock()
@@ -76,6 +98,7 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 			gone(ps, func(tps []kafkaclient.TopicPartition) { m.Lost(context.WithoutCancel(ctx), tps) })
 		}),
 	)
+	opts = append(opts, balancing(g.ConsumerProtocol)...)
 	if g.InstanceID != "" {
 		opts = append(opts, kgo.InstanceID(g.InstanceID))
 	}
@@ -87,7 +110,17 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 	// pause is dropped by the poll below.)
 	cl.PauseFetchTopics(g.Topics...)
 	c.setGroup(cl)
-	c.pollGroup(ctx, cl)
+	if g.ConsumerProtocol {
+		go func() {
+			defer close(confirmed)
+			if confirmErr = confirmConsumerMember(runCtx, cl, g.ID); confirmErr != nil {
+				stop()
+			}
+		}()
+	} else {
+		close(confirmed)
+	}
+	c.pollGroup(runCtx, cl)
 	// Revoke everything, which commits the last offsets, before leaving:
 	// kgo revokes again as it leaves, which then finds nothing owned. A
 	// static member does not leave: its partitions wait for it until its
@@ -104,7 +137,26 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 	calls.Unlock()
 	cl.Close()
 	c.setGroup(nil)
+	<-confirmed
+	if confirmErr != nil && ctx.Err() == nil {
+		return confirmErr
+	}
 	return nil
+}
+
+// balancing is how the member's partitions are assigned. Under the classic
+// protocol: cooperative first, and range as well, which kafka-go's members
+// speak too: a group of kafkaonce members rebalances cooperatively, and
+// one that kafka-go members still share (a migration under way) agrees on
+// range and rebalances eagerly until they are gone. Under the consumer
+// protocol the broker assigns, with its uniform assignor (the one kgo asks
+// for when its first balancer is sticky), and moves only the partitions
+// that change owner.
+func balancing(consumerProtocol bool) []kgo.Opt {
+	if consumerProtocol {
+		return []kgo.Opt{kgo.ServerSideBalancer(), kgo.Balancers(kgo.CooperativeStickyBalancer())}
+	}
+	return []kgo.Opt{kgo.Balancers(kgo.CooperativeStickyBalancer(), kgo.RangeBalancer())}
 }
 
 // pollGroup polls the member until ctx is done: kgo hands out the group's
@@ -211,13 +263,14 @@ func (c *Client) Commit(ctx context.Context, offsets []kafkaclient.Offset) error
 }
 
 // fenced reports errors that mean this member can no longer commit in its
-// generation.
+// generation (classic protocol) or epoch (consumer protocol).
 func fenced(err error) bool {
 	return errors.Is(err, kerr.IllegalGeneration) ||
 		errors.Is(err, kerr.UnknownMemberID) ||
 		errors.Is(err, kerr.RebalanceInProgress) ||
 		errors.Is(err, kerr.FencedInstanceID) ||
-		errors.Is(err, kerr.StaleMemberEpoch)
+		errors.Is(err, kerr.StaleMemberEpoch) ||
+		errors.Is(err, kerr.FencedMemberEpoch)
 }
 
 // committedFetch is one read of the group's committed offsets, made when

@@ -1,0 +1,114 @@
+package franz
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+)
+
+// The consumer group protocol (KIP-848) is asked for, never assumed: kgo
+// takes kgo.ServerSideBalancer as a wish, and speaks the classic protocol
+// without a word when a broker does not advertise ConsumerGroupHeartbeat
+// v1 or answers it UNSUPPORTED_VERSION (a 4.x broker whose
+// group.coordinator.rebalance.protocols leaves "consumer" out). A member
+// that asked for the consumer protocol therefore checks twice, each time
+// against what a broker says: before joining, that the cluster serves the
+// protocol (so that a member that cannot have it does not join the group
+// as a classic member and rebalance the others); and once it has joined,
+// that the group coordinator describes it as a consumer-protocol member,
+// before it takes any partition.
+
+// consumerProtocolVersion is the ConsumerGroupHeartbeat version kgo speaks
+// the protocol in (v1, Kafka 4.0: member ids the client makes, and the
+// protocol generally available).
+const consumerProtocolVersion = 1
+
+// ErrConsumerProtocolUnavailable is wrapped by RunGroup's error when the
+// member asked for the consumer group protocol and the cluster does not
+// give it.
+var ErrConsumerProtocolUnavailable = errors.New("the consumer group protocol (KIP-848) is not available")
+
+// checkConsumerProtocolServed asks a broker which versions of
+// ConsumerGroupHeartbeat it serves.
+func checkConsumerProtocolServed(ctx context.Context, cl *kgo.Client) error {
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
+	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
+	if err != nil {
+		return fmt.Errorf("franz: asking a broker for its API versions: %w", err)
+	}
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return fmt.Errorf("franz: asking a broker for its API versions: %w", err)
+	}
+	served := int16(-1)
+	for _, k := range resp.ApiKeys {
+		if k.ApiKey == int16(kmsg.ConsumerGroupHeartbeat) {
+			served = k.MaxVersion
+		}
+	}
+	if served >= consumerProtocolVersion {
+		return nil
+	}
+	what := "does not serve ConsumerGroupHeartbeat"
+	if served >= 0 {
+		what = fmt.Sprintf("serves ConsumerGroupHeartbeat only up to version %d", served)
+	}
+	return fmt.Errorf("franz: %w: GroupProtocol ConsumerProtocol needs Kafka 4.0 or later (4.3 or later recommended), and the broker %s (version %d is needed); upgrade the brokers, or leave GroupProtocol at ClassicProtocol", ErrConsumerProtocolUnavailable, what, consumerProtocolVersion)
+}
+
+// confirmConsumerMember waits until cl has joined its group, then asks the
+// group coordinator how it describes the member: a consumer-protocol
+// member of a consumer group, or the error that says why not.
+func confirmConsumerMember(ctx context.Context, cl *kgo.Client, group string) error {
+	member, err := joinedAs(ctx, cl)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := kafkaclient.Bounded(ctx)
+	defer cancel()
+	described, err := kadm.NewClient(cl).DescribeConsumerGroups(ctx, group)
+	if err == nil {
+		err = described.Error()
+	}
+	if err != nil {
+		if errors.Is(err, kerr.GroupIDNotFound) || errors.Is(err, kerr.UnsupportedVersion) {
+			return fmt.Errorf("franz: %w: the group coordinator does not describe group %s as a consumer group (%w): the broker speaks the classic protocol to this member (Kafka 4.x with \"consumer\" left out of group.coordinator.rebalance.protocols?); leave GroupProtocol at ClassicProtocol or enable the protocol on the brokers", ErrConsumerProtocolUnavailable, group, err)
+		}
+		return fmt.Errorf("franz: describe consumer group %s: %w", group, err)
+	}
+	for _, m := range described[group].Members {
+		if m.MemberID != member {
+			continue
+		}
+		if m.MemberType == 0 {
+			return fmt.Errorf("franz: %w: the group coordinator describes member %s of group %s as a classic member; leave GroupProtocol at ClassicProtocol or enable the protocol on the brokers", ErrConsumerProtocolUnavailable, member, group)
+		}
+		return nil
+	}
+	return fmt.Errorf("franz: %w: the group coordinator does not list member %s among group %s's consumer-protocol members", ErrConsumerProtocolUnavailable, member, group)
+}
+
+// joinedAs waits until cl is a member of its group in an epoch (or, had kgo
+// fallen back, a generation) and returns its member id.
+func joinedAs(ctx context.Context, cl *kgo.Client) (string, error) {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if member, epoch := cl.GroupMetadata(); member != "" && epoch > 0 {
+			return member, nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-tick.C:
+		}
+	}
+}

@@ -228,12 +228,21 @@ func (e *env) effectsOr0() int64 {
 	return n
 }
 
+// A member frozen past its session, its transaction open, is fenced: the
+// group gives its partitions to another member, and once it wakes its
+// offset commits are refused (its generation, or under the consumer
+// protocol its epoch, is over) and its claims are found taken.
 func TestZombieMemberCannotCommitOffsets(t *testing.T) {
 	t.Parallel()
-	e := setup(t, 2)
+	eachProtocol(t, func(t *testing.T, proto consumer.GroupProtocol) {
+		zombieCannotCommit(t, setupProtocol(t, 2, proto))
+	})
+}
+
+func zombieCannotCommit(t *testing.T, e *env) {
 	ids := e.produceIDs("z", 600)
 	spec := childSpec{DatabaseURL: e.db.AppURL(), Schema: e.db.Schema, Brokers: e.kafka.Brokers, Topic: e.topic, Group: e.group, Name: e.name,
-		Serve: true, Slow: 5 * time.Millisecond, IdleInTransaction: 3 * time.Second}
+		Serve: true, Slow: 5 * time.Millisecond, IdleInTransaction: 3 * time.Second, Protocol: e.protocol}
 	type result struct {
 		killed bool
 		out    string

@@ -3,14 +3,11 @@ package consumer_test
 import (
 	"context"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -41,11 +38,18 @@ const (
 // as its broker configs (kfake takes a group's heartbeat from those
 // alone). The kafka-go client speaks only the classic protocol: the
 // consumer protocol's tests are skipped with it.
-func setupProtocol(t *testing.T, partitions int, proto consumer.GroupProtocol) *env {
+func setupProtocol(t *testing.T, partitions int, proto consumer.GroupProtocol, opts ...protocolOptions) *env {
 	t.Helper()
+	var o protocolOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	sessionMs := protocolSessionMs
+	if o.session > 0 {
+		sessionMs = strconv.Itoa(int(o.session.Milliseconds()))
+	}
 	if proto == consumer.ClassicProtocol {
-		e := setup(t, partitions)
-		return e
+		return setup(t, partitions)
 	}
 	if testenv.KafkaClient() == "kafka-go" {
 		t.Skip("kafka-go speaks only the classic group protocol")
@@ -56,13 +60,13 @@ func setupProtocol(t *testing.T, partitions int, proto consumer.GroupProtocol) *
 		e := setupOn(t, partitions, k)
 		e.protocol = proto
 		require.NoError(t, franz.SetGroupConfigs(testenv.Context(t, 10*time.Second), k.Client(t), e.group, map[string]string{
-			"consumer.session.timeout.ms":    protocolSessionMs,
+			"consumer.session.timeout.ms":    sessionMs,
 			"consumer.heartbeat.interval.ms": protocolHeartbeatMs,
 		}))
 		return e
 	}
 	k, err := devenv.StartFakeKafka(kfake.BrokerConfigs(map[string]string{
-		"group.consumer.session.timeout.ms":    protocolSessionMs,
+		"group.consumer.session.timeout.ms":    sessionMs,
 		"group.consumer.heartbeat.interval.ms": protocolHeartbeatMs,
 	}))
 	require.NoError(t, err)
@@ -70,6 +74,13 @@ func setupProtocol(t *testing.T, partitions int, proto consumer.GroupProtocol) *
 	e := setupOn(t, partitions, &testenv.Kafka{Kafka: k})
 	e.protocol = proto
 	return e
+}
+
+// protocolOptions change a consumer-protocol group's configs.
+type protocolOptions struct {
+	// session is the group's consumer.session.timeout.ms (0:
+	// protocolSessionMs). Classic members set their own.
+	session time.Duration
 }
 
 // eachProtocol runs test once per group protocol, as subtests.
@@ -177,185 +188,5 @@ func TestConsumerProtocolIsNeverAFallBack(t *testing.T) {
 		require.Error(t, err)
 		require.Contains(t, err.Error(), "does not describe group")
 		require.Zero(t, e.effects(), "nothing is applied by a member that fell back to the classic protocol")
-	})
-}
-
-// partitionHolder is a hook that keeps, per member, the partitions it
-// holds and how often each was assigned and revoked: a worker's hooks'
-// context ends when it returns, so an assignment's context ending is its
-// revocation.
-type partitionHolder struct {
-	mu       sync.Mutex
-	held     map[int]bool
-	assigned int
-	revoked  int
-}
-
-func newPartitionHolder() *partitionHolder { return &partitionHolder{held: map[int]bool{}} }
-
-func (h *partitionHolder) OnPartitionAssigned(ctx context.Context, a consumer.PartitionAssignment) {
-	h.mu.Lock()
-	h.held[a.Partition] = true
-	h.assigned++
-	h.mu.Unlock()
-	go func() {
-		<-ctx.Done()
-		h.mu.Lock()
-		delete(h.held, a.Partition)
-		h.revoked++
-		h.mu.Unlock()
-	}()
-}
-
-// state returns the partitions held, sorted, and the counts so far.
-func (h *partitionHolder) state() (held []int, assigned, revoked int) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for p := range h.held {
-		held = append(held, p)
-	}
-	slices.Sort(held)
-	return held, h.assigned, h.revoked
-}
-
-// A member joining or leaving moves only the partitions that change owner:
-// under either protocol a member that keeps a partition is never made to
-// give it up and take it back. Three members share twelve partitions under
-// steady load, a fourth joins, leaves, and one of the three leaves; after
-// each change every member still running was revoked exactly the
-// partitions it no longer holds, and assigned exactly those it gained.
-func TestGroupChangesMoveOnlyThePartitionsThatChangeOwner(t *testing.T) {
-	t.Parallel()
-	if testenv.KafkaClient() == "kafka-go" {
-		t.Skip("kafka-go's members rebalance eagerly: every member gives up every partition")
-	}
-	eachProtocol(t, func(t *testing.T, proto consumer.GroupProtocol) {
-		const parts = 12
-		e := setupProtocol(t, parts, proto)
-
-		var mu sync.Mutex
-		var ids []string
-		stopLoad := make(chan struct{})
-		loadDone := make(chan struct{})
-		go func() {
-			defer close(loadDone)
-			w := e.kafka.Writer(e.topic)
-			defer w.Close()
-			for round := 0; ; round++ {
-				select {
-				case <-stopLoad:
-					return
-				case <-time.After(50 * time.Millisecond):
-				}
-				msgs := make([]kafka.Message, parts)
-				batch := make([]string, parts)
-				for p := range parts {
-					batch[p] = "r" + strconv.Itoa(round) + "-" + strconv.Itoa(p)
-					msgs[p] = msg(p, batch[p], "v")
-				}
-				if err := w.WriteMessages(context.Background(), msgs...); err != nil {
-					t.Errorf("produce: %v", err)
-					return
-				}
-				mu.Lock()
-				ids = append(ids, batch...)
-				mu.Unlock()
-			}
-		}()
-
-		type member struct {
-			name   string
-			holder *partitionHolder
-			run    *running
-		}
-		var members []*member
-		startMember := func(name string) {
-			h := newPartitionHolder()
-			cfg := e.config(e.applyHandler())
-			cfg.Hooks = []consumer.Hook{h}
-			members = append(members, &member{name: name, holder: h, run: e.start(cfg)})
-		}
-		type snapshot struct {
-			held              []int
-			assigned, revoked int
-		}
-		// settled waits until the running members hold every partition
-		// once, as evenly as the count allows, and returns what each holds.
-		settled := func(what string) map[string]snapshot {
-			out := map[string]snapshot{}
-			waitFor(t, 90*time.Second, what, func() bool {
-				clear(out)
-				seen := map[int]bool{}
-				least, most := parts, 0
-				for _, m := range members {
-					held, a, r := m.holder.state()
-					for _, p := range held {
-						if seen[p] {
-							return false
-						}
-						seen[p] = true
-					}
-					least, most = min(least, len(held)), max(most, len(held))
-					out[m.name] = snapshot{held, a, r}
-				}
-				return len(seen) == parts && most-least <= 1
-			})
-			return out
-		}
-		// moved requires that each member running before and after a
-		// change was revoked just the partitions it gave up and assigned
-		// just those it gained.
-		moved := func(change string, before, after map[string]snapshot) {
-			for name, a := range after {
-				b, ok := before[name]
-				if !ok {
-					continue
-				}
-				lost, gained := 0, 0
-				for _, p := range b.held {
-					if !slices.Contains(a.held, p) {
-						lost++
-					}
-				}
-				for _, p := range a.held {
-					if !slices.Contains(b.held, p) {
-						gained++
-					}
-				}
-				require.Equal(t, lost, a.revoked-b.revoked, "%s: revocations of member %s (held %v, then %v)", change, name, b.held, a.held)
-				require.Equal(t, gained, a.assigned-b.assigned, "%s: assignments of member %s (held %v, then %v)", change, name, b.held, a.held)
-				t.Logf("%s: member %s gave up %d and gained %d partitions", change, name, lost, gained)
-			}
-		}
-
-		startMember("a")
-		startMember("b")
-		startMember("c")
-		three := settled("three members holding four partitions each")
-		startMember("d")
-		four := settled("four members holding three partitions each")
-		moved("a fourth member joined", three, four)
-
-		members[3].run.stop()
-		members = members[:3]
-		threeAgain := settled("three members again, the fourth gone")
-		moved("the fourth member left", four, threeAgain)
-
-		members[0].run.stop()
-		members = members[1:]
-		two := settled("two members, the first gone")
-		moved("the first member left", threeAgain, two)
-
-		close(stopLoad)
-		<-loadDone
-		mu.Lock()
-		all := slices.Clone(ids)
-		mu.Unlock()
-		e.waitEffects(len(all), 90*time.Second)
-		for _, m := range members {
-			m.run.stop()
-		}
-		e.requireExactlyOnce(all)
-		e.check(expectation{ids: all})
 	})
 }

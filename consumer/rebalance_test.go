@@ -58,6 +58,9 @@ type childSpec struct {
 	// the first transaction that applied messages committed: in a share
 	// group, before any of its records is accepted.
 	KillAfterApplied bool
+	// Protocol is the group protocol the child's member speaks; under the
+	// consumer protocol its session is the group's (see setupProtocol).
+	Protocol consumer.GroupProtocol
 }
 
 const childEnv = "KAFKAONCE_TEST_CHILD_CONSUMER"
@@ -110,6 +113,9 @@ func TestChildConsumerProcess(t *testing.T) {
 	if spec.Share {
 		cfg.GroupType, cfg.KafkaClient = consumer.ShareGroup, consumer.FranzGo
 	}
+	if spec.Protocol == consumer.ConsumerProtocol {
+		cfg.GroupProtocol, cfg.SessionTimeout, cfg.HeartbeatInterval = spec.Protocol, 0, 0
+	}
 	c, err := consumer.New(pool, cfg)
 	require.NoError(t, err)
 	require.NoError(t, c.Run(ctx))
@@ -141,10 +147,15 @@ func (killOnApplied) OnMessageApplied(context.Context, *consumer.Message) {
 
 func TestKilledBetweenDatabaseCommitAndOffsetCommit(t *testing.T) {
 	t.Parallel()
-	e := setup(t, 2)
+	eachProtocol(t, func(t *testing.T, proto consumer.GroupProtocol) {
+		killedBetweenCommits(t, setupProtocol(t, 2, proto))
+	})
+}
+
+func killedBetweenCommits(t *testing.T, e *env) {
 	ids := e.produceIDs("k", 200)
 
-	e.runChildUntilKilled(childSpec{DatabaseURL: e.db.URL, Schema: e.db.Schema, Brokers: e.kafka.Brokers, Topic: e.topic, Group: e.group, Name: e.name}, time.Minute)
+	e.runChildUntilKilled(childSpec{DatabaseURL: e.db.URL, Schema: e.db.Schema, Brokers: e.kafka.Brokers, Topic: e.topic, Group: e.group, Name: e.name, Protocol: e.protocol}, time.Minute)
 
 	// The child died with at least one batch durable in Postgres and its
 	// offset never committed to Kafka.

@@ -3,7 +3,9 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
 // addPartitions grows the test's topic to n partitions.
@@ -96,72 +99,184 @@ func TestATopicRecreatedWhileRunningStopsItsPartition(t *testing.T) {
 	require.Equal(t, map[int]int64{0: 20}, e.storedPositions(), "the stored position stays where the old topic's messages ended")
 }
 
-// holders counts, per member, the partitions it was assigned and those it
-// gave up since, from what its recorder saw.
-func holders(recs []*recorder) (assigned, revoked []int) {
-	assigned, revoked = make([]int, len(recs)), make([]int, len(recs))
-	for i, r := range recs {
-		reported, holding := r.assignments()
-		assigned[i], revoked[i] = reported, reported-holding
-	}
-	return assigned, revoked
+// partitionHolder is a hook that keeps, per member, the partitions it
+// holds and how often each was assigned and revoked: a worker's hooks'
+// context ends when it returns, so an assignment's context ending is its
+// revocation.
+type partitionHolder struct {
+	mu       sync.Mutex
+	held     map[int]bool
+	assigned int
+	revoked  int
 }
 
-// With cooperative rebalancing, a member joining or leaving moves only the
-// partitions that change owner: the members keeping theirs give up
-// nothing, and go on processing through the rebalance.
+func newPartitionHolder() *partitionHolder { return &partitionHolder{held: map[int]bool{}} }
+
+func (h *partitionHolder) OnPartitionAssigned(ctx context.Context, a consumer.PartitionAssignment) {
+	h.mu.Lock()
+	h.held[a.Partition] = true
+	h.assigned++
+	h.mu.Unlock()
+	go func() {
+		<-ctx.Done()
+		h.mu.Lock()
+		delete(h.held, a.Partition)
+		h.revoked++
+		h.mu.Unlock()
+	}()
+}
+
+// state returns the partitions held, sorted, and the counts so far.
+func (h *partitionHolder) state() (held []int, assigned, revoked int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for p := range h.held {
+		held = append(held, p)
+	}
+	slices.Sort(held)
+	return held, h.assigned, h.revoked
+}
+
+// A member joining or leaving moves only the partitions that change owner:
+// under either protocol a member that keeps a partition is never made to
+// give it up and take it back. Three members share twelve partitions under
+// steady load, a fourth joins, leaves, and one of the three leaves; after
+// each change every member still running was revoked exactly the
+// partitions it no longer holds, and assigned exactly those it gained.
 func TestRebalancesMoveOnlyThePartitionsThatChangeOwner(t *testing.T) {
 	t.Parallel()
-	if kafkaClient() == consumer.KafkaGo {
-		t.Skip("kafka-go rebalances eagerly: every member gives up every partition (see docs/design.md)")
+	if testenv.KafkaClient() == "kafka-go" {
+		t.Skip("kafka-go's members rebalance eagerly: every member gives up every partition")
 	}
-	e := setup(t, 12)
-	recs := make([]*recorder, 4)
-	runs := make([]*running, 4)
-	startMember := func(i int) {
-		recs[i] = &recorder{}
-		cfg := e.config(e.applyHandler())
-		cfg.Hooks = []consumer.Hook{recs[i]}
-		runs[i] = e.start(cfg)
-	}
-	holding := func(i int) int { _, h := recs[i].assignments(); return h }
-	for i := range 3 {
-		startMember(i)
-	}
-	waitFor(t, 60*time.Second, "3 members holding 4 partitions each", func() bool {
-		return holding(0) == 4 && holding(1) == 4 && holding(2) == 4
-	})
-	ids := e.produceIDs("a", 120)
-	e.waitEffects(len(ids), 30*time.Second)
-	// The members joined one after the other: from here on, the group is
-	// settled, and every revocation counts.
-	_, settled := holders(recs[:3])
+	eachProtocol(t, func(t *testing.T, proto consumer.GroupProtocol) {
+		const parts = 12
+		e := setupProtocol(t, parts, proto)
 
-	startMember(3)
-	waitFor(t, 60*time.Second, "4 members holding 3 partitions each", func() bool {
-		return holding(0) == 3 && holding(1) == 3 && holding(2) == 3 && holding(3) == 3
-	})
-	_, revoked := holders(recs[:3])
-	for i := range revoked {
-		revoked[i] -= settled[i]
-	}
-	require.Equal(t, []int{1, 1, 1}, revoked, "each old member gave up exactly the partition that moved to the new one")
-	ids = append(ids, e.produceIDs("b", 120)...)
-	e.waitEffects(len(ids), 30*time.Second)
+		var mu sync.Mutex
+		var ids []string
+		stopLoad := make(chan struct{})
+		loadDone := make(chan struct{})
+		go func() {
+			defer close(loadDone)
+			w := e.kafka.Writer(e.topic)
+			defer w.Close()
+			for round := 0; ; round++ {
+				select {
+				case <-stopLoad:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+				msgs := make([]kafka.Message, parts)
+				batch := make([]string, parts)
+				for p := range parts {
+					batch[p] = "r" + strconv.Itoa(round) + "-" + strconv.Itoa(p)
+					msgs[p] = msg(p, batch[p], "v")
+				}
+				if err := w.WriteMessages(context.Background(), msgs...); err != nil {
+					t.Errorf("produce: %v", err)
+					return
+				}
+				mu.Lock()
+				ids = append(ids, batch...)
+				mu.Unlock()
+			}
+		}()
 
-	_, before := holders([]*recorder{recs[0], recs[2], recs[3]})
-	runs[1].stop()
-	waitFor(t, 60*time.Second, "the 3 others holding 4 partitions each", func() bool {
-		return holding(0) == 4 && holding(2) == 4 && holding(3) == 4
+		type member struct {
+			name   string
+			holder *partitionHolder
+			run    *running
+		}
+		var members []*member
+		startMember := func(name string) {
+			h := newPartitionHolder()
+			cfg := e.config(e.applyHandler())
+			cfg.Hooks = []consumer.Hook{h}
+			members = append(members, &member{name: name, holder: h, run: e.start(cfg)})
+		}
+		type snapshot struct {
+			held              []int
+			assigned, revoked int
+		}
+		// settled waits until the running members hold every partition
+		// once, as evenly as the count allows, and returns what each holds.
+		settled := func(what string) map[string]snapshot {
+			out := map[string]snapshot{}
+			waitFor(t, 90*time.Second, what, func() bool {
+				clear(out)
+				seen := map[int]bool{}
+				least, most := parts, 0
+				for _, m := range members {
+					held, a, r := m.holder.state()
+					for _, p := range held {
+						if seen[p] {
+							return false
+						}
+						seen[p] = true
+					}
+					least, most = min(least, len(held)), max(most, len(held))
+					out[m.name] = snapshot{held, a, r}
+				}
+				return len(seen) == parts && most-least <= 1
+			})
+			return out
+		}
+		// moved requires that each member running before and after a
+		// change was revoked just the partitions it gave up and assigned
+		// just those it gained.
+		moved := func(change string, before, after map[string]snapshot) {
+			for name, a := range after {
+				b, ok := before[name]
+				if !ok {
+					continue
+				}
+				lost, gained := 0, 0
+				for _, p := range b.held {
+					if !slices.Contains(a.held, p) {
+						lost++
+					}
+				}
+				for _, p := range a.held {
+					if !slices.Contains(b.held, p) {
+						gained++
+					}
+				}
+				require.Equal(t, lost, a.revoked-b.revoked, "%s: revocations of member %s (held %v, then %v)", change, name, b.held, a.held)
+				require.Equal(t, gained, a.assigned-b.assigned, "%s: assignments of member %s (held %v, then %v)", change, name, b.held, a.held)
+				t.Logf("%s: member %s gave up %d and gained %d partitions", change, name, lost, gained)
+			}
+		}
+
+		startMember("a")
+		startMember("b")
+		startMember("c")
+		three := settled("three members holding four partitions each")
+		startMember("d")
+		four := settled("four members holding three partitions each")
+		moved("a fourth member joined", three, four)
+
+		members[3].run.stop()
+		members = members[:3]
+		threeAgain := settled("three members again, the fourth gone")
+		moved("the fourth member left", four, threeAgain)
+
+		members[0].run.stop()
+		members = members[1:]
+		two := settled("two members, the first gone")
+		moved("the first member left", threeAgain, two)
+
+		close(stopLoad)
+		<-loadDone
+		mu.Lock()
+		all := slices.Clone(ids)
+		mu.Unlock()
+		e.waitEffects(len(all), 90*time.Second)
+		for _, m := range members {
+			m.run.stop()
+		}
+		e.requireExactlyOnce(all)
+		e.check(expectation{ids: all})
 	})
-	_, after := holders([]*recorder{recs[0], recs[2], recs[3]})
-	require.Equal(t, before, after, "the members that stayed gave up nothing when one left")
-	ids = append(ids, e.produceIDs("c", 120)...)
-	e.waitEffects(len(ids), 30*time.Second)
-	for _, i := range []int{0, 2, 3} {
-		runs[i].stop()
-	}
-	e.check(expectation{ids: ids})
 }
 
 // A static member (InstanceID) restarted within SessionTimeout gets its
@@ -172,14 +287,24 @@ func TestAStaticMemberRestartedWithinTheSessionCausesNoRebalance(t *testing.T) {
 	if kafkaClient() == consumer.KafkaGo {
 		t.Skip("kafka-go has no static membership: New refuses InstanceID with it")
 	}
-	e := setup(t, 4)
+	eachProtocol(t, func(t *testing.T, proto consumer.GroupProtocol) {
+		staticMemberRestarted(t, setupProtocol(t, 4, proto, protocolOptions{session: staticSession}))
+	})
+}
+
+// staticSession is the session a static member's restart fits in.
+const staticSession = 20 * time.Second
+
+func staticMemberRestarted(t *testing.T, e *env) {
 	recs := make([]*recorder, 2)
 	runs := make([]*running, 2)
 	startMember := func(i int) {
 		recs[i] = &recorder{}
 		cfg := e.config(e.applyHandler())
 		cfg.InstanceID = "member-" + strconv.Itoa(i)
-		cfg.SessionTimeout = 20 * time.Second
+		if e.protocol == consumer.ClassicProtocol {
+			cfg.SessionTimeout = staticSession
+		}
 		cfg.Hooks = []consumer.Hook{recs[i]}
 		runs[i] = e.start(cfg)
 	}

@@ -211,8 +211,13 @@ func TestHealthNotLiveOutOfTheGroup(t *testing.T) {
 // its group, live and ready: it must not be restarted for having no work.
 func TestHealthOfAMemberWithNothingToDo(t *testing.T) {
 	t.Parallel()
+	eachProtocol(t, func(t *testing.T, proto consumer.GroupProtocol) {
+		memberWithNothingToDo(t, setupProtocol(t, 1, proto))
+	})
+}
+
+func memberWithNothingToDo(t *testing.T, e *env) {
 	ctx := context.Background()
-	e := setup(t, 1)
 	e.produceIDs("n", 10)
 	var members []*consumer.Consumer
 	for range 2 {

@@ -135,7 +135,11 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 		m.Revoked(context.WithoutCancel(ctx), tps)
 	}
 	calls.Unlock()
+	member, _ := cl.GroupMetadata()
 	cl.Close()
+	if g.ConsumerProtocol && g.InstanceID != "" {
+		c.leaveStatic(member)
+	}
 	c.setGroup(nil)
 	<-confirmed
 	if confirmErr != nil && ctx.Err() == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -110,5 +111,40 @@ func joinedAs(ctx context.Context, cl *kgo.Client) (string, error) {
 			return "", ctx.Err()
 		case <-tick.C:
 		}
+	}
+}
+
+// leaveStatic leaves the group for a while as the static member member,
+// which the consumer protocol asks of a static member that stops (a
+// heartbeat at epoch -2, naming its instance id): the broker keeps its
+// partitions for it, and the member that restarts with the instance id
+// takes them back at once. kgo sends that heartbeat as it closes without
+// the instance id, which Kafka refuses (INVALID_REQUEST: "InstanceId can't
+// be null"; kfake takes it), and drops the error: the restarted member
+// would then be refused (UNRELEASED_INSTANCE_ID) until the old one's
+// session ends, and its partitions would move to the other members. So
+// the member sends it again, whole, from the client that outlives it,
+// once kgo has stopped heartbeating for it.
+func (c *Client) leaveStatic(member string) {
+	if member == "" {
+		return
+	}
+	g := c.cfg.Group
+	ctx, cancel := kafkaclient.Bounded(context.Background())
+	defer cancel()
+	req := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+	req.Group = g.ID
+	req.MemberID = member
+	req.MemberEpoch = -2
+	req.InstanceID = kmsg.StringPtr(g.InstanceID)
+	resp, err := req.RequestWith(ctx, c.admin)
+	if err == nil {
+		err = kerr.ErrorForCode(resp.ErrorCode)
+	}
+	// A member the broker no longer knows (its session ended, or kgo's
+	// own leave went through) has nothing left to leave.
+	if err != nil && !errors.Is(err, kerr.UnknownMemberID) && !errors.Is(err, kerr.GroupIDNotFound) {
+		c.log.Warn("consumer group: leaving as a static member failed; the instance's partitions wait for its session to end",
+			slog.String("instance", g.InstanceID), slog.String("error", err.Error()))
 	}
 }

@@ -15,6 +15,9 @@ import (
 // Health is what the consumer's probes report.
 type Health = kafkaoncetype.Health
 
+// GroupHealth is a consumer group member as Health reports it.
+type GroupHealth = kafkaoncetype.GroupHealth
+
 // Health reports whether the consumer is live (no loop wedged: see
 // Config.StallAfter) and ready (Run running, the member in its group,
 // Postgres answering). It reads the consumer's own state; the only

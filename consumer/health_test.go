@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
@@ -242,4 +243,44 @@ func memberWithNothingToDo(t *testing.T, e *env) {
 		}
 		return true
 	})
+	// Each reports itself as the group coordinator describes it: its
+	// protocol, its member id, and its generation or epoch.
+	waitFor(t, 30*time.Second, "each member's Health naming it as the broker does", func() bool {
+		broker := describedMembers(t, e)
+		for _, c := range members {
+			g := c.Health(ctx).Group
+			require.NotNil(t, g)
+			require.Equal(t, e.protocol.String(), g.Protocol)
+			if gen, ok := broker[g.MemberID]; !ok || gen != -1 && gen != g.Generation || g.Generation <= 0 {
+				t.Logf("member %s in generation %d; the broker describes %v", g.MemberID, g.Generation, broker)
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// describedMembers is the group's members as the group coordinator
+// describes them, each with its epoch under the consumer protocol (-1
+// under the classic one, whose describe tells no generation).
+func describedMembers(t *testing.T, e *env) map[string]int32 {
+	adm := kadm.NewClient(e.kafka.Client(t))
+	ctx := testenv.Context(t, 10*time.Second)
+	out := map[string]int32{}
+	if e.protocol == consumer.ConsumerProtocol {
+		d, err := adm.DescribeConsumerGroups(ctx, e.group)
+		require.NoError(t, err)
+		for _, m := range d[e.group].Members {
+			out[m.MemberID] = m.MemberEpoch
+		}
+		return out
+	}
+	d, err := adm.DescribeGroups(ctx, e.group)
+	require.NoError(t, err)
+	g := d[e.group]
+	// DescribeGroups tells no generation: -1 for each member.
+	for _, m := range g.Members {
+		out[m.MemberID] = -1
+	}
+	return out
 }

@@ -39,11 +39,30 @@ type Health struct {
 	// that cannot join its group meets, in words ("TLS handshake failed:
 	// is the broker's listener TLS?").
 	LastDialError *DialError `json:"last_dial_error,omitempty"`
+	// Group is, for a consumer group member, the member as its client
+	// last heard from the group coordinator; nil in a share group.
+	Group *GroupHealth `json:"group,omitempty"`
 	// Share is, for a share group member, what it holds; nil in a
 	// consumer group.
 	Share *ShareHealth `json:"share,omitempty"`
 	// CheckedAt is when the report was made.
 	CheckedAt time.Time `json:"checked_at"`
+}
+
+// GroupHealth is a consumer group member as its client last heard from
+// the group coordinator: what `kafkaonce status` lists for each member,
+// from this side.
+type GroupHealth struct {
+	// Protocol is the group protocol the member speaks: "classic" or
+	// "consumer" (Config.GroupProtocol).
+	Protocol string `json:"protocol"`
+	// MemberID is the member's id in the group; "" before it joined.
+	MemberID string `json:"member_id"`
+	// Generation is the number the broker checks each of the member's
+	// offset commits against: the group's generation under the classic
+	// protocol, the member's epoch under the consumer protocol. 0 before
+	// the member joined.
+	Generation int32 `json:"generation"`
 }
 
 // ShareHealth is what a share group member holds now: Kafka reports

@@ -107,6 +107,8 @@ func (c *Consumer) Health(ctx context.Context, askDB bool) kafkaoncetype.Health 
 	now := time.Now()
 	h := kafkaoncetype.Health{CheckedAt: now, Running: c.running.Load() && !c.finished.Load(), InGroup: c.health.inGroup.Load(), Problems: []string{}, Stopped: []string{}}
 	if m := c.health.member.Load(); m != nil {
+		member := m.group.Member()
+		h.Group = &kafkaoncetype.GroupHealth{Protocol: c.cfg.GroupProtocol.String(), MemberID: member.ID, Generation: member.Generation}
 		h.Problems = append(h.Problems, m.stalls(now, c.cfg.StallAfter, &h)...)
 		// The group loop: a member that cannot get into its group for
 		// StallAfter is as wedged as a partition that cannot fetch.

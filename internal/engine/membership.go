@@ -25,6 +25,8 @@ type membership struct {
 	// does.
 	runCtx    context.Context
 	committer *committer
+	// group is the member's client, which Health asks who the member is.
+	group kafkaclient.Group
 	// work processes a partition for its run until stop is done, marking
 	// its offsets with the committer: a worker (see newMembership), or a
 	// test's script.
@@ -55,7 +57,7 @@ type partitionRun struct {
 // for each partition assigned, whose offsets are committed through group.
 func newMembership(runCtx context.Context, d *deps, group kafkaclient.Group, joined func()) *membership {
 	m := &membership{log: d.log, health: d.health, grace: d.cfg.ShutdownTimeout, runCtx: runCtx,
-		committer: newCommitter(group, d.log, d.hooks.Committed), joined: joined, runs: map[kafkaclient.TopicPartition]*partitionRun{}}
+		group: group, committer: newCommitter(group, d.log, d.hooks.Committed), joined: joined, runs: map[kafkaclient.TopicPartition]*partitionRun{}}
 	m.work = func(stop, work context.Context, r *partitionRun) {
 		w := &worker{deps: d, committer: m.committer, hold: r, topic: r.tp.Topic, partition: r.tp.Partition, progress: r.progress}
 		w.run(stop, work)

@@ -290,6 +290,8 @@ func (g *scriptGroup) Committed(context.Context, kafkaclient.TopicPartition) (ka
 	return kafkaclient.CommittedOffset{}, errNotScripted
 }
 
+func (g *scriptGroup) Member() kafkaclient.Member { return kafkaclient.Member{} }
+
 func (g *scriptGroup) TopicCommitted(context.Context, string, int) ([]int64, error) {
 	return nil, errNotScripted
 }

@@ -59,6 +59,17 @@ type Group interface {
 	// A *TopicGoneError names partitions refused because the broker does
 	// not know their topic (any more).
 	Commit(ctx context.Context, offsets []Offset) error
+	// Member is the member as the client last heard from the group
+	// coordinator: zero before it joined and after it left.
+	Member() Member
+}
+
+// Member is a group member's id and the number the broker checks its
+// offset commits against: the generation (classic protocol) or the
+// member epoch (consumer protocol).
+type Member struct {
+	ID         string
+	Generation int32
 }
 
 // Reader reads partitions: their records and their log bounds.

@@ -266,6 +266,18 @@ func (c *Client) Commit(ctx context.Context, offsets []kafkaclient.Offset) error
 	return err
 }
 
+// Member implements kafkaclient.Group.
+func (c *Client) Member() kafkaclient.Member {
+	c.mu.Lock()
+	cl := c.group
+	c.mu.Unlock()
+	if cl == nil {
+		return kafkaclient.Member{}
+	}
+	id, gen := cl.GroupMetadata()
+	return kafkaclient.Member{ID: id, Generation: max(gen, 0)}
+}
+
 // fenced reports errors that mean this member can no longer commit in its
 // generation (classic protocol) or epoch (consumer protocol).
 func fenced(err error) bool {

@@ -235,6 +235,16 @@ func (c *Client) runGroupOnce(ctx context.Context, m kafkaclient.Membership, w *
 	return <-rejoined && ctx.Err() == nil, nil
 }
 
+// Member implements kafkaclient.Group.
+func (c *Client) Member() kafkaclient.Member {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gen == nil {
+		return kafkaclient.Member{}
+	}
+	return kafkaclient.Member{ID: c.gen.MemberID, Generation: c.gen.ID}
+}
+
 func (c *Client) setGeneration(gen *kafka.Generation, committed *genOffsets) {
 	c.mu.Lock()
 	c.gen, c.committed = gen, committed

@@ -5,10 +5,13 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/kversion"
@@ -189,4 +192,69 @@ func TestConsumerProtocolIsNeverAFallBack(t *testing.T) {
 		require.Contains(t, err.Error(), "does not describe group")
 		require.Zero(t, e.effects(), "nothing is applied by a member that fell back to the classic protocol")
 	})
+}
+
+// A consumer-protocol member the broker fences (FENCED_MEMBER_EPOCH on a
+// heartbeat) while a transaction of its is open loses its partitions, as
+// a classic member that loses its generation does: the transaction may
+// still commit, but its offsets are never committed after the fence, the
+// member rejoins at epoch 0 under the same id, and the partition starts
+// again from the stored position. Nothing is applied twice, none skipped.
+func TestConsumerProtocolMemberFencedMidTransaction(t *testing.T) {
+	t.Parallel()
+	if os.Getenv("KAFKA_BROKERS") != "" {
+		t.Skip("on kfake only: the fence is injected on the broker's heartbeat answer (a real broker's fencing is TestZombieMemberCannotCommitOffsets)")
+	}
+	e := setupProtocol(t, 1, consumer.ConsumerProtocol)
+	ids := e.produceIDs("f", 40)
+	blocked, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	apply := e.applyHandler()
+	cfg := e.config(consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "f-20" {
+			once.Do(func() { close(blocked) })
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return apply.Handle(ctx, tx, m)
+	}))
+	cfg.MaxBatch = 10
+	c, err := consumer.New(e.db.Pool, cfg)
+	require.NoError(t, err)
+	r := e.run(c)
+	<-blocked
+	before := c.Health(context.Background()).Group
+	require.Positive(t, before.Generation)
+
+	fake := e.kafka.Fake
+	var fenced sync.Once
+	fake.ControlKey(kmsg.ConsumerGroupHeartbeat.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		req := kreq.(*kmsg.ConsumerGroupHeartbeatRequest)
+		if req.MemberEpoch <= 0 {
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.ConsumerGroupHeartbeatResponse)
+		resp.ErrorCode = kerr.FencedMemberEpoch.Code
+		// The transaction in flight goes on to commit after the fence.
+		fenced.Do(func() { close(release) })
+		return resp, nil, true
+	})
+
+	e.waitEffects(len(ids), 60*time.Second)
+	e.waitCommitted(map[int]int64{0: int64(len(ids))}, 60*time.Second)
+	var after *consumer.GroupHealth
+	waitFor(t, 30*time.Second, "the member back in its group", func() bool {
+		h := c.Health(context.Background())
+		after = h.Group
+		return h.InGroup && after.Generation > 0
+	})
+	require.Equal(t, before.MemberID, after.MemberID, "a fenced member rejoins under its id")
+	assigned, _ := e.events.assignments()
+	require.GreaterOrEqual(t, assigned, 2, "the fence cost the member its partition, assigned again once it rejoined")
+	r.stop()
+	e.requireExactlyOnce(ids)
+	e.check(expectation{ids: ids})
 }

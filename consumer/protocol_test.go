@@ -145,23 +145,15 @@ func TestGroupProtocolConfig(t *testing.T) {
 // and says which broker it needs, rather than join as a classic member:
 // kgo would fall back without a word both when the broker does not
 // advertise ConsumerGroupHeartbeat v1 and when it answers it
-// UNSUPPORTED_VERSION.
+// UNSUPPORTED_VERSION. On a real broker without the protocol (Kafka 3.9.1
+// in CI) the member is refused by the broker's own answer.
 func TestConsumerProtocolIsNeverAFallBack(t *testing.T) {
 	t.Parallel()
-	if os.Getenv("KAFKA_BROKERS") != "" {
-		t.Skip("on kfake only: a broker of the test's own, which serves the protocol only in part")
-	}
 	if testenv.KafkaClient() == "kafka-go" {
 		t.Skip("kafka-go speaks only the classic group protocol")
 	}
-	run := func(t *testing.T, opts []kfake.Opt, after func(*kfake.Cluster)) (error, *env) {
-		k, err := devenv.StartFakeKafka(opts...)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = k.Close() })
-		if after != nil {
-			after(k.Fake)
-		}
-		e := setupOn(t, 1, &testenv.Kafka{Kafka: k})
+	runOn := func(t *testing.T, k *testenv.Kafka) (error, *env) {
+		e := setupOn(t, 1, k)
 		e.protocol = consumer.ConsumerProtocol
 		e.produceIDs("m", 5)
 		c, err := consumer.New(e.db.Pool, e.config(e.applyHandler()))
@@ -170,10 +162,31 @@ func TestConsumerProtocolIsNeverAFallBack(t *testing.T) {
 		defer cancel()
 		return c.Run(ctx), e
 	}
+	if os.Getenv("KAFKA_BROKERS") != "" {
+		k := testenv.NewKafka(t)
+		if testenv.ConsumerProtocolServed(t, k.Brokers) {
+			t.Skip("the broker serves the consumer protocol; the refusals are tested on kfake, which serves it only in part")
+		}
+		err, e := runOn(t, k)
+		require.ErrorIs(t, err, consumer.ErrConsumerProtocolUnavailable)
+		require.Contains(t, err.Error(), "GroupProtocol ConsumerProtocol needs Kafka 4.0 or later")
+		require.Zero(t, e.effects(), "nothing is applied by a member that cannot have its protocol")
+		return
+	}
+	run := func(t *testing.T, opts []kfake.Opt, after func(*kfake.Cluster)) (error, *env) {
+		k, err := devenv.StartFakeKafka(opts...)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = k.Close() })
+		if after != nil {
+			after(k.Fake)
+		}
+		return runOn(t, &testenv.Kafka{Kafka: k})
+	}
 	t.Run("a broker that does not advertise it", func(t *testing.T) {
 		t.Parallel()
 		err, e := run(t, []kfake.Opt{kfake.MaxVersions(kversion.V3_9_0())}, nil)
 		require.Error(t, err)
+		require.ErrorIs(t, err, consumer.ErrConsumerProtocolUnavailable)
 		require.Contains(t, err.Error(), "GroupProtocol ConsumerProtocol needs Kafka 4.0 or later")
 		require.Contains(t, err.Error(), "ConsumerGroupHeartbeat")
 		require.Zero(t, e.effects(), "nothing is applied by a member that cannot have its protocol")
@@ -189,6 +202,7 @@ func TestConsumerProtocolIsNeverAFallBack(t *testing.T) {
 			})
 		})
 		require.Error(t, err)
+		require.ErrorIs(t, err, consumer.ErrConsumerProtocolUnavailable)
 		require.Contains(t, err.Error(), "does not describe group")
 		require.Zero(t, e.effects(), "nothing is applied by a member that fell back to the classic protocol")
 	})

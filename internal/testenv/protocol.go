@@ -22,14 +22,27 @@ var consumerProtocolOffered sync.Map // string -> error (nil: offered)
 // only when enabled). The answer is asked once per broker list.
 func RequireConsumerProtocol(tb testing.TB, brokers []string) {
 	tb.Helper()
+	if err := consumerProtocolOffer(tb, brokers); err != nil {
+		tb.Skipf("the consumer group protocol is not tested on %v: %v", brokers, err)
+	}
+}
+
+// ConsumerProtocolServed reports whether brokers serve the consumer group
+// protocol (see RequireConsumerProtocol).
+func ConsumerProtocolServed(tb testing.TB, brokers []string) bool {
+	tb.Helper()
+	return consumerProtocolOffer(tb, brokers) == nil
+}
+
+func consumerProtocolOffer(tb testing.TB, brokers []string) error {
+	tb.Helper()
 	key := fmt.Sprint(brokers)
 	v, ok := consumerProtocolOffered.Load(key)
 	if !ok {
 		v, _ = consumerProtocolOffered.LoadOrStore(key, consumerProtocolCheck(tb, brokers))
 	}
-	if err, _ := v.(error); err != nil {
-		tb.Skipf("the consumer group protocol is not tested on %s: %v", key, err)
-	}
+	err, _ := v.(error)
+	return err
 }
 
 func consumerProtocolCheck(tb testing.TB, brokers []string) any {

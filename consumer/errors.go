@@ -15,6 +15,8 @@ var (
 	ErrTopicRecreated      = kafkaoncetype.ErrTopicRecreated
 	ErrTransactionalTopic  = kafkaoncetype.ErrTransactionalTopic
 	ErrMessagesDeleted     = kafkaoncetype.ErrMessagesDeleted
+
+	ErrConsumerProtocolUnavailable = kafkaoncetype.ErrConsumerProtocolUnavailable
 )
 
 // The handler's failures the consumer names, found with errors.Is; each is

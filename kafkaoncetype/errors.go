@@ -54,6 +54,17 @@ var (
 	// default) reads committed records only: switch to it.
 	ErrTransactionalTopic = errors.New("the topic is written by transactional producers, which this Kafka client cannot read correctly")
 
+	// ErrConsumerProtocolUnavailable says Run ended because the member
+	// asked for the consumer group protocol (Config.GroupProtocol
+	// ConsumerProtocol) and the cluster does not give it: a broker does
+	// not serve ConsumerGroupHeartbeat v1 (Kafka before 4.0), or, once
+	// the member joined, the group coordinator does not describe it as a
+	// consumer-protocol member (a 4.x broker with "consumer" left out of
+	// group.coordinator.rebalance.protocols). The member never falls
+	// back to the classic protocol on its own; the error names what the
+	// broker said.
+	ErrConsumerProtocolUnavailable = errors.New("the consumer group protocol (KIP-848) is not available")
+
 	// ErrMessagesDeleted says the partition's log no longer holds messages
 	// this consumer has not processed yet (retention or a DeleteRecords
 	// call removed them). They cannot be processed any more, and skipping

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
+	"github.com/kafkaonce/kafkaonce/kafkaoncetype"
 )
 
 // The consumer group protocol (KIP-848) is asked for, never assumed: kgo
@@ -35,7 +36,7 @@ const consumerProtocolVersion = 1
 // ErrConsumerProtocolUnavailable is wrapped by RunGroup's error when the
 // member asked for the consumer group protocol and the cluster does not
 // give it.
-var ErrConsumerProtocolUnavailable = errors.New("the consumer group protocol (KIP-848) is not available")
+var ErrConsumerProtocolUnavailable = kafkaoncetype.ErrConsumerProtocolUnavailable
 
 // checkConsumerProtocolServed asks a broker which versions of
 // ConsumerGroupHeartbeat it serves.

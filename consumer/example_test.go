@@ -229,3 +229,42 @@ func ExampleConfig_shareGroup() {
 		log.Fatal(err)
 	}
 }
+
+// A ledger worker in a group running the consumer group protocol
+// (KIP-848, Kafka 4.0 and later): the broker assigns partitions, and a
+// static member (a StatefulSet's pod name) restarted within the group's
+// consumer.session.timeout.ms gets its own back while the other members
+// go on. The session and heartbeat are the group's configs, set on the
+// broker, not here.
+func ExampleConfig_consumerProtocol() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	c, err := consumer.New(pool, &consumer.Config{
+		Name:          "ledger",
+		Brokers:       []string{"localhost:9092"},
+		Topics:        []string{"transfers"},
+		GroupProtocol: consumer.ConsumerProtocol,
+		InstanceID:    os.Getenv("POD_NAME"),
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (transfer_id, body) VALUES ($1, $2)`, m.ID, m.Value)
+			return err
+		}),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Run(ctx); errors.Is(err, consumer.ErrConsumerProtocolUnavailable) {
+		// The brokers are older than Kafka 4.0, or have the protocol off:
+		// the member never joined as a classic member instead.
+		log.Fatalf("upgrade the brokers or leave GroupProtocol unset: %v", err)
+	} else if err != nil {
+		log.Fatal(err)
+	}
+}

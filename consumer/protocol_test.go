@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -146,7 +147,9 @@ func TestGroupProtocolConfig(t *testing.T) {
 // kgo would fall back without a word both when the broker does not
 // advertise ConsumerGroupHeartbeat v1 and when it answers it
 // UNSUPPORTED_VERSION. On a real broker without the protocol (Kafka 3.9.1
-// in CI) the member is refused by the broker's own answer.
+// in CI) the member is refused by the broker's own answer. A coordinator
+// whose describe does not answer the question yet is asked again: a
+// member is refused on an answer, never on a hiccup.
 func TestConsumerProtocolIsNeverAFallBack(t *testing.T) {
 	t.Parallel()
 	if testenv.KafkaClient() == "kafka-go" {
@@ -190,6 +193,38 @@ func TestConsumerProtocolIsNeverAFallBack(t *testing.T) {
 		require.Contains(t, err.Error(), "GroupProtocol ConsumerProtocol needs Kafka 4.0 or later")
 		require.Contains(t, err.Error(), "ConsumerGroupHeartbeat")
 		require.Zero(t, e.effects(), "nothing is applied by a member that cannot have its protocol")
+	})
+	t.Run("a coordinator that does not list the member at first", func(t *testing.T) {
+		t.Parallel()
+		// A describe that does not answer the question is asked again:
+		// the member joins once the coordinator lists it.
+		var unlisted atomic.Int32
+		k, err := devenv.StartFakeKafka()
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = k.Close() })
+		c := k.Fake
+		c.ControlKey(int16(kmsg.ConsumerGroupDescribe), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			if unlisted.Load() >= 3 {
+				return nil, nil, false
+			}
+			c.KeepControl()
+			unlisted.Add(1)
+			resp := req.(*kmsg.ConsumerGroupDescribeRequest).ResponseKind().(*kmsg.ConsumerGroupDescribeResponse)
+			for _, g := range req.(*kmsg.ConsumerGroupDescribeRequest).Groups {
+				rg := kmsg.NewConsumerGroupDescribeResponseGroup()
+				rg.Group, rg.State = g, "Reconciling"
+				resp.Groups = append(resp.Groups, rg)
+			}
+			return resp, nil, true
+		})
+		e := setupOn(t, 1, &testenv.Kafka{Kafka: k})
+		e.protocol = consumer.ConsumerProtocol
+		ids := e.produceIDs("m", 5)
+		r := e.start(e.config(e.applyHandler()))
+		e.waitEffects(len(ids), 60*time.Second)
+		r.stop()
+		require.EqualValues(t, 3, unlisted.Load(), "the coordinator was asked again after describing the group without the member")
+		e.requireExactlyOnce(ids)
 	})
 	t.Run("a broker that advertises it and refuses it", func(t *testing.T) {
 		t.Parallel()

@@ -113,7 +113,7 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 	if g.ConsumerProtocol {
 		go func() {
 			defer close(confirmed)
-			if confirmErr = confirmConsumerMember(runCtx, cl, g.ID); confirmErr != nil {
+			if confirmErr = confirmConsumerMember(runCtx, cl, g.ID, c.log); confirmErr != nil {
 				stop()
 			}
 		}()
@@ -121,6 +121,10 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 		close(confirmed)
 	}
 	c.pollGroup(runCtx, cl)
+	// The confirmation ends with the run (it retries until it has an
+	// answer), before the client it asks through is closed.
+	stop()
+	<-confirmed
 	// Revoke everything, which commits the last offsets, before leaving:
 	// kgo revokes again as it leaves, which then finds nothing owned. A
 	// static member does not leave: its partitions wait for it until its
@@ -141,8 +145,7 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 		c.leaveStatic(member)
 	}
 	c.setGroup(nil)
-	<-confirmed
-	if confirmErr != nil && ctx.Err() == nil {
+	if confirmErr != nil && !errors.Is(confirmErr, context.Canceled) {
 		return confirmErr
 	}
 	return nil

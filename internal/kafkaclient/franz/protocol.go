@@ -67,35 +67,58 @@ func checkConsumerProtocolServed(ctx context.Context, cl *kgo.Client) error {
 }
 
 // confirmConsumerMember waits until cl has joined its group, then asks the
-// group coordinator how it describes the member: a consumer-protocol
-// member of a consumer group, or the error that says why not.
-func confirmConsumerMember(ctx context.Context, cl *kgo.Client, group string) error {
-	member, err := joinedAs(ctx, cl)
-	if err != nil {
-		return err
+// group coordinator how it describes the member, until it has an answer:
+// nil for a consumer-protocol member of a consumer group, the error that
+// says why not, or ctx's error. A describe that fails (a coordinator
+// moving, a request timing out), or one that does not list the member yet
+// (it rejoined under a new id meanwhile), is asked again.
+func confirmConsumerMember(ctx context.Context, cl *kgo.Client, group string, log *slog.Logger) error {
+	wait := 100 * time.Millisecond
+	for {
+		member, err := joinedAs(ctx, cl)
+		if err != nil {
+			return err
+		}
+		answer, err := describeMember(ctx, cl, group, member)
+		if err == nil {
+			return answer
+		}
+		log.Warn("consumer group: asking the group coordinator about this member failed; asking again", slog.String("error", err.Error()))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
 	}
+}
+
+// describeMember asks the group coordinator about member: answer is nil
+// for a consumer-protocol member, or says why the member is not one; err
+// is a describe that did not answer the question.
+func describeMember(ctx context.Context, cl *kgo.Client, group, member string) (answer, err error) {
 	ctx, cancel := kafkaclient.Bounded(ctx)
 	defer cancel()
 	described, err := kadm.NewClient(cl).DescribeConsumerGroups(ctx, group)
 	if err == nil {
 		err = described.Error()
 	}
-	if err != nil {
-		if errors.Is(err, kerr.GroupIDNotFound) || errors.Is(err, kerr.UnsupportedVersion) {
-			return fmt.Errorf("franz: %w: the group coordinator does not describe group %s as a consumer group (%w): the broker speaks the classic protocol to this member (Kafka 4.x with \"consumer\" left out of group.coordinator.rebalance.protocols?); leave GroupProtocol at ClassicProtocol or enable the protocol on the brokers", ErrConsumerProtocolUnavailable, group, err)
-		}
-		return fmt.Errorf("franz: describe consumer group %s: %w", group, err)
+	switch {
+	case errors.Is(err, kerr.GroupIDNotFound), errors.Is(err, kerr.UnsupportedVersion):
+		return fmt.Errorf("franz: %w: the group coordinator does not describe group %s as a consumer group (%w): the broker speaks the classic protocol to this member (Kafka 4.x with \"consumer\" left out of group.coordinator.rebalance.protocols?); leave GroupProtocol at ClassicProtocol or enable the protocol on the brokers", ErrConsumerProtocolUnavailable, group, err), nil
+	case err != nil:
+		return nil, fmt.Errorf("franz: describe consumer group %s: %w", group, err)
 	}
 	for _, m := range described[group].Members {
 		if m.MemberID != member {
 			continue
 		}
 		if m.MemberType == 0 {
-			return fmt.Errorf("franz: %w: the group coordinator describes member %s of group %s as a classic member; leave GroupProtocol at ClassicProtocol or enable the protocol on the brokers", ErrConsumerProtocolUnavailable, member, group)
+			return fmt.Errorf("franz: %w: the group coordinator describes member %s of group %s as a classic member; leave GroupProtocol at ClassicProtocol or enable the protocol on the brokers", ErrConsumerProtocolUnavailable, member, group), nil
 		}
-		return nil
+		return nil, nil
 	}
-	return fmt.Errorf("franz: %w: the group coordinator does not list member %s among group %s's consumer-protocol members", ErrConsumerProtocolUnavailable, member, group)
+	return nil, fmt.Errorf("franz: the group coordinator does not list member %s among group %s's members yet", member, group)
 }
 
 // joinedAs waits until cl is a member of its group in an epoch (or, had kgo

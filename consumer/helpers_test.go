@@ -74,8 +74,15 @@ func (e *env) applyHandler() consumer.Handler {
 	})
 }
 
-// config returns a config for the test's topic with fast group timings.
+// config returns a config for the test's topic with fast group timings,
+// for a member of the test's group protocol.
 func (e *env) config(h consumer.Handler) *consumer.Config {
+	return e.configFor(e.protocol, h)
+}
+
+// configFor is config for a member that speaks proto, whatever the test's
+// protocol: a group moving from one protocol to the other has both.
+func (e *env) configFor(proto consumer.GroupProtocol, h consumer.Handler) *consumer.Config {
 	cfg := &consumer.Config{
 		Name:              e.name,
 		KafkaClient:       kafkaClient(),
@@ -92,9 +99,9 @@ func (e *env) config(h consumer.Handler) *consumer.Config {
 		ShutdownTimeout:   5 * time.Second,
 		Retry:             consumer.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaxInterval: 200 * time.Millisecond},
 		Hooks:             []consumer.Hook{e.events},
-		GroupProtocol:     e.protocol,
+		GroupProtocol:     proto,
 	}
-	if e.protocol == consumer.ConsumerProtocol {
+	if proto == consumer.ConsumerProtocol {
 		// The group's configs (see setupProtocol).
 		cfg.SessionTimeout, cfg.HeartbeatInterval = 0, 0
 	}

@@ -3,9 +3,7 @@ package consumer_test
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -99,44 +97,6 @@ func TestATopicRecreatedWhileRunningStopsItsPartition(t *testing.T) {
 	require.Equal(t, map[int]int64{0: 20}, e.storedPositions(), "the stored position stays where the old topic's messages ended")
 }
 
-// partitionHolder is a hook that keeps, per member, the partitions it
-// holds and how often each was assigned and revoked: a worker's hooks'
-// context ends when it returns, so an assignment's context ending is its
-// revocation.
-type partitionHolder struct {
-	mu       sync.Mutex
-	held     map[int]bool
-	assigned int
-	revoked  int
-}
-
-func newPartitionHolder() *partitionHolder { return &partitionHolder{held: map[int]bool{}} }
-
-func (h *partitionHolder) OnPartitionAssigned(ctx context.Context, a consumer.PartitionAssignment) {
-	h.mu.Lock()
-	h.held[a.Partition] = true
-	h.assigned++
-	h.mu.Unlock()
-	go func() {
-		<-ctx.Done()
-		h.mu.Lock()
-		delete(h.held, a.Partition)
-		h.revoked++
-		h.mu.Unlock()
-	}()
-}
-
-// state returns the partitions held, sorted, and the counts so far.
-func (h *partitionHolder) state() (held []int, assigned, revoked int) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for p := range h.held {
-		held = append(held, p)
-	}
-	slices.Sort(held)
-	return held, h.assigned, h.revoked
-}
-
 // A member joining or leaving moves only the partitions that change owner:
 // under either protocol a member that keeps a partition is never made to
 // give it up and take it back. Three members share twelve partitions under
@@ -151,129 +111,38 @@ func TestRebalancesMoveOnlyThePartitionsThatChangeOwner(t *testing.T) {
 	eachProtocol(t, func(t *testing.T, proto consumer.GroupProtocol) {
 		const parts = 12
 		e := setupProtocol(t, parts, proto)
-
-		var mu sync.Mutex
-		var ids []string
-		stopLoad := make(chan struct{})
-		loadDone := make(chan struct{})
-		go func() {
-			defer close(loadDone)
-			w := e.kafka.Writer(e.topic)
-			defer w.Close()
-			for round := 0; ; round++ {
-				select {
-				case <-stopLoad:
-					return
-				case <-time.After(50 * time.Millisecond):
-				}
-				msgs := make([]kafka.Message, parts)
-				batch := make([]string, parts)
-				for p := range parts {
-					batch[p] = "r" + strconv.Itoa(round) + "-" + strconv.Itoa(p)
-					msgs[p] = msg(p, batch[p], "v")
-				}
-				if err := w.WriteMessages(context.Background(), msgs...); err != nil {
-					t.Errorf("produce: %v", err)
-					return
-				}
-				mu.Lock()
-				ids = append(ids, batch...)
-				mu.Unlock()
-			}
-		}()
-
-		type member struct {
-			name   string
-			holder *partitionHolder
-			run    *running
-		}
-		var members []*member
-		startMember := func(name string) {
-			h := newPartitionHolder()
-			cfg := e.config(e.applyHandler())
-			cfg.Hooks = []consumer.Hook{h}
-			members = append(members, &member{name: name, holder: h, run: e.start(cfg)})
-		}
-		type snapshot struct {
-			held              []int
-			assigned, revoked int
-		}
-		// settled waits until the running members hold every partition
-		// once, as evenly as the count allows, and returns what each holds.
-		settled := func(what string) map[string]snapshot {
-			out := map[string]snapshot{}
-			waitFor(t, 90*time.Second, what, func() bool {
-				clear(out)
-				seen := map[int]bool{}
-				least, most := parts, 0
-				for _, m := range members {
-					held, a, r := m.holder.state()
-					for _, p := range held {
-						if seen[p] {
-							return false
-						}
-						seen[p] = true
-					}
-					least, most = min(least, len(held)), max(most, len(held))
-					out[m.name] = snapshot{held, a, r}
-				}
-				return len(seen) == parts && most-least <= 1
-			})
-			return out
-		}
+		load := e.startLoad()
+		g := e.groupMembers(t)
 		// moved requires that each member running before and after a
 		// change was revoked just the partitions it gave up and assigned
 		// just those it gained.
 		moved := func(change string, before, after map[string]snapshot) {
-			for name, a := range after {
-				b, ok := before[name]
-				if !ok {
-					continue
-				}
-				lost, gained := 0, 0
-				for _, p := range b.held {
-					if !slices.Contains(a.held, p) {
-						lost++
-					}
-				}
-				for _, p := range a.held {
-					if !slices.Contains(b.held, p) {
-						gained++
-					}
-				}
-				require.Equal(t, lost, a.revoked-b.revoked, "%s: revocations of member %s (held %v, then %v)", change, name, b.held, a.held)
-				require.Equal(t, gained, a.assigned-b.assigned, "%s: assignments of member %s (held %v, then %v)", change, name, b.held, a.held)
-				t.Logf("%s: member %s gave up %d and gained %d partitions", change, name, lost, gained)
+			for name, m := range moves(before, after) {
+				require.Equal(t, m.lost, m.revoked, "%s: revocations of member %s (held %v, then %v)", change, name, m.before, m.after)
+				require.Equal(t, m.gained, m.assigned, "%s: assignments of member %s (held %v, then %v)", change, name, m.before, m.after)
+				t.Logf("%s: member %s gave up %d and gained %d partitions", change, name, m.lost, m.gained)
 			}
 		}
 
-		startMember("a")
-		startMember("b")
-		startMember("c")
-		three := settled("three members holding four partitions each")
-		startMember("d")
-		four := settled("four members holding three partitions each")
+		for _, name := range []string{"a", "b", "c"} {
+			g.start(name, e.config(e.applyHandler()))
+		}
+		three := g.settled("three members holding four partitions each")
+		g.start("d", e.config(e.applyHandler()))
+		four := g.settled("four members holding three partitions each")
 		moved("a fourth member joined", three, four)
 
-		members[3].run.stop()
-		members = members[:3]
-		threeAgain := settled("three members again, the fourth gone")
+		g.stop("d")
+		threeAgain := g.settled("three members again, the fourth gone")
 		moved("the fourth member left", four, threeAgain)
 
-		members[0].run.stop()
-		members = members[1:]
-		two := settled("two members, the first gone")
+		g.stop("a")
+		two := g.settled("two members, the first gone")
 		moved("the first member left", threeAgain, two)
 
-		close(stopLoad)
-		<-loadDone
-		mu.Lock()
-		all := slices.Clone(ids)
-		mu.Unlock()
+		all := load.stop()
 		e.waitEffects(len(all), 90*time.Second)
-		for _, m := range members {
-			m.run.stop()
-		}
+		g.stopAll()
 		e.requireExactlyOnce(all)
 		e.check(expectation{ids: all})
 	})

@@ -3,10 +3,12 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -67,4 +69,95 @@ func consumerProtocolCheck(tb testing.TB, brokers []string) any {
 		}
 	}
 	return fmt.Errorf("the broker serves no ConsumerGroupHeartbeat v1: the consumer group protocol needs Kafka 4.0 or later")
+}
+
+// RequireGroupMigration skips the test unless k's brokers convert a group
+// between the classic and the consumer protocol while it has members, both
+// ways: a consumer-protocol member joining a classic group with members
+// makes it a consumer group, and the last one leaving makes it classic
+// again. Kafka 4.x does so under group.consumer.migration.policy
+// "bidirectional" (its default); kfake does not (it answers the first
+// consumer-protocol member of a classic group with members
+// GROUP_ID_NOT_FOUND).
+func RequireGroupMigration(tb testing.TB, k *Kafka) {
+	tb.Helper()
+	if k.Fake != nil {
+		tb.Skip("the in-process broker (kfake) does not migrate a group with classic members to the consumer protocol: set KAFKA_BROKERS to a Kafka 4.x broker")
+	}
+	RequireConsumerProtocol(tb, k.Brokers)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	adm := kadm.NewClient(k.Client(tb))
+	brokers, err := adm.ListBrokers(ctx)
+	if err != nil || len(brokers) == 0 {
+		tb.Fatalf("testenv: list the brokers of %v: %v", k.Brokers, err)
+	}
+	configs, err := adm.DescribeBrokerConfigs(ctx, brokers.NodeIDs()...)
+	if err != nil {
+		tb.Fatalf("testenv: describe the configs of the brokers of %v: %v", k.Brokers, err)
+	}
+	for _, rc := range configs {
+		if rc.Err != nil {
+			tb.Fatalf("testenv: describe the configs of broker %s: %v", rc.Name, rc.Err)
+		}
+		policy := ""
+		for _, c := range rc.Configs {
+			if c.Key == migrationPolicy {
+				policy = c.MaybeValue()
+			}
+		}
+		if !strings.EqualFold(policy, "bidirectional") {
+			tb.Skipf("broker %s has %s=%q: it does not migrate a group with members both ways (bidirectional)", rc.Name, migrationPolicy, policy)
+		}
+	}
+}
+
+const migrationPolicy = "group.consumer.migration.policy"
+
+// GroupType returns the type of group the coordinator lists group as:
+// "classic" or "consumer" (a consumer group of the consumer protocol,
+// perhaps with classic members), or "" when it lists no such group.
+func (k *Kafka) GroupType(tb testing.TB, group string) string {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	adm := kadm.NewClient(k.Client(tb))
+	for _, typ := range []string{"classic", "consumer"} {
+		listed, err := adm.ListGroupsByType(ctx, []string{typ})
+		if err != nil {
+			tb.Fatalf("testenv: list the %s groups: %v", typ, err)
+		}
+		if _, ok := listed[group]; ok {
+			return typ
+		}
+	}
+	return ""
+}
+
+// ConsumerGroupMembers returns how many members of a consumer group (one
+// of the consumer protocol) speak each protocol, as its coordinator
+// describes them: classic members (JoinGroup and SyncGroup, in a group
+// converted while they were in it) and consumer-protocol members.
+func (k *Kafka) ConsumerGroupMembers(tb testing.TB, group string) (classic, consumer int, err error) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	described, err := kadm.NewClient(k.Client(tb)).DescribeConsumerGroups(ctx, group)
+	if err == nil {
+		err = described.Error()
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, m := range described[group].Members {
+		switch m.MemberType {
+		case 0:
+			classic++
+		case 1:
+			consumer++
+		default:
+			return 0, 0, fmt.Errorf("testenv: member %s of group %s is of an unknown type %d (ConsumerGroupDescribe before v1)", m.MemberID, group, m.MemberType)
+		}
+	}
+	return classic, consumer, nil
 }

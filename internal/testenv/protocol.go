@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -10,8 +11,12 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kafkaonce/kafkaonce/internal/devenv"
+	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/franz"
 )
 
 // consumerProtocolOffered caches, per broker list, whether the brokers
@@ -160,4 +165,55 @@ func (k *Kafka) ConsumerGroupMembers(tb testing.TB, group string) (classic, cons
 		}
 	}
 	return classic, consumer, nil
+}
+
+// Under the consumer protocol a group's session and heartbeat are the
+// broker's to set: the tests give their groups a session of 6s, the one
+// their classic members ask for, and a short heartbeat, so that
+// partitions move within a second or two.
+const (
+	ConsumerProtocolSessionMs   = "6000"
+	ConsumerProtocolHeartbeatMs = "250"
+)
+
+// ConsumerProtocolKafka is the broker for a test of consumer-protocol
+// groups. With KAFKA_BROKERS set it is the test binary's broker, and the
+// test is skipped unless the broker serves the protocol; else a kfake of
+// the test's own, with the session and heartbeat as its broker configs
+// (kfake takes a group's heartbeat from those alone). Give each group the
+// test uses ConsumerProtocolGroup.
+func ConsumerProtocolKafka(tb testing.TB) *Kafka {
+	tb.Helper()
+	if os.Getenv("KAFKA_BROKERS") != "" {
+		k := NewKafka(tb)
+		RequireConsumerProtocol(tb, k.Brokers)
+		return k
+	}
+	k, err := devenv.StartFakeKafka(kfake.BrokerConfigs(map[string]string{
+		"group.consumer.session.timeout.ms":    ConsumerProtocolSessionMs,
+		"group.consumer.heartbeat.interval.ms": ConsumerProtocolHeartbeatMs,
+	}))
+	if err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+	tb.Cleanup(func() { _ = k.Close() })
+	return &Kafka{Kafka: k}
+}
+
+// ConsumerProtocolGroup gives group the tests' session and heartbeat, as
+// its group configs, on a broker of ConsumerProtocolKafka that is not a
+// kfake of the test's own (which has them as broker configs).
+func (k *Kafka) ConsumerProtocolGroup(tb testing.TB, group string) {
+	tb.Helper()
+	if k.Fake != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := franz.SetGroupConfigs(ctx, k.Client(tb), group, map[string]string{
+		"consumer.session.timeout.ms":    ConsumerProtocolSessionMs,
+		"consumer.heartbeat.interval.ms": ConsumerProtocolHeartbeatMs,
+	}); err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
 }

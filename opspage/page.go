@@ -91,6 +91,7 @@ func newPage(pool *pgxpool.Pool, admin *kafkaadmin.Admin, o Options) (*page, err
 		"when":     when,
 		"optional": consumerstatus.Optional,
 		"preview":  preview,
+		"assigned": consumerstatus.AssignedText,
 		// segment escapes a value put in one segment of a URL's path
 		// (an outbox id is free text: "/", "?" and "#" included).
 		"segment": url.PathEscape,

@@ -36,6 +36,11 @@ stored in Postgres, and the lag (messages not processed yet); then the
 consumer's claims, dead letters and recorded suspect duplicates, and the
 settings it recorded when it last started (id rule, group, topics, brokers).
 
+For a consumer group, status shows the group's members as the broker
+reports them: each one's client, host and partitions, and under the
+consumer group protocol (KIP-848) the group epoch and each member's epoch
+and protocol (a group migrating lists its classic members too).
+
 For a share group (the consumer recorded Config.GroupType ShareGroup),
 status shows the group's members as the broker reports them and its
 settings (delivery limit, lock duration, start, isolation), and for each
@@ -69,6 +74,9 @@ exit code is then 1.`,
 			}
 			if r.Share != nil {
 				r.Share.Error = s.redact(r.Share.Error)
+			}
+			if r.ConsumerGroup != nil {
+				r.ConsumerGroup.Error = s.redact(r.ConsumerGroup.Error)
 			}
 			if err := s.emit(r, func(w io.Writer) { printStatus(w, r) }); err != nil {
 				return err
@@ -111,6 +119,7 @@ func printStatus(w io.Writer, r statusReport) {
 		r.Keys.Total, r.Keys.Expired, r.Keys.Running, r.Keys.Stalled, r.Keys.GivenUp)
 	printRecorded(w, r)
 	printShare(w, r)
+	printGroup(w, r)
 	printPauses(w, r)
 	for _, sp := range r.Recent {
 		fmt.Fprintf(w, "  %s/%d/%d %q looks like %q at offset %d\n", sp.Topic, sp.Partition, sp.Offset, sp.MessageID, sp.FirstMessageID, sp.FirstOffset)
@@ -234,6 +243,34 @@ func printShare(w io.Writer, r statusReport) {
 	fmt.Fprintf(w, "share group members: %d (state %s)\n", len(v.Members), orDash(v.State))
 	for _, m := range v.Members {
 		fmt.Fprintf(w, "  %s, client %s on %s, epoch %d, %d partitions assigned\n", m.ID, orDash(m.ClientID), orDash(m.Host), m.Epoch, m.Assigned)
+	}
+}
+
+// printGroup shows what the broker says of a consumer group: its protocol
+// and members.
+func printGroup(w io.Writer, r statusReport) {
+	v := r.ConsumerGroup
+	if v == nil || (v.Error != "" && v.State == "") {
+		return
+	}
+	how := "state " + orDash(v.State)
+	if v.Protocol != "" {
+		how = v.Protocol + " protocol, " + how
+	}
+	if v.Epoch != 0 {
+		how += fmt.Sprintf(", group epoch %d", v.Epoch)
+	}
+	fmt.Fprintf(w, "group members: %d (%s)\n", len(v.Members), how)
+	for _, m := range v.Members {
+		who := m.ID
+		if m.InstanceID != "" {
+			who = fmt.Sprintf("%s (instance %s)", m.ID, m.InstanceID)
+		}
+		epoch := ""
+		if v.Protocol == "consumer" {
+			epoch = fmt.Sprintf(", %s protocol, epoch %d", m.Type, m.Epoch)
+		}
+		fmt.Fprintf(w, "  %s, client %s on %s%s, assigned %s\n", who, orDash(m.ClientID), orDash(m.Host), epoch, consumerstatus.AssignedText(m.Assigned))
 	}
 }
 

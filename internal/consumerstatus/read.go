@@ -206,8 +206,11 @@ func Read(ctx context.Context, pool *pgxpool.Pool, admin *kafkaadmin.Admin, sche
 			r.Partitions = append(r.Partitions, ps)
 		}
 	}
-	if share {
+	switch {
+	case share:
 		r.Share = readShare(ctx, admin, group, down)
+	case len(topics) > 0:
+		r.ConsumerGroup = readGroup(ctx, admin, group, down)
 	}
 	addPauses(&r, paused)
 	return r, nil

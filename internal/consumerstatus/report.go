@@ -98,6 +98,10 @@ type Report struct {
 	// Share is what the broker says of a share group: its members and
 	// settings. Absent for a consumer group.
 	Share *ShareView `json:"share_group,omitempty"`
+	// ConsumerGroup is what the broker says of a consumer group: its
+	// protocol and members. Absent for a share group, and for a consumer
+	// with no topics to show.
+	ConsumerGroup *GroupView `json:"consumer_group,omitempty"`
 	// Pauses are the consumer's pauses (kafkaonce pause).
 	Pauses []PauseView `json:"pauses"`
 	// Recorded are the settings the consumer recorded when it last
@@ -152,6 +156,9 @@ func (r Report) KafkaProblems() []string {
 	if r.Share != nil && r.Share.Error != "" {
 		lines = append(lines, fmt.Sprintf("KAFKA NOT READ for share group %s: its members or settings (%s)", r.Group, r.Share.Error))
 	}
+	if r.ConsumerGroup != nil && r.ConsumerGroup.Error != "" {
+		lines = append(lines, fmt.Sprintf("KAFKA NOT READ for group %s: its members (%s)", r.Group, r.ConsumerGroup.Error))
+	}
 	return lines
 }
 
@@ -182,7 +189,7 @@ func viewOf(rec *recorded.Settings) *RecordedView {
 
 // Incomplete reports whether Kafka did not give part of the report.
 func (r Report) Incomplete() bool {
-	return len(r.KafkaUnread) > 0 || (r.Share != nil && r.Share.Error != "")
+	return len(r.KafkaUnread) > 0 || (r.Share != nil && r.Share.Error != "") || (r.ConsumerGroup != nil && r.ConsumerGroup.Error != "")
 }
 
 // KeyCounts counts the schema's idempotency keys (package idempotency).

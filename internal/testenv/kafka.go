@@ -27,6 +27,9 @@ var kafkaShared struct {
 // Kafka is the test binary's broker.
 type Kafka struct {
 	*devenv.Kafka
+	// consumerSessionMs is the session timeout ConsumerProtocolGroup gives
+	// a group (see ConsumerProtocolKafkaSession).
+	consumerSessionMs string
 }
 
 // NewKafka returns the test binary's broker, starting it on first use.
@@ -44,7 +47,7 @@ func NewKafka(tb testing.TB) *Kafka {
 	if kafkaShared.err != nil {
 		tb.Fatalf("testenv: %v", kafkaShared.err)
 	}
-	return &Kafka{kafkaShared.k}
+	return &Kafka{Kafka: kafkaShared.k}
 }
 
 // Topic creates a topic with the given number of partitions, unique to the

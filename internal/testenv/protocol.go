@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -184,20 +185,30 @@ const (
 // test uses ConsumerProtocolGroup.
 func ConsumerProtocolKafka(tb testing.TB) *Kafka {
 	tb.Helper()
+	return ConsumerProtocolKafkaSession(tb, ConsumerProtocolSessionMs)
+}
+
+// ConsumerProtocolKafkaSession is ConsumerProtocolKafka with the groups'
+// session timeout sessionMs: a test of static members, which stay in
+// their group until it passes, makes it outlast the test (Kafka's
+// group.consumer.max.session.timeout.ms is 60000 by default).
+func ConsumerProtocolKafkaSession(tb testing.TB, sessionMs string) *Kafka {
+	tb.Helper()
 	if os.Getenv("KAFKA_BROKERS") != "" {
 		k := NewKafka(tb)
 		RequireConsumerProtocol(tb, k.Brokers)
+		k.consumerSessionMs = sessionMs
 		return k
 	}
 	k, err := devenv.StartFakeKafka(kfake.BrokerConfigs(map[string]string{
-		"group.consumer.session.timeout.ms":    ConsumerProtocolSessionMs,
+		"group.consumer.session.timeout.ms":    sessionMs,
 		"group.consumer.heartbeat.interval.ms": ConsumerProtocolHeartbeatMs,
 	}))
 	if err != nil {
 		tb.Fatalf("testenv: %v", err)
 	}
 	tb.Cleanup(func() { _ = k.Close() })
-	return &Kafka{Kafka: k}
+	return &Kafka{Kafka: k, consumerSessionMs: sessionMs}
 }
 
 // ConsumerProtocolGroup gives group the tests' session and heartbeat, as
@@ -211,7 +222,7 @@ func (k *Kafka) ConsumerProtocolGroup(tb testing.TB, group string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := franz.SetGroupConfigs(ctx, k.Client(tb), group, map[string]string{
-		"consumer.session.timeout.ms":    ConsumerProtocolSessionMs,
+		"consumer.session.timeout.ms":    cmp.Or(k.consumerSessionMs, ConsumerProtocolSessionMs),
 		"consumer.heartbeat.interval.ms": ConsumerProtocolHeartbeatMs,
 	}); err != nil {
 		tb.Fatalf("testenv: %v", err)

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kerr"
 
+	"github.com/kafkaonce/kafkaonce/internal/consumerstatus"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaadmin"
 )
 
@@ -88,6 +91,11 @@ func (s *settings) clearToAct(f actFlags, g actGate) (bool, error) {
 func activeMembersError(g actGate, static []kafkaadmin.Member, removing bool) error {
 	msg := fmt.Sprintf("group %s has %d active member(s)", g.group, len(g.members))
 	switch {
+	case len(static) == 0 && consumerGroup(g.members):
+		// The consumer group protocol's members are named with their
+		// epochs and partitions: the classic describe did not list them
+		// before kafkaonce asked ConsumerGroupDescribe too.
+		return fmt.Errorf("%s, %s: stop the consumers first (or pass --force; %s)", msg, describeMembers(g.members), g.forced)
 	case len(static) == 0:
 		return fmt.Errorf("%s: stop the consumers first (or pass --force; %s)", msg, g.forced)
 	case len(static) < len(g.members) && removing:
@@ -95,9 +103,31 @@ func activeMembersError(g actGate, static []kafkaadmin.Member, removing bool) er
 			msg, len(g.members)-len(static), describeMembers(dynamicOf(g.members)), g.forced)
 	}
 	return fmt.Errorf("%s, %d of them static: %s. A static member stays in the group after its worker stops, until its session timeout "+
-		"(Config.SessionTimeout, 45s by default) passes without a heartbeat. If their workers are stopped, wait that long, or pass "+
+		"(%s, 45s by default) passes without a heartbeat. If their workers are stopped, wait that long, or pass "+
 		"--remove-static-members to remove them now (a worker still running with one of these instance ids is fenced); otherwise "+
-		"stop the consumers first (or pass --force; %s)", msg, len(static), describeMembers(static), g.forced)
+		"stop the consumers first (or pass --force; %s)", msg, len(static), describeMembers(static), sessionTimeoutOf(static), g.forced)
+}
+
+// sessionTimeoutOf names the setting that bounds how long static members
+// stay: a classic member's own, a consumer-protocol member's group's.
+func sessionTimeoutOf(static []kafkaadmin.Member) string {
+	var names []string
+	for _, m := range static {
+		name := "Config.SessionTimeout"
+		if m.Type == kafkaadmin.ConsumerProtocol {
+			name = "under the consumer group protocol, the group's consumer.session.timeout.ms"
+		}
+		if !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	return strings.Join(names, "; ")
+}
+
+// consumerGroup reports whether ms are the members of a consumer group
+// of the consumer group protocol (KIP-848): they have epochs.
+func consumerGroup(ms []kafkaadmin.Member) bool {
+	return slices.ContainsFunc(ms, func(m kafkaadmin.Member) bool { return m.Type == kafkaadmin.ConsumerProtocol || m.Epoch != 0 })
 }
 
 // removeStatic removes the gate's static members from the group, when
@@ -111,6 +141,13 @@ func (s *settings) removeStatic(ctx context.Context, admin *kafkaadmin.Admin, f 
 	}
 	ids := instanceIDs(static)
 	if err := admin.RemoveStatic(ctx, g.group, ids); err != nil {
+		if consumerGroup(static) && errors.Is(err, kerr.UnknownMemberID) {
+			// Kafka 4.x removes a consumer-protocol static member by its
+			// instance id; a broker that does not (kfake) says it knows no
+			// such member, though it just described one.
+			return fmt.Errorf("%w; nothing changed: the broker does not remove a static member of the consumer group protocol by its instance id; "+
+				"once their workers are stopped, wait for the group's consumer.session.timeout.ms to pass, or pass --force", err)
+		}
 		return fmt.Errorf("%w; nothing changed", err)
 	}
 	after, err := admin.DescribeGroup(ctx, g.group)
@@ -165,11 +202,16 @@ func dynamicOf(ms []kafkaadmin.Member) []kafkaadmin.Member {
 }
 
 // describeMembers names members for an operator: instance id (if static),
-// client id and host.
+// client id and host; and in a consumer-protocol group, each member's
+// protocol, epoch and partitions.
 func describeMembers(ms []kafkaadmin.Member) string {
+	consumer := consumerGroup(ms)
 	parts := make([]string, len(ms))
 	for i, m := range ms {
 		where := fmt.Sprintf("client %s, host %s", orDash(m.ClientID), orDash(m.Host))
+		if consumer {
+			where += fmt.Sprintf(", %s protocol, epoch %d, assigned %s", m.Type, m.Epoch, consumerstatus.AssignedText(m.Assigned))
+		}
 		if m.InstanceID != "" {
 			parts[i] = fmt.Sprintf("instance %s (%s)", m.InstanceID, where)
 			continue

@@ -82,7 +82,8 @@ checks that in advance.
 
 Kafka only lets offsets be reset while the group has no active members, so
 replay refuses while members are active unless --force (the broker may
-still refuse). It asks for confirmation on a terminal; pass --yes otherwise.
+still refuse): a classic group's, or those of a group of the consumer group
+protocol (KIP-848), named with their epochs and partitions. It asks for confirmation on a terminal; pass --yes otherwise.
 
 A replay past a stored position moves that position forward, but only from
 the position the plan showed, and only if Kafka accepts the group's new

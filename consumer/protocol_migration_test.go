@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kafkaonce/kafkaonce/consumer"
-	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/franz"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
@@ -44,10 +43,7 @@ func TestConsumerProtocolOnlineMigration(t *testing.T) {
 	// Under the consumer protocol the session and heartbeat are the
 	// group's: set before the first consumer-protocol member joins, to the
 	// session the classic members ask for (env.config).
-	require.NoError(t, franz.SetGroupConfigs(testenv.Context(t, 10*time.Second), k.Client(t), e.group, map[string]string{
-		"consumer.session.timeout.ms":    protocolSessionMs,
-		"consumer.heartbeat.interval.ms": protocolHeartbeatMs,
-	}))
+	k.ConsumerProtocolGroup(t, e.group)
 
 	load := e.startLoad()
 	g := e.groupMembers(t)

@@ -19,71 +19,41 @@ import (
 
 	"github.com/kafkaonce/kafkaonce/consumer"
 	"github.com/kafkaonce/kafkaonce/internal/devenv"
-	"github.com/kafkaonce/kafkaonce/internal/kafkaclient/franz"
 	"github.com/kafkaonce/kafkaonce/internal/testenv"
 )
 
 // groupProtocols are the protocols the group tests run under.
 var groupProtocols = []consumer.GroupProtocol{consumer.ClassicProtocol, consumer.ConsumerProtocol}
 
-// Under the consumer protocol a group's session and heartbeat are the
-// broker's to set: the tests give their groups the session their classic
-// members ask for (env.config), and a short heartbeat, so that partitions
-// move within a second or two.
-const (
-	protocolSessionMs   = "6000"
-	protocolHeartbeatMs = "250"
-)
-
 // setupProtocol is setup for a group whose members speak proto. Under the
-// consumer protocol, with KAFKA_BROKERS set, the test is skipped unless
-// the broker serves the protocol, and the session and heartbeat are the
-// group's configs; else the broker is a kfake of the test's own with them
-// as its broker configs (kfake takes a group's heartbeat from those
-// alone). The kafka-go client speaks only the classic protocol: the
-// consumer protocol's tests are skipped with it.
+// consumer protocol the broker is testenv.ConsumerProtocolKafkaSession's,
+// which skips the test unless it serves the protocol, and the group has
+// the tests' session (or o's) and heartbeat. The kafka-go client speaks
+// only the classic protocol: the consumer protocol's tests are skipped
+// with it.
 func setupProtocol(t *testing.T, partitions int, proto consumer.GroupProtocol, opts ...protocolOptions) *env {
 	t.Helper()
-	var o protocolOptions
-	if len(opts) > 0 {
-		o = opts[0]
-	}
-	sessionMs := protocolSessionMs
-	if o.session > 0 {
-		sessionMs = strconv.Itoa(int(o.session.Milliseconds()))
-	}
 	if proto == consumer.ClassicProtocol {
 		return setup(t, partitions)
 	}
 	if testenv.KafkaClient() == "kafka-go" {
 		t.Skip("kafka-go speaks only the classic group protocol")
 	}
-	if os.Getenv("KAFKA_BROKERS") != "" {
-		k := testenv.NewKafka(t)
-		testenv.RequireConsumerProtocol(t, k.Brokers)
-		e := setupOn(t, partitions, k)
-		e.protocol = proto
-		require.NoError(t, franz.SetGroupConfigs(testenv.Context(t, 10*time.Second), k.Client(t), e.group, map[string]string{
-			"consumer.session.timeout.ms":    sessionMs,
-			"consumer.heartbeat.interval.ms": protocolHeartbeatMs,
-		}))
-		return e
+	sessionMs := testenv.ConsumerProtocolSessionMs
+	if len(opts) > 0 && opts[0].session > 0 {
+		sessionMs = strconv.Itoa(int(opts[0].session.Milliseconds()))
 	}
-	k, err := devenv.StartFakeKafka(kfake.BrokerConfigs(map[string]string{
-		"group.consumer.session.timeout.ms":    sessionMs,
-		"group.consumer.heartbeat.interval.ms": protocolHeartbeatMs,
-	}))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = k.Close() })
-	e := setupOn(t, partitions, &testenv.Kafka{Kafka: k})
+	k := testenv.ConsumerProtocolKafkaSession(t, sessionMs)
+	e := setupOn(t, partitions, k)
 	e.protocol = proto
+	k.ConsumerProtocolGroup(t, e.group)
 	return e
 }
 
 // protocolOptions change a consumer-protocol group's configs.
 type protocolOptions struct {
 	// session is the group's consumer.session.timeout.ms (0:
-	// protocolSessionMs). Classic members set their own.
+	// testenv.ConsumerProtocolSessionMs). Classic members set their own.
 	session time.Duration
 }
 

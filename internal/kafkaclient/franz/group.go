@@ -26,7 +26,7 @@ import (
 func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 	g := c.cfg.Group
 	if g.ConsumerProtocol {
-		if err := checkConsumerProtocolServed(ctx, c.admin); err != nil {
+		if err := CheckConsumerProtocolServed(ctx, c.admin); err != nil {
 			return err
 		}
 	}

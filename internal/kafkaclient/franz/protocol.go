@@ -38,9 +38,13 @@ const consumerProtocolVersion = 1
 // give it.
 var ErrConsumerProtocolUnavailable = kafkaoncetype.ErrConsumerProtocolUnavailable
 
-// checkConsumerProtocolServed asks a broker which versions of
-// ConsumerGroupHeartbeat it serves.
-func checkConsumerProtocolServed(ctx context.Context, cl *kgo.Client) error {
+// CheckConsumerProtocolServed asks a broker which versions of
+// ConsumerGroupHeartbeat it serves: nil when it serves the version kgo
+// speaks, else an error wrapping ErrConsumerProtocolUnavailable that says
+// what the broker serves (or the request's own error). Exported for the
+// benchmark, which leaves the consumer protocol's rows out on such a
+// broker.
+func CheckConsumerProtocolServed(ctx context.Context, cl *kgo.Client) error {
 	ctx, cancel := kafkaclient.Bounded(ctx)
 	defer cancel()
 	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)

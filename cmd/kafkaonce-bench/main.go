@@ -56,7 +56,9 @@
 //
 // Rolling restart (-rolling, run alone, against a real broker): how long
 // partitions go without a commit while the members of a group restart one
-// at a time, with eager, cooperative and static groups; see rolling.go.
+// at a time, with eager, cooperative and static groups on the classic
+// protocol, and dynamic and static ones on the consumer protocol (KIP-848,
+// where the broker serves it); see rolling.go.
 //
 // Share groups (-share, run alone): a handler waiting 20 ms on a partner
 // per message, on one partition: kafkaonce's consumer group against its
@@ -171,7 +173,7 @@ func main() {
 	fs.BoolVar(&o.verbose, "v", false, "log the consumers' own messages")
 	fs.BoolVar(&o.outbox, "outbox", false, "run only the outbox relay cells (a hot failing key beside healthy ones, and without it); -markdown then rewrites only their section")
 	fs.BoolVar(&o.tracing, "tracing", false, "run only the tracing cells (the base cell with tracing off and on, per-message and batch handlers); -markdown then rewrites only their section")
-	fs.BoolVar(&o.rolling, "rolling", false, "run only the rolling restart (3 members, 12 partitions, each restarted in turn; eager, cooperative and static groups) against KAFKA_BROKERS; -markdown then rewrites only its section")
+	fs.BoolVar(&o.rolling, "rolling", false, "run only the rolling restart (3 members, 12 partitions, each restarted in turn; eager, cooperative and static groups on the classic protocol, dynamic and static on the consumer protocol where the broker serves it) against KAFKA_BROKERS; -markdown then rewrites only its section")
 	fs.BoolVar(&o.clients, "clients", false, "run only the client cells (each mode with franz-go and with kafka-go, side by side); -markdown then rewrites only their section")
 	fs.BoolVar(&o.share, "share", false, "run only the share cells (a 20 ms partner wait per message on 1 partition: the consumer group against share groups of 1, 4, 8 and 16 members; then the base cells, update and no-op, against a share group of 1); -messages is the partner backlog (default 1,000); -markdown then rewrites only their section (kfake's, or the real broker's with KAFKA_BROKERS)")
 	fs.BoolVar(&o.shareBase, "share-base", true, "with -share, also run the base cells (update and no-op, 12 partitions, 100,000 messages) with one share member against the consumer group")

@@ -32,21 +32,41 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	// confirmed is closed once the member may take partitions: at once
-	// under the classic protocol, and under the consumer protocol once
-	// the group coordinator described it as a consumer-protocol member
+	// confirmed is closed once the confirmation ended: at once under the
+	// classic protocol, and under the consumer protocol once the group
+	// coordinator described the member as a consumer-protocol member
 	// (confirmErr says why not; see protocol.go).
 	confirmed := make(chan struct{})
 	var confirmErr error
-	// calls is one Membership call at a time: kgo's callbacks, and the
-	// drain at the end.
+	// calls is one Membership call at a time: kgo's callbacks, the
+	// confirmation's hand-over, and the drain at the end.
 	var calls sync.Mutex
 	owned := map[kafkaclient.TopicPartition]bool{}
+	// Until the member is confirmed (mayTake), what kgo assigns waits in
+	// waiting, and the confirmation hands it over. kgo's callback does
+	// not wait for the confirmation: kgo's group goroutine waits for the
+	// callback, and is the only one that rejoins, so a member the broker
+	// forgot while the describe went unanswered would never be listed.
+	// stopped is set by the drain: nothing is handed over after it.
+	// (assignedWhileWaiting: kgo assigned, if only nothing, which makes
+	// the member one of its group.)
+	waiting := map[kafkaclient.TopicPartition]bool{}
+	assignedWhileWaiting := false
+	mayTake := !g.ConsumerProtocol
+	stopped := false
+	take := func(cl *kgo.Client, tps []kafkaclient.TopicPartition) {
+		c.fetchCommitted(cl, tps)
+		for _, tp := range tps {
+			owned[tp] = true
+		}
+		m.Assigned(ctx, tps)
+	}
 	gone := func(ps map[string][]int32, report func([]kafkaclient.TopicPartition)) {
 		calls.Lock()
 		defer calls.Unlock()
 		var tps []kafkaclient.TopicPartition
 		for _, tp := range partitions(ps) {
+			delete(waiting, tp)
 			if owned[tp] {
 				delete(owned, tp)
 				tps = append(tps, tp)
@@ -65,12 +85,9 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 		kgo.HeartbeatInterval(g.HeartbeatInterval),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.OnPartitionsAssigned(func(_ context.Context, cl *kgo.Client, ps map[string][]int32) {
-			select {
-			case <-confirmed:
-			case <-runCtx.Done():
-				return
-			}
-			if confirmErr != nil {
+			calls.Lock()
+			defer calls.Unlock()
+			if stopped || runCtx.Err() != nil {
 				return
 			}
 			// Classic: kgo calls this once per generation, with what it
@@ -83,13 +100,14 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 			} else {
 				c.log.Info("consumer group: generation started", slog.Int("generation", int(gen)), slog.String("member", member), slog.Int("added", len(tps)))
 			}
-			c.fetchCommitted(cl, tps)
-			calls.Lock()
-			defer calls.Unlock()
-			for _, tp := range tps {
-				owned[tp] = true
+			if !mayTake {
+				assignedWhileWaiting = true
+				for _, tp := range tps {
+					waiting[tp] = true
+				}
+				return
 			}
-			m.Assigned(ctx, tps)
+			take(cl, tps)
 		}),
 		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, ps map[string][]int32) {
 			gone(ps, func(tps []kafkaclient.TopicPartition) { m.Revoked(context.WithoutCancel(ctx), tps) })
@@ -115,7 +133,20 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 			defer close(confirmed)
 			if confirmErr = confirmConsumerMember(runCtx, cl, g.ID, c.log); confirmErr != nil {
 				stop()
+				return
 			}
+			calls.Lock()
+			defer calls.Unlock()
+			mayTake = true
+			if stopped || runCtx.Err() != nil || !assignedWhileWaiting {
+				return
+			}
+			var tps []kafkaclient.TopicPartition
+			for tp := range waiting {
+				tps = append(tps, tp)
+			}
+			clear(waiting)
+			take(cl, tps)
 		}()
 	} else {
 		close(confirmed)
@@ -130,6 +161,7 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 	// static member does not leave: its partitions wait for it until its
 	// session times out.
 	calls.Lock()
+	stopped = true
 	var tps []kafkaclient.TopicPartition
 	for tp := range owned {
 		tps = append(tps, tp)

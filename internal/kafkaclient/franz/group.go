@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kafkaonce/kafkaonce/internal/cleanup"
 	"github.com/kafkaonce/kafkaonce/internal/kafkaclient"
 )
 
@@ -76,7 +77,12 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 			report(tps)
 		}
 	}
+	// clientCtx is the member's kgo client's: cancelled once its leave
+	// has had its time (see below), which fails its requests in flight.
+	clientCtx, kill := context.WithCancel(context.WithoutCancel(ctx))
+	defer kill()
 	opts := append(slices.Clone(c.base),
+		kgo.WithContext(clientCtx),
 		kgo.ConsumerGroup(g.ID),
 		kgo.ConsumeTopics(g.Topics...),
 		kgo.DisableAutoCommit(),
@@ -171,10 +177,25 @@ func (c *Client) RunGroup(ctx context.Context, m kafkaclient.Membership) error {
 		m.Revoked(context.WithoutCancel(ctx), tps)
 	}
 	calls.Unlock()
+	// The leave has two seconds of its own, as a share group member's:
+	// kgo retries a leave the coordinator does not answer for its retry
+	// timeout (30 s), and Close waits for it. Once they are up the
+	// client's context is cancelled, so the leave and Close end at once;
+	// a member that could not leave is left to its session timeout.
 	member, _ := cl.GroupMetadata()
+	leaveCtx, cancelLeave := cleanup.Context(context.WithoutCancel(ctx))
+	defer cancelLeave()
+	unlink := context.AfterFunc(leaveCtx, kill)
+	// (A static consumer-protocol member's leave from kgo is refused by
+	// Kafka, and sent again whole below.)
+	staticConsumer := g.ConsumerProtocol && g.InstanceID != ""
+	if err := cl.LeaveGroupContext(leaveCtx); err != nil && !staticConsumer {
+		c.log.Warn("consumer group: leaving the group failed; the member's partitions wait for its session to end", slog.String("error", err.Error()))
+	}
 	cl.Close()
-	if g.ConsumerProtocol && g.InstanceID != "" {
-		c.leaveStatic(member)
+	unlink()
+	if staticConsumer {
+		c.leaveStatic(leaveCtx, member)
 	}
 	c.setGroup(nil)
 	if confirmErr != nil && !errors.Is(confirmErr, context.Canceled) {

@@ -152,14 +152,13 @@ func joinedAs(ctx context.Context, cl *kgo.Client) (string, error) {
 // would then be refused (UNRELEASED_INSTANCE_ID) until the old one's
 // session ends, and its partitions would move to the other members. So
 // the member sends it again, whole, from the client that outlives it,
-// once kgo has stopped heartbeating for it.
-func (c *Client) leaveStatic(member string) {
+// once kgo has stopped heartbeating for it, within what is left of ctx
+// (the leave's own bound).
+func (c *Client) leaveStatic(ctx context.Context, member string) {
 	if member == "" {
 		return
 	}
 	g := c.cfg.Group
-	ctx, cancel := kafkaclient.Bounded(context.Background())
-	defer cancel()
 	req := kmsg.NewPtrConsumerGroupHeartbeatRequest()
 	req.Group = g.ID
 	req.MemberID = member

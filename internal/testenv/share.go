@@ -1,22 +1,13 @@
 package testenv
 
 import (
-	"context"
 	"errors"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
-
-// shareGroupsOffered caches, per broker list, whether the brokers offer
-// share groups.
-var shareGroupsOffered sync.Map // string -> error (nil: offered)
 
 // RequireShareGroups skips the test unless brokers offer share groups
 // (KIP-932): ShareFetch (API key 78) among their ApiVersions and the
@@ -28,32 +19,12 @@ var shareGroupsOffered sync.Map // string -> error (nil: offered)
 // formatted. The answer is asked once per broker list.
 func RequireShareGroups(tb testing.TB, brokers []string) {
 	tb.Helper()
-	key := strings.Join(brokers, ",")
-	v, ok := shareGroupsOffered.Load(key)
-	if !ok {
-		v, _ = shareGroupsOffered.LoadOrStore(key, shareGroupsCheck(tb, brokers))
-	}
-	if err, _ := v.(error); err != nil {
-		tb.Skipf("share groups not tested on %s: %v", key, err)
+	if err := shareGroupsOffer(apiVersions(tb, brokers)); err != nil {
+		tb.Skipf("share groups not tested on %s: %v", strings.Join(brokers, ","), err)
 	}
 }
 
-func shareGroupsCheck(tb testing.TB, brokers []string) any {
-	tb.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		tb.Fatalf("testenv: %v", err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
-	if err == nil {
-		err = kerr.ErrorForCode(resp.ErrorCode)
-	}
-	if err != nil {
-		tb.Fatalf("testenv: ApiVersions of %v: %v", brokers, err)
-	}
+func shareGroupsOffer(resp *kmsg.ApiVersionsResponse) error {
 	if !slices.ContainsFunc(resp.ApiKeys, func(k kmsg.ApiVersionsResponseApiKey) bool { return k.ApiKey == kmsg.ShareFetch.Int16() }) {
 		return errors.New("the broker offers no ShareFetch (API key 78): share groups need Kafka 4.2 or later")
 	}
